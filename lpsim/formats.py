@@ -1,0 +1,240 @@
+"""Floating-point formats fp(e, m, b): one immutable description, derived facts as properties.
+
+A format is 1 sign bit, ``e`` exponent bits, ``m`` stored mantissa bits and an extra exponent
+bias ``b`` (the bias is ``2**(e-1) - 1 + b``).  What the top exponent code means is the
+*special-value policy*:
+
+============  ==========================================  =============================
+policy        top exponent code                           inf input / NaN input
+============  ==========================================  =============================
+``ieee``      inf (mantissa 0) and NaN                    kept / kept
+``saturate``  ordinary finite numbers (no inf, no NaN)    +-max_finite / kept, counted
+``fn``        finite, except all-ones mantissa = NaN      NaN (+-max if saturate) / kept
+============  ==========================================  =============================
+
+``saturate=True`` makes finite overflow clamp to +-max_finite in every rounding mode (it is
+implied by the ``saturate`` policy).  ``subnormals=False`` removes the subnormal numbers:
+below the smallest normal the representable values are 0 and +-min_normal.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+SPECIALS = ("ieee", "saturate", "fn")
+
+# (mantissa bits, exponent bias, min normal exponent, max exponent field) of each container.
+CONTAINERS = {
+    np.dtype(np.float32): (23, 127, -126, 255),
+    np.dtype(np.float64): (52, 1023, -1022, 2047),
+}
+
+
+@dataclass(frozen=True)
+class Format:
+    """fp(e, m, b) with a special-value policy; build it with :func:`fp`."""
+
+    e: int
+    m: int
+    b: int = 0
+    subnormals: bool = True
+    specials: str = "ieee"
+    saturate: bool = False
+
+    def __post_init__(self):
+        for name in ("e", "m", "b"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"fp(): {name}={value!r} must be an integer")
+            object.__setattr__(self, name, int(value))
+        if not 1 <= self.e <= 11:
+            raise ValueError(
+                f"fp(): e={self.e} exponent bits is out of range; accepted: 1 <= e <= 11 "
+                "(values are held in float32/float64 containers)")
+        if not 0 <= self.m <= 52:
+            raise ValueError(
+                f"fp(): m={self.m} mantissa bits is out of range; accepted: 0 <= m <= 52")
+        if self.specials not in SPECIALS:
+            raise ValueError(
+                f"fp(): specials={self.specials!r} is unknown; accepted: {', '.join(SPECIALS)}")
+        object.__setattr__(self, "subnormals", bool(self.subnormals))
+        object.__setattr__(self, "saturate", bool(self.saturate) or self.specials == "saturate")
+        if self.top_finite_code < 1:
+            raise ValueError(
+                f"{self!r} has no normal numbers (with e={self.e} the only exponent code "
+                f"below the specials is 0); use e >= 2 or specials='saturate'")
+
+    # --- the layout -------------------------------------------------------------------
+    @property
+    def bias(self) -> int:
+        """Exponent bias, 2**(e-1) - 1 + b."""
+        return 2 ** (self.e - 1) - 1 + self.b
+
+    @property
+    def bits(self) -> int:
+        """Storage width: 1 + e + m."""
+        return 1 + self.e + self.m
+
+    @property
+    def top_finite_code(self) -> int:
+        """Largest exponent code that holds finite numbers."""
+        top = 2 ** self.e - 1
+        if self.specials == "ieee" or (self.specials == "fn" and self.m == 0):
+            return top - 1
+        return top
+
+    @property
+    def max_mantissa(self) -> int:
+        """Largest stored mantissa at the top finite exponent (fn reserves all-ones for NaN)."""
+        full = 2 ** self.m - 1
+        if self.specials == "fn" and self.top_finite_code == 2 ** self.e - 1:
+            return full - 1
+        return full
+
+    # --- derived range ----------------------------------------------------------------
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite number."""
+        return self.top_finite_code - self.bias
+
+    @property
+    def max_finite(self) -> float:
+        return math.ldexp(2 ** self.m + self.max_mantissa, self.emax - self.m)
+
+    @property
+    def min_normal(self) -> float:
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive value (min_normal when subnormals are off)."""
+        return math.ldexp(1.0, self.emin - self.m) if self.subnormals else self.min_normal
+
+    @property
+    def unit_roundoff(self) -> float:
+        """u = 2**-(m+1): the relative error bound of round-to-nearest."""
+        return math.ldexp(1.0, -(self.m + 1))
+
+    @property
+    def epsilon(self) -> float:
+        """Machine epsilon 2**-m: the gap between 1 and the next number."""
+        return math.ldexp(1.0, -self.m)
+
+    @property
+    def has_inf(self) -> bool:
+        return self.specials == "ieee"
+
+    @property
+    def has_nan(self) -> bool:
+        return self.specials != "saturate"
+
+    @property
+    def preset_name(self) -> str | None:
+        """The preset this format equals, if any ("bf16", "e4m3fn", ...)."""
+        for name, fmt in PRESETS.items():
+            if fmt == self:
+                return name
+        return None
+
+    # --- containers -------------------------------------------------------------------
+    def fits(self, dtype) -> tuple[bool, str]:
+        """Whether every value of the format is exact in ``dtype``; the reason when not."""
+        dtype = np.dtype(dtype)
+        if dtype not in CONTAINERS:
+            return False, f"containers are float32 and float64, not {dtype}"
+        cm, _, cemin, _ = CONTAINERS[dtype]
+        cemax = np.finfo(dtype).maxexp - 1
+        if self.m > cm:
+            return False, f"m={self.m} mantissa bits exceed the {dtype} container's {cm}"
+        if self.emax > cemax:
+            return False, (f"its largest exponent {self.emax} exceeds the {dtype} container's "
+                           f"{cemax}")
+        lowest = self.emin - (self.m if self.subnormals else 0)
+        if lowest < cemin - cm:
+            return False, (f"its smallest number 2**{lowest} is below the {dtype} container's "
+                           f"smallest subnormal 2**{cemin - cm}")
+        return True, ""
+
+    def check_fits(self, dtype) -> None:
+        ok, reason = self.fits(dtype)
+        if not ok:
+            raise ValueError(f"format {self!r} does not fit a {np.dtype(dtype)} container: "
+                             f"{reason}; use a float64 container or a narrower format")
+
+    def __repr__(self) -> str:
+        extra = []
+        if not self.subnormals:
+            extra.append("subnormals=False")
+        if self.specials != "ieee":
+            extra.append(f"specials={self.specials!r}")
+        if self.saturate and self.specials != "saturate":
+            extra.append("saturate=True")
+        return f"fp({self.e},{self.m},{self.b}{''.join(', ' + x for x in extra)})"
+
+    __str__ = __repr__
+
+
+def fp(e: int, m: int, b: int = 0, *, subnormals: bool = True, specials: str = "ieee",
+       saturate: bool = False) -> Format:
+    """The format with ``e`` exponent bits, ``m`` mantissa bits and extra bias ``b``."""
+    return Format(e, m, b, subnormals, specials, saturate)
+
+
+PRESETS: dict[str, Format] = {
+    "fp64": fp(11, 52),
+    "fp32": fp(8, 23),
+    "tf32": fp(8, 10),
+    "fp16": fp(5, 10),
+    "bf16": fp(8, 7),
+    "e5m2": fp(5, 2),
+    "e4m3": fp(4, 3),
+    "e4m3fn": fp(4, 3, specials="fn"),
+    "fp(6,9,0)": fp(6, 9),
+    "fp(4,3,4)": fp(4, 3, 4),
+    "fp(5,2,0)": fp(5, 2),
+}
+
+ALIASES = {
+    "float64": "fp64", "double": "fp64", "float32": "fp32", "single": "fp32",
+    "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+    "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2", "float8_e4m3": "e4m3", "fp8_e4m3": "e4m3",
+    "float8_e4m3fn": "e4m3fn", "fp8_e4m3fn": "e4m3fn",
+}
+
+_FP_PATTERN = re.compile(
+    r"fp\(\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(-?\d+)\s*)?(?:,\s*(ieee|saturate|fn)\s*)?\)")
+_EM_PATTERN = re.compile(r"e(\d+)m(\d+)(fn)?")
+
+
+def parse_format(spec) -> Format:
+    """A format from a preset name ("bf16"), "fp(4,3,4)", "fp(4,3,0,fn)" or "e4m3fn"."""
+    if isinstance(spec, Format):
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"a format is an lpsim.Format or a string, not {type(spec).__name__} "
+                        f"({spec!r})")
+    key = spec.strip().lower().replace(" ", "")
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    match = _FP_PATTERN.fullmatch(key)
+    if match:
+        e, m, b, specials = match.groups()
+        return fp(int(e), int(m), int(b or 0), specials=specials or "ieee")
+    match = _EM_PATTERN.fullmatch(key)
+    if match:
+        e, m, fn = match.groups()
+        return fp(int(e), int(m), specials="fn" if fn else "ieee")
+    raise ValueError(
+        f"unknown format {spec!r}; accepted: a preset ({', '.join(PRESETS)}), an alias "
+        f"({', '.join(ALIASES)}), 'fp(e,m)', 'fp(e,m,b)', 'fp(e,m,b,ieee|saturate|fn)' or "
+        "'eXmY' / 'eXmYfn'")

@@ -1,0 +1,98 @@
+"""Philox4x32-10, the counter-based generator behind stochastic rounding.
+
+Counter-based: the random words of element ``i`` are a pure function of (seed, stream, i),
+so results never depend on thread count, block size, device or rank (Salmon et al., SC'11,
+"Parallel random numbers: as easy as 1, 2, 3").  The same function compiles for the CPU
+(numba.njit) and the GPU (numba.cuda.jit); integer arithmetic is masked to 32 bits so
+numba's widening of products cannot change a word.
+
+How words become the uniform of an element is fixed here, once, for both paths:
+
+* float32 containers use W = 32 random bits: element ``i`` takes word ``i % 4`` of the block
+  ``philox(counter=(i // 4, stream), key=seed)``.
+* float64 containers use W = 62 random bits: element ``i`` takes words ``2*(i % 2)`` (high 32)
+  and ``2*(i % 2) + 1`` (low 30, its top bits) of ``philox(counter=(i // 2, stream), key=seed)``.
+
+The element's uniform is ``u = R / 2**W`` with ``R`` the W-bit integer so formed.  The 128-bit
+counter is (block low 32, block high 32, stream low 32, stream high 32); the 64-bit key is the
+seed (low 32, high 32).
+"""
+
+import numpy as np
+from numba.extending import register_jitable
+
+MASK32 = 0xFFFFFFFF
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+
+#: random bits per element, by container itemsize
+WORD_BITS = {4: 32, 8: 62}
+#: elements served by one Philox block, by container itemsize
+LANES = {4: 4, 8: 2}
+
+
+@register_jitable(inline="always")
+def _mulhilo(a, b):
+    product = np.uint64(a) * np.uint64(b)
+    return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(MASK32))
+
+
+@register_jitable
+def philox4x32(c0, c1, c2, c3, k0, k1):
+    """The four 32-bit output words of Philox4x32-10 (inputs and outputs are int64 < 2**32)."""
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = (hi1 ^ c1 ^ k0) & MASK32, lo1, (hi0 ^ c3 ^ k1) & MASK32, lo0
+        k0 = (k0 + _W0) & MASK32
+        k1 = (k1 + _W1) & MASK32
+    return c0, c1, c2, c3
+
+
+@register_jitable
+def block_words(block, stream, seed_lo, seed_hi):
+    """Philox output for element block ``block`` (int64) of stream ``stream``."""
+    return philox4x32(block & MASK32, (block >> 32) & MASK32, stream & MASK32,
+                      (stream >> 32) & MASK32, seed_lo, seed_hi)
+
+
+@register_jitable
+def lane_word(words, lane, lanes):
+    """The W-bit random integer R of lane ``lane`` of a block (see the module docstring)."""
+    w0, w1, w2, w3 = words
+    if lanes == 4:
+        if lane == 0:
+            return w0
+        if lane == 1:
+            return w1
+        if lane == 2:
+            return w2
+        return w3
+    if lane == 0:
+        return (w0 << 30) | (w1 >> 2)
+    return (w2 << 30) | (w3 >> 2)
+
+
+def split_key(value: int, name: str) -> tuple[int, int]:
+    """(low 32, high 32) of a 64-bit seed or stream, with a clear error for bad values."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r} must be an integer in [0, 2**64)")
+    value = int(value)
+    if not 0 <= value < 2 ** 64:
+        raise ValueError(f"{name}={value} is out of range; accepted: 0 <= {name} < 2**64")
+    return value & MASK32, value >> 32
+
+
+def random_words(n: int, itemsize: int, seed: int, stream: int = 0, offset: int = 0):
+    """The integers R (W bits) that elements offset .. offset+n-1 draw; W = WORD_BITS[itemsize].
+
+    Pure Python on purpose: it is the readable statement of the mapping, used by tests and
+    by the exact reference to reproduce the kernels' stochastic decisions.
+    """
+    seed_lo, seed_hi = split_key(seed, "seed")
+    lanes = LANES[itemsize]
+    out = []
+    for i in range(offset, offset + n):
+        words = block_words(i // lanes, stream, seed_lo, seed_hi)
+        out.append(int(lane_word(tuple(int(w) for w in words), i % lanes, lanes)))
+    return out

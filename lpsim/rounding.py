@@ -1,0 +1,286 @@
+"""The rounding core: one scalar decision that both the CPU simulator and lpsim_cuda compile.
+
+Values live in float32 or float64 *containers*; rounding maps a container value to the
+container value of the rounded number.  The decision works on the container's bit pattern
+with integer arithmetic only (no float operations, so no FMA contraction and no flushing).
+
+How a finite nonzero x is rounded to fp(e, m, b).  Let ``ex = floor(log2|x|)`` and take the
+quantum ``2**q`` with ``q = ex - m`` in the normal range and ``q = emin - m`` below it
+(``q = emin`` when subnormals are off, so the only values there are 0 and min_normal).
+Then ``|x| = (keep + frac) * 2**q`` with integer ``keep`` and ``0 <= frac < 1``, and the
+result magnitude is ``(keep + inc) * 2**q`` where ``inc`` is, per mode (frac > 0):
+
+====================  =============================================================
+``nearest``           frac > 1/2, or frac == 1/2 and keep odd (ties to even)
+``nearest_away``      frac >= 1/2 (ties away from zero)
+``toward_zero``       0
+``up`` / ``down``     toward +inf / -inf: 1 for positive / negative x
+``odd``               1 when keep is even (round to odd: jam the last bit)
+``stochastic``        u < frac, with u = R / 2**W the element's uniform (lpsim.philox)
+                      sr_bits=k < W: R_k < floor(frac * 2**k), R_k the top k bits of R
+``stochastic_equal``  u >= 1/2 (either neighbour with probability 1/2)
+====================  =============================================================
+
+Stochastic rounding is exactly unbiased whenever frac has at most W bits (W = 32 in float32,
+62 in float64 containers); otherwise P(up) = ceil(frac 2**W) / 2**W, within 2**-W of frac.
+Few-bit SR (``sr_bits=k``) truncates frac to k bits, so it is biased low by less than 2**-k of
+a quantum, as hardware that adds k random bits below the rounding point is.
+
+Overflow: a finite x whose rounded magnitude (with unbounded exponent) exceeds max_finite
+counts as overflow and becomes +-inf for nearest, nearest_away and both stochastic modes,
+for ``up`` above zero and ``down`` below zero; +-max_finite for toward_zero, odd and the other
+directed cases.  A format with ``saturate`` always gives +-max_finite; an ``fn`` format gives
+NaN where ieee gives inf.  inf inputs are kept (ieee), become +-max_finite (saturate, fn with
+saturate=True) or NaN (fn).  NaN inputs are returned unchanged.  Zeros keep their sign, and a
+result that underflows to zero keeps the sign of x.
+
+Flags per element: INEXACT (result differs from x), OVERFLOW, UNDERFLOW (nonzero finite x
+rounded to zero), SUBNORMAL (nonzero result below min_normal), NAN_IN, INF_IN.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba.extending import register_jitable
+
+from .formats import CONTAINERS, Format
+from .philox import LANES, WORD_BITS, block_words, lane_word
+
+NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
+MODES = {
+    "nearest": NEAREST, "nearest_away": NEAREST_AWAY, "toward_zero": TOWARD_ZERO,
+    "up": UP, "down": DOWN, "odd": ODD,
+    "stochastic": STOCHASTIC, "stochastic_equal": STOCHASTIC_EQUAL,
+}
+DETERMINISTIC_MODES = ("nearest", "nearest_away", "toward_zero", "up", "down", "odd")
+STOCHASTIC_MODES = ("stochastic", "stochastic_equal")
+
+INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL, NAN_IN, INF_IN = 1, 2, 4, 8, 16, 32
+
+
+def mode_code(rounding: str) -> int:
+    """The integer code of a rounding mode name, with a clear error for unknown names."""
+    try:
+        return MODES[rounding]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(MODES)}") from None
+
+
+class Params(NamedTuple):
+    """What the scalar decision needs to know of one (format, container) pair; all int64."""
+
+    M: int          # container mantissa bits
+    EB: int         # container exponent bias
+    CEMIN: int      # container min normal exponent
+    EMAXF: int      # container exponent field of inf/NaN
+    SIGN: int       # container sign bit as a signed integer (-2**31 or -2**63)
+    MAG: int        # mask of the magnitude bits
+    W: int          # random bits per element
+    emin: int       # format min normal exponent
+    m: int          # format mantissa bits
+    qsub: int       # quantum exponent below min_normal
+    tiny: int       # container bits of 2**qsub (the smallest positive value)
+    maxb: int       # container bits of max_finite
+    minnorm: int    # container bits of min_normal
+    ovf_inf: int    # magnitude bits of an overflow that goes "to infinity"
+    inf_out: int    # magnitude bits an inf input becomes
+    nanb: int       # container bits of the quiet NaN
+    fast_lo: int    # container exponent fields where round_fast applies: fast_lo..fast_hi
+    fast_hi: int
+
+
+def _bits_of(value: float, dtype) -> int:
+    return int(np.array(value, dtype=dtype).view(np.int64 if dtype.itemsize == 8 else np.int32))
+
+
+def kernel_params(fmt: Format, dtype) -> Params:
+    """The decision's integer parameters for ``fmt`` in a float32/float64 container."""
+    dtype = np.dtype(dtype)
+    fmt.check_fits(dtype)
+    M, EB, CEMIN, EMAXF = CONTAINERS[dtype]
+    width = dtype.itemsize * 8
+    qsub = fmt.emin - fmt.m if fmt.subnormals else fmt.emin
+    maxb = _bits_of(fmt.max_finite, dtype)
+    infb = EMAXF << M
+    nanb = infb | (1 << (M - 1))
+    if fmt.saturate:
+        ovf_inf = maxb
+    else:
+        ovf_inf = infb if fmt.specials == "ieee" else nanb
+    if fmt.specials == "ieee":
+        inf_out = infb
+    else:
+        inf_out = maxb if fmt.saturate else nanb
+    # round_fast covers container normals in the format's normal range below its top binade
+    # (no overflow, no subnormal, constant shift M - m); empty when m == M.
+    fast_lo, fast_hi = max(fmt.emin + EB, 1), fmt.emax - 1 + EB
+    if fmt.m == M:
+        fast_lo, fast_hi = 1, 0
+    return Params(M, EB, CEMIN, EMAXF, -(1 << (width - 1)), (1 << (width - 1)) - 1,
+                  WORD_BITS[dtype.itemsize], fmt.emin, fmt.m, qsub,
+                  _bits_of(np.ldexp(1.0, qsub), dtype), maxb,
+                  _bits_of(fmt.min_normal, dtype), ovf_inf, inf_out, nanb, fast_lo, fast_hi)
+
+
+@register_jitable
+def _increment(keep, rem, s, mode, negative, r, w, k):
+    """0 or 1: whether |x| = (keep + rem/2**s) quanta, rem > 0, rounds up in magnitude.
+
+    Straight-line per mode (no early returns) so that a loop over it vectorises.
+    """
+    inc = np.int64(0)
+    if mode == NEAREST or mode == NEAREST_AWAY:
+        half = np.int64(1) << min(s - 1, 62)  # rem < 2**54 <= half when s > 62
+        if mode == NEAREST:
+            inc = np.int64((rem > half) | ((rem == half) & ((keep & 1) == 1)))
+        else:
+            inc = np.int64(rem >= half)
+    elif mode == UP:
+        inc = np.int64(not negative)
+    elif mode == DOWN:
+        inc = np.int64(negative)
+    elif mode == ODD:
+        inc = 1 - (keep & 1)
+    elif mode == STOCHASTIC_EQUAL:
+        inc = r >> (w - 1)
+    elif mode == STOCHASTIC:
+        # t = frac * 2**k, rounded up when k == W (exact SR), down for few-bit SR
+        if s <= k:
+            t = rem << (k - s)
+        else:
+            d = min(s - k, 63)
+            t = rem >> d if d < 63 else np.int64(0)
+            if k == w:
+                t += np.int64(rem != (t << d)) if d < 63 else np.int64(1)
+        inc = np.int64((r >> (w - k)) < t)
+    return inc
+
+
+@register_jitable
+def _overflows_to_inf(mode, negative):
+    if mode == TOWARD_ZERO or mode == ODD:
+        return False
+    if mode == UP:
+        return not negative
+    if mode == DOWN:
+        return negative
+    return True
+
+
+@register_jitable
+def round_fast(bits, mode, r, k, p):
+    """The common case of :func:`round_bits` without branches on the data: (bits, ok, inexact).
+
+    Valid when ``ok`` (x normal in the format, below its top binade, so the shift is M - m and
+    nothing overflows or underflows); otherwise the caller runs :func:`round_bits`.  Written
+    so that LLVM can vectorise a loop over it.
+    """
+    M, SIGN, MAG, W, m, lo, hi = p.M, p.SIGN, p.MAG, p.W, p.m, p.fast_lo, p.fast_hi
+    bits = np.int64(bits)
+    negative = bits < 0
+    a = bits & MAG
+    biased = a >> M
+    s = M - m
+    keep = a >> s
+    rem = a & ((np.int64(1) << s) - 1)
+    inc = _increment(keep, rem, s, mode, negative, r, W, k)
+    out = (keep + (inc if rem != 0 else 0)) << s
+    ok = (biased >= lo) & (biased <= hi)
+    out = out + SIGN if negative else out
+    return (out if ok else bits), ok, ok & (rem != 0)
+
+
+@register_jitable
+def round_bits(bits, mode, r, k, p):
+    """Round one container value given as signed-integer bits; returns (bits, flags).
+
+    ``r`` is the element's W-bit random integer (ignored by deterministic modes), ``k`` the
+    stochastic bits used (W for full SR), ``p`` the :class:`Params` tuple.
+    """
+    (M, EB, CEMIN, EMAXF, SIGN, MAG, W, emin, m, qsub, tiny, maxb, minnorm, ovf_inf,
+     inf_out, nanb, _, _) = p
+    bits = np.int64(bits)
+    negative = bits < 0
+    a = bits & MAG
+    fracmask = (np.int64(1) << M) - 1
+    biased = a >> M
+    if biased == EMAXF:
+        if a & fracmask:
+            return bits, NAN_IN
+        out = inf_out
+        flags = INF_IN
+    elif a == 0:
+        return bits, 0
+    else:
+        if biased > 0:
+            ex = biased - EB
+            lsb = ex - M
+            sig = (a & fracmask) | (np.int64(1) << M)
+        else:
+            top = 0
+            while (a >> (top + 1)) != 0:
+                top += 1
+            lsb = CEMIN - M
+            ex = lsb + top
+            sig = a
+        q = ex - m if ex >= emin else qsub
+        s = q - lsb
+        if s <= 0:
+            out = a
+        elif ex >= q:
+            keep = a >> s
+            rem = a & ((np.int64(1) << s) - 1)
+            inc = 0 if rem == 0 else _increment(keep, rem, s, mode, negative, r, W, k)
+            out = (keep + inc) << s
+        else:
+            inc = _increment(np.int64(0), sig, s, mode, negative, r, W, k)
+            out = tiny if inc else np.int64(0)
+        flags = 0
+        if out > maxb:
+            flags = OVERFLOW
+            out = ovf_inf if _overflows_to_inf(mode, negative) else maxb
+        if out != a:
+            flags |= INEXACT
+        if out == 0:
+            flags |= UNDERFLOW
+        elif out < minnorm:
+            flags |= SUBNORMAL
+    if out == nanb:
+        return nanb, flags
+    return (out + SIGN if negative else out), flags
+
+
+@register_jitable
+def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, lanes):
+    """Round the elements of one Philox block (global indices block*lanes ...) of ``xb``.
+
+    The unit of work of both paths: the CPU kernel runs blocks in a prange, the CUDA kernel
+    one block per thread in a grid-stride loop.  Returns the block's counters (COUNTERS order).
+    """
+    n = xb.size
+    if mode >= STOCHASTIC:
+        words = block_words(block, stream, seed_lo, seed_hi)
+    else:
+        words = (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    c_inexact = c_overflow = c_underflow = c_subnormal = c_nan = c_inf = 0
+    for lane in range(lanes):
+        i = block * lanes + lane - offset
+        if i >= 0 and i < n:
+            bits, flags = round_bits(xb[i], mode, lane_word(words, lane, lanes), k, p)
+            outb[i] = bits
+            c_inexact += flags & INEXACT
+            c_overflow += (flags & OVERFLOW) >> 1
+            c_underflow += (flags & UNDERFLOW) >> 2
+            c_subnormal += (flags & SUBNORMAL) >> 3
+            c_nan += (flags & NAN_IN) >> 4
+            c_inf += (flags & INF_IN) >> 5
+    return c_inexact, c_overflow, c_underflow, c_subnormal, c_nan, c_inf
+
+
+@register_jitable
+def block_range(n, offset, lanes):
+    """(first block, number of blocks) covering global elements offset .. offset+n-1."""
+    first = offset // lanes
+    return first, (offset + n + lanes - 1) // lanes - first
