@@ -147,7 +147,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     that does not fit the container, integer/object data, sr_bits out of range.
     """
     fmt = parse_format(fmt)
-    if _is_torch(x) or hasattr(x, "__cuda_array_interface__"):
+    if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
+            or type(x).__module__.startswith("numba.cuda"):
         if getattr(x, "is_cuda", True):
             import lpsim_cuda
             return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,

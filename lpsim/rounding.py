@@ -232,7 +232,7 @@ def round_bits(bits, mode, r, k, p):
         elif ex >= q:
             keep = a >> s
             rem = a & ((np.int64(1) << s) - 1)
-            inc = 0 if rem == 0 else _increment(keep, rem, s, mode, negative, r, W, k)
+            inc = 0 if rem == 0 else _increment(sig >> s, rem, s, mode, negative, r, W, k)
             out = (keep + inc) << s
         else:
             inc = _increment(np.int64(0), sig, s, mode, negative, r, W, k)

@@ -1,0 +1,104 @@
+"""lpsim.quantize's interface: containers, scalars, torch tensors, out/in place, reproducibility, errors."""
+
+import numba
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import RoundingStats, quantize
+
+
+def test_scalars_keep_their_type():
+    assert quantize(0.1, "bf16") == 0.10009765625 and isinstance(quantize(0.1, "bf16"), float)
+    value = quantize(np.float32(0.1), "e5m2")
+    assert isinstance(value, np.float32) and value == np.float32(0.09375)
+    assert np.signbit(quantize(-1e-30, "fp16"))
+    assert quantize(-1e-30, "fp16", "down") == -2.0 ** -24
+
+
+def test_shapes_out_and_in_place():
+    x = np.random.default_rng(1).standard_normal((3, 5, 7)).astype(np.float32)
+    expected = quantize(x, "e4m3")
+    assert expected.shape == x.shape
+    out = np.empty_like(x)
+    assert quantize(x, "e4m3", out=out) is out and np.array_equal(out, expected)
+    y = x.copy()
+    quantize(y, "e4m3", out=y)
+    assert np.array_equal(y, expected)
+    strided = x[:, ::2, 1:]
+    assert np.array_equal(quantize(strided, "e4m3"), expected[:, ::2, 1:])
+    target = np.zeros((7, 5, 3), np.float32).T      # a non-contiguous out
+    quantize(x, "e4m3", out=target)
+    assert np.array_equal(target, expected)
+
+
+def test_torch_cpu_tensors_round_like_numpy():
+    torch = pytest.importorskip("torch")
+    t = torch.linspace(-3, 3, 101, dtype=torch.float32)
+    got = quantize(t, "fp(4,3,4)", "stochastic", seed=3)
+    assert isinstance(got, torch.Tensor)
+    assert np.array_equal(got.numpy(), quantize(t.numpy(), "fp(4,3,4)", "stochastic", seed=3))
+    quantize(t, "bf16", out=t)
+    assert np.array_equal(t.numpy(), t.to(torch.bfloat16).float().numpy())
+
+
+def test_same_seed_same_bits_whatever_the_split_or_thread_count():
+    x = np.random.default_rng(2).standard_normal(100_003).astype(np.float32)
+    whole = quantize(x, "bf16", "stochastic", seed=42, stream=1)
+    parts = [quantize(x[a:b], "bf16", "stochastic", seed=42, stream=1, offset=a)
+             for a, b in [(0, 7), (7, 40_000), (40_000, 100_003)]]
+    assert np.array_equal(np.concatenate(parts), whole)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        single = quantize(x, "bf16", "stochastic", seed=42, stream=1)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(single, whole)
+    assert not np.array_equal(quantize(x, "bf16", "stochastic", seed=43, stream=1), whole)
+    assert not np.array_equal(quantize(x, "bf16", "stochastic", seed=42, stream=2), whole)
+
+
+def test_stats_accumulate_over_calls():
+    x = np.array([1e10, 1e-12, 3.0, np.nan, -np.inf, 1e-6, 1.0], np.float32)
+    stats = RoundingStats()
+    quantize(x, "fp16", stats=stats)
+    quantize(x, "fp16", stats=stats)
+    assert stats.as_dict() == {"elements": 14, "inexact": 6, "overflow": 2, "underflow": 2,
+                               "subnormal": 2, "nan": 2, "inf": 2}
+    stats.reset()
+    assert stats.elements == 0 and stats.overflow == 0
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: quantize(np.zeros(3), "fp7"), ValueError, "unknown format 'fp7'"),
+    (lambda: quantize(np.zeros(3, np.float32), "fp64"), ValueError,
+     "does not fit a float32 container"),
+    (lambda: quantize(np.zeros(3, np.int32), "bf16"), TypeError, "dtype int32"),
+    (lambda: quantize(np.array([1, None]), "bf16"), TypeError, "dtype object"),
+    (lambda: quantize(np.zeros(3, np.float16), "bf16"), TypeError, "dtype float16"),
+    (lambda: quantize([0.5], "bf16"), TypeError, "cannot round a list"),
+    (lambda: quantize(np.zeros(3), "bf16", "nearest_even"), ValueError,
+     "unknown rounding 'nearest_even'; accepted: nearest, nearest_away"),
+    (lambda: quantize(np.zeros(3, np.float32), "bf16", "stochastic", sr_bits=33), ValueError,
+     "sr_bits=33 is out of range; accepted: an integer 1..32"),
+    (lambda: quantize(np.zeros(3), "bf16", "stochastic", sr_bits=0), ValueError,
+     "sr_bits=0 is out of range; accepted: an integer 1..62"),
+    (lambda: quantize(np.zeros(3), "bf16", "nearest", sr_bits=4), ValueError,
+     "stochastic rounding only"),
+    (lambda: quantize(np.zeros(3), "bf16", "stochastic", seed=-1), ValueError, "seed=-1"),
+    (lambda: quantize(np.zeros(3), "bf16", "stochastic", seed=1.5), TypeError, "seed=1.5"),
+    (lambda: quantize(np.zeros(3), "bf16", offset=-2), ValueError, "offset=-2"),
+    (lambda: quantize(np.zeros(3), "bf16", out=np.zeros(4)), ValueError, "out must be"),
+])
+def test_bad_input_names_the_value(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_fp64_and_fp32_are_identities_in_their_containers():
+    x = np.random.default_rng(3).standard_normal(1000)
+    assert np.array_equal(quantize(x, "fp64"), x)
+    y = x.astype(np.float32)
+    assert np.array_equal(quantize(y, "fp32", "up"), y)
+    assert np.array_equal(quantize(x, "fp32"), x.astype(np.float32).astype(np.float64))
