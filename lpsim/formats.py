@@ -158,9 +158,9 @@ class Format:
         if self.emax > cemax:
             return False, (f"its largest exponent {self.emax} exceeds the {dtype} container's "
                            f"{cemax}")
-        lowest = self.emin - (self.m if self.subnormals else 0)
-        if lowest < cemin - cm:
-            return False, (f"its smallest number 2**{lowest} is below the {dtype} container's "
+        finest = self.emin - self.m   # the spacing near min_normal, subnormals or not
+        if finest < cemin - cm:
+            return False, (f"its finest spacing 2**{finest} is below the {dtype} container's "
                            f"smallest subnormal 2**{cemin - cm}")
         return True, ""
 

@@ -46,7 +46,8 @@ import numpy as np
 from numba.extending import register_jitable
 
 from .formats import CONTAINERS, Format
-from .philox import LANES, WORD_BITS, block_words, lane_word
+from .philox import WORD_BITS, block_words, lane_word
+from .storage import pack_bits
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -253,11 +254,12 @@ def round_bits(bits, mode, r, k, p):
 
 
 @register_jitable
-def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, lanes):
+def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, lanes, sp):
     """Round the elements of one Philox block (global indices block*lanes ...) of ``xb``.
 
-    The unit of work of both paths: the CPU kernel runs blocks in a prange, the CUDA kernel
-    one block per thread in a grid-stride loop.  Returns the block's counters (COUNTERS order).
+    The unit of work of the GPU path, one block per thread in a grid-stride loop.  Results go
+    to ``outb`` as container bits, or packed into native storage when ``sp.width`` is set
+    (:mod:`lpsim.storage`).  Returns the block's counters (COUNTERS order).
     """
     n = xb.size
     if mode >= STOCHASTIC:
@@ -269,7 +271,7 @@ def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, l
         i = block * lanes + lane - offset
         if i >= 0 and i < n:
             bits, flags = round_bits(xb[i], mode, lane_word(words, lane, lanes), k, p)
-            outb[i] = bits
+            outb[i] = bits if sp[0] == 0 else pack_bits(bits, sp)
             c_inexact += flags & INEXACT
             c_overflow += (flags & OVERFLOW) >> 1
             c_underflow += (flags & UNDERFLOW) >> 2

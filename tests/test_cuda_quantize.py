@@ -14,6 +14,7 @@ from numba import config, cuda
 import lpsim
 import lpsim_cuda
 from lpsim.rounding import MODES
+from lpsim.storage import pack
 
 ON_GPU = not config.ENABLE_CUDASIM
 FORMATS = ["bf16", "e4m3fn", "fp(4,3,4)", "e5m2"]
@@ -79,6 +80,15 @@ def test_lpsim_quantize_dispatches_device_arrays():
                           lpsim.quantize(x, "e5m2").view(np.int32))
 
 
+@pytest.mark.parametrize("storage, fmt", [("bfloat16", "bf16"), ("float16", "fp16"),
+                                          ("float8_e5m2", "e5m2"), ("float8_e4m3fn", "e4m3fn")])
+def test_packed_storage_matches_cpu_pack(storage, fmt):
+    x = edge_cases(fmt, np.float32)
+    expected = pack(lpsim.quantize(x, fmt, "stochastic", seed=9), storage, fmt)
+    got = lpsim_cuda.quantize(cuda.to_device(x), fmt, "stochastic", seed=9, storage=storage)
+    assert np.array_equal(got.copy_to_host(), expected)
+
+
 def test_errors_name_the_problem():
     with pytest.raises(TypeError, match="host memory"):
         lpsim_cuda.quantize(np.zeros(4, np.float32), "bf16")
@@ -87,6 +97,11 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="out must have shape"):
         lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16",
                             out=cuda.to_device(np.zeros(5, np.float32)))
+    with pytest.raises(ValueError, match="storage float16 cannot hold"):
+        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16", storage="float16")
+    with pytest.raises(ValueError, match="packed 16-bit storage"):
+        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16", storage="bfloat16",
+                            out=cuda.to_device(np.zeros(4, np.float32)))
     with pytest.raises(ValueError, match="does not fit"):
         lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "fp64")
 

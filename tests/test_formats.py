@@ -85,5 +85,5 @@ def test_fit_in_container_names_format_container_and_reason():
     assert not ok and "exceeds" in reason
     with pytest.raises(ValueError, match=r"fp\(11,52,0\) does not fit a float32 container"):
         fp(11, 52).check_fits(np.float32)
-    with pytest.raises(ValueError, match="smallest number"):
+    with pytest.raises(ValueError, match="finest spacing"):
         fp(8, 20, 10).check_fits(np.float32)

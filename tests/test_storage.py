@@ -1,0 +1,46 @@
+"""Packing rounded values into native storage equals torch's and ml_dtypes' own encodings."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim.storage import pack
+
+CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
+         ("float8_e5m2", "e5m2", ml_dtypes.float8_e5m2),
+         ("float8_e4m3fn", "e4m3fn", ml_dtypes.float8_e4m3fn)]
+
+
+@pytest.mark.parametrize("storage, fmt, peer", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pack_equals_the_peer_encoding(storage, fmt, peer, dtype):
+    width = np.dtype(peer).itemsize * 8
+    codes = np.arange(2 ** width, dtype=np.uint16 if width == 16 else np.uint8)
+    values = codes.view(peer).astype(dtype)          # every code point, incl. subnormals, inf, NaN
+    rng = np.random.default_rng(0)
+    x = np.concatenate([values, rng.standard_normal(4096).astype(dtype)])
+    rounded = lpsim.quantize(x, fmt, "stochastic", seed=1)
+    got = pack(rounded, storage, fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = rounded.astype(peer).view(np.int16 if width == 16 else np.int8)
+    nan = np.isnan(rounded)
+    assert np.array_equal(got[~nan], expected[~nan])
+    assert np.all(np.isnan(got[nan].view(peer).astype(np.float32)))
+
+
+def test_storage_must_hold_the_format():
+    with pytest.raises(ValueError, match="storage float16 cannot hold format fp\\(8,7,0\\)"):
+        pack(np.zeros(3, np.float32), "float16", "bf16")
+    with pytest.raises(ValueError, match="produces inf"):
+        pack(np.zeros(3, np.float32), "float8_e4m3fn", lpsim.fp(4, 2, saturate=True))
+    with pytest.raises(ValueError, match="produces inf"):
+        pack(np.zeros(3, np.float32), "float8_e4m3fn", "fp(4,3,4)")
+    with pytest.raises(ValueError, match="finest spacing"):
+        pack(np.zeros(3, np.float32), "float8_e4m3fn", lpsim.fp(4, 3, 4, saturate=True))
+    x = np.array([1000.0, -0.3, 2.0 ** -9], np.float32)
+    fmt = lpsim.fp(4, 2, specials="saturate")      # 7-bit saturating values in float8_e4m3fn
+    assert np.array_equal(pack(lpsim.quantize(x, fmt), "float8_e4m3fn", fmt).view(
+        ml_dtypes.float8_e4m3fn).astype(np.float32), np.array([448, -0.3125, 0]))
+    with pytest.raises(ValueError, match="unknown storage 'int8'"):
+        pack(np.zeros(3, np.float32), "int8", "bf16")
