@@ -21,6 +21,10 @@ result magnitude is ``(keep + inc) * 2**q`` where ``inc`` is, per mode (frac > 0
 ``stochastic_equal``  u >= 1/2 (either neighbour with probability 1/2)
 ====================  =============================================================
 
+"Even" and "odd" are the last bit of the result's encoding in the format: the last mantissa
+bit, or the exponent code's last bit when m == 0.  With subnormals off, a tie between 0 and
+min_normal goes to 0.
+
 Stochastic rounding is exactly unbiased whenever frac has at most W bits (W = 32 in float32,
 62 in float64 containers); otherwise P(up) = ceil(frac 2**W) / 2**W, within 2**-W of frac.
 Few-bit SR (``sr_bits=k``) truncates frac to k bits, so it is biased low by less than 2**-k of
@@ -233,7 +237,10 @@ def round_bits(bits, mode, r, k, p):
         elif ex >= q:
             keep = a >> s
             rem = a & ((np.int64(1) << s) - 1)
-            inc = 0 if rem == 0 else _increment(sig >> s, rem, s, mode, negative, r, W, k)
+            # ties to even / round to odd look at the last bit of the *format's* encoding:
+            # the kept significand's last bit, or the exponent code's when m == 0
+            code_lsb = (sig >> s) if (m > 0 or ex < emin) else ex + 1 - emin
+            inc = 0 if rem == 0 else _increment(code_lsb, rem, s, mode, negative, r, W, k)
             out = (keep + inc) << s
         else:
             inc = _increment(np.int64(0), sig, s, mode, negative, r, W, k)
