@@ -154,3 +154,15 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     if stats is not None:
         stats.add_pending(array.size, counts)
     return result
+
+
+def warmup() -> None:
+    """Compile every kernel specialisation now (float32/float64 in, plain or packed out).
+
+    Call it before capturing a CUDA graph: capture cannot include a first-call compile.
+    """
+    for dtype in (np.float32, np.float64):
+        x = cuda.to_device(np.zeros(4, dtype))
+        quantize(x, "bf16")
+        for storage in ("bfloat16", "float8_e4m3fn"):
+            quantize(x, "e4m3fn", storage=storage)
