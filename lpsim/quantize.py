@@ -1,21 +1,26 @@
 """``lpsim.quantize``: round arrays and scalars to any fp(e, m, b) on the CPU (numba kernels).
 
 CUDA arrays (torch CUDA tensors, CuPy, numba device arrays) are handed to ``lpsim_cuda``;
-both paths run the same per-block decision (:func:`lpsim.rounding.round_block`).
+both paths run the same scalar decision (:func:`lpsim.rounding.round_bits`; the CPU kernel
+runs its vectorised common case :func:`lpsim.rounding.round_fast` first).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
-from numba import literally, njit, prange
+from numba import get_num_threads, njit, types
+from numba.extending import intrinsic, overload, register_jitable
 
 from .formats import Format, parse_format
 from .philox import LANES, WORD_BITS, split_key
-from .philox import block_words, lane_word
-from .rounding import (STOCHASTIC, STOCHASTIC_MODES, Params, block_range, kernel_params,
-                       mode_code, round_bits, round_fast)
+from .philox import MASK32, philox4x32
+from .rounding import (STOCHASTIC, STOCHASTIC_MODES, Params, kernel_params, mode_code,
+                       round_bits, round_fast)
 from .stats import COUNTERS, RoundingStats
 
 #: below this many elements the serial kernel runs (no thread-pool start-up)
@@ -66,63 +71,220 @@ def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0) -
                 LANES[dtype.itemsize])
 
 
-#: elements per CPU work item (a multiple of every LANES value)
-CHUNK = 4096
+#: elements per CPU work item (a multiple of every LANES value); its random words fit in L1
+CHUNK = 2048
+#: chunks per parallel task (they share one scratch buffer)
+TASK = 16
+#: elements per group whose slow elements are counted together, so that the slow pass
+#: looks only into groups that have some
+GROUP = 64
 
 
-def _round_chunks(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, lanes):
-    literally(mode)  # one compiled kernel per mode: the decision folds to straight-line code
-    """CPU kernel: global elements in CHUNK-sized work items; returns the six counters.
+@intrinsic
+def _constant(typingctx, value):
+    """The value of an integer literal as a compile-time constant, so that LLVM folds the
+    branches on it (a literal argument alone is still passed at run time)."""
+    if isinstance(value, types.IntegerLiteral):
+        def codegen(context, builder, signature, args):
+            return context.get_constant(types.int64, value.literal_value)
+        return types.int64(value), codegen
+    return None
 
-    Each chunk draws its random words, runs the vectorisable :func:`round_fast` over all its
-    elements, then :func:`round_bits` over the few it did not cover.
+
+#: the generator inlined into the block loops, so that they vectorise
+_philox_inline = njit(inline="always")(philox4x32)
+
+
+def _words_f32(r, xb, b0, nb, stream, seed_lo, seed_hi):
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    for j in range(nb):
+        b = b0 + j
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[4 * j] = w0
+        r[4 * j + 1] = w1
+        r[4 * j + 2] = w2
+        r[4 * j + 3] = w3
+
+
+def _words_f64(r, xb, b0, nb, stream, seed_lo, seed_hi):
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    for j in range(nb):
+        b = b0 + j
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[2 * j] = (w0 << 30) | (w1 >> 2)
+        r[2 * j + 1] = (w2 << 30) | (w3 >> 2)
+
+
+def _fill_words(r, xb, b0, nb, stream, seed_lo, seed_hi):
+    """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
+
+    The words of :func:`lpsim.philox.lane_word` for ``xb``'s container, in a loop over
+    blocks that vectorises.
+    """
+
+
+@overload(_fill_words)
+def _fill_words_impl(r, xb, b0, nb, stream, seed_lo, seed_hi):
+    return _words_f32 if xb.dtype.bitwidth == 32 else _words_f64
+
+
+def _target(xs, ys):
+    """``ys``, or ``xs`` when ``ys`` is None (rounding in place)."""
+
+
+@overload(_target)
+def _target_impl(xs, ys):
+    if ys is types.none:
+        return lambda xs, ys: xs
+    return lambda xs, ys: ys
+
+
+@register_jitable
+def _fast_pass(xs, ys, rs, mode, k, p, left):
+    """ys[j] = round_fast(xs[j]) for all j (ys None: in place); returns (slow, inexact).
+
+    slow counts the elements left to :func:`_slow_pass`, ``left[g]`` those of group g (GROUP
+    elements).  In place has its own specialisation: a loop compiled for two arrays is
+    vectorised behind an overlap check that one array always fails.
+    """
+    mode = _constant(mode)
+    ys = _target(xs, ys)
+    slow = 0
+    inexact = 0
+    for g in range((xs.size + GROUP - 1) // GROUP):
+        xg = xs[g * GROUP:(g + 1) * GROUP]     # slices: indices from 0, so no wraparound
+        yg = ys[g * GROUP:(g + 1) * GROUP]
+        group_slow = 0
+        if mode >= STOCHASTIC:
+            rg = rs[g * GROUP:(g + 1) * GROUP]
+            for j in range(xg.size):
+                bits, ok, inx = round_fast(xg[j], mode, rg[j], k, p)
+                yg[j] = bits
+                group_slow += 1 - ok
+                inexact += inx
+        else:
+            for j in range(xg.size):
+                bits, ok, inx = round_fast(xg[j], mode, 0, k, p)
+                yg[j] = bits
+                group_slow += 1 - ok
+                inexact += inx
+        left[g] = group_slow
+        slow += group_slow
+    return slow, inexact
+
+
+@register_jitable
+def _slow_pass(ys, rs, mode, k, p, left, counts):
+    """round_bits over the elements of ``ys`` that :func:`_fast_pass` left as they were."""
+    a_lo = p.fast_lo << p.M
+    a_hi = (p.fast_hi + 1) << p.M
+    for g in range(0, ys.size, GROUP):
+        if left[g // GROUP]:
+            for j in range(g, min(g + GROUP, ys.size)):
+                a = np.int64(ys[j]) & p.MAG
+                if a < a_lo or a >= a_hi:
+                    bits, flags = round_bits(ys[j], mode, rs[j] if mode >= STOCHASTIC else 0,
+                                             k, p)
+                    ys[j] = bits
+                    for f in range(6):
+                        counts[f] += (flags >> f) & 1
+
+
+@register_jitable
+def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace, counts):
+    """Round the chunks of task ``t``; adds its six counters to ``counts``.
+
+    Each chunk draws its random words into a scratch buffer, runs the vectorisable
+    :func:`round_fast` over all its elements, then :func:`round_bits` over the few it did
+    not cover.
     """
     n = xb.size
     first = offset // CHUNK
     nchunks = (offset + n + CHUNK - 1) // CHUNK - first
-    counts = np.zeros((nchunks, 6), np.int64)
-    stochastic = mode >= STOCHASTIC
-    for c in prange(nchunks):
+    lanes = 4 if xb.itemsize == 4 else 2                # LANES of the container
+    r = np.empty(CHUNK if mode >= STOCHASTIC else 1, np.int64)
+    left = np.empty(CHUNK // GROUP, np.int64)
+    for c in range(t * TASK, min(t * TASK + TASK, nchunks)):
         base = (first + c) * CHUNK
         lo = max(base, offset) - offset
         hi = min(base + CHUNK, offset + n) - offset
-        r = np.zeros(CHUNK if stochastic else 1, np.int64)
-        if stochastic:
-            b0, nb = block_range(hi - lo, lo + offset, lanes)
-            for b in range(b0, b0 + nb):
-                words = block_words(b, stream, seed_lo, seed_hi)
-                for lane in range(lanes):
-                    g = b * lanes + lane
-                    if g >= lo + offset and g < hi + offset:
-                        r[g - base] = lane_word(words, lane, lanes)
-        slow = 0
-        inexact = 0
-        if stochastic:
-            for i in range(lo, hi):
-                bits, ok, inx = round_fast(xb[i], mode, r[i + offset - base], k, p)
-                outb[i] = bits
-                slow += 1 - ok
-                inexact += inx
+        rs = r
+        if mode >= STOCHASTIC:
+            b0 = (lo + offset) // lanes
+            _fill_words(r, xb, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+                        seed_hi)
+            rs = r[lo + offset - b0 * lanes:]
+        xs = xb[lo:hi]
+        if inplace:
+            slow, inexact = _fast_pass(xs, None, rs, mode, k, p, left)
         else:
-            for i in range(lo, hi):
-                bits, ok, inx = round_fast(xb[i], mode, 0, k, p)
-                outb[i] = bits
-                slow += 1 - ok
-                inexact += inx
-        counts[c, 0] = inexact
+            slow, inexact = _fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
+        counts[0] += inexact
         if slow:
-            for i in range(lo, hi):
-                biased = (np.int64(outb[i]) & p.MAG) >> p.M
-                if biased < p.fast_lo or biased > p.fast_hi:
-                    bits, flags = round_bits(outb[i], mode, r[i + offset - base], k, p)
-                    outb[i] = bits
-                    for f in range(6):
-                        counts[c, f] += (flags >> f) & 1
-    return counts.sum(axis=0)
+            _slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts)
 
 
-_round_parallel = njit(parallel=True, cache=True)(_round_chunks)
-_round_serial = njit(cache=True)(_round_chunks)
+def _round_chunks(mode):
+    """The CPU kernel of rounding mode ``mode``, a constant of its body, so that the decision
+    compiles to straight-line code.
+
+    kernel(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, t0, t1) rounds the
+    container bits of tasks t0 .. t1-1 of ``xb`` into ``outb`` (``xb`` itself when
+    ``inplace``) and returns their six counters.  It releases the GIL, so threads can run
+    disjoint task ranges at once.
+    """
+    def kernel(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, t0, t1):
+        counts = np.zeros(6, np.int64)
+        for t in range(t0, t1):
+            _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace,
+                        counts)
+        return counts
+
+    return kernel
+
+
+@functools.cache
+def _compiled(mode):
+    # one kernel per mode; numba's cache tells closures apart by their captured values
+    return njit(nogil=True, cache=True)(_round_chunks(mode))
+
+
+def _ntasks(n, offset):
+    nchunks = (offset + n + CHUNK - 1) // CHUNK - offset // CHUNK
+    return (nchunks + TASK - 1) // TASK
+
+
+@functools.cache
+def _pool(workers, pid):
+    # keyed by process id too: a forked child does not inherit the parent's threads
+    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
+
+
+def _round_serial(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace=False):
+    """Round container bits ``xb`` into ``outb`` in the calling thread; returns the counters."""
+    return _compiled(mode)(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, 0,
+                           _ntasks(xb.size, offset))
+
+
+def _round_parallel(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace=False):
+    """As :func:`_round_serial`, on ``numba.get_num_threads()`` threads.
+
+    The tasks are dealt out in a few pieces per thread, so a busy core does not hold up the
+    others; the bits do not depend on the split (counter-based random words).
+    """
+    ntasks = _ntasks(xb.size, offset)
+    workers = min(get_num_threads(), ntasks)
+    if workers <= 1:
+        return _round_serial(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace)
+    kernel = _compiled(mode)
+    bounds = np.linspace(0, ntasks, min(ntasks, 4 * workers) + 1).astype(np.int64)
+    pool = _pool(workers, os.getpid())
+    pieces = [pool.submit(kernel, xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace,
+                          int(t0), int(t1))
+              for t0, t1 in zip(bounds[:-1], bounds[1:]) if t1 > t0]
+    return sum(piece.result() for piece in pieces)
 
 
 def _is_torch(x) -> bool:
@@ -185,10 +347,14 @@ def round_into(flat, out, request: Plan):
     bits_dtype = np.int32 if flat.dtype.itemsize == 4 else np.int64
     target = out.reshape(-1) if out.flags.c_contiguous else np.empty_like(flat)
     kernel = _round_parallel if flat.size >= PARALLEL_THRESHOLD else _round_serial
-    # in place is safe: round_fast returns the input bits where it does not apply
+    # in place is safe (round_fast returns the input bits where it does not apply); any
+    # other overlap would read elements already written
+    inplace = flat.ctypes.data == target.ctypes.data
+    if not flat.flags.writeable or (not inplace and np.shares_memory(flat, target)):
+        flat = flat.copy()      # the kernels take writable arrays (one signature per dtype)
     counts = kernel(flat.view(bits_dtype), target.view(bits_dtype), request.mode, request.k,
                     request.params, request.seed_lo, request.seed_hi, request.stream,
-                    request.offset, request.lanes)
+                    request.offset, inplace)
     if target is not out and not np.shares_memory(target, out):
         out[...] = target.reshape(out.shape)
     return counts

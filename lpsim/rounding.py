@@ -133,11 +133,13 @@ def kernel_params(fmt: Format, dtype) -> Params:
 def _increment(keep, rem, s, mode, negative, r, w, k):
     """0 or 1: whether |x| = (keep + rem/2**s) quanta, rem > 0, rounds up in magnitude.
 
-    Straight-line per mode (no early returns) so that a loop over it vectorises.
+    ``keep``'s last bit is the last bit of the format's code (ties to even, round to odd).
+    Straight-line per mode (no early returns, no branches on the data) so that a loop over
+    it vectorises.
     """
     inc = np.int64(0)
     if mode == NEAREST or mode == NEAREST_AWAY:
-        half = np.int64(1) << min(s - 1, 62)  # rem < 2**54 <= half when s > 62
+        half = np.int64(1) << min(max(s - 1, 0), 62)  # rem < 2**54 <= half when s > 62
         if mode == NEAREST:
             inc = np.int64((rem > half) | ((rem == half) & ((keep & 1) == 1)))
         else:
@@ -151,15 +153,13 @@ def _increment(keep, rem, s, mode, negative, r, w, k):
     elif mode == STOCHASTIC_EQUAL:
         inc = r >> (w - 1)
     elif mode == STOCHASTIC:
-        # t = frac * 2**k, rounded up when k == W (exact SR), down for few-bit SR
-        if s <= k:
-            t = rem << (k - s)
-        else:
-            d = min(s - k, 63)
-            t = rem >> d if d < 63 else np.int64(0)
-            if k == w:
-                t += np.int64(rem != (t << d)) if d < 63 else np.int64(1)
-        inc = np.int64((r >> (w - k)) < t)
+        # R_k < t with t = frac * 2**k (rounded up when k == W: exact SR, down for few-bit
+        # SR), compared on the top min(s, k) bits of both sides; rem < 2**54, so d <= 62
+        d = min(max(s - k, 0), 62)
+        t = rem >> d
+        if k == w:
+            t += np.int64((rem & ((np.int64(1) << d) - 1)) != 0)
+        inc = np.int64((r >> (w - min(s, k))) < t)
     return inc
 
 
@@ -180,21 +180,26 @@ def round_fast(bits, mode, r, k, p):
 
     Valid when ``ok`` (x normal in the format, below its top binade, so the shift is M - m and
     nothing overflows or underflows); otherwise the caller runs :func:`round_bits`.  Written
-    so that LLVM can vectorise a loop over it.
+    so that LLVM vectorises a loop over it: with ``mode`` a constant the decision is a few
+    integer operations, and everything derived from ``p`` and ``k`` is loop-invariant.
     """
-    M, SIGN, MAG, W, m, lo, hi = p.M, p.SIGN, p.MAG, p.W, p.m, p.fast_lo, p.fast_hi
+    M, SIGN, MAG, W, m, EB, emin = p.M, p.SIGN, p.MAG, p.W, p.m, p.EB, p.emin
+    s = M - m
+    a_lo = p.fast_lo << M                       # ok: a_lo <= |bits| < a_hi
+    a_hi = (p.fast_hi + 1) << M
+    # the code's last bit: keep's, or with m == 0 the format's exponent code's
+    parity = (1 - emin - EB) & 1 if m == 0 else 0
     bits = np.int64(bits)
     negative = bits < 0
     a = bits & MAG
-    biased = a >> M
-    s = M - m
     keep = a >> s
     rem = a & ((np.int64(1) << s) - 1)
-    inc = _increment(keep, rem, s, mode, negative, r, W, k)
-    out = (keep + (inc if rem != 0 else 0)) << s
-    ok = (biased >= lo) & (biased <= hi)
+    inexact = rem != 0
+    inc = _increment(keep ^ parity, rem, s, mode, negative, r, W, k)
+    out = (keep + (inc if inexact else 0)) << s
+    ok = (a >= a_lo) & (a < a_hi)
     out = out + SIGN if negative else out
-    return (out if ok else bits), ok, ok & (rem != 0)
+    return (out if ok else bits), ok, ok & inexact
 
 
 @register_jitable
@@ -215,7 +220,7 @@ def round_bits(bits, mode, r, k, p):
         if a & fracmask:
             return bits, NAN_IN
         out = inf_out
-        flags = INF_IN
+        flags = INF_IN if out == a else INF_IN | INEXACT   # saturate / fn change an inf
     elif a == 0:
         return bits, 0
     else:
@@ -264,7 +269,8 @@ def round_bits(bits, mode, r, k, p):
 def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, lanes, sp):
     """Round the elements of one Philox block (global indices block*lanes ...) of ``xb``.
 
-    The unit of work of the GPU path, one block per thread in a grid-stride loop.  Results go
+    The unit of work of the GPU path (one block per thread in a grid-stride loop); the CPU
+    kernel in :mod:`lpsim.quantize` reaches the same :func:`round_bits` by a vectorised route.  Results go
     to ``outb`` as container bits, or packed into native storage when ``sp.width`` is set
     (:mod:`lpsim.storage`).  Returns the block's counters (COUNTERS order).
     """

@@ -32,6 +32,15 @@ def test_shapes_out_and_in_place():
     assert np.array_equal(target, expected)
 
 
+def test_read_only_and_broadcast_inputs():
+    x = np.linspace(-2, 2, 50, dtype=np.float32)
+    expected = quantize(x, "e4m3")
+    x.setflags(write=False)
+    assert np.array_equal(quantize(x, "e4m3"), expected)
+    assert np.array_equal(quantize(np.broadcast_to(np.float32(0.3), (4, 5)), "bf16"),
+                          np.full((4, 5), 0.30078125, np.float32))
+
+
 def test_torch_cpu_tensors_round_like_numpy():
     torch = pytest.importorskip("torch")
     t = torch.linspace(-3, 3, 101, dtype=torch.float32)

@@ -1,0 +1,190 @@
+"""CPU rounding throughput: lpsim.quantize against qtorch, ml_dtypes, torch casts and a copy.
+
+Rounds 2**24 float32 values (numpy, into a preallocated output) to bf16, e5m2 and fp(6,9,0),
+nearest and stochastic, and prints million elements per second next to, measured in the same
+run: qtorch's CPU ``float_quantize``, the ml_dtypes round trip
+``x.astype(ml_dtypes.<type>).astype(np.float32)``, torch's ``t.to(<dtype>).float()`` and the
+memory ceiling ``np.copyto(out, x)``.  Each time is the median of several runs after a warm-up.
+
+    python benchmarks/bench_quantize.py [--log2n 24] [--repeats 7] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+#: format name -> (exponent bits, mantissa bits, ml_dtypes type, torch dtype) of the peers
+FORMATS = {"bf16": (8, 7, "bfloat16", "bfloat16"), "e5m2": (5, 2, "float8_e5m2", "float8_e5m2"),
+           "fp(6,9,0)": (6, 9, None, None)}
+MODES = ("nearest", "stochastic")
+#: the issue's targets: (format, mode, peer, least ratio lpsim / peer)
+TARGETS = [("bf16", "nearest", "copy", 0.4), ("bf16", "nearest", "ml_dtypes", 1.5),
+           ("bf16", "nearest", "qtorch", 15.0), ("bf16", "stochastic", "qtorch", 30.0)]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall-clock seconds per call, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def machine() -> dict:
+    """CPU model, cores, threads, load and library versions, for the header and the JSON."""
+    import ml_dtypes
+    import numba
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        qtorch_version = __import__("importlib.metadata").metadata.version("qtorch")
+    except Exception:
+        qtorch_version = "absent"
+    try:
+        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                                  check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True,
+                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        revision += " + local changes" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        revision = "unknown"
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": model, "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+        "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+        "python": platform.python_version(), "numpy": np.__version__,
+        "numba": numba.__version__, "torch": torch.__version__,
+        "ml_dtypes": ml_dtypes.__version__, "qtorch": qtorch_version, "lpsim": revision,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log2n", type=int, default=24, help="round 2**LOG2N values")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per case")
+    parser.add_argument("--json", help="also write the results as JSON to this path")
+    args = parser.parse_args(argv)
+
+    import ml_dtypes
+    import torch
+
+    import lpsim
+
+    info = machine()
+    n = 1 << args.log2n
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-8, 8, n))).astype(np.float32)
+    out = np.empty_like(x)
+    t = torch.from_numpy(x)
+    log("importing qtorch (it compiles its C++ extension on the first import, ~30 s) ...")
+    try:
+        from qtorch.quant import float_quantize
+    except Exception as error:      # qtorch's extension may not build here
+        float_quantize = None
+        log(f"qtorch unavailable: {error}")
+
+    # (label, format, mode, peer kind, callable); peer kind None is lpsim itself
+    cases = [("np.copyto(out, x)", "-", "-", "copy", lambda: np.copyto(out, x))]
+    for name, (e, m, ml_name, torch_name) in FORMATS.items():
+        for mode in MODES:
+            cases.append(("lpsim.quantize(x, out=...)", name, mode, None,
+                          lambda name=name, mode=mode:
+                          lpsim.quantize(x, name, mode, seed=1, out=out)))
+            if float_quantize is not None:
+                cases.append((f"qtorch float_quantize({e}, {m})", name, mode, "qtorch",
+                              lambda e=e, m=m, mode=mode:
+                              float_quantize(t, e, m, rounding=mode)))
+            if mode == "nearest" and ml_name:
+                ml_type = getattr(ml_dtypes, ml_name)
+                cases.append((f"ml_dtypes {ml_name} round trip", name, mode, "ml_dtypes",
+                              lambda ml_type=ml_type: x.astype(ml_type).astype(np.float32)))
+            if mode == "nearest" and torch_name and hasattr(torch, torch_name):
+                torch_type = getattr(torch, torch_name)
+                cases.append((f"torch .to({torch_name}).float()", name, mode, "torch",
+                              lambda torch_type=torch_type: t.to(torch_type).float()))
+
+    rows = []
+    for number, (label, fmt, mode, kind, fn) in enumerate(cases, 1):
+        log(f"[{number}/{len(cases)}] {label} {fmt} {mode} ...")
+        repeats = args.repeats if kind != "qtorch" else max(3, args.repeats // 2)
+        seconds = median_seconds(fn, repeats)
+        rows.append({"case": label, "format": fmt, "mode": mode, "peer": kind or "lpsim",
+                     "seconds": seconds, "Melem_per_s": n / seconds / 1e6})
+    copy = rows[0]["Melem_per_s"]
+    ours = {(r["format"], r["mode"]): r["Melem_per_s"] for r in rows if r["peer"] == "lpsim"}
+    for row in rows:
+        row["vs_copy"] = row["Melem_per_s"] / copy
+        if row["peer"] not in ("lpsim", "copy"):
+            row["lpsim_over_peer"] = ours[row["format"], row["mode"]] / row["Melem_per_s"]
+
+    def peer_speed(fmt, mode, kind):
+        if kind == "copy":
+            return copy
+        return next((r["Melem_per_s"] for r in rows
+                     if (r["format"], r["mode"], r["peer"]) == (fmt, mode, kind)), None)
+
+    verdicts = []
+    for fmt, mode, kind, least in TARGETS:
+        speed = peer_speed(fmt, mode, kind)
+        ratio = None if speed is None else ours[fmt, mode] / speed
+        verdicts.append({"format": fmt, "mode": mode, "peer": kind, "target": least,
+                         "ratio": ratio, "met": ratio is not None and ratio >= least})
+
+    load = ", ".join(f"{v:.2f}" for v in info["load_average"])
+    print(f"# lpsim CPU rounding, {info['date']}, {info['cpu']}, {info['cores']} cores "
+          f"(numba threads {info['numba_threads']}, torch threads {info['torch_threads']})")
+    print(f"# python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
+          f"torch {info['torch']}, ml_dtypes {info['ml_dtypes']}, qtorch {info['qtorch']}, "
+          f"lpsim {info['lpsim']}")
+    print(f"# command: python benchmarks/bench_quantize.py --log2n {args.log2n} "
+          f"--repeats {args.repeats}")
+    print(f"# n = 2**{args.log2n} float32, median of {args.repeats} runs after a warm-up "
+          f"(qtorch: {max(3, args.repeats // 2)}); load average at the end: {load}")
+    print(f"{'case':36s} {'format':10s} {'mode':11s} {'Melem/s':>9s} {'vs copy':>8s} "
+          f"{'lpsim/peer':>10s}")
+    for row in rows:
+        ratio = row.get("lpsim_over_peer")
+        print(f"{row['case']:36s} {row['format']:10s} {row['mode']:11s} "
+              f"{row['Melem_per_s']:9.0f} {row['vs_copy']:8.2f} "
+              f"{'' if ratio is None else f'{ratio:9.2f}x':>10s}")
+    print("ml_dtypes and torch casts have no stochastic rounding (n/a); fp(6,9,0) has no "
+          "ml_dtypes or torch type (n/a).")
+    print("qtorch's 'nearest' rounds ties away from zero (lpsim's 'nearest_away'); its "
+          "stochastic mode draws from torch's generator, lpsim's from counter-based Philox.")
+    for v in verdicts:
+        got = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x"
+        print(f"target: {v['format']} {v['mode']} >= {v['target']}x {v['peer']}: got {got} "
+              f"-> {'met' if v['met'] else 'NOT met'}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": info, "n": n, "repeats": args.repeats, "rows": rows,
+                       "targets": verdicts}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

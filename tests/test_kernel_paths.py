@@ -1,0 +1,144 @@
+"""The CPU kernel's paths equal the scalar decision, element by element.
+
+Every path of :mod:`lpsim.quantize`'s kernel (serial and parallel, a nonzero offset, in place,
+a non-contiguous input) must give exactly the bits and the six counters of a plain Python
+loop that calls :func:`lpsim.rounding.round_bits` (its pure-Python body) on each element,
+with the element's random word from :func:`lpsim.philox.random_words`.  The offsets cross
+the kernel's chunk and task boundaries and misalign the Philox blocks.
+"""
+
+import functools
+import zlib
+
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import RoundingStats, quantize
+from lpsim.philox import random_words
+from lpsim.quantize import CHUNK, TASK, _round_parallel, _round_serial, plan
+from lpsim.rounding import round_bits
+
+N = 2000
+SEED, STREAM = 20240607, 3
+OFFSETS = (0, 3, TASK * CHUNK - N // 2)   # aligned; odd; straddling a chunk and a task
+FORMATS = {
+    "bf16": "bf16", "fp16": "fp16", "e5m2": "e5m2", "e4m3fn": "e4m3fn",
+    "fp(4,3,4)": "fp(4,3,4)", "fp(6,9,0)": "fp(6,9,0)", "fp(8,7,4)": "fp(8,7,4)",
+    "e5m2-nosub": lpsim.fp(5, 2, subnormals=False),
+    "e4m3-saturate": lpsim.fp(4, 3, specials="saturate"),
+    "fp(3,0,1)": "fp(3,0,1)",   # m = 0 with an even bias: ties look at the exponent code
+}
+MODES = [(name, None) for name in lpsim.rounding.MODES] + [("stochastic", 4)]
+DTYPES = {np.float32: np.int32, np.float64: np.int64}
+
+
+@functools.cache
+def values(dtype, key):
+    """About N values for the format: random bit patterns, its whole range, ties, specials."""
+    fmt = lpsim.parse_format(FORMATS[key])
+    bits_dtype = DTYPES[dtype]
+    info = np.iinfo(bits_dtype)
+    rng = np.random.default_rng(zlib.crc32(f"{dtype.__name__} {key}".encode()))
+    patterns = rng.integers(info.min, info.max, 500, dtype=bits_dtype, endpoint=True)
+    # the format's range and a little beyond: underflow, subnormals, normals, overflow
+    exponents = rng.integers(fmt.emin - fmt.m - 4, fmt.emax + 3, 900)
+    spread = (rng.random(900) + 1) * np.exp2(exponents.astype(float))
+    # representable values, and their midpoints (ties) and near-ties
+    quantum = np.exp2(np.maximum(exponents[:300], fmt.emin) - fmt.m)
+    grid = np.floor(spread[:300] / quantum) * quantum
+    ties = grid + quantum / 2
+    near = grid + quantum * rng.choice([1 / 4, 3 / 4, 1 / 1024], 300)
+    with np.errstate(over="ignore"):                                   # beyond float32
+        finite = np.concatenate([spread, grid, ties, near]).astype(dtype)
+    finite *= rng.choice(np.array([-1, 1], dtype), finite.size)
+    tiny = np.array([1, 2, 3, 0x7FFFF], bits_dtype).view(dtype)       # container subnormals
+    specials = np.array([0.0, np.inf, np.nan, fmt.max_finite, fmt.min_normal,
+                         fmt.min_subnormal, fmt.max_finite * (1 + 2.0 ** -(fmt.m + 2)),
+                         fmt.min_subnormal / 2, fmt.min_subnormal * 0.75], dtype)
+    payload = np.array([info.max, -1], bits_dtype).view(dtype)        # NaNs with payloads
+    x = np.concatenate([tiny, specials, -specials, payload, patterns.view(dtype), finite])[:N]
+    return rng.permutation(x)
+
+
+@functools.cache
+def words(itemsize, offset):
+    return tuple(random_words(N, itemsize, SEED, STREAM, offset))
+
+
+@functools.cache
+def expected(dtype, key, mode, sr_bits, offset):
+    """(bits, counters) from the Python loop over round_bits."""
+    request = plan(FORMATS[key], mode, dtype, seed=SEED, stream=STREAM, sr_bits=sr_bits,
+                   offset=offset)
+    itemsize = np.dtype(dtype).itemsize
+    r = words(itemsize, offset) if mode.startswith("stochastic") else (0,) * N
+    out = np.empty(N, np.int64)
+    counts = np.zeros(6, np.int64)
+    for i, b in enumerate(values(dtype, key).view(DTYPES[dtype])):
+        bits, flags = round_bits(int(b), request.mode, r[i], request.k, request.params)
+        out[i] = bits
+        counts += [(int(flags) >> f) & 1 for f in range(6)]
+    return out.astype(DTYPES[dtype]), counts
+
+
+def run_kernel(kernel, x, out, request, inplace=False):
+    bits_dtype = DTYPES[x.dtype.type]
+    return kernel(x.view(bits_dtype), out.view(bits_dtype), request.mode, request.k,
+                  request.params, request.seed_lo, request.seed_hi, request.stream,
+                  request.offset, inplace)
+
+
+@pytest.mark.parametrize("mode, sr_bits", MODES, ids=[f"{m}-{k}" if k else m for m, k in MODES])
+@pytest.mark.parametrize("key", FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_every_path_equals_the_scalar_decision(dtype, key, mode, sr_bits):
+    x = values(dtype, key)
+    bits_dtype = DTYPES[dtype]
+    plans = {offset: plan(FORMATS[key], mode, dtype, seed=SEED, stream=STREAM,
+                          sr_bits=sr_bits, offset=offset) for offset in OFFSETS}
+
+    def check(got, counts, offset, what):
+        want, want_counts = expected(dtype, key, mode, sr_bits, offset)
+        bad = np.flatnonzero(got.view(bits_dtype) != want)
+        assert bad.size == 0, (f"{what}: {bad.size} elements differ, first x={x[bad[0]]!r} "
+                               f"got={got[bad[0]]!r} want={want.view(dtype)[bad[0]]!r}")
+        assert list(counts) == list(want_counts), what
+
+    for kernel, offsets in ((_round_serial, OFFSETS[:2]), (_round_parallel, OFFSETS[::2])):
+        for offset in offsets:
+            out = np.full_like(x, 7.0)
+            counts = run_kernel(kernel, x, out, plans[offset])
+            check(out, counts, offset, f"{kernel.__name__} offset={offset}")
+        y = x.copy()
+        counts = run_kernel(kernel, y, y, plans[offsets[-1]], inplace=True)
+        check(y, counts, offsets[-1], f"{kernel.__name__} in place offset={offsets[-1]}")
+
+    # the public entry points: in place, a non-contiguous input and output, stats
+    offset = OFFSETS[1]
+    y = x.copy()
+    stats = RoundingStats()
+    quantize(y, FORMATS[key], mode, seed=SEED, stream=STREAM, sr_bits=sr_bits, out=y,
+             stats=stats, offset=offset)
+    check(y, [getattr(stats, f) for f in lpsim.stats.COUNTERS], offset, "quantize in place")
+    strided = np.zeros((N, 3), dtype)
+    strided[:, 1] = x
+    target = np.zeros((2, N), dtype)[:, ::-1][1]
+    for out in (None, target):
+        stats = RoundingStats()
+        got = quantize(strided[:, 1], FORMATS[key], mode, seed=SEED, stream=STREAM,
+                       sr_bits=sr_bits, offset=offset, out=out, stats=stats)
+        assert out is None or got is out
+        check(got, [getattr(stats, f) for f in lpsim.stats.COUNTERS], offset,
+              f"non-contiguous input, out={'strided' if out is not None else None}")
+
+
+def test_values_cover_the_fast_and_the_slow_path():
+    """The data must exercise both round_fast and round_bits, so a path cannot hide."""
+    for dtype in DTYPES:
+        for key in ("bf16", "e4m3fn", "fp(3,0,1)"):
+            x = values(dtype, key)
+            p = plan(FORMATS[key], "nearest", dtype).params
+            biased = (x.view(DTYPES[dtype]).astype(np.int64) & p.MAG) >> p.M
+            fast = (biased >= p.fast_lo) & (biased <= p.fast_hi)
+            assert fast.sum() >= 100 and (~fast).sum() >= 100, (dtype, key, fast.sum())
