@@ -1,0 +1,257 @@
+"""A slow, exact reference rounding in rational arithmetic, to check any kernel against.
+
+Written from the semantic contract in :mod:`lpsim.rounding` (quantum, keep, frac, per-mode
+increment, overflow, specials, flags) with :class:`fractions.Fraction` and no float in any
+decision, so it is an oracle independent of the bit-level kernels.  It works for every
+format, whether or not it fits a container; only :func:`quantize` needs a container.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from numbers import Rational
+from typing import NamedTuple
+
+import numpy as np
+
+from .formats import Format, parse_format
+from .philox import WORD_BITS, random_words
+from .quantize import plan
+from .rounding import MODES, STOCHASTIC_MODES
+from .stats import COUNTERS, RoundingStats
+
+#: enumerate_values refuses formats with more nonnegative values than this
+MAX_ENUMERATED = 1 << 22
+
+
+class Rounded(NamedTuple):
+    """The rounded value and the flags (a frozenset of :data:`lpsim.stats.COUNTERS` names).
+
+    value is a nonzero :class:`Fraction` for finite nonzero results and a float for +-0.0,
+    +-inf and nan, so that the sign of zero survives.
+    """
+
+    value: Fraction | float
+    flags: frozenset
+
+
+def _pow2(k: int) -> Fraction:
+    return Fraction(2 ** k) if k >= 0 else Fraction(1, 2 ** -k)
+
+
+def _floor_log2(a: Fraction) -> int:
+    """floor(log2 a) for a > 0, exactly."""
+    k = a.numerator.bit_length() - a.denominator.bit_length()
+    return k if a >= _pow2(k) else k - 1
+
+
+def max_finite(fmt: Format) -> Fraction:
+    """The largest finite value of ``fmt``, exactly."""
+    return (2 ** fmt.m + fmt.max_mantissa) * _pow2(fmt.emax - fmt.m)
+
+
+def enumerate_values(fmt) -> list[Fraction]:
+    """Every nonnegative finite value of ``fmt``, ascending (the negatives mirror them).
+
+    Built from the encoding (exponent code, stored mantissa), not from the rounding rule,
+    so tests can check the rounding against the neighbours it should pick.
+    """
+    fmt = parse_format(fmt)
+    count = (fmt.top_finite_code + 1) << fmt.m
+    if count > MAX_ENUMERATED:
+        raise ValueError(f"{fmt!r} has about {count} nonnegative values; enumerate_values "
+                         f"accepts formats with at most {MAX_ENUMERATED} (e.g. 8- to 16-bit)")
+    values = [Fraction(0)]
+    if fmt.subnormals:
+        values += [mant * _pow2(fmt.emin - fmt.m) for mant in range(1, 2 ** fmt.m)]
+    for code in range(1, fmt.top_finite_code + 1):
+        top = fmt.max_mantissa if code == fmt.top_finite_code else 2 ** fmt.m - 1
+        scale = _pow2(code - fmt.bias - fmt.m)
+        values += [(2 ** fmt.m + mant) * scale for mant in range(top + 1)]
+    return values
+
+
+def _as_fraction(x) -> Fraction | float:
+    """x as an exact Fraction, or as a float when it is a zero, inf or nan."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"cannot round {x!r}; accepted: a Fraction, int or float")
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if x == 0 or not math.isfinite(x) else Fraction(x)
+    if isinstance(x, (Rational, np.integer)):
+        value = Fraction(int(x)) if isinstance(x, np.integer) else Fraction(x)
+        return value if value != 0 else 0.0
+    raise TypeError(f"cannot round a {type(x).__name__} ({x!r}); accepted: a Fraction, int "
+                    "or float")
+
+
+def _code_is_odd(fmt: Format, keep: int, ex: int) -> bool:
+    """Whether keep quanta is encoded with last bit 1: its mantissa's, with m = 0 its exponent's.
+
+    The contract's "even" and "odd": with m = 0 every normal significand is the implicit 1,
+    so the exponent code (ex + bias) is the last bit that tells neighbours apart.
+    """
+    if fmt.m == 0 and keep:
+        return (ex + fmt.bias) % 2 == 1
+    return keep % 2 == 1
+
+
+def _increment(rounding, odd, frac, negative, uniform, sr_bits) -> int:
+    """1 when |x| = (keep + frac) quanta, 0 < frac < 1, rounds up in magnitude; else 0.
+
+    odd: whether keep's encoding ends in 1 (see :func:`_code_is_odd`).
+    """
+    half = Fraction(1, 2)
+    match rounding:
+        case "nearest":
+            return int(frac > half or (frac == half and odd))
+        case "nearest_away":
+            return int(frac >= half)
+        case "toward_zero":
+            return 0
+        case "up":
+            return int(not negative)
+        case "down":
+            return int(negative)
+        case "odd":
+            return int(not odd)
+        case "stochastic" if sr_bits is None:
+            return int(uniform < frac)
+        case "stochastic":
+            scale = 2 ** sr_bits
+            return int(math.floor(uniform * scale) < math.floor(frac * scale))
+        case "stochastic_equal":
+            return int(uniform >= half)
+    raise AssertionError(rounding)
+
+
+def _overflow_result(fmt: Format, rounding: str, negative: bool) -> Fraction | float:
+    """What a finite overflow becomes: +-inf (nan in fn) or +-max_finite, per the contract."""
+    to_infinity = {"toward_zero": False, "odd": False, "up": not negative,
+                   "down": negative}.get(rounding, True)
+    if fmt.saturate or not to_infinity:
+        return -max_finite(fmt) if negative else max_finite(fmt)
+    if fmt.specials == "fn":
+        return math.nan
+    return -math.inf if negative else math.inf
+
+
+def _check_request(rounding, uniform, sr_bits):
+    if rounding not in MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(MODES)}")
+    if rounding in STOCHASTIC_MODES:
+        if uniform is None:
+            raise ValueError(f"rounding={rounding!r} needs uniform=u, a Fraction or float "
+                             "with 0 <= u < 1")
+        if not 0 <= uniform < 1:
+            raise ValueError(f"uniform={uniform!r} is out of range; accepted: 0 <= u < 1")
+    if sr_bits is not None and (rounding != "stochastic" or isinstance(sr_bits, bool)
+                                or not isinstance(sr_bits, (int, np.integer)) or sr_bits < 1):
+        raise ValueError(f"sr_bits={sr_bits!r} with rounding={rounding!r}; accepted: a "
+                         "positive integer with 'stochastic', or None")
+
+
+def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
+                sr_bits=None) -> Rounded:
+    """Round ``x`` (Fraction, int or float, incl. +-0.0, +-inf, nan) to ``fmt`` exactly.
+
+    The contract of :mod:`lpsim.rounding`.  Stochastic modes need ``uniform`` u in [0, 1):
+    ``stochastic`` rounds up in magnitude iff u < frac, or with ``sr_bits=k`` iff
+    floor(u 2**k) < floor(frac 2**k); ``stochastic_equal`` iff u >= 1/2.
+    """
+    fmt = parse_format(fmt)
+    _check_request(rounding, uniform, sr_bits)
+    uniform = None if uniform is None else Fraction(uniform)
+    value = _as_fraction(x)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return Rounded(value, frozenset({"nan"}))
+        if value == 0:
+            return Rounded(value, frozenset())
+        negative = value < 0
+        if fmt.specials == "ieee":
+            return Rounded(value, frozenset({"inf"}))
+        out = (-max_finite(fmt) if negative else max_finite(fmt)) if fmt.saturate else math.nan
+        return Rounded(out, frozenset({"inf", "inexact"}))   # the result differs from x
+
+    negative = value < 0
+    a = abs(value)
+    ex = _floor_log2(a)
+    if ex >= fmt.emin:
+        q = ex - fmt.m
+    else:
+        q = fmt.emin - fmt.m if fmt.subnormals else fmt.emin
+    scaled = a / _pow2(q)
+    keep = math.floor(scaled)
+    frac = scaled - keep
+    odd = _code_is_odd(fmt, keep, ex)
+    inc = _increment(rounding, odd, frac, negative, uniform, sr_bits) if frac else 0
+    magnitude = (keep + inc) * _pow2(q)
+
+    flags = set()
+    if magnitude > max_finite(fmt):
+        flags.add("overflow")
+        out = _overflow_result(fmt, rounding, negative)
+    elif magnitude == 0:
+        flags.add("underflow")
+        out = -0.0 if negative else 0.0
+    else:
+        if magnitude < _pow2(fmt.emin):
+            flags.add("subnormal")
+        out = -magnitude if negative else magnitude
+    if isinstance(out, float) or out != value:
+        flags.add("inexact")
+    return Rounded(out, frozenset(flags))
+
+
+def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0,
+             offset: int = 0, sr_bits=None, uniforms=None):
+    """Round a float32/float64 array element by element with :func:`round_exact`.
+
+    Returns (array of x's dtype and shape, :class:`RoundingStats`).  Stochastic modes take
+    element i's uniform from ``uniforms[i]`` (C order) or, given ``seed``, from lpsim's
+    Philox mapping (u = R / 2**W, counter offset + i), reproducing ``lpsim.quantize`` bit
+    for bit.  NaN inputs are returned unchanged, produced NaNs are the positive quiet NaN.
+    Bad input gets lpsim.quantize's errors; stochastic modes need exactly one of seed and
+    uniforms (ValueError).
+    """
+    x = np.asarray(x)
+    stochastic = rounding in STOCHASTIC_MODES
+    if stochastic and (seed is None) == (uniforms is None):
+        raise ValueError(f"rounding={rounding!r} needs exactly one of seed=... (lpsim's random "
+                         "bits) and uniforms=... (one u in [0, 1) per element)")
+    # the kernels' own validation: format, rounding, container, sr_bits, seed, stream, offset
+    request = plan(fmt, rounding, x.dtype, seed=seed, stream=stream, sr_bits=sr_bits,
+                   offset=offset)
+    fmt = parse_format(fmt)
+    flat = x.reshape(-1)
+    width = WORD_BITS[x.dtype.itemsize]
+    if stochastic and uniforms is None:
+        words = random_words(flat.size, x.dtype.itemsize, seed, stream, offset)
+        uniforms = [Fraction(r, 2 ** width) for r in words]
+    elif stochastic:
+        uniforms = list(np.asarray(uniforms, dtype=object).reshape(-1))
+        if len(uniforms) != flat.size:
+            raise ValueError(f"uniforms has {len(uniforms)} elements; accepted: one per element "
+                             f"of x ({flat.size})")
+    # few-bit SR only below W bits (all W bits is exact SR); stochastic_equal ignores it
+    sr_bits = request.k if rounding == "stochastic" and request.k < width else None
+    out = np.empty_like(flat)
+    stats = RoundingStats()
+    counts = dict.fromkeys(COUNTERS, 0)
+    for i, xi in enumerate(flat):
+        if np.isnan(xi):
+            out[i] = xi
+            counts["nan"] += 1
+            continue
+        u = uniforms[i] if stochastic else None
+        value, flags = round_exact(float(xi), fmt, rounding, uniform=u, sr_bits=sr_bits)
+        out[i] = float(value)      # exact: the format fits the container
+        for name in flags:
+            counts[name] += 1
+    stats.add(flat.size, [counts[name] for name in COUNTERS])
+    return out.reshape(x.shape), stats
+
+
+__all__ = ["round_exact", "quantize", "enumerate_values", "max_finite", "Rounded"]

@@ -1,0 +1,247 @@
+"""Hypothesis strategies and an assertion for property tests of low-precision kernels.
+
+The strategies compose like ``hypothesis.extra.numpy``: keyword-only options, and every
+value strategy draws scalars of the container dtype, so it can serve as ``elements=`` of
+``hypothesis.extra.numpy.arrays(dtype, shape, elements=...)``.  :func:`assert_rounded`
+checks results against the exact rational reference (:mod:`lpsim.reference`).
+Needs hypothesis (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import strategies as st
+
+from . import reference
+from .formats import CONTAINERS, SPECIALS, Format, fp, parse_format
+
+#: mismatches that assert_rounded lists
+MAX_REPORTED = 5
+
+
+def _container(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in CONTAINERS:
+        raise ValueError(f"dtype={dtype} is not a container; accepted: float32, float64")
+    return dtype
+
+
+def _count(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    return int(value)
+
+
+def formats(*, max_e: int = 8, max_m: int = 23, max_bias: int = 4, specials=SPECIALS,
+            subnormals: bool | None = None, dtype=np.float32) -> st.SearchStrategy[Format]:
+    """Formats fp(e, m, b) with e <= max_e, m <= max_m, |b| <= max_bias that fit ``dtype``.
+
+    specials: a policy name or a sequence of them; subnormals: True, False or None (both).
+    Shrinks toward small e, m and b = 0, ieee, subnormals on.
+    """
+    dtype = _container(dtype)
+    max_e, max_m, max_bias = (_count("max_e", max_e, 1), _count("max_m", max_m, 0),
+                              _count("max_bias", max_bias, 0))
+    policies = (specials,) if isinstance(specials, str) else tuple(specials)
+    unknown = [p for p in policies if p not in SPECIALS]
+    if not policies or unknown:
+        raise ValueError(f"specials={specials!r} is not a policy or a sequence of them; "
+                         f"accepted: {', '.join(SPECIALS)}")
+    if subnormals not in (None, True, False):
+        raise ValueError(f"subnormals={subnormals!r}; accepted: True, False or None (both)")
+    biases = sorted(range(-max_bias, max_bias + 1), key=lambda b: (abs(b), b))
+    table = {}   # policy -> e -> m -> biases that fit, all non-empty
+    for policy in policies:
+        for e in range(1, min(max_e, 11) + 1):
+            for m in range(min(max_m, 52) + 1):
+                fitting = []
+                for b in biases:
+                    try:
+                        fmt = fp(e, m, b, specials=policy)
+                    except ValueError:   # e = 1 leaves ieee without normal numbers
+                        continue
+                    if fmt.fits(dtype)[0]:
+                        fitting.append(b)
+                if fitting:
+                    table.setdefault(policy, {}).setdefault(e, {})[m] = fitting
+    if not table:
+        raise ValueError(f"no format with e <= {max_e}, m <= {max_m}, |b| <= {max_bias} and "
+                         f"specials in {policies} fits a {dtype} container")
+    choices = (True, False) if subnormals is None else (subnormals,)
+
+    @st.composite
+    def draw_format(draw):
+        policy = draw(st.sampled_from([p for p in policies if p in table]))
+        e = draw(st.sampled_from(sorted(table[policy])))
+        m = draw(st.sampled_from(sorted(table[policy][e])))
+        b = draw(st.sampled_from(table[policy][e][m]))
+        return fp(e, m, b, specials=policy, subnormals=draw(st.sampled_from(choices)))
+
+    return draw_format()
+
+
+def _fitting(fmt, dtype) -> tuple[Format, np.dtype]:
+    fmt, dtype = parse_format(fmt), _container(dtype)
+    fmt.check_fits(dtype)
+    return fmt, dtype
+
+
+def _quantum(fmt: Format, code: int) -> int:
+    """Exponent of the spacing of the values with exponent code ``code``."""
+    if code == 0:
+        return fmt.emin - fmt.m if fmt.subnormals else fmt.emin
+    return code - fmt.bias - fmt.m
+
+
+def _significands(fmt: Format, code: int) -> int:
+    """How many significands the exponent code holds (subnormals off: code 0 holds only 0)."""
+    if code == 0 and not fmt.subnormals:
+        return 1
+    return fmt.max_mantissa + 1 if code == fmt.top_finite_code else 2 ** fmt.m
+
+
+def _signed(draw, value: float, dtype: np.dtype):
+    return dtype.type(-value if draw(st.booleans()) else value)
+
+
+def representable(fmt, *, dtype=np.float64, allow_nan: bool = False,
+                  allow_infinity: bool = False) -> st.SearchStrategy:
+    """Values of ``fmt`` (both signs, +-0, subnormals if on) as ``dtype`` scalars.
+
+    Uniform over exponent codes, then mantissas, so every binade is exercised; inf and NaN
+    only where the format has them and they are allowed.
+    """
+    fmt, dtype = _fitting(fmt, dtype)
+
+    @st.composite
+    def draw_value(draw):
+        code = draw(st.integers(0, fmt.top_finite_code))
+        mant = draw(st.integers(0, _significands(fmt, code) - 1))
+        sig = mant if code == 0 else 2 ** fmt.m + mant
+        return _signed(draw, math.ldexp(sig, _quantum(fmt, code)), dtype)
+
+    specials = []
+    if allow_infinity and fmt.has_inf:
+        specials += [dtype.type(math.inf), dtype.type(-math.inf)]
+    if allow_nan and fmt.has_nan:
+        specials.append(dtype.type(math.nan))
+    return st.one_of(draw_value(), st.sampled_from(specials)) if specials else draw_value()
+
+
+def midpoints(fmt, *, dtype=np.float64) -> st.SearchStrategy:
+    """Exact midpoints between adjacent finite values of ``fmt`` (both signs) as ``dtype``.
+
+    Ties are where the nearest modes differ; raises ValueError when ``dtype`` cannot hold
+    them (they need m + 1 bits and one exponent below the format's finest spacing).
+    """
+    fmt, dtype = _fitting(fmt, dtype)
+    cm, _, cemin, _ = CONTAINERS[dtype]
+    finest = fmt.emin - fmt.m - 1
+    if fmt.m + 1 > cm or finest < cemin - cm:
+        raise ValueError(f"the midpoints of {fmt!r} do not fit a {dtype} container: they need "
+                         f"{fmt.m + 1} mantissa bits and exponent 2**{finest}; use float64 "
+                         "or a narrower format")
+    top = fmt.top_finite_code
+    last = top if _significands(fmt, top) > 1 else top - 1   # max_finite has no successor
+
+    @st.composite
+    def draw_midpoint(draw):
+        code = draw(st.integers(0, last))
+        count = _significands(fmt, code) - (code == top)
+        mant = draw(st.integers(0, count - 1))
+        sig = mant if code == 0 else 2 ** fmt.m + mant
+        return _signed(draw, math.ldexp(2 * sig + 1, _quantum(fmt, code) - 1), dtype)
+
+    return draw_midpoint()
+
+
+def _nudge(value, ulps: int, dtype: np.dtype):
+    """``value`` moved ``ulps`` container ulps (toward +inf when positive)."""
+    value = dtype.type(value)
+    target = dtype.type(math.inf if ulps > 0 else -math.inf)
+    with np.errstate(over="ignore"):   # past the container's largest finite: inf
+        for _ in range(abs(ulps)):
+            value = np.nextafter(value, target)
+    return value
+
+
+def near_overflow(fmt, *, dtype=np.float64) -> st.SearchStrategy:
+    """Finite ``dtype`` values within a few quanta of +-max_finite, on both sides of it.
+
+    Offsets are whole, half and quarter quanta (the tie to the next would-be value among
+    them), each nudged by up to two container ulps.
+    """
+    fmt, dtype = _fitting(fmt, dtype)
+    top = reference.max_finite(fmt)
+    quarter = Fraction(2) ** (fmt.emax - fmt.m - 2)
+    largest = np.finfo(dtype).max
+
+    @st.composite
+    def draw_value(draw):
+        target = top + draw(st.integers(-4, 8)) * quarter
+        value = largest if target > Fraction(float(largest)) else dtype.type(float(target))
+        value = _nudge(value, draw(st.integers(-2, 2)), dtype)
+        return _signed(draw, float(min(value, largest)), dtype)
+
+    return draw_value()
+
+
+def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:
+    """Nonzero ``dtype`` values below min_normal in magnitude, both signs.
+
+    The format's subnormals, midpoints and quarter points between them, and arbitrary
+    container values in that range (the same range when the format flushes subnormals).
+    """
+    fmt, dtype = _fitting(fmt, dtype)
+    below = np.nextafter(dtype.type(fmt.min_normal), dtype.type(0))
+    tiny = np.nextafter(dtype.type(0), dtype.type(1))
+    quarter = fmt.emin - fmt.m - 2
+    on_grid = st.integers(1, 2 ** (fmt.m + 2) - 1).map(
+        lambda j: min(max(dtype.type(math.ldexp(j, quarter)), tiny), below))
+    anywhere = st.floats(float(tiny), float(below), width=8 * dtype.itemsize)
+
+    @st.composite
+    def draw_value(draw):
+        return _signed(draw, float(draw(st.one_of(on_grid, anywhere))), dtype)
+
+    return draw_value()
+
+
+def _show(value) -> str:
+    """A container scalar in its own shortest decimal form and in exact hex."""
+    return f"{value!s} ({float(value).hex()})"
+
+
+def assert_rounded(actual, x, fmt, rounding: str = "nearest", *, uniforms=None,
+                   sr_bits=None) -> None:
+    """Assert that ``actual`` is ``x`` rounded to ``fmt`` exactly, per :mod:`lpsim.rounding`.
+
+    NaN matches NaN and the sign of zero must match.  Stochastic modes need ``uniforms``
+    (one u in [0, 1) per element, see :func:`lpsim.reference.round_exact`).  The
+    AssertionError lists the first mismatches with x, expected and actual in float and hex.
+    """
+    x = np.asarray(x)
+    actual = np.asarray(actual)
+    if actual.shape != x.shape:
+        raise AssertionError(f"assert_rounded: actual has shape {actual.shape}, x has {x.shape}")
+    expected, _ = reference.quantize(x, fmt, rounding, uniforms=uniforms, sr_bits=sr_bits)
+    got = actual.astype(np.float64)
+    want = expected.astype(np.float64)
+    same = (np.isnan(got) & np.isnan(want)) | ((got == want)
+                                               & (np.signbit(got) == np.signbit(want)))
+    wrong = np.argwhere(~same) if x.ndim else np.argwhere(~same[None])
+    if wrong.size:
+        lines = [f"assert_rounded: {len(wrong)} of {x.size} elements differ from the exact "
+                 f"{rounding!r} rounding to {parse_format(fmt)!r}:"]
+        for row in wrong[:MAX_REPORTED]:
+            index = tuple(int(i) for i in row) if x.ndim else ()
+            lines.append(f"  at {index}: x={_show(x[index])} expected={_show(expected[index])} "
+                         f"actual={_show(actual[index])}")
+        raise AssertionError("\n".join(lines))
+
+
+__all__ = ["formats", "representable", "midpoints", "near_overflow", "subnormals",
+           "assert_rounded"]
