@@ -95,7 +95,8 @@ def _constant(typingctx, value):
 _philox_inline = njit(inline="always")(philox4x32)
 
 
-def _words_f32(r, xb, b0, nb, stream, seed_lo, seed_hi):
+@register_jitable
+def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
     s0, s1 = stream & MASK32, (stream >> 32) & MASK32
     for j in range(nb):
         b = b0 + j
@@ -107,7 +108,8 @@ def _words_f32(r, xb, b0, nb, stream, seed_lo, seed_hi):
         r[4 * j + 3] = w3
 
 
-def _words_f64(r, xb, b0, nb, stream, seed_lo, seed_hi):
+@register_jitable
+def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
     s0, s1 = stream & MASK32, (stream >> 32) & MASK32
     for j in range(nb):
         b = b0 + j
@@ -117,17 +119,17 @@ def _words_f64(r, xb, b0, nb, stream, seed_lo, seed_hi):
         r[2 * j + 1] = (w2 << 30) | (w3 >> 2)
 
 
-def _fill_words(r, xb, b0, nb, stream, seed_lo, seed_hi):
+@register_jitable
+def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
     """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
 
-    The words of :func:`lpsim.philox.lane_word` for ``xb``'s container, in a loop over
-    blocks that vectorises.
+    The words of :func:`lpsim.philox.lane_word` for W = ``w`` random bits (32: four lanes a
+    block, as float32 containers use; 62: two, as float64), in loops that vectorise.
     """
-
-
-@overload(_fill_words)
-def _fill_words_impl(r, xb, b0, nb, stream, seed_lo, seed_hi):
-    return _words_f32 if xb.dtype.bitwidth == 32 else _words_f64
+    if w == 32:
+        _words_w32(r, b0, nb, stream, seed_lo, seed_hi)
+    else:
+        _words_w62(r, b0, nb, stream, seed_lo, seed_hi)
 
 
 def _target(xs, ys):
@@ -203,7 +205,7 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
     n = xb.size
     first = offset // CHUNK
     nchunks = (offset + n + CHUNK - 1) // CHUNK - first
-    lanes = 4 if xb.itemsize == 4 else 2                # LANES of the container
+    lanes = 4 if p.W == 32 else 2                       # LANES of the random words
     r = np.empty(CHUNK if mode >= STOCHASTIC else 1, np.int64)
     left = np.empty(CHUNK // GROUP, np.int64)
     for c in range(t * TASK, min(t * TASK + TASK, nchunks)):
@@ -213,7 +215,7 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         rs = r
         if mode >= STOCHASTIC:
             b0 = (lo + offset) // lanes
-            _fill_words(r, xb, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+            _fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
                         seed_hi)
             rs = r[lo + offset - b0 * lanes:]
         xs = xb[lo:hi]

@@ -1,0 +1,90 @@
+"""Named accumulation models: which formats a matrix unit reads, accumulates and writes.
+
+The FMAC model (Zhang et al., "Revisiting BFloat16 training", Sec. 2): a <- a + x*y with
+low-precision inputs x, y and a wider accumulator a, rounded to the output format at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from ..formats import Format, parse_format
+from ..rounding import mode_code
+
+ORDERS = ("sequential", "pairwise", "('blocked', k)")
+
+
+def check_order(order):
+    """The order as ("sequential"|"pairwise"|"blocked", k) or None (any order: BLAS allowed)."""
+    if order is None or order in ("sequential", "pairwise"):
+        return order
+    if isinstance(order, tuple) and len(order) == 2 and order[0] == "blocked":
+        k = order[1]
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"order={order!r}: the block width k={k!r} must be an integer "
+                             ">= 1")
+        return ("blocked", k)
+    raise ValueError(f"unknown order {order!r}; accepted: None (any order), "
+                     f"{', '.join(ORDERS)}")
+
+
+@dataclass(frozen=True)
+class AccumulationModel:
+    """Input, accumulator and output formats of a matrix unit, fused or not, and its order.
+
+    in_fmt None: operands are used as given.  order None: any order (BLAS where it is
+    exactly the accumulator), see :func:`lpsim.ops.matmul`.
+    """
+
+    in_fmt: Format | None
+    acc_fmt: Format
+    out_fmt: Format
+    fused: bool = True
+    order: object = None
+    acc_rounding: str = "nearest"
+    out_rounding: str = "nearest"
+    description: str = ""
+
+    def __post_init__(self):
+        for name in ("in_fmt", "acc_fmt", "out_fmt"):
+            value = getattr(self, name)
+            if value is not None or name != "in_fmt":
+                object.__setattr__(self, name, parse_format(value))
+        object.__setattr__(self, "order", check_order(self.order))
+        mode_code(self.acc_rounding)
+        mode_code(self.out_rounding)
+
+    def with_(self, **changes) -> "AccumulationModel":
+        """A copy with the given fields replaced; None values keep the model's."""
+        names = {f.name for f in fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise TypeError(f"unknown model fields {sorted(unknown)}; accepted: {sorted(names)}")
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+MODELS: dict[str, AccumulationModel] = {
+    "bf16-fp32": AccumulationModel("bf16", "fp32", "fp32",
+                                   description="bf16 inputs, fp32 FMA accumulator and output "
+                                               "(tensor-core BF16 GEMM; CA-SGD Recipe C)"),
+    "fp16-fp32": AccumulationModel("fp16", "fp32", "fp32",
+                                   description="fp16 inputs, fp32 accumulator and output"),
+    "fp16-fp16": AccumulationModel("fp16", "fp16", "fp16",
+                                   description="fp16 inputs, fp16 accumulator (HMMA with "
+                                               "half accumulation; CA-SGD Recipe F)"),
+    "tf32": AccumulationModel("tf32", "fp32", "fp32",
+                              description="fp32 inputs rounded to tf32, fp32 accumulator"),
+    "fp32": AccumulationModel("fp32", "fp32", "fp32",
+                              description="fp32 inputs, fp32 FMA accumulator and output"),
+}
+
+
+def get_model(model) -> AccumulationModel:
+    """A model by name (a key of MODELS) or the model itself."""
+    if isinstance(model, AccumulationModel):
+        return model
+    try:
+        return MODELS[model]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown accumulation model {model!r}; accepted: "
+                         f"{', '.join(MODELS)} or an AccumulationModel") from None

@@ -1,0 +1,239 @@
+"""Simulated sums, dot products and GEMM with separate input, accumulator and output formats.
+
+Each output element is an inner product of length K.  Its terms are products a_t b_t of
+operands rounded to ``in_fmt``; these are exact in float64 when in_fmt fits float32.  The
+accumulator rounds to ``acc_fmt`` after every step, and the result is rounded once more to
+``out_fmt`` (FMAC model, Zhang et al. 2018, Sec. 2).  Steps, per ``order``:
+
+* ``"sequential"``: acc = fl(a_0 b_0), then acc = fl(acc + a_t b_t) for t = 1..K-1.
+  fused=True: one rounding per step (an FMA).  fused=False: p = fl(a_t b_t), then fl(acc + p).
+* ``("blocked", k)``: each chunk of k consecutive terms is accumulated sequentially from its
+  first term; the chunk sums are then added to the first one in order, in acc_fmt.
+* ``"pairwise"``: terms are paired bottom-up (1+1, 2+2, 4+4, ...; a binary counter), and the
+  remaining power-of-two blocks are added from right to left.  fused=True: a node whose right
+  operand is a single term adds its exact product (an FMA); other leaves are fl(a_t b_t).
+* ``None`` (default): any order.  When the accumulator is exactly what BLAS computes
+  (acc_fmt fp32 with in_fmt fitting float32, or acc_fmt fp64) with nearest rounding, numpy's
+  matmul runs (float32/float64 BLAS: FMA or not, blocked in an order BLAS does not document,
+  so only the bound gamma_K(u_acc)|A||B| holds, not a particular sequence of roundings);
+  otherwise "sequential".
+
+Random words (stochastic acc_rounding or out_rounding): every rounding has a slot s in
+0 .. 2K-1 of its output element o (C order over the broadcast output, 1-D operands promoted
+as in numpy): the product or first-term rounding of term t is slot t, an addition whose right
+operand starts at term h is slot K + h (unique: a split point of the summation tree), the
+output rounding is slot K.  It uses the 32-bit word of counter o*2K + s under (seed, stream)
+(:mod:`lpsim.philox`, float32 lane mapping), so results do not depend on threads or tiles.
+On the BLAS path the output rounding is ``lpsim.quantize`` of the float32/float64 result
+(counter o).  Stochastic decisions use 32 random bits: exact SR of the exact step result for
+acc_fmt with m <= 19, within 2**(m-51) of a quantum above that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ..formats import PRESETS, parse_format
+from ..quantize import plan, quantize
+from ..rounding import kernel_params
+from .exact import check_exact
+from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, TILE, gemm
+from .models import AccumulationModel, check_order, get_model
+from .operands import as_array, container_format, is_torch, round_inputs
+
+#: work groups per thread (load balance)
+GROUPS_PER_THREAD = 8
+
+
+def resolve(model, dtype, *, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+            out_rounding=None, fused=None, order=None) -> AccumulationModel:
+    """The model a call asks for: a named model with overrides, or the keywords alone."""
+    changes = dict(in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt, acc_rounding=acc_rounding,
+                   out_rounding=out_rounding, fused=fused, order=order)
+    if model is not None:
+        return get_model(model).with_(**changes)
+    acc = parse_format(acc_fmt) if acc_fmt is not None else container_format(dtype)
+    return AccumulationModel(in_fmt, acc, out_fmt if out_fmt is not None else acc,
+                             True if fused is None else bool(fused), order,
+                             acc_rounding or "nearest", out_rounding or "nearest")
+
+
+def _blas_ok(m: AccumulationModel, in_fmt) -> bool:
+    if m.order is not None or m.acc_rounding != "nearest":
+        return False
+    if m.acc_fmt == PRESETS["fp64"]:
+        return True
+    return m.acc_fmt == PRESETS["fp32"] and in_fmt.fits(np.float32)[0]
+
+
+def _promote(a, b, op):
+    """Shapes (…, M, K), (…, K, N) as numpy's matmul promotes them, and the batch shape."""
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"{op}: operands must have at least one dimension, got shapes "
+                         f"{a.shape} and {b.shape}")
+    a2 = a[None, :] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ValueError(f"{op}: shapes {a.shape} and {b.shape} do not match: a has "
+                         f"K={a2.shape[-1]} columns, b has {b2.shape[-2]} rows; accepted: "
+                         "(..., M, K) and (..., K, N)")
+    try:
+        batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ValueError(f"{op}: batch dimensions {a2.shape[:-2]} and {b2.shape[:-2]} do not "
+                         "broadcast") from None
+    return a2, b2, batch
+
+
+def _batch_index(shape, batch):
+    """For each batch element (C order), the index of the operand's own batch slice."""
+    idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape) if shape else \
+        np.zeros((), np.int64)
+    return np.ascontiguousarray(np.broadcast_to(idx, batch)).reshape(-1)
+
+
+def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
+    """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product."""
+    a2, b2, batch = _promote(a, b, op)
+    dtype = np.result_type(a2, b2)
+    in_fmt = m.in_fmt or (container_format(dtype) if a.dtype == b.dtype else PRESETS["fp64"])
+    if not m.out_fmt.fits(dtype)[0]:
+        dtype = np.dtype(np.float64)
+    m.out_fmt.check_fits(dtype)
+    M, K, N = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    shape = batch + (M, N)
+    acc_plan = plan(m.acc_fmt, m.acc_rounding, np.float64, seed=seed, stream=stream)
+    seed = acc_plan.seed_lo | (acc_plan.seed_hi << 32)
+    out_plan = plan(m.out_fmt, m.out_rounding, np.float64, seed=seed, stream=stream)
+
+    if _blas_ok(m, in_fmt):
+        work = np.float32 if m.acc_fmt == PRESETS["fp32"] else np.float64
+        c = np.matmul(a2.astype(work, copy=False), b2.astype(work, copy=False))
+        if m.out_fmt == container_format(work):   # every mode: c is already a work value
+            if stats is not None:       # rounding a container value to itself: exact
+                stats.add(c.size, [0] * 6)
+            return c.astype(dtype, copy=False)
+        if not m.out_fmt.fits(work)[0]:
+            c = c.astype(np.float64)
+        return quantize(c, m.out_fmt, m.out_rounding, seed=seed, stream=stream,
+                        stats=stats).astype(dtype, copy=False)
+
+    if not in_fmt.fits(np.float32)[0]:
+        raise ValueError(f"{op}: in_fmt={in_fmt!r} (float64 operands without in_fmt are "
+                         "fp64) is too wide for the per-step simulation, whose products must "
+                         "be exact in float64; accepted: an in_fmt that fits float32 (e.g. "
+                         "'fp32', 'bf16'), or acc_fmt='fp64' with order=None (BLAS)")
+    hw = not check_exact(m.acc_fmt, "acc_fmt")
+    if hw and m.acc_rounding != "nearest":
+        raise ValueError(f"{op}: acc_fmt=fp64 supports acc_rounding='nearest' only, not "
+                         f"{m.acc_rounding!r}")
+    out = np.empty(shape, np.float64)
+    if K == 0 or out.size == 0:
+        out[...] = 0.0
+        return out.astype(dtype)
+    if m.order is None or m.order == "sequential":
+        order, blk = ORDER_BLOCKED, K
+    elif m.order == "pairwise":
+        order, blk = ORDER_PAIRWISE, K
+    else:
+        order, blk = ORDER_BLOCKED, m.order[1]
+    A = np.ascontiguousarray(a2.reshape((-1, M, K)), np.float64)
+    B = np.ascontiguousarray(b2.reshape((-1, K, N)), np.float64)
+    ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
+    pa = kernel_params(m.acc_fmt, np.float64)._replace(W=32)
+    po = kernel_params(m.out_fmt, np.float64)._replace(W=32)
+    nitems = out.size // M // N * M * -(-N // TILE)
+    ngroups = max(1, min(nitems, GROUPS_PER_THREAD * numba.get_num_threads()))
+    counts = gemm(A, B, ia, ib, out.reshape((-1, M, N)), acc_plan.mode, out_plan.mode, 32, 32,
+                  pa, po, acc_plan.seed_lo, acc_plan.seed_hi, acc_plan.stream, order, blk,
+                  bool(m.fused), hw, ngroups)
+    if stats is not None:
+        stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
+    return out.astype(dtype, copy=False)
+
+
+def _finish(result, like_torch):
+    if like_torch:
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(result))
+    return result
+
+
+def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+           out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+    """a @ b with inputs rounded to in_fmt, a per-step rounded accumulator and an output format.
+
+    a (..., M, K), b (..., K, N) (1-D and batch dimensions as numpy.matmul): float32/float64
+    arrays or CPU torch tensors.  model: a name in :data:`lpsim.ops.MODELS` or an
+    :class:`AccumulationModel`; the other keywords override it.  Without a model: in_fmt None
+    (operands as given), acc_fmt the container's format (fp32 or fp64), out_fmt = acc_fmt,
+    nearest rounding, fused=True, order=None.  Steps, orders, the BLAS path and the counter
+    of each random word: this module's docs.  The result container is numpy's result type,
+    float64 when out_fmt does not fit float32.  stats counts every rounding (accumulator and
+    output; on the BLAS path the output only).
+    """
+    op = "matmul"
+    like_torch = is_torch(a) or is_torch(b)
+    a, b = as_array(a, "a", op), as_array(b, "b", op)
+    m = resolve(model, np.result_type(a, b), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
+                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
+                order=check_order(order))
+    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op)
+    result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
+    if a.ndim == 1 and b.ndim == 1:
+        result = result[..., 0, 0]
+    elif a.ndim == 1:
+        result = result[..., 0, :]
+    elif b.ndim == 1:
+        result = result[..., 0]
+    return _finish(result, like_torch)
+
+
+def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+    """Inner products over the last axis of x and y (shapes (..., K), broadcast), simulated.
+
+    The same keywords and steps as :func:`matmul`; output element o (C order over the
+    broadcast leading shape) uses counters o*2K ...  A 1-D pair gives a 0-d result.
+    """
+    op = "dot"
+    like_torch = is_torch(x) or is_torch(y)
+    x, y = as_array(x, "x", op), as_array(y, "y", op)
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError(f"dot: operands must have at least one dimension, got shapes "
+                         f"{x.shape} and {y.shape}")
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f"dot: shapes {x.shape} and {y.shape} do not match: lengths "
+                         f"{x.shape[-1]} and {y.shape[-1]} differ; accepted: (..., K) and "
+                         "(..., K)")
+    m = resolve(model, np.result_type(x, y), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
+                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
+                order=check_order(order))
+    x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op)
+    result = _run(x[..., None, :], y[..., :, None], m, seed=seed, stream=stream, stats=stats,
+                  op=op)
+    return _finish(result[..., 0, 0], like_torch)
+
+
+def sum(x, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,  # noqa: A001
+        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+    """Sums over the last axis of x (shape (..., K)), simulated: the terms x_t (= x_t * 1).
+
+    The same keywords and steps as :func:`matmul`; fused=False rounds each x_t to acc_fmt
+    before adding it, fused=True adds it exactly.
+    """
+    op = "sum"
+    like_torch = is_torch(x)
+    x = as_array(x, "x", op)
+    if x.ndim == 0:
+        raise ValueError(f"sum: x must have at least one dimension, got shape {x.shape}")
+    m = resolve(model, x.dtype, in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
+                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
+                order=check_order(order))
+    (x,) = round_inputs((x,), m.in_fmt, ("x",), op)
+    ones = np.ones((x.shape[-1], 1), x.dtype)
+    result = _run(x[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
+    return _finish(result[..., 0, 0], like_torch)

@@ -1,0 +1,106 @@
+"""Elementwise ops round the exact result once: checked against Fractions (lpsim.reference)."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import lpsim
+import lpsim.ops as ops
+from lpsim.philox import random_words
+from lpsim.reference import round_exact
+
+MODES = ["nearest", "nearest_away", "toward_zero", "up", "down", "odd"]
+
+
+def exact_sqrt(x: Fraction) -> Fraction:
+    """sqrt(x) to 200 bits, strictly between grid points when inexact (a sticky bit)."""
+    k = 200
+    scaled = x * 2 ** (2 * k)
+    s = math.isqrt(scaled.numerator // scaled.denominator)
+    inexact = Fraction(s * s) != scaled
+    return Fraction(2 * s + inexact, 2 ** (k + 1))
+
+
+EXACT = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "sqrt": exact_sqrt,
+}
+
+
+def _operands(dtype, n, seed):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    b = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(dtype)
+    b[::7] = a[::7] * dtype(1 + 2 ** -10)        # near-cancellation
+    return a, b
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "sqrt"])
+@pytest.mark.parametrize("dtype, fmt", [(np.float32, "bf16"), (np.float32, "e5m2"),
+                                        (np.float64, "fp(8,40,0)"), (np.float64, "fp16")])
+def test_correctly_rounded_against_fractions(op, dtype, fmt):
+    a, b = _operands(dtype, 300, seed=hash((op, fmt)) % 2 ** 31)
+    if op == "sqrt":
+        a = np.abs(a)
+    for mode in MODES:
+        args = (a,) if op == "sqrt" else (a, b)
+        got = getattr(ops, op)(*args, fmt, mode)
+        assert got.dtype == dtype
+        for i in range(a.size):
+            exact = EXACT[op](*[Fraction(float(x[i])) for x in args])
+            want = round_exact(exact, fmt, mode).value
+            assert float(got[i]) == float(want), (op, mode, i)
+
+
+def test_fma_is_one_rounding():
+    rng = np.random.default_rng(1)
+    a, b, c = (lpsim.quantize(rng.standard_normal(200).astype(np.float32), "bf16")
+               for _ in range(3))
+    c *= np.float32(2.0 ** -20)
+    for mode in MODES:
+        got = ops.fma(a, b, c, "fp16", mode)
+        for i in range(200):
+            exact = Fraction(float(a[i])) * Fraction(float(b[i])) + Fraction(float(c[i]))
+            assert Fraction(float(got[i])) == Fraction(round_exact(exact, "fp16", mode).value)
+
+
+def test_no_double_rounding():
+    # 1 + 2**-8 is the bf16 midpoint between 1 and 1 + 2**-7; a tiny excess decides upwards
+    a, b = 1 + 2.0 ** -8, 2.0 ** -60
+    assert lpsim.quantize(a + b, "bf16") == 1.0                   # float64 first: wrong
+    assert ops.add(a, b, "bf16") == 1 + 2.0 ** -7                 # exact: right
+    assert ops.sub(a, -b, "bf16") == 1 + 2.0 ** -7
+    assert ops.fma(1.0, a, b, "bf16") == 1 + 2.0 ** -7
+    assert ops.div(1.0, 3.0, "fp64") == 1 / 3                     # fp64: the float64 op
+
+
+def test_stochastic_uses_quantize_counters():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(1000).astype(np.float32)
+    b = rng.standard_normal(1000).astype(np.float32)
+    got = ops.add(a, b, "bf16", "stochastic", seed=77, stream=3, offset=5)
+    words = random_words(1000, 4, 77, 3, offset=5)
+    for i in range(1000):
+        exact = Fraction(float(a[i])) + Fraction(float(b[i]))
+        want = round_exact(exact, "bf16", "stochastic", uniform=Fraction(words[i], 2 ** 32))
+        assert Fraction(float(got[i])) == Fraction(want.value)
+    # float64 container: products of float32 values are exact, so quantize agrees bit for bit
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    assert np.array_equal(ops.mul(a64, b64, "bf16", "stochastic", seed=9),
+                          lpsim.quantize(a64 * b64, "bf16", "stochastic", seed=9))
+    s = lpsim.RoundingStats()
+    ops.mul(a, b, "bf16", stats=s)
+    assert s.elements == 1000 and s.inexact > 900
+
+
+def test_scalars_broadcasting_and_in_fmt():
+    assert ops.mul(3.0, 7.0, "e4m3") == 20.0            # 21 is a tie: even mantissa
+    assert isinstance(ops.add(1.0, 2.0, "bf16"), float)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert ops.add(x, 0.5, "bf16").dtype == np.float32
+    assert ops.mul(x, np.ones(3), "bf16").shape == (2, 3)
+    v = np.float32(1 + 2 ** -10)
+    assert ops.mul(v, np.float32(1), "fp32", in_fmt="bf16") == 1.0
+    assert ops.sqrt(np.float32(-1.0), "bf16") != ops.sqrt(np.float32(-1.0), "bf16")  # NaN

@@ -1,0 +1,41 @@
+"""Bad input to lpsim.ops raises an error that names the value and what is accepted."""
+
+import numpy as np
+import pytest
+
+import lpsim.ops as ops
+
+A = np.ones((3, 4), np.float32)
+B = np.ones((4, 2), np.float32)
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: ops.matmul(A, np.ones((3, 2), np.float32)), ValueError, r"\(3, 4\).*\(3, 2\)"),
+    (lambda: ops.matmul(np.ones((2, 3, 4)), np.ones((3, 4, 2)), in_fmt="bf16"), ValueError,
+     "broadcast"),
+    (lambda: ops.matmul(np.ones((3, 4), np.int64), B), TypeError, "int64.*float32, float64"),
+    (lambda: ops.matmul(A, B, order=("blocked", 0)), ValueError, "k=0.*>= 1"),
+    (lambda: ops.matmul(A, B, order="zigzag"), ValueError, "'zigzag'.*sequential"),
+    (lambda: ops.matmul(A, B, model="bf16-fp64"), ValueError, "'bf16-fp64'.*bf16-fp32"),
+    (lambda: ops.matmul(A, B, in_fmt="fp64"), ValueError, "fp\\(11,52,0\\).*float32"),
+    (lambda: ops.matmul(A, B, acc_fmt="bf16", acc_rounding="sideways"), ValueError,
+     "'sideways'.*nearest"),
+    (lambda: ops.matmul(np.ones((3, 4)), np.ones((4, 2)), acc_fmt="bf16"), ValueError,
+     "in_fmt=fp\\(11,52,0\\).*fits float32"),
+    (lambda: ops.matmul(A, B, acc_fmt="fp64", acc_rounding="stochastic", order="pairwise"),
+     ValueError, "acc_fmt=fp64.*'nearest'"),
+    (lambda: ops.matmul(A, B, acc_fmt="fp(11,51)"), ValueError, "acc_fmt=fp\\(11,51,0\\)"),
+    (lambda: ops.dot(np.ones(3), np.ones(4)), ValueError, "lengths 3 and 4"),
+    (lambda: ops.sum(np.float32(1.0)), ValueError, "shape"),
+    (lambda: ops.add(np.ones(3, np.int32), 1.0, "bf16"), TypeError, "int32"),
+    (lambda: ops.add(np.ones(3, np.float32), 1.0, "fp64"), ValueError, "float32 container"),
+    (lambda: ops.add(1.0, 1.0, "fp64", "up"), ValueError, "fp64.*'nearest'"),
+    (lambda: ops.add(np.ones(3), np.ones(4), "bf16"), ValueError, "broadcast"),
+    (lambda: ops.add(1.0, 1.0, "bf17"), ValueError, "'bf17'"),
+    (lambda: ops.fma(1.0 + 2 ** -52, 1.0 + 2 ** -52, 1.0, "bf16"), ValueError,
+     "not exact in float64"),
+    (lambda: ops.mul(np.ones(2), "x", "bf16"), TypeError, "str"),
+])
+def test_errors_name_value_and_accepted(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()

@@ -1,0 +1,199 @@
+"""Simulated sum/dot/matmul against an exact reference that rounds every step (Fractions)."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import lpsim
+import lpsim.ops as ops
+from lpsim.philox import random_words
+from lpsim.reference import round_exact
+from lpsim.rounding import STOCHASTIC_MODES
+
+
+def _rounder(seed, stream, o, K):
+    """fl(x) of slot s of output o, as lpsim.ops documents the counters."""
+    def rnd(x, slot, fmt, mode):
+        u = None
+        if mode in STOCHASTIC_MODES:
+            u = Fraction(random_words(1, 4, seed, stream, offset=o * 2 * K + slot)[0], 2 ** 32)
+        value = round_exact(x, fmt, mode, uniform=u).value
+        return Fraction(value)      # tests keep clear of inf/nan
+    return rnd
+
+
+def reference_dot(a, b, *, acc, out, acc_mode, out_mode, fused, order, seed, stream, o):
+    """The documented steps, one exact rounding each."""
+    K = len(a)
+    P = [Fraction(float(x)) * Fraction(float(y)) for x, y in zip(a, b)]
+    r = _rounder(seed, stream, o, K)
+    if order == "pairwise":
+        stack = []   # [start, level, value or None (a fused leaf not yet rounded)]
+
+        def combine():
+            right, left = stack.pop(), stack.pop()
+            lv = left[2] if left[2] is not None else r(P[left[0]], left[0], acc, acc_mode)
+            h = right[0]
+            rv = P[h] if right[2] is None else right[2]
+            stack.append([left[0], left[1] + 1, r(lv + rv, K + h, acc, acc_mode)])
+        for t in range(K):
+            stack.append([t, 0, None if fused else r(P[t], t, acc, acc_mode)])
+            while len(stack) >= 2 and stack[-1][1] == stack[-2][1]:
+                combine()
+        while len(stack) >= 2:
+            combine()
+        total = stack[0][2] if stack[0][2] is not None else r(P[0], 0, acc, acc_mode)
+    else:
+        k = K if order == "sequential" else order[1]
+        for h in range(0, K, k):
+            v = r(P[h], h, acc, acc_mode)
+            for t in range(h + 1, min(h + k, K)):
+                p = P[t] if fused else r(P[t], t, acc, acc_mode)
+                v = r(v + p, K + t, acc, acc_mode)
+            total = v if h == 0 else r(total + v, K + h, acc, acc_mode)
+    return r(total, K, out, out_mode)
+
+
+CASES = [
+    # in, acc, out, acc_rounding, out_rounding
+    ("bf16", "fp16", "bf16", "nearest", "nearest"),
+    ("e4m3", "bf16", "e5m2", "stochastic", "nearest"),
+    ("fp16", "fp(5,6,0)", "fp16", "toward_zero", "stochastic"),
+    ("bf16", "e5m2", "fp32", "stochastic", "stochastic"),
+    ("fp16", "fp32", "bf16", "up", "nearest_away"),
+]
+ORDERS = ["sequential", "pairwise", ("blocked", 3), ("blocked", 1)]
+
+
+@pytest.mark.parametrize("fmts", CASES, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("order", ORDERS, ids=str)
+@pytest.mark.parametrize("fused", [True, False])
+def test_matmul_matches_exact_per_step_reference(fmts, order, fused):
+    in_fmt, acc, out, acc_mode, out_mode = fmts
+    rng = np.random.default_rng(abs(hash((fmts, str(order), fused))) % 2 ** 32)
+    a = rng.standard_normal((2, 3, 11)).astype(np.float32)
+    b = rng.standard_normal((11, 5)).astype(np.float32)
+    kw = dict(in_fmt=in_fmt, acc_fmt=acc, out_fmt=out, acc_rounding=acc_mode,
+              out_rounding=out_mode, fused=fused, order=order, seed=1234, stream=7)
+    got = ops.matmul(a, b, **kw)
+    assert got.shape == (2, 3, 5) and got.dtype == np.float32
+    assert np.array_equal(got, ops.matmul(a, b, **kw))       # same seed, same bits
+    ar, br = lpsim.quantize(a, in_fmt), lpsim.quantize(b, in_fmt)
+    for o, (bt, i, j) in enumerate(np.ndindex(2, 3, 5)):
+        want = reference_dot(ar[bt, i], br[:, j], acc=acc, out=out, acc_mode=acc_mode,
+                             out_mode=out_mode, fused=fused, order=order, seed=1234,
+                             stream=7, o=o)
+        assert Fraction(float(got[bt, i, j])) == want, (o, got[bt, i, j], float(want))
+
+
+@pytest.mark.parametrize("order", ["sequential", "pairwise"])
+def test_counters_follow_the_output_index_across_tiles_and_batches(order):
+    # N = 37 spans two tiles; batch broadcasting of b; stochastic accumulator
+    rng = np.random.default_rng(5)
+    a = lpsim.quantize(rng.standard_normal((2, 2, 6)), "bf16")
+    b = lpsim.quantize(rng.standard_normal((6, 37)), "bf16")
+    got = ops.matmul(a, b, in_fmt="bf16", acc_fmt="bf16", acc_rounding="stochastic",
+                     order=order, seed=99)
+    assert got.dtype == np.float64
+    for o in (0, 31, 32, 36, 37, 100, 147):
+        bt, i, j = np.unravel_index(o, got.shape)
+        want = reference_dot(a[bt, i], b[:, j], acc="bf16", out="bf16",
+                             acc_mode="stochastic", out_mode="nearest", fused=True,
+                             order=order, seed=99, stream=0, o=o)
+        assert Fraction(float(got[bt, i, j])) == want
+    assert not np.array_equal(got, ops.matmul(a, b, in_fmt="bf16", acc_fmt="bf16",
+                                              acc_rounding="stochastic", order=order, seed=98))
+
+
+def test_dot_and_sum_are_matmul_with_their_counters():
+    rng = np.random.default_rng(3)
+    x = lpsim.quantize(rng.standard_normal((3, 9)).astype(np.float32), "bf16")
+    y = lpsim.quantize(rng.standard_normal((3, 9)).astype(np.float32), "bf16")
+    kw = dict(acc_fmt="bf16", acc_rounding="stochastic", order="pairwise", seed=4)
+    d = ops.dot(x, y, **kw)
+    s = ops.sum(x, **kw)
+    assert d.shape == s.shape == (3,)
+    for o in range(3):
+        assert Fraction(float(d[o])) == reference_dot(
+            x[o], y[o], acc="bf16", out="bf16", acc_mode="stochastic", out_mode="nearest",
+            fused=True, order="pairwise", seed=4, stream=0, o=o)
+        assert Fraction(float(s[o])) == reference_dot(
+            x[o], np.ones(9), acc="bf16", out="bf16", acc_mode="stochastic",
+            out_mode="nearest", fused=True, order="pairwise", seed=4, stream=0, o=o)
+    assert ops.dot(x[0], y[0], **kw).shape == ()
+
+
+def test_fp32_sequential_unfused_equals_a_float32_loop():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((17, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 23)).astype(np.float32)
+    acc = a[:, :1] * b[:1, :]
+    for t in range(1, 300):
+        acc = acc + a[:, t:t + 1] * b[t:t + 1, :]      # float32 multiply, then float32 add
+    got = ops.matmul(a, b, in_fmt="fp32", acc_fmt="fp32", fused=False, order="sequential")
+    assert got.dtype == np.float32
+    assert np.array_equal(got, acc)
+    fused = ops.matmul(a, b, model="fp32", order="sequential")
+    assert not np.array_equal(fused, acc)     # one rounding per step differs somewhere
+
+
+def test_blas_path_bf16_fp32_is_within_the_bound_and_agrees_with_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    K = 256
+    a = rng.standard_normal((20, K)).astype(np.float32)
+    b = rng.standard_normal((K, 30)).astype(np.float32)
+    ar = lpsim.quantize(a, "bf16").astype(np.float64)
+    br = lpsim.quantize(b, "bf16").astype(np.float64)
+    exact = ar @ br      # within 2**-50 relative of exact: negligible here
+    scale = np.abs(ar) @ np.abs(br)
+    gam = ops.gamma(K, 2.0 ** -24)
+    theirs = torch.matmul(torch.from_numpy(a).bfloat16(), torch.from_numpy(b).bfloat16())
+    theirs = theirs.float().numpy()
+    for kw in (dict(order=None), dict(order="sequential"), dict(order="pairwise")):
+        ours = ops.matmul(a, b, model="bf16-fp32", out_fmt="bf16", **kw)
+        bound = 2.0 ** -8 * np.abs(exact) + (1 + 2.0 ** -8) * gam * scale + 1e-12
+        assert np.all(np.abs(ours - exact) <= bound)
+        assert np.all(np.abs(theirs - exact) <= bound)
+        assert np.all(np.abs(ours - theirs) <= 2 * bound)
+    acc32 = ops.matmul(a, b, model="bf16-fp32")            # fp32 out: gamma bound alone
+    assert np.all(np.abs(acc32 - exact) <= gam * scale + 1e-12)
+    assert ops.input_cast_factor(K, 2.0 ** -8, 2.0 ** -24) == 2 * 2.0 ** -8 + gam
+
+
+def test_models_and_overrides():
+    assert set(ops.MODELS) >= {"bf16-fp32", "fp16-fp32", "fp16-fp16", "tf32", "fp32"}
+    m = ops.MODELS["fp16-fp16"]
+    assert (m.in_fmt, m.acc_fmt, m.out_fmt) == (lpsim.fp(5, 10),) * 3
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((4, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 3)).astype(np.float32)
+    explicit = ops.matmul(a, b, in_fmt="fp16", acc_fmt="fp16", out_fmt="fp16", fused=True)
+    assert np.array_equal(ops.matmul(a, b, model="fp16-fp16"), explicit)
+    assert np.array_equal(ops.matmul(a, b, model=m), explicit)
+    tf = ops.matmul(a, b, model="tf32", order="sequential")
+    assert np.array_equal(tf, ops.matmul(lpsim.quantize(a, "tf32"), lpsim.quantize(b, "tf32"),
+                                         acc_fmt="fp32", order="sequential"))
+
+
+def test_stats_count_every_rounding():
+    s = lpsim.RoundingStats()
+    x = np.full((2, 10), 1.0 + 2.0 ** -9, np.float32)     # between bf16 neighbours
+    ops.sum(x, acc_fmt="bf16", order="sequential", fused=False, stats=s)
+    assert s.elements == 2 * (10 + 9 + 1)       # 10 products, 9 adds, 1 output rounding
+    assert s.inexact > 0
+
+
+def test_zero_length_and_fp64_accumulator():
+    z = ops.matmul(np.zeros((3, 0), np.float32), np.zeros((0, 2), np.float32), acc_fmt="bf16")
+    assert z.shape == (3, 2) and not z.any()
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((5, 40)), rng.standard_normal((40, 6))
+    seq = ops.matmul(a, b, in_fmt="fp32", acc_fmt="fp64", order="sequential", fused=False)
+    a32, b32 = lpsim.quantize(a, "fp32"), lpsim.quantize(b, "fp32")
+    acc = a32[:, :1] * b32[:1, :]
+    for t in range(1, 40):
+        acc = acc + a32[:, t:t + 1] * b32[t:t + 1, :]
+    assert np.array_equal(seq, acc)
+    assert np.allclose(ops.matmul(a, b, acc_fmt="fp64"), a @ b, rtol=0, atol=1e-12)
