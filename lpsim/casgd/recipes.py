@@ -1,0 +1,235 @@
+"""The nine precision slots of one CA-SGD outer iteration and recipes A-I (Sec. 3.3, Table 3).
+
+A :class:`Slot` is a format with a rounding mode; the GEMM/GEMV slots (``u_G``, ``u_r``,
+``u_g``) and the correction ``u_c`` also name an accumulator and an output format.  Every
+slot rounds through :func:`lpsim.quantize`, so any fp(e, m, b) works, not only hardware ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats import Format, parse_format
+from ..quantize import quantize
+from ..rounding import STOCHASTIC_MODES, mode_code
+
+
+
+def _ops_matmul():
+    """lpsim.ops.matmul when importable, else None."""
+    try:
+        from ..ops import matmul
+    except ImportError:
+        return None
+    return matmul
+
+FP32, FP64 = parse_format("fp32"), parse_format("fp64")
+SLOTS = ("u_A", "u_G", "u_r", "u_c", "u_sigma", "u_g", "u_AR_r", "u_AR_G", "u_x")
+KERNEL_SLOTS = ("u_G", "u_r", "u_g", "u_c")
+
+
+def container(fmt: Format) -> np.dtype:
+    """The numpy dtype that holds a format: float32 when it fits, else float64."""
+    return np.dtype(np.float32) if fmt.fits(np.float32)[0] else np.dtype(np.float64)
+
+
+def _native(fmt: Format, dtype) -> bool:
+    return (fmt == FP32 and dtype == np.float32) or (fmt == FP64 and dtype == np.float64)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A precision slot: storage/input format ``fmt`` and rounding; kernels add ``acc``/``out``.
+
+    acc: accumulator format of a GEMM/GEMV (default: ``fmt``); out: format of its result
+    (default: ``acc``).  ``Slot("bf16", acc="fp32")`` is BF16-input/FP32-accumulate (Eq. (8)).
+    """
+
+    fmt: Format
+    rounding: str = "nearest"
+    acc: Format | None = None
+    out: Format | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "fmt", parse_format(self.fmt))
+        mode_code(self.rounding)
+        for name in ("acc", "out"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, parse_format(value))
+
+    @property
+    def acc_fmt(self) -> Format:
+        return self.acc or self.fmt
+
+    @property
+    def out_fmt(self) -> Format:
+        return self.out or self.acc_fmt
+
+    @property
+    def u(self) -> float:
+        """Unit roundoff of the storage/input format."""
+        return self.fmt.unit_roundoff
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Container of the slot's stored values."""
+        return container(self.out_fmt)
+
+    def __repr__(self):
+        parts = [str(self.fmt)]
+        if self.acc is not None and self.acc != self.fmt:
+            parts.append(f"acc={self.acc}")
+        if self.out is not None and self.out != self.acc_fmt:
+            parts.append(f"out={self.out}")
+        if self.rounding != "nearest":
+            parts.append(self.rounding)
+        return "Slot(" + ", ".join(parts) + ")"
+
+
+def as_slot(spec, kernel: bool = False) -> Slot:
+    """A slot from a Slot, a format (string or Format) or a Table 3 symbol (f, t, h, b, ha)."""
+    if isinstance(spec, Slot):
+        return spec
+    if isinstance(spec, str) and spec in SYMBOLS:
+        fmt, acc = SYMBOLS[spec]
+        if not kernel:
+            return Slot(fmt)
+        return Slot(fmt, acc=acc)
+    fmt = parse_format(spec)
+    return Slot(fmt)
+
+
+# Table 3 symbols: (format, accumulator of the kernel rows)
+SYMBOLS = {
+    "f": ("fp32", "fp32"),
+    "t": ("tf32", "fp32"),     # TF32 tensor cores
+    "h": ("fp16", "fp32"),     # FP16 input, FP32 accumulation
+    "b": ("bf16", "fp32"),     # BF16 input, FP32 accumulation
+    "ha": ("fp16", "fp16"),    # FP16 input/output, FP16 accumulation (HMMA)
+    "d": ("fp64", "fp64"),     # the exact reference of the tests
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The nine slots of Table 3; strings are Table 3 symbols or format names."""
+
+    u_A: Slot
+    u_G: Slot
+    u_r: Slot
+    u_c: Slot
+    u_sigma: Slot
+    u_g: Slot
+    u_AR_r: Slot
+    u_AR_G: Slot
+    u_x: Slot
+    name: str = "custom"
+
+    def __post_init__(self):
+        for name in SLOTS:
+            spec = getattr(self, name)
+            slot = as_slot(spec, kernel=name in KERNEL_SLOTS)
+            if name in ("u_G", "u_r", "u_g") and slot.out is None:
+                slot = dataclasses.replace(slot, out=slot.acc_fmt)
+            if name == "u_c" and slot.out is None:
+                slot = dataclasses.replace(slot, out=slot.fmt)
+            object.__setattr__(self, name, slot)
+
+    def replace(self, **slots) -> "Recipe":
+        """A copy with some slots changed, e.g. ``RECIPES["C"].replace(u_AR_r="f")``."""
+        unknown = set(slots) - set(SLOTS) - {"name"}
+        if unknown:
+            raise ValueError(f"unknown slot(s) {sorted(unknown)}; accepted: {', '.join(SLOTS)}")
+        slots.setdefault("name", self.name + "*")
+        return dataclasses.replace(self, **slots)
+
+    @classmethod
+    def uniform(cls, fmt, name: str | None = None) -> "Recipe":
+        """Every slot in one format with that format's own accumulation (Corollary 5.8)."""
+        slot = Slot(parse_format(fmt))
+        return cls(*(slot,) * 9, name=name or f"uniform {slot.fmt}")
+
+    def slots(self) -> dict[str, Slot]:
+        return {name: getattr(self, name) for name in SLOTS}
+
+
+_TABLE3 = {  # columns of Table 3, rows in SLOTS order
+    "A": "f f f f f f f f f", "B": "b f f f f f f f f", "C": "b b b f f b b f f",
+    "D": "b b b f f b b b f", "E": "h h h f f h h f f", "F": "h ha ha f f ha h f f",
+    "G": "f t t t f t f f f", "H": "h ha ha h h ha h h h", "I": "b b b b b b b b b",
+}
+RECIPES: dict[str, Recipe] = {
+    key: Recipe(*column.split(), name=key) for key, column in _TABLE3.items()}
+RECIPES["fp64"] = Recipe.uniform("fp64", name="fp64")
+
+
+def as_recipe(spec) -> Recipe:
+    """A recipe from a :class:`Recipe`, a key of RECIPES ("A".."I", "fp64") or a format."""
+    if isinstance(spec, Recipe):
+        return spec
+    if isinstance(spec, str) and spec in RECIPES:
+        return RECIPES[spec]
+    try:
+        return Recipe.uniform(spec)
+    except (ValueError, TypeError):
+        raise ValueError(f"unknown recipe {spec!r}; accepted: a Recipe, one of "
+                         f"{', '.join(RECIPES)}, or a format name for a uniform recipe") from None
+
+
+class Rounder:
+    """Rounds arrays to slot formats; stochastic slots draw from (seed, a running stream)."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.stream = 0
+
+    def __call__(self, x, fmt: Format, rounding: str = "nearest", dtype=None) -> np.ndarray:
+        """``x`` rounded to ``fmt``, returned in ``dtype`` (default: the format's container)."""
+        x = np.asarray(x)
+        dtype = np.dtype(dtype or container(fmt))
+        if x.dtype not in (np.float32, np.float64):
+            x = x.astype(dtype)
+        if rounding in STOCHASTIC_MODES:
+            self.stream += 1
+            if not fmt.fits(x.dtype)[0]:
+                x = x.astype(np.float64)
+            y = quantize(x, fmt, rounding, seed=self.seed, stream=self.stream)
+        elif _native(fmt, x.dtype):
+            y = x    # already representable: rounding is the identity
+        else:
+            if not fmt.fits(x.dtype)[0]:
+                x = x.astype(np.float64)
+            y = quantize(x, fmt, rounding)
+        return y.astype(dtype, copy=False)
+
+    def slot(self, x, slot: Slot, dtype=None) -> np.ndarray:
+        """``x`` rounded to the slot's stored (output) format."""
+        return self(x, slot.out_fmt, slot.rounding, dtype)
+
+
+def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
+    """GEMM/GEMV at a kernel slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
+
+    Uses ``lpsim.ops.matmul`` when importable.  Otherwise this is the fp32/fp64-accumulator
+    model: inputs rounded to ``slot.fmt`` with lpsim.quantize, the product formed by numpy in
+    the accumulator's container (float32 for an fp32 accumulator, float64 for fp64), the
+    result rounded to ``slot.out``.  Kernel rows of Table 3; error factor Eq. (8).
+    """
+    acc = slot.acc_fmt
+    ops_matmul = _ops_matmul()
+    if ops_matmul is not None:
+        return ops_matmul(np.ascontiguousarray(A), np.ascontiguousarray(B), in_fmt=slot.fmt,
+                           acc_fmt=acc, out_fmt=slot.out_fmt, out_rounding=slot.rounding,
+                           seed=rnd.seed, stream=rnd.stream)
+    if acc not in (FP32, FP64):
+        raise NotImplementedError(
+            f"accumulation in {acc} (slot {slot!r}) needs lpsim.ops.matmul, which is not "
+            "installed; without it only fp32 and fp64 accumulators are modelled")
+    dtype = container(acc)
+    a = rnd(A, slot.fmt, slot.rounding, dtype)
+    b = rnd(B, slot.fmt, slot.rounding, dtype)
+    return rnd(a @ b, slot.out_fmt, slot.rounding, container(slot.out_fmt))

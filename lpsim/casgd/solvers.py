@@ -1,0 +1,218 @@
+"""Mini-batch SGD and CA-SGD for GLMs with the nine precision slots (Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .losses import Loss, get_loss
+from .recipes import Recipe, Rounder, _slot_matmul, as_recipe
+
+
+# --- validation -------------------------------------------------------------------------
+def check_int(name: str, value, low: int = 1) -> int:
+    """``value`` as an int >= ``low``, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}={value!r} is not accepted; accepted: an integer >= {low}")
+    return int(value)
+
+
+def check_eta(eta) -> float:
+    if isinstance(eta, bool) or not isinstance(eta, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(eta) or eta <= 0:
+        raise ValueError(f"eta={eta!r} is not accepted; accepted: a finite step size > 0")
+    return float(eta)
+
+
+def check_data(A, y, loss: Loss):
+    """A as a 2-D float32/float64 array without NaN/inf, y as labels in the loss's domain."""
+    A = np.asarray(A)
+    if A.ndim != 2:
+        raise ValueError(f"A must be a 2-D array (m samples x n features); got shape {A.shape}")
+    if A.dtype not in (np.float32, np.float64):
+        if not np.issubdtype(A.dtype, np.number):
+            raise ValueError(f"A has dtype {A.dtype}; accepted: a numeric array")
+        A = A.astype(np.float64)
+    if not np.isfinite(A).all():
+        i, j = np.argwhere(~np.isfinite(A))[0]
+        raise ValueError(f"A[{i}, {j}] = {float(A[i, j])!r}: NaN/inf in the data; accepted: finite "
+                         "values (drop or impute missing entries first)")
+    y = np.asarray(y, dtype=np.float64).reshape(-1) if np.ndim(y) else np.asarray([y], float)
+    if y.shape != (A.shape[0],):
+        raise ValueError(f"y has {y.size} labels for {A.shape[0]} rows of A; accepted: one "
+                         "label per row")
+    if not np.isfinite(y).all():
+        raise ValueError(f"y[{int(np.argmax(~np.isfinite(y)))}] is NaN/inf; accepted: finite "
+                         "labels")
+    loss.check_labels(y)
+    return A, y
+
+
+def block_columns(n: int, P: int) -> list[slice]:
+    """1D block-column partition of n features over P ranks (Section 4.2): n_loc ~ n/P."""
+    P = check_int("P", P)
+    if P > n:
+        raise ValueError(f"P={P} ranks for n={n} features; accepted: 1 <= P <= n (every rank "
+                         "needs at least one column)")
+    edges = [p * n // P for p in range(P + 1)]
+    return [slice(edges[p], edges[p + 1]) for p in range(P)]
+
+
+# --- sampling ---------------------------------------------------------------------------
+class IndexStream:
+    """i.i.d. uniform row indices with replacement, drawn in fixed chunks from ``seed``.
+
+    SGD takes b indices per step and CA-SGD s*b per outer iteration from the same stream, so
+    the same seed gives both methods the same samples (Algorithm 1, line 1).
+    """
+
+    CHUNK = 1 << 14
+
+    def __init__(self, m: int, seed: int = 0):
+        self.m, self.rng, self.buf = m, np.random.default_rng(seed), np.empty(0, np.int64)
+
+    def take(self, k: int) -> np.ndarray:
+        while self.buf.size < k:
+            self.buf = np.concatenate([self.buf, self.rng.integers(0, self.m, self.CHUNK)])
+        out, self.buf = self.buf[:k], self.buf[k:]
+        return out
+
+
+# --- one outer iteration ----------------------------------------------------------------
+def simulated_allreduce(parts, slot, rnd: Rounder) -> np.ndarray:
+    """Sum of rank-local parts at a collective slot: each cast, then added in rank order.
+
+    The in-process model of the grouped AllReduce (Assumption 5.4): every partial sum is
+    rounded to the slot's format.
+    """
+    total = rnd.slot(parts[0], slot)
+    for part in parts[1:]:
+        total = rnd.slot(total + rnd.slot(part, slot), slot)
+    return total
+
+
+def _simulated_reduce(r_parts, G_parts, recipe, rnd):
+    G = simulated_allreduce(G_parts, recipe.u_AR_G, rnd) if G_parts else None
+    return simulated_allreduce(r_parts, recipe.u_AR_r, rnd), G
+
+
+def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: int,
+                    loss: Loss, rnd: Rounder, reduce=_simulated_reduce):
+    """One CA-SGD outer iteration on stored rows ``Y`` (at u_A); updates x in place.
+
+    Algorithm 1, lines 2-12: margin r = Yx and Gram G = YY^T per column block, one grouped
+    AllReduce, the s-step correction z_j = r_j + alpha G_{j,<j} delta_{<j} at u_c, residuals
+    at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x.  ``blocks`` are the
+    column slices held here; ``reduce(r_parts, G_parts, recipe, rnd)`` sums them over ranks.
+    Returns the residual history delta.  s = 1 is one mini-batch SGD step (no Gram).
+    """
+    parts = [np.ascontiguousarray(Y[:, c]) for c in blocks]
+    r_parts = [_slot_matmul(Yc, x[c], recipe.u_r, rnd) for Yc, c in zip(parts, blocks)]
+    G_parts = [_slot_matmul(Yc, Yc.T, recipe.u_G, rnd) for Yc in parts] if s > 1 else []
+    r, G = reduce(r_parts, G_parts, recipe, rnd)
+    uc, us = recipe.u_c, recipe.u_sigma
+    cdt, sdt = uc.dtype, us.dtype
+    y_sig = yI.astype(sdt)
+    delta = np.empty(s * b, sdt)
+    for j in range(s):
+        rows = slice(j * b, (j + 1) * b)
+        if j == 0:
+            z = rnd.slot(r[rows], uc)
+        else:
+            corr = _slot_matmul(G[rows, :j * b], delta[:j * b], uc, rnd).astype(cdt)
+            z = rnd.slot(r[rows].astype(cdt) + cdt.type(alpha) * corr, uc)
+        delta[rows] = rnd.slot(loss.residual(z.astype(sdt), y_sig[rows]), us)
+    ux = recipe.u_x
+    for Yc, c in zip(parts, blocks):
+        g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
+        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
+    return delta
+
+
+def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
+               loss="logistic", seed: int = 0):
+    """One outer iteration (Algorithm 1) from weights x on the sampled rows Y: x^(s).
+
+    Y (s*b x n) and x are rounded to u_A and u_x first; P ranks are simulated in process.
+    """
+    recipe, loss = as_recipe(recipe), get_loss(loss)
+    b, s, eta = check_int("b", b), check_int("s", s), check_eta(eta)
+    Y, yI = check_data(Y, yI, loss)
+    if Y.shape[0] != s * b:
+        raise ValueError(f"Y has {Y.shape[0]} rows; accepted: s*b = {s * b}")
+    rnd = Rounder(seed)
+    Yt = rnd.slot(Y, recipe.u_A)
+    xt = rnd.slot(np.asarray(x, np.float64), recipe.u_x).copy()
+    outer_iteration(Yt, yI, xt, block_columns(Y.shape[1], P), recipe, eta / b, b, s, loss, rnd)
+    return xt
+
+
+# --- drivers ----------------------------------------------------------------------------
+@dataclass
+class Result:
+    """Weights after a run, with F(x) recorded after the listed (outer) iterations."""
+
+    x: np.ndarray
+    loss_curve: list = field(default_factory=list)
+    recorded_at: list = field(default_factory=list)
+    iterations: int = 0
+
+
+def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress):
+    loss, recipe = get_loss(loss), as_recipe(recipe)
+    b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
+    A, y = check_data(A, y, loss)
+    blocks = block_columns(A.shape[1], P)
+    rnd = Rounder(seed)
+    At = rnd.slot(A, recipe.u_A)
+    x = np.zeros(A.shape[1]) if x0 is None else np.asarray(x0, np.float64)
+    if x.shape != (A.shape[1],):
+        raise ValueError(f"x0 has shape {x.shape}; accepted: ({A.shape[1]},)")
+    x = rnd.slot(x, recipe.u_x).copy()
+    if record is None:
+        record = ()
+    elif isinstance(record, (int, np.integer)):
+        record = range(0, H + 1, check_int("record", record))
+    record = sorted(set(int(h) for h in record if 0 <= h <= H))
+    result = Result(x)
+    stream = IndexStream(A.shape[0], seed)
+
+    def note(h):
+        if record and h == record[0]:
+            record.pop(0)
+            result.loss_curve.append(loss.objective(A, y, x))
+            result.recorded_at.append(h)
+
+    note(0)
+    for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name}",
+                  leave=False):
+        idx = stream.take(s * b)
+        outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd)
+        note(h)
+    result.iterations = H
+    return result
+
+
+def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, H: int = 100,
+          recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False) -> Result:
+    """CA-SGD: H outer iterations of Algorithm 1, each on s*b rows sampled with replacement.
+
+    recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
+    process (block columns, AllReduce model of Assumption 5.4).  record: outer iterations
+    after which F(x) is evaluated (an int k means every k).  Equals H*s SGD steps in exact
+    arithmetic (Section 2.2).
+    """
+    return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress)
+
+
+def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 100,
+        recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False) -> Result:
+    """Mini-batch SGD x += (eta/b) Y_I^T delta(Y_I x, y_I) (Section 2.1), b rows per step.
+
+    Uses the slots u_A, u_r, u_AR_r, u_c, u_sigma, u_g, u_x of ``recipe``; the index stream
+    is the one of :func:`casgd` with the same seed.  record counts steps.
+    """
+    return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress)

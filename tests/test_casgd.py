@@ -1,0 +1,190 @@
+"""CA-SGD solvers, recipes, data, estimators and cost model (lpsim.casgd)."""
+
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim.casgd import (RECIPES, SLOTS, CASGDClassifier, CASGDRegressor, Recipe, Slot, casgd,
+                         cost_model, load_dataset, load_libsvm, make_synth, normalize_rows, sgd)
+from lpsim.casgd.recipes import Rounder, _slot_matmul
+
+
+@pytest.fixture(scope="module")
+def data():
+    return {loss: make_synth(600, 40, loss=loss, seed=5)[:2]
+            for loss in ("logistic", "linear", "poisson")}
+
+
+@pytest.mark.parametrize("loss", ["logistic", "linear", "poisson"])
+@pytest.mark.parametrize("b,s", [(1, 5), (4, 3), (8, 8), (3, 1)])
+def test_fp64_casgd_equals_sgd(data, loss, b, s):
+    A, y = data[loss]
+    H = 4
+    ca = casgd(A, y, loss=loss, eta=0.7, b=b, s=s, H=H, recipe="fp64", seed=11, P=2).x
+    ref = sgd(A, y, loss=loss, eta=0.7, b=b, steps=H * s, recipe="fp64", seed=11).x
+    assert np.linalg.norm(ca - ref) <= 1e-12 * np.linalg.norm(ref)
+    assert np.linalg.norm(ref) > 1e-3   # the run moved
+
+
+def test_different_samples_differ(data):
+    A, y = data["logistic"]
+    a = casgd(A, y, eta=0.7, b=4, s=4, H=3, recipe="fp64", seed=1).x
+    b = casgd(A, y, eta=0.7, b=4, s=4, H=3, recipe="fp64", seed=2).x
+    assert np.linalg.norm(a - b) > 1e-6 * np.linalg.norm(a)
+
+
+def test_table3_recipes():
+    sym = {"f": "fp32", "t": "tf32", "h": "fp16", "b": "bf16"}
+    table = {"u_A": "fbbbhhfhb", "u_c": "ffffffthb", "u_sigma": "fffffffhb",
+             "u_AR_r": "ffbbhhfhb", "u_AR_G": "fffbfffhb", "u_x": "fffffffhb"}
+    for slot, column in table.items():
+        for key, symbol in zip("ABCDEFGHI", column):
+            assert getattr(RECIPES[key], slot).fmt == lpsim.parse_format(sym[symbol]), (key, slot)
+    kernels = {"A": ("fp32", "fp32"), "C": ("bf16", "fp32"), "E": ("fp16", "fp32"),
+               "F": ("fp16", "fp16"), "G": ("tf32", "fp32"), "H": ("fp16", "fp16"),
+               "I": ("bf16", "fp32")}
+    for key, (fin, acc) in kernels.items():
+        for slot in ("u_G", "u_r", "u_g"):
+            s = getattr(RECIPES[key], slot)
+            assert (str(s.fmt), str(s.acc_fmt)) == (str(lpsim.parse_format(fin)),
+                                                    str(lpsim.parse_format(acc)))
+    assert RECIPES["B"].u_G.fmt == lpsim.parse_format("fp32")
+    assert len(SLOTS) == 9
+
+
+def test_slot_matmul_fp32_accumulator_model():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((5, 7)).astype(np.float32)
+    x = rng.standard_normal(7).astype(np.float32)
+    got = _slot_matmul(A, x, Slot("bf16", acc="fp32"), Rounder())
+    want = lpsim.quantize(A, "bf16") @ lpsim.quantize(x, "bf16")
+    np.testing.assert_array_equal(got, want)
+    got16 = _slot_matmul(A, x, Slot("bf16", acc="fp32", out="bf16"), Rounder())
+    np.testing.assert_array_equal(got16, lpsim.quantize(want, "bf16"))
+
+
+def test_ha_accumulator_needs_ops(monkeypatch):
+    monkeypatch.setattr("lpsim.casgd.recipes._ops_matmul", lambda: None)
+    np.testing.assert_array_equal(   # the fallback's fp32 model still runs
+        _slot_matmul(np.ones((2, 2), np.float32), np.ones(2, np.float32), RECIPES["C"].u_G,
+                     Rounder()), [2, 2])
+    with pytest.raises(NotImplementedError, match="lpsim.ops.matmul"):
+        _slot_matmul(np.ones((2, 2), np.float32), np.ones(2, np.float32), RECIPES["F"].u_G,
+                     Rounder())
+
+
+def test_any_format_recipe_runs(data):
+    A, y = data["logistic"]
+    wide = Slot("fp(6,9,0)", acc="fp32")
+    odd = Recipe.uniform("fp(6,9,0)").replace(u_G=Slot("fp(5,2,0)", acc="fp32"), u_r=wide,
+                                              u_g=wide, u_x=Slot("fp32"), u_c=Slot("fp32"))
+    res = casgd(A, y, eta=0.5, b=4, s=4, H=20, recipe=odd, seed=1, record=20)
+    assert res.loss_curve[-1] < res.loss_curve[0]
+    sr = RECIPES["C"].replace(u_x=Slot("bf16", "stochastic"))
+    a = casgd(A, y, eta=0.5, b=4, s=4, H=5, recipe=sr, seed=3).x
+    b = casgd(A, y, eta=0.5, b=4, s=4, H=5, recipe=sr, seed=3).x
+    np.testing.assert_array_equal(a, b)   # seeded stochastic rounding is reproducible
+    assert np.array_equal(lpsim.quantize(a.astype(np.float32), "bf16"), a)
+
+
+@pytest.mark.parametrize("loss", ["logistic", "linear", "poisson"])
+def test_recipe_c_tracks_a(data, loss):
+    A, y = data[loss]
+    la = casgd(A, y, loss=loss, eta=0.5, b=8, s=8, H=30, recipe="A", seed=2, record=30)
+    lc = casgd(A, y, loss=loss, eta=0.5, b=8, s=8, H=30, recipe="C", seed=2, record=30)
+    assert la.loss_curve[-1] < la.loss_curve[0]
+    assert abs(lc.loss_curve[-1] - la.loss_curve[-1]) <= 5e-3 * abs(la.loss_curve[-1])
+
+
+# --- bad input ----------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    ({"s": 0}, "s=0"), ({"b": 0}, "b=0"), ({"b": 2.5}, "b=2.5"), ({"eta": 0}, "eta=0"),
+    ({"eta": -1.0}, "eta=-1.0"), ({"eta": float("nan")}, "eta=nan"), ({"P": 41}, "P=41"),
+    ({"recipe": "Z"}, "'Z'"), ({"loss": "hinge"}, "'hinge'"),
+])
+def test_bad_parameters(data, kwargs, match):
+    A, y = data["logistic"]
+    with pytest.raises(ValueError, match=match) as err:
+        casgd(A, y, **{"H": 1, **kwargs})
+    assert "accepted" in str(err.value)
+
+
+def test_bad_labels_and_data(data):
+    A, y = data["logistic"]
+    with pytest.raises(ValueError, match=r"logistic labels .* got 0\.0"):
+        casgd(A, np.where(y > 0, 1.0, 0.0), H=1)
+    Ap, yp = data["poisson"]
+    with pytest.raises(ValueError, match=r"Poisson .* got -1\.0"):
+        casgd(Ap, np.r_[-1.0, yp[1:]], loss="poisson", H=1)
+    with pytest.raises(ValueError, match=r"Poisson .* got 0\.5"):
+        casgd(Ap, np.r_[0.5, yp[1:]], loss="poisson", H=1)
+    bad = A.copy()
+    bad[3, 7] = np.nan
+    with pytest.raises(ValueError, match=r"A\[3, 7\] = nan"):
+        casgd(bad, y, H=1)
+    with pytest.raises(ValueError, match="600 rows"):
+        casgd(A, y[:10], H=1)
+
+
+def test_libsvm_loader(tmp_path):
+    good = tmp_path / "good.svm"
+    good.write_text("# comment\n+1 1:0.5 3:-2\n-1 2:1e-1  # tail\n\n1 4:3\n")
+    A, y = load_libsvm(good)
+    np.testing.assert_array_equal(y, [1, -1, 1])
+    np.testing.assert_array_equal(A, np.array([[0.5, 0, -2, 0], [0, 0.1, 0, 0], [0, 0, 0, 3]],
+                                              np.float32))
+    assert load_libsvm(good, n_features=6)[0].shape == (3, 6)
+    for text, token in [("1 1:0.5\n-1 2:x\n", "'2:x'"), ("1 0:1\n", "'0:1'"),
+                        ("yes 1:1\n", "'yes'"), ("1 1-3\n", "'1-3'")]:
+        bad = tmp_path / "bad.svm"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=token) as err:
+            load_libsvm(bad)
+        assert str(bad) in str(err.value) and ":" + str(text.count("\n")) in str(err.value)
+    with pytest.raises(FileNotFoundError, match="missing.svm"):
+        load_libsvm(tmp_path / "missing.svm")
+
+
+def test_synth_and_normalisation():
+    A, y, x_true = make_synth(300, 20, loss="logistic", seed=3)
+    Ap, yp, _ = make_synth(300, 20, loss="poisson", seed=3)
+    np.testing.assert_array_equal(A, Ap)           # Table 4: one shared feature matrix
+    np.testing.assert_allclose(np.linalg.norm(A, axis=1), 1, rtol=1e-6)
+    assert set(np.unique(y)) == {-1.0, 1.0} and (yp >= 0).all() and (yp == np.round(yp)).all()
+    np.testing.assert_array_equal(make_synth(300, 20, seed=3)[0], A)   # seeded
+    Z = normalize_rows(np.array([[3.0, 4.0], [0.0, 0.0]]))
+    np.testing.assert_array_equal(Z, [[0.6, 0.8], [0, 0]])
+
+
+def test_estimators_on_sklearn_datasets():
+    A, y, loss = load_dataset("breast_cancer")
+    clf = CASGDClassifier(eta=2.0, b=16, s=8, n_iter=40, recipe="C", progress=False)
+    assert clf.fit(A, np.where(y > 0, "malignant", "benign")) is clf
+    assert clf.score(A, np.where(y > 0, "malignant", "benign")) > 0.9
+    assert len(clf.loss_curve_) == 41 and clf.loss_curve_[-1] < clf.loss_curve_[0]
+    assert clf.coef_.shape == (A.shape[1],)
+    A, y, loss = load_dataset("diabetes")
+    reg = CASGDRegressor(eta=1.0, b=16, s=8, n_iter=60, progress=False).fit(A, y)
+    assert reg.score(A, y) > 0.2
+    with pytest.raises(ValueError, match="s=0"):
+        CASGDRegressor(s=0).fit(A, y)
+    with pytest.raises(ValueError, match="3 classes"):
+        CASGDClassifier().fit(A[:3], [0, 1, 2])
+    with pytest.raises(ValueError, match="not fitted"):
+        CASGDClassifier().predict(A)
+
+
+def test_cost_model_table2():
+    c = cost_model(b=8, s=4, P=16, n_loc=256, alpha=1e-5, beta=1e-9, gamma=1e-12)
+    assert c["sgd"] == {"flops": 4 * 32 * 256, "words": 32, "messages": 4,
+                        "time": c["sgd"]["time"]}
+    assert c["casgd"]["flops"] == 2 * 32 ** 2 * 256 + 64 * 12 + 4 * 32 * 256
+    assert c["casgd"]["words"] == 32 + 32 ** 2 and c["casgd"]["messages"] == 1
+    lo, hi = c["crossover"]
+    for s in (max(2, int(lo) + 1), int(hi)):        # inside: CA-SGD cheaper
+        cs = cost_model(8, s, 16, 256, 1e-5, 1e-9, 1e-12)
+        assert cs["casgd"]["time"] < cs["sgd"]["time"]
+    cs = cost_model(8, int(hi) + 1, 16, 256, 1e-5, 1e-9, 1e-12)
+    assert cs["casgd"]["time"] > cs["sgd"]["time"]
+    with pytest.raises(ValueError, match="gamma=-1"):
+        cost_model(8, 4, 16, 256, 1e-5, 1e-9, -1)

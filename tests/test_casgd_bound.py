@@ -1,0 +1,86 @@
+"""Theorem 5.7: measured local error of one outer iteration vs local_error_bound."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from lpsim.casgd import RECIPES, casgd_step, local_error_bound, normalize_rows
+from lpsim.casgd.recipes import FP32
+
+
+def problem(seed, sb, n, loss, x_scale):
+    rng = np.random.default_rng(seed)
+    Y = normalize_rows(rng.standard_normal((sb, n)))
+    x = rng.uniform(-1, 1, n) * x_scale / np.sqrt(n)
+    if loss == "logistic":
+        y = np.where(rng.random(sb) < 0.5, -1.0, 1.0)
+    else:
+        y = rng.standard_normal(sb).astype(np.float32).astype(np.float64)
+    return Y, x, y
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2 ** 32 - 1), b=st.sampled_from([1, 2, 4]), s=st.integers(1, 4),
+       n=st.integers(4, 48), P=st.sampled_from([1, 2]), eta=st.floats(0.05, 2.0),
+       loss=st.sampled_from(["logistic", "linear"]), x_scale=st.floats(0.0, 2.0))
+def test_measured_local_error_below_bound(seed, b, s, n, P, eta, loss, x_scale):
+    Y, x, y = problem(seed, s * b, n, loss, x_scale)
+    for key in "ABCDEFGHI":
+        recipe = RECIPES[key]
+        x0 = np.asarray(_round(x, recipe), np.float64)   # the same x in both recurrences
+        bound = local_error_bound(Y, x0, y, eta, b, s, P, recipe, loss=loss)
+        assume(bound.valid)
+        exact = casgd_step(Y, y, x0, eta, b, s, "fp64", loss=loss, P=P)
+        got = np.asarray(casgd_step(Y, y, x0, eta, b, s, recipe, loss=loss, P=P), np.float64)
+        err = np.linalg.norm(got - exact)
+        assert err <= bound.total, (key, err, bound.terms)
+
+
+def _round(x, recipe):
+    from lpsim.casgd.recipes import Rounder
+    return Rounder().slot(x, recipe.u_x)
+
+
+@pytest.fixture(scope="module")
+def block():
+    return problem(7, 32 * 4, 256, "logistic", 1.0)
+
+
+def test_dominant_term_moves(block):
+    Y, x, y = block
+    args = (Y, x, y, 0.5, 32, 4)
+    c16 = local_error_bound(*args, 16, "C")
+    # Sec. 5.3: at P = 16 the BF16 margin AllReduce C(P) u_AR_r dominates Omega_C (~1.5e-1)
+    assert c16.omega == pytest.approx(2.4 * 16 * 2.0 ** -8, rel=1e-12)
+    assert 0.14 < c16.omega < 0.16 and c16.valid
+    promoted = local_error_bound(*args, 16, RECIPES["C"].replace(u_AR_r="f"))
+    assert promoted.omega < c16.omega / 10
+    # all-FP32: the length-sb gradient GEMV leads; BF16 storage of A (Recipe B) takes over
+    assert local_error_bound(*args, 16, "A").dominant == "u_g"
+    assert local_error_bound(*args, 16, "B").dominant == "u_A"
+    ratio = c16.terms["u_AR_r"] / promoted.terms["u_AR_r"]
+    assert ratio == pytest.approx(2.0 ** 16, rel=1e-12)     # u_bf16 / u_fp32
+    # Recipe D differs from C only in the Gram AllReduce: only E_u_AR_G changes, by 2^16
+    d16 = local_error_bound(*args, 16, "D")
+    for key in c16.terms:
+        want = c16.terms[key] * (2.0 ** 16 if key == "u_AR_G" else 1)
+        assert d16.terms[key] == pytest.approx(want, rel=1e-12), key
+    # all-FP32 Recipe A is 2^16 smaller in every storage slot than C's BF16 ones
+    a16 = local_error_bound(*args, 16, "A")
+    assert a16.terms["u_A"] * 2 ** 16 == pytest.approx(c16.terms["u_A"], rel=1e-12)
+    assert a16.total < c16.total / 100
+    # Sec. 5.2: the correction sum needs (s-1) b u_c < 1, which BF16 breaks at long s
+    long_s = problem(3, 32 * 16, 64, "logistic", 1.0)
+    bad = local_error_bound(*long_s, 0.5, 32, 16, 1, RECIPES["C"].replace(u_c="b"))
+    assert not bad.valid and bad.omega == np.inf
+    assert local_error_bound(*long_s, 0.5, 32, 16, 1, "C").valid
+
+
+def test_bound_input_errors(block):
+    Y, x, y = block
+    with pytest.raises(ValueError, match="s\\*b = 96"):
+        local_error_bound(Y, x, y, 0.5, 32, 3, 1, "C")
+    with pytest.raises(ValueError, match="eta=0"):
+        local_error_bound(Y, x, y, 0, 32, 4, 1, "C")
+    assert FP32.unit_roundoff == 2.0 ** -24
