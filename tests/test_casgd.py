@@ -63,14 +63,13 @@ def test_slot_matmul_fp32_accumulator_model():
     np.testing.assert_array_equal(got16, lpsim.quantize(want, "bf16"))
 
 
-def test_ha_accumulator_needs_ops(monkeypatch):
-    monkeypatch.setattr("lpsim.casgd.recipes._ops_matmul", lambda: None)
-    np.testing.assert_array_equal(   # the fallback's fp32 model still runs
-        _slot_matmul(np.ones((2, 2), np.float32), np.ones(2, np.float32), RECIPES["C"].u_G,
-                     Rounder()), [2, 2])
-    with pytest.raises(NotImplementedError, match="lpsim.ops.matmul"):
-        _slot_matmul(np.ones((2, 2), np.float32), np.ones(2, np.float32), RECIPES["F"].u_G,
-                     Rounder())
+def test_ha_slot_accumulates_in_fp16():
+    # Recipe F's "ha": FP16 products accumulated in FP16, so 2048 + 1 + 1 stagnates at 2048
+    A = np.array([[2048.0, 1.0, 1.0]], np.float32)
+    got = _slot_matmul(A, np.ones(3, np.float32), RECIPES["F"].u_G, Rounder())
+    np.testing.assert_array_equal(got, [2048.0])
+    fp32 = _slot_matmul(A, np.ones(3, np.float32), RECIPES["C"].u_G, Rounder())
+    np.testing.assert_array_equal(fp32, [2050.0])
 
 
 def test_any_format_recipe_runs(data):

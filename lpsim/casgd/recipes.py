@@ -13,18 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats import Format, parse_format
+from ..ops import matmul
 from ..quantize import quantize
 from ..rounding import STOCHASTIC_MODES, mode_code
 
 
-
-def _ops_matmul():
-    """lpsim.ops.matmul when importable, else None."""
-    try:
-        from ..ops import matmul
-    except ImportError:
-        return None
-    return matmul
 
 FP32, FP64 = parse_format("fp32"), parse_format("fp64")
 SLOTS = ("u_A", "u_G", "u_r", "u_c", "u_sigma", "u_g", "u_AR_r", "u_AR_G", "u_x")
@@ -214,22 +207,9 @@ class Rounder:
 def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
     """GEMM/GEMV at a kernel slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
 
-    Uses ``lpsim.ops.matmul`` when importable.  Otherwise this is the fp32/fp64-accumulator
-    model: inputs rounded to ``slot.fmt`` with lpsim.quantize, the product formed by numpy in
-    the accumulator's container (float32 for an fp32 accumulator, float64 for fp64), the
-    result rounded to ``slot.out``.  Kernel rows of Table 3; error factor Eq. (8).
+    Kernel rows of Table 3 through :func:`lpsim.ops.matmul` (BLAS for fp32/fp64
+    accumulators, per-step rounding for narrower ones such as FP16 "ha"); error factor Eq. (8).
     """
-    acc = slot.acc_fmt
-    ops_matmul = _ops_matmul()
-    if ops_matmul is not None:
-        return ops_matmul(np.ascontiguousarray(A), np.ascontiguousarray(B), in_fmt=slot.fmt,
-                           acc_fmt=acc, out_fmt=slot.out_fmt, out_rounding=slot.rounding,
-                           seed=rnd.seed, stream=rnd.stream)
-    if acc not in (FP32, FP64):
-        raise NotImplementedError(
-            f"accumulation in {acc} (slot {slot!r}) needs lpsim.ops.matmul, which is not "
-            "installed; without it only fp32 and fp64 accumulators are modelled")
-    dtype = container(acc)
-    a = rnd(A, slot.fmt, slot.rounding, dtype)
-    b = rnd(B, slot.fmt, slot.rounding, dtype)
-    return rnd(a @ b, slot.out_fmt, slot.rounding, container(slot.out_fmt))
+    return matmul(np.ascontiguousarray(A), np.ascontiguousarray(B), in_fmt=slot.fmt,
+                  acc_fmt=slot.acc_fmt, out_fmt=slot.out_fmt, out_rounding=slot.rounding,
+                  seed=rnd.seed, stream=rnd.stream)
