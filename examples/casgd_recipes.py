@@ -6,6 +6,7 @@ Figure 3: relative loss gap of recipes A-I to A along a longer logistic run.
 
     python examples/casgd_recipes.py                       # the paper's size (slow on a CPU)
     python examples/casgd_recipes.py --m 8192 --n 512      # smaller
+    python examples/casgd_recipes.py --eta sweep           # eta* from an FP32 SGD sweep (7.1)
 """
 
 from __future__ import annotations
@@ -21,18 +22,30 @@ import time
 import numpy as np
 from tqdm.auto import tqdm
 
-from lpsim.casgd import casgd, make_synth
+from lpsim.casgd import casgd, make_synth, sweep_eta
 
 PAPER = {("logistic", 16): "0", ("logistic", 64): "0", ("linear", 16): "7e-5",
          ("linear", 64): "1.1e-4", ("poisson", 16): "1.3e-4", ("poisson", 64): "3.3e-4"}
 ETA = {"logistic": 1.0, "linear": 0.5, "poisson": 0.25}
 
 
-def table5(args, bar):
+def step_size(args, loss, A, y, notes):
+    """The fixed per-loss eta, --eta VALUE, or (--eta sweep) the paper's FP32 SGD sweep."""
+    if args.eta is None:
+        return ETA[loss]
+    if args.eta != "sweep":
+        return float(args.eta)
+    sweep = sweep_eta(A, y, loss=loss, b=32, steps=args.sweep_steps, seeds=args.seeds)
+    notes += ["", f"eta sweep, {loss}: FP32 SGD at (b, s) = (32, 1), {args.sweep_steps} steps, "
+              f"mean over seeds {args.seeds}", "", sweep.table()]
+    return sweep.best
+
+
+def table5(args, bar, notes):
     rows = []
     for loss in args.losses:
-        A, y, _ = make_synth(args.m, args.n, loss=loss, seed=0)
-        eta = args.eta or ETA[loss]
+        A, y, _ = make_synth(args.m, args.n, loss=loss, seed=0, margin_std=args.margin_std)
+        eta = step_size(args, loss, A, y, notes)
         for s in args.s:
             gaps = []
             for seed in args.seeds:
@@ -92,7 +105,12 @@ def main(argv=None):
     p.add_argument("--s", type=int, nargs="+", default=[16, 64])
     p.add_argument("--H", type=int, default=200)
     p.add_argument("--P", type=int, default=16)
-    p.add_argument("--eta", type=float, default=None, help="default per loss: " + str(ETA))
+    p.add_argument("--eta", default=None,
+                   help="a step size, or 'sweep' for Section 7.1's eta*; default per loss: "
+                   + str(ETA))
+    p.add_argument("--sweep-steps", type=int, default=3200)
+    p.add_argument("--margin-std", type=float, default=1.0,
+                   help="std of the planted margins a_i^T x_true (make_synth)")
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--losses", nargs="+", default=["logistic", "linear", "poisson"])
     p.add_argument("--fig-m", type=int, default=8192)
@@ -116,13 +134,16 @@ def main(argv=None):
              f"{os.cpu_count()} cores, python {platform.python_version()}",
              "command: python " + " ".join(shlex.quote(a) for a in sys.argv), ""]
     if not args.no_table:
-        rows = table5(args, bar)
+        notes = []
+        rows = table5(args, bar, notes)
         lines += [f"Table 5: |L_C - L_A|/|L_A| at (m, n) = ({args.m}, {args.n}), b = {args.b}, "
-                  f"H = {args.H}, P = {args.P} (simulated), seeds {args.seeds}", "",
+                  f"H = {args.H}, P = {args.P} (simulated), seeds {args.seeds}, "
+                  f"margin std {args.margin_std}", "",
                   "| loss | s | eta | L_A | max gap | mean gap | paper |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {loss} | {s} | {eta} | {la:.6g} | {mx:.2e} | {mn:.2e} | "
                   f"{PAPER.get((loss, s), '-')} |" for loss, s, eta, la, mx, mn in rows]
+        lines += notes
     if not args.no_figure:
         final, skipped = figure3(args, os.path.join(args.out, "casgd_figure3.png"), bar)
         lines += ["", f"Figure 3 (casgd_figure3.png): final relative loss gap to A after "

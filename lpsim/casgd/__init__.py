@@ -7,8 +7,10 @@ from .estimators import CASGDClassifier, CASGDRegressor
 from .losses import LOSSES, Loss, get_loss
 from .recipes import RECIPES, SLOTS, Recipe, Slot, as_recipe
 from .solvers import Result, block_columns, casgd, casgd_step, sgd
+from .tuning import EtaSweep, sweep_eta
 
 __all__ = ["casgd", "sgd", "casgd_step", "Result", "block_columns", "Recipe", "Slot", "RECIPES",
            "SLOTS", "as_recipe", "LOSSES", "Loss", "get_loss", "local_error_bound",
            "LocalErrorBound", "higham_gamma", "cost_model", "make_synth", "load_libsvm",
-           "load_dataset", "normalize_rows", "CASGDClassifier", "CASGDRegressor"]
+           "load_dataset", "normalize_rows", "CASGDClassifier", "CASGDRegressor",
+           "sweep_eta", "EtaSweep"]
