@@ -71,10 +71,12 @@ def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0) -
                 LANES[dtype.itemsize])
 
 
-#: elements per CPU work item (a multiple of every LANES value); its random words fit in L1
-CHUNK = 2048
+#: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
+CHUNK = 8192
 #: chunks per parallel task (they share one scratch buffer)
-TASK = 16
+TASK = 4
+#: elements per extra thread: below this, handing work to the pool costs more than it saves
+PARALLEL_GRAIN = 1 << 17
 #: elements per group whose slow elements are counted together, so that the slow pass
 #: looks only into groups that have some
 GROUP = 64
@@ -277,7 +279,7 @@ def _round_parallel(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inpl
     others; the bits do not depend on the split (counter-based random words).
     """
     ntasks = _ntasks(xb.size, offset)
-    workers = min(get_num_threads(), ntasks)
+    workers = min(get_num_threads(), ntasks, max(1, xb.size // PARALLEL_GRAIN))
     if workers <= 1:
         return _round_serial(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace)
     kernel = _compiled(mode)

@@ -16,7 +16,8 @@ import pytest
 import lpsim
 from lpsim import RoundingStats, quantize
 from lpsim.philox import random_words
-from lpsim.quantize import CHUNK, TASK, _round_parallel, _round_serial, plan
+from lpsim.quantize import (CHUNK, PARALLEL_GRAIN, TASK, _ntasks, _round_parallel, _round_serial,
+                            plan)
 from lpsim.rounding import round_bits
 
 N = 2000
@@ -131,6 +132,23 @@ def test_every_path_equals_the_scalar_decision(dtype, key, mode, sr_bits):
         assert out is None or got is out
         check(got, [getattr(stats, f) for f in lpsim.stats.COUNTERS], offset,
               f"non-contiguous input, out={'strided' if out is not None else None}")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_thread_pool_split_equals_the_serial_kernel(dtype, mode):
+    """An array of several tasks, large enough for the pool (N values above are one task)."""
+    n = max(3 * TASK * CHUNK, 2 * PARALLEL_GRAIN) + 5
+    x = np.resize(values(dtype, "e5m2"), n)            # the edge cases, repeated
+    bits_dtype = DTYPES[dtype]
+    for offset in (0, 3):
+        assert _ntasks(n, offset) > 1
+        request = plan("e5m2", mode, dtype, seed=SEED, stream=STREAM, offset=offset)
+        want, got = np.empty_like(x), np.empty_like(x)
+        want_counts = run_kernel(_round_serial, x, want, request)
+        got_counts = run_kernel(_round_parallel, x, got, request)
+        assert np.array_equal(got.view(bits_dtype), want.view(bits_dtype)), offset
+        assert list(got_counts) == list(want_counts), offset
 
 
 def test_values_cover_the_fast_and_the_slow_path():
