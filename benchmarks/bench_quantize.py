@@ -35,11 +35,14 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def median_seconds(fn, repeats: int) -> float:
-    """Median wall-clock seconds per call, after one warm-up call."""
+def median_seconds(fn, repeats: int, setup=None) -> float:
+    """Median wall-clock seconds per call, after one warm-up call; ``setup`` runs untimed
+    before each call."""
+    setup and setup()
     fn()
     times = []
     for _ in range(repeats):
+        setup and setup()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -99,6 +102,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(n) * np.exp2(rng.integers(-8, 8, n))).astype(np.float32)
     out = np.empty_like(x)
+    buffer = np.empty_like(x)          # in place: refilled with x (untimed) before each call
     t = torch.from_numpy(x)
     log("importing qtorch (it compiles its C++ extension on the first import, ~30 s) ...")
     try:
@@ -107,38 +111,45 @@ def main(argv=None) -> int:
         float_quantize = None
         log(f"qtorch unavailable: {error}")
 
-    # (label, format, mode, peer kind, callable); peer kind None is lpsim itself
-    cases = [("np.copyto(out, x)", "-", "-", "copy", lambda: np.copyto(out, x))]
+    def refill():
+        np.copyto(buffer, x)
+
+    # (label, format, mode, peer kind, callable, setup); peer kind None is lpsim itself
+    cases = [("np.copyto(out, x)", "-", "-", "copy", lambda: np.copyto(out, x), None)]
     for name, (e, m, ml_name, torch_name) in FORMATS.items():
         for mode in MODES:
             cases.append(("lpsim.quantize(x, out=...)", name, mode, None,
                           lambda name=name, mode=mode:
-                          lpsim.quantize(x, name, mode, seed=1, out=out)))
+                          lpsim.quantize(x, name, mode, seed=1, out=out), None))
+            cases.append(("lpsim.quantize(x, out=x) in place", name, mode, "in place",
+                          lambda name=name, mode=mode:
+                          lpsim.quantize(buffer, name, mode, seed=1, out=buffer), refill))
             if float_quantize is not None:
                 cases.append((f"qtorch float_quantize({e}, {m})", name, mode, "qtorch",
                               lambda e=e, m=m, mode=mode:
-                              float_quantize(t, e, m, rounding=mode)))
+                              float_quantize(t, e, m, rounding=mode), None))
             if mode == "nearest" and ml_name:
                 ml_type = getattr(ml_dtypes, ml_name)
                 cases.append((f"ml_dtypes {ml_name} round trip", name, mode, "ml_dtypes",
-                              lambda ml_type=ml_type: x.astype(ml_type).astype(np.float32)))
+                              lambda ml_type=ml_type: x.astype(ml_type).astype(np.float32),
+                              None))
             if mode == "nearest" and torch_name and hasattr(torch, torch_name):
                 torch_type = getattr(torch, torch_name)
                 cases.append((f"torch .to({torch_name}).float()", name, mode, "torch",
-                              lambda torch_type=torch_type: t.to(torch_type).float()))
+                              lambda torch_type=torch_type: t.to(torch_type).float(), None))
 
     rows = []
-    for number, (label, fmt, mode, kind, fn) in enumerate(cases, 1):
+    for number, (label, fmt, mode, kind, fn, setup) in enumerate(cases, 1):
         log(f"[{number}/{len(cases)}] {label} {fmt} {mode} ...")
         repeats = args.repeats if kind != "qtorch" else max(3, args.repeats // 2)
-        seconds = median_seconds(fn, repeats)
+        seconds = median_seconds(fn, repeats, setup)
         rows.append({"case": label, "format": fmt, "mode": mode, "peer": kind or "lpsim",
                      "seconds": seconds, "Melem_per_s": n / seconds / 1e6})
     copy = rows[0]["Melem_per_s"]
     ours = {(r["format"], r["mode"]): r["Melem_per_s"] for r in rows if r["peer"] == "lpsim"}
     for row in rows:
         row["vs_copy"] = row["Melem_per_s"] / copy
-        if row["peer"] not in ("lpsim", "copy"):
+        if row["peer"] not in ("lpsim", "copy", "in place"):
             row["lpsim_over_peer"] = ours[row["format"], row["mode"]] / row["Melem_per_s"]
 
     def peer_speed(fmt, mode, kind):
@@ -179,6 +190,11 @@ def main(argv=None) -> int:
         got = "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x"
         print(f"target: {v['format']} {v['mode']} >= {v['target']}x {v['peer']}: got {got} "
               f"-> {'met' if v['met'] else 'NOT met'}")
+    for fmt, mode, kind, least in TARGETS:     # the same targets for rounding in place
+        speed, mine = peer_speed(fmt, mode, kind), peer_speed(fmt, mode, "in place")
+        if speed and mine:
+            print(f"in place: {fmt} {mode} {mine:.0f} Melem/s = {mine / speed:.2f}x {kind} "
+                  f"(target {least}x)")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"machine": info, "n": n, "repeats": args.repeats, "rows": rows,

@@ -149,6 +149,10 @@ def test_thread_pool_split_equals_the_serial_kernel(dtype, mode):
         got_counts = run_kernel(_round_parallel, x, got, request)
         assert np.array_equal(got.view(bits_dtype), want.view(bits_dtype)), offset
         assert list(got_counts) == list(want_counts), offset
+        y = x.copy()
+        got_counts = run_kernel(_round_parallel, y, y, request, inplace=True)
+        assert np.array_equal(y.view(bits_dtype), want.view(bits_dtype)), ("in place", offset)
+        assert list(got_counts) == list(want_counts), ("in place", offset)
 
 
 def test_values_cover_the_fast_and_the_slow_path():
