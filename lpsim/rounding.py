@@ -44,6 +44,7 @@ rounded to zero), SUBNORMAL (nonzero result below min_normal), NAN_IN, INF_IN.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -102,7 +103,12 @@ def _bits_of(value: float, dtype) -> int:
 
 def kernel_params(fmt: Format, dtype) -> Params:
     """The decision's integer parameters for ``fmt`` in a float32/float64 container."""
-    dtype = np.dtype(dtype)
+    return _kernel_params(fmt, np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=512)
+def _kernel_params(fmt: Format, dtype: np.dtype) -> Params:
+    # cached: a GPU launch would otherwise spend most of its host time here
     fmt.check_fits(dtype)
     M, EB, CEMIN, EMAXF = CONTAINERS[dtype]
     width = dtype.itemsize * 8
@@ -179,27 +185,43 @@ def round_fast(bits, mode, r, k, p):
     """The common case of :func:`round_bits` without branches on the data: (bits, ok, inexact).
 
     Valid when ``ok`` (x normal in the format, below its top binade, so the shift is M - m and
-    nothing overflows or underflows); otherwise the caller runs :func:`round_bits`.  Written
-    so that LLVM vectorises a loop over it: with ``mode`` a constant the decision is a few
-    integer operations, and everything derived from ``p`` and ``k`` is loop-invariant.
+    nothing overflows or underflows); otherwise the caller runs :func:`round_bits`.  Each mode
+    adds an amount below the rounding point and truncates, so a round-up is the carry (into
+    the exponent field too); the amounts make exactly the decisions of :func:`_increment`
+    (stochastic: the complement of the top bits of R carries iff R_j < rem_j).  With ``mode``
+    a constant a loop over it vectorises: a few integer operations, the rest loop-invariant.
     """
-    M, SIGN, MAG, W, m, EB, emin = p.M, p.SIGN, p.MAG, p.W, p.m, p.EB, p.emin
+    M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
     s = M - m
+    mask = (np.int64(1) << s) - 1
     a_lo = p.fast_lo << M                       # ok: a_lo <= |bits| < a_hi
     a_hi = (p.fast_hi + 1) << M
     # the code's last bit: keep's, or with m == 0 the format's exponent code's
     parity = (1 - emin - EB) & 1 if m == 0 else 0
     bits = np.int64(bits)
-    negative = bits < 0
-    a = bits & MAG
-    keep = a >> s
-    rem = a & ((np.int64(1) << s) - 1)
-    inexact = rem != 0
-    inc = _increment(keep ^ parity, rem, s, mode, negative, r, W, k)
-    out = (keep + (inc if inexact else 0)) << s
-    ok = (a >= a_lo) & (a < a_hi)
-    out = out + SIGN if negative else out
-    return (out if ok else bits), ok, ok & inexact
+    sign = bits >> 63                           # -1 for negative x, else 0
+    a = bits & p.MAG
+    rem = a & mask
+    add = np.int64(0)                           # toward_zero; odd is settled below
+    if mode == NEAREST:
+        add = (mask >> 1) + (((a >> s) ^ parity) & 1)
+    elif mode == NEAREST_AWAY:
+        add = (mask >> 1) + 1
+    elif mode == UP:
+        add = mask & ~sign
+    elif mode == DOWN:
+        add = mask & sign
+    elif mode == STOCHASTIC_EQUAL:
+        add = mask & -(r >> (W - 1))
+    elif mode == STOCHASTIC:
+        j = min(s, k)                           # decision bits: R_j < rem's top j bits
+        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+    out = (a + add) & ~mask
+    if mode == ODD:
+        out += np.int64((rem != 0) & ((((a >> s) ^ parity) & 1) == 0)) << s
+    ok = np.int64(a >= a_lo) & np.int64(a < a_hi)     # 0/1 integers: they sum in vectors
+    okm = -ok
+    return ((out | (bits & SIGN)) & okm) | (bits & ~okm), ok, ok & np.int64(rem != 0)
 
 
 @register_jitable
