@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -49,17 +50,19 @@ def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0) -
     width = WORD_BITS[dtype.itemsize]
     if sr_bits is None:
         k = width
-    elif rounding not in STOCHASTIC_MODES:
-        raise ValueError(f"sr_bits={sr_bits!r} applies to stochastic rounding only, not "
+    elif rounding != "stochastic":
+        raise ValueError(f"sr_bits={sr_bits!r} applies to rounding='stochastic' only, not "
                          f"rounding={rounding!r}")
-    elif isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)) \
-            or not 1 <= sr_bits <= width:
+    elif isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
+        raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: an integer "
+                        f"1..{width} for a {dtype} container")
+    elif not 1 <= sr_bits <= width:
         raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: an integer 1..{width} "
                          f"for a {dtype} container")
     else:
         k = int(sr_bits)
     if mode >= STOCHASTIC and seed is None:
-        seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+        seed = secrets.randbits(64)
     seed_lo, seed_hi = split_key(0 if seed is None else seed, "seed")
     stream_lo, stream_hi = split_key(stream, "stream")
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
@@ -288,7 +291,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
              stats: RoundingStats | None = None, out=None, offset: int = 0):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
-    x: a float32/float64 numpy array (any shape), a Python or numpy float, or a torch tensor
+    x: a float32/float64 numpy array (any shape), a Python int or float (rounded as float64,
+    returned as float), a numpy float32/float64 scalar, or a torch tensor
     (CUDA tensors and other CUDA arrays run in lpsim_cuda).  fmt: an :class:`lpsim.Format` or
     a string ("bf16", "fp(4,3,4)", ...).  rounding: one of ``lpsim.rounding.MODES``.
     seed, stream: key of the counter-based generator for stochastic modes (seed=None draws a
@@ -314,14 +318,18 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         result = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                           stats=stats, out=target, offset=offset)
         return out if out is not None else torch.from_numpy(result)
-    if isinstance(x, (float, np.floating)) and not isinstance(x, np.float16):
-        array = np.array(x, dtype=np.float64 if isinstance(x, float) else x.dtype)
+    if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.float16)):
+        if out is not None:
+            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
+                            "rounded (pass a numpy array to round into out)")
+        array = np.array(x, dtype=x.dtype if isinstance(x, np.floating) else np.float64)
         rounded = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                            stats=stats, offset=offset)
-        return float(rounded) if isinstance(x, float) else rounded[()]
+        return rounded[()] if isinstance(x, np.floating) else float(rounded)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"cannot round a {type(x).__name__}; accepted: a float32/float64 numpy "
-                        "array, a Python or numpy float, or a torch tensor")
+                        "array, a Python int or float, a numpy float32/float64, or a torch "
+                        "tensor")
     request = plan(fmt, rounding, x.dtype, seed=seed, stream=stream, sr_bits=sr_bits,
                    offset=offset)
     if out is None:

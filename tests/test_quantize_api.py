@@ -14,6 +14,8 @@ def test_scalars_keep_their_type():
     assert isinstance(value, np.float32) and value == np.float32(0.09375)
     assert np.signbit(quantize(-1e-30, "fp16"))
     assert quantize(-1e-30, "fp16", "down") == -2.0 ** -24
+    assert quantize(3, "e4m3") == 3.0 and isinstance(quantize(3, "e4m3"), float)
+    assert quantize(17, "e4m3") == 16.0 and quantize(2 ** 70, "bf16") == 2.0 ** 70
 
 
 def test_shapes_out_and_in_place():
@@ -94,7 +96,13 @@ def test_stats_accumulate_over_calls():
     (lambda: quantize(np.zeros(3), "bf16", "stochastic", sr_bits=0), ValueError,
      "sr_bits=0 is out of range; accepted: an integer 1..62"),
     (lambda: quantize(np.zeros(3), "bf16", "nearest", sr_bits=4), ValueError,
-     "stochastic rounding only"),
+     "applies to rounding='stochastic' only"),
+    (lambda: quantize(np.zeros(3), "bf16", "stochastic_equal", sr_bits=4), ValueError,
+     "applies to rounding='stochastic' only, not rounding='stochastic_equal'"),
+    (lambda: quantize(np.zeros(3), "bf16", "stochastic", sr_bits=2.5), TypeError,
+     "sr_bits=2.5 is not an integer; accepted: an integer 1..62"),
+    (lambda: quantize(0.5, "bf16", out=np.zeros(1)), TypeError, "out= applies to arrays"),
+    (lambda: quantize(True, "bf16"), TypeError, "cannot round a bool"),
     (lambda: quantize(np.zeros(3), "bf16", "stochastic", seed=-1), ValueError, "seed=-1"),
     (lambda: quantize(np.zeros(3), "bf16", "stochastic", seed=1.5), TypeError, "seed=1.5"),
     (lambda: quantize(np.zeros(3), "bf16", offset=-2), ValueError, "offset=-2"),
