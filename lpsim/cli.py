@@ -16,12 +16,12 @@ from .rounding import MODES
 def formats_table() -> Table:
     table = Table(title="lpsim format presets")
     for column in ("name", "format", "bits", "bias", "emin", "emax", "max finite",
-                   "min normal", "min subnormal", "unit roundoff", "inf", "NaN"):
+                   "min normal", "min subnormal", "unit roundoff", "epsilon", "inf", "NaN"):
         table.add_column(column, justify="right" if column not in ("name", "format") else "left")
     for name, fmt in PRESETS.items():
         table.add_row(name, repr(fmt), str(fmt.bits), str(fmt.bias), str(fmt.emin),
                       str(fmt.emax), f"{fmt.max_finite:.6g}", f"{fmt.min_normal:.6g}",
-                      f"{fmt.min_subnormal:.6g}", f"{fmt.unit_roundoff:.3g}",
+                      f"{fmt.min_subnormal:.6g}", f"{fmt.unit_roundoff:.3g}", f"{fmt.epsilon:.3g}",
                       "yes" if fmt.has_inf else "no", "yes" if fmt.has_nan else "no")
     return table
 

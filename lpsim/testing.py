@@ -215,19 +215,22 @@ def _show(value) -> str:
     return f"{value!s} ({float(value).hex()})"
 
 
-def assert_rounded(actual, x, fmt, rounding: str = "nearest", *, uniforms=None,
-                   sr_bits=None) -> None:
+def assert_rounded(actual, x, fmt, rounding: str = "nearest", *, uniforms=None, seed=None,
+                   stream: int = 0, offset: int = 0, sr_bits=None) -> None:
     """Assert that ``actual`` is ``x`` rounded to ``fmt`` exactly, per :mod:`lpsim.rounding`.
 
-    NaN matches NaN and the sign of zero must match.  Stochastic modes need ``uniforms``
-    (one u in [0, 1) per element, see :func:`lpsim.reference.round_exact`).  The
-    AssertionError lists the first mismatches with x, expected and actual in float and hex.
+    NaN matches NaN and the sign of zero must match.  Stochastic modes need either
+    ``uniforms`` (one u in [0, 1) per element, see :func:`lpsim.reference.round_exact`) or
+    ``seed`` (with ``stream``, ``offset``: lpsim's own Philox bits, to check a kernel that
+    draws them).  The AssertionError lists the first mismatches with x, expected and actual
+    in float and hex.
     """
     x = np.asarray(x)
     actual = np.asarray(actual)
     if actual.shape != x.shape:
         raise AssertionError(f"assert_rounded: actual has shape {actual.shape}, x has {x.shape}")
-    expected, _ = reference.quantize(x, fmt, rounding, uniforms=uniforms, sr_bits=sr_bits)
+    expected, _ = reference.quantize(x, fmt, rounding, uniforms=uniforms, seed=seed,
+                                     stream=stream, offset=offset, sr_bits=sr_bits)
     got = actual.astype(np.float64)
     want = expected.astype(np.float64)
     same = (np.isnan(got) & np.isnan(want)) | ((got == want)

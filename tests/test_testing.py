@@ -143,6 +143,17 @@ def test_assert_rounded_accepts_lpsim_in_every_mode():
     testing.assert_rounded(lpsim.quantize(X, "e4m3fn"), X, "e4m3fn")
 
 
+def test_assert_rounded_checks_stochastic_kernels_against_lpsim_bits():
+    # a kernel that draws lpsim's Philox words (same seed, stream, offset) passes; another
+    # seed's bits round some of the 301 inexact values the other way
+    x = np.linspace(-3, 3, 301)
+    mine = lpsim.quantize(x, "e4m3", "stochastic", seed=5, stream=2, offset=7)
+    testing.assert_rounded(mine, x, "e4m3", "stochastic", seed=5, stream=2, offset=7)
+    other = lpsim.quantize(x, "e4m3", "stochastic", seed=6, stream=2, offset=7)
+    with pytest.raises(AssertionError, match="differ from the exact 'stochastic' rounding"):
+        testing.assert_rounded(other, x, "e4m3", "stochastic", seed=5, stream=2, offset=7)
+
+
 def test_assert_rounded_catches_truncation_passed_off_as_nearest():
     truncated = lpsim.quantize(X, "e4m3", "toward_zero")
     with pytest.raises(AssertionError) as info:
