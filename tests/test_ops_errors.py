@@ -35,7 +35,32 @@ B = np.ones((4, 2), np.float32)
     (lambda: ops.fma(1.0 + 2 ** -52, 1.0 + 2 ** -52, 1.0, "bf16"), ValueError,
      "not exact in float64"),
     (lambda: ops.mul(np.ones(2), "x", "bf16"), TypeError, "str"),
+    (lambda: ops.matmul(A, B, order=("blocked", True)), ValueError, "k=True.*not bool"),
+    (lambda: ops.matmul(A, B, order=("blocked", 2.0)), ValueError, "k=2.0.*integer >= 1"),
+    (lambda: ops.matmul(A, B, order=("blocked", np.int64(0))), ValueError,
+     "k=np.int64\\(0\\).*integer >= 1"),
+    (lambda: ops.gamma(10, float("nan")), ValueError, "gamma: u=nan.*finite non-negative"),
+    (lambda: ops.gamma(10, float("inf")), ValueError, "u=inf.*finite non-negative"),
+    (lambda: ops.gamma(10, -2.0 ** -8), ValueError, "u=-0.00390625.*non-negative"),
+    (lambda: ops.gamma(-1, 0.1), ValueError, "n=-1.*non-negative integer"),
+    (lambda: ops.gamma(2.5, 0.1), ValueError, "n=2.5.*non-negative integer"),
+    (lambda: ops.input_cast_factor(3, float("nan"), 0.1), ValueError,
+     "input_cast_factor: u_low=nan.*finite"),
+    (lambda: ops.input_cast_factor(3, -0.1, 0.1), ValueError, "u_low=-0.1.*non-negative"),
+    (lambda: ops.input_cast_factor(3, 0.1, float("inf")), ValueError, "u_acc=inf.*finite"),
+    (lambda: ops.input_cast_factor(-2, 0.1, 0.1), ValueError, "n=-2.*non-negative integer"),
+    (lambda: ops.input_cast_factor(1.5, 0.1, 0.1), ValueError, "n=1.5.*integer"),
 ])
 def test_errors_name_value_and_accepted(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+def test_blocked_order_accepts_any_integer_type():
+    """("blocked", k) takes numpy integers too, and runs exactly as the Python int."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    want = ops.matmul(a, B, acc_fmt="bf16", order=("blocked", 3))
+    for k in (np.int64(3), np.int32(3), np.uint8(3)):
+        assert np.array_equal(ops.matmul(a, B, acc_fmt="bf16", order=("blocked", k)), want)
+        order = ops.MODELS["fp32"].with_(order=("blocked", k)).order
+        assert order == ("blocked", 3) and type(order[1]) is int

@@ -1,5 +1,6 @@
 """Simulated sum/dot/matmul against an exact reference that rounds every step (Fractions)."""
 
+import zlib
 from fractions import Fraction
 
 import numpy as np
@@ -64,27 +65,45 @@ CASES = [
     ("fp16", "fp32", "bf16", "up", "nearest_away"),
 ]
 ORDERS = ["sequential", "pairwise", ("blocked", 3), ("blocked", 1)]
+#: an fp32 accumulator with nearest rounding on the per-step path (an order is given)
+FP32_NEAREST = ("fp32", "fp32", "fp32", "nearest", "nearest")
 
 
-@pytest.mark.parametrize("fmts", CASES, ids=lambda c: "-".join(c))
+def _assert_matches_reference(got, pairs, fmts, order, fused, seed=1234, stream=7):
+    """got.flat[o] == reference_dot(*pairs[o]) for every output o (C order)."""
+    _, acc, out, acc_mode, out_mode = fmts
+    assert got.size == len(pairs)
+    for o, (x, y) in enumerate(pairs):
+        want = reference_dot(x, y, acc=acc, out=out, acc_mode=acc_mode, out_mode=out_mode,
+                             fused=fused, order=order, seed=seed, stream=stream, o=o)
+        assert Fraction(float(got.flat[o])) == want, (o, got.flat[o], float(want))
+
+
+@pytest.mark.parametrize("fmts", CASES + [FP32_NEAREST], ids=lambda c: "-".join(c))
 @pytest.mark.parametrize("order", ORDERS, ids=str)
 @pytest.mark.parametrize("fused", [True, False])
-def test_matmul_matches_exact_per_step_reference(fmts, order, fused):
+def test_matmul_dot_and_sum_match_exact_per_step_reference(fmts, order, fused):
+    """Batched matmul, dot over broadcast leading shapes, and sum: counters o*2K + s."""
     in_fmt, acc, out, acc_mode, out_mode = fmts
-    rng = np.random.default_rng(abs(hash((fmts, str(order), fused))) % 2 ** 32)
-    a = rng.standard_normal((2, 3, 11)).astype(np.float32)
-    b = rng.standard_normal((11, 5)).astype(np.float32)
+    rng = np.random.default_rng(zlib.crc32(repr((fmts, order, fused)).encode()))  # stable
     kw = dict(in_fmt=in_fmt, acc_fmt=acc, out_fmt=out, acc_rounding=acc_mode,
               out_rounding=out_mode, fused=fused, order=order, seed=1234, stream=7)
+    a = rng.standard_normal((2, 3, 11)).astype(np.float32)
+    b = rng.standard_normal((11, 3)).astype(np.float32)
     got = ops.matmul(a, b, **kw)
-    assert got.shape == (2, 3, 5) and got.dtype == np.float32
+    assert got.shape == (2, 3, 3) and got.dtype == np.float32
     assert np.array_equal(got, ops.matmul(a, b, **kw))       # same seed, same bits
     ar, br = lpsim.quantize(a, in_fmt), lpsim.quantize(b, in_fmt)
-    for o, (bt, i, j) in enumerate(np.ndindex(2, 3, 5)):
-        want = reference_dot(ar[bt, i], br[:, j], acc=acc, out=out, acc_mode=acc_mode,
-                             out_mode=out_mode, fused=fused, order=order, seed=1234,
-                             stream=7, o=o)
-        assert Fraction(float(got[bt, i, j])) == want, (o, got[bt, i, j], float(want))
+    _assert_matches_reference(got, [(ar[bt, i], br[:, j]) for bt, i, j in np.ndindex(2, 3, 3)],
+                              fmts, order, fused)
+    x, y = a[:, :1, :], a[0]                                 # (2, 1, K) with (3, K)
+    d, s = ops.dot(x, y, **kw), ops.sum(y, **kw)
+    assert d.shape == (2, 3) and s.shape == (3,) and d.dtype == s.dtype == np.float32
+    _assert_matches_reference(d, [(ar[i, 0], ar[0, j]) for i, j in np.ndindex(2, 3)], fmts,
+                              order, fused)
+    _assert_matches_reference(s, [(ar[0, j], np.ones(11)) for j in range(3)], fmts, order,
+                              fused)
+    assert ops.dot(x[0, 0], y[0], **kw) == d[0, 0]          # 1-D pair: 0-d, output 0
 
 
 @pytest.mark.parametrize("order", ["sequential", "pairwise"])
@@ -106,24 +125,6 @@ def test_counters_follow_the_output_index_across_tiles_and_batches(order):
                                               acc_rounding="stochastic", order=order, seed=98))
 
 
-def test_dot_and_sum_are_matmul_with_their_counters():
-    rng = np.random.default_rng(3)
-    x = lpsim.quantize(rng.standard_normal((3, 9)).astype(np.float32), "bf16")
-    y = lpsim.quantize(rng.standard_normal((3, 9)).astype(np.float32), "bf16")
-    kw = dict(acc_fmt="bf16", acc_rounding="stochastic", order="pairwise", seed=4)
-    d = ops.dot(x, y, **kw)
-    s = ops.sum(x, **kw)
-    assert d.shape == s.shape == (3,)
-    for o in range(3):
-        assert Fraction(float(d[o])) == reference_dot(
-            x[o], y[o], acc="bf16", out="bf16", acc_mode="stochastic", out_mode="nearest",
-            fused=True, order="pairwise", seed=4, stream=0, o=o)
-        assert Fraction(float(s[o])) == reference_dot(
-            x[o], np.ones(9), acc="bf16", out="bf16", acc_mode="stochastic",
-            out_mode="nearest", fused=True, order="pairwise", seed=4, stream=0, o=o)
-    assert ops.dot(x[0], y[0], **kw).shape == ()
-
-
 def test_fp32_sequential_unfused_equals_a_float32_loop():
     rng = np.random.default_rng(11)
     a = rng.standard_normal((17, 300)).astype(np.float32)
@@ -136,6 +137,20 @@ def test_fp32_sequential_unfused_equals_a_float32_loop():
     assert np.array_equal(got, acc)
     fused = ops.matmul(a, b, model="fp32", order="sequential")
     assert not np.array_equal(fused, acc)     # one rounding per step differs somewhere
+
+
+def test_fp32_sequential_fused_default_equals_an_fma_loop():
+    """The default fused=True is acc = fma(a_t, b_t, acc) in float32: one exact rounding."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((3, 200)).astype(np.float32)
+    b = rng.standard_normal((200, 4)).astype(np.float32)
+    got = ops.matmul(a, b, model="fp32", order="sequential")
+    for i, j in np.ndindex(3, 4):
+        acc = Fraction(0)
+        for t in range(200):        # a float32 FMA: the exact a*b + acc rounded once
+            exact = Fraction(float(a[i, t])) * Fraction(float(b[t, j])) + acc
+            acc = Fraction(round_exact(exact, "fp32", "nearest").value)
+        assert Fraction(float(got[i, j])) == acc
 
 
 def test_blas_path_bf16_fp32_is_within_the_bound_and_agrees_with_torch():

@@ -11,7 +11,11 @@ with rounding="nearest" (the float64 operation itself).
 Stochastic modes draw element i's word as ``lpsim.quantize`` does in the result's container
 (counter offset + i, C order), so ``op(..., "stochastic", seed=s)`` equals
 ``quantize(exact result, fmt, "stochastic", seed=s)`` whenever the exact result is a
-container value.
+container value.  The decision is made on RO(exact result) in float64, which keeps 52 - m
+bits of frac: in float32 containers (W = 32 random bits) with m <= 19 it is exactly SR of
+the exact result; in float64 containers (W = 62) it is SR of RO(exact result), whose
+round-up probability is within 2**(m-52) of the exact one.  Few-bit SR (sr_bits=k <= 52 - m)
+and stochastic_equal are exact in both.
 """
 
 from __future__ import annotations

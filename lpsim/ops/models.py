@@ -6,6 +6,7 @@ low-precision inputs x, y and a wider accumulator a, rounded to the output forma
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields, replace
 
 from ..formats import Format, parse_format
@@ -15,15 +16,22 @@ ORDERS = ("sequential", "pairwise", "('blocked', k)")
 
 
 def check_order(order):
-    """The order as ("sequential"|"pairwise"|"blocked", k) or None (any order: BLAS allowed)."""
-    if order is None or order in ("sequential", "pairwise"):
+    """The order as "sequential", "pairwise", ("blocked", k) with k a Python int, or None.
+
+    None: any order (BLAS allowed).  k may be any integer type (numpy integers too), not a
+    bool or a float.
+    """
+    if isinstance(order, str) and order in ("sequential", "pairwise"):
         return order
-    if isinstance(order, tuple) and len(order) == 2 and order[0] == "blocked":
+    if order is None:
+        return None
+    if isinstance(order, tuple) and len(order) == 2 and isinstance(order[0], str) and \
+            order[0] == "blocked":
         k = order[1]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"order={order!r}: the block width k={k!r} must be an integer "
-                             ">= 1")
-        return ("blocked", k)
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"order={order!r}: the block width k={k!r} is not accepted; "
+                             "accepted: an integer >= 1 (int or numpy integer, not bool)")
+        return ("blocked", int(k))
     raise ValueError(f"unknown order {order!r}; accepted: None (any order), "
                      f"{', '.join(ORDERS)}")
 

@@ -6,7 +6,8 @@ accumulator rounds to ``acc_fmt`` after every step, and the result is rounded on
 ``out_fmt`` (FMAC model, Zhang et al. 2018, Sec. 2).  Steps, per ``order``:
 
 * ``"sequential"``: acc = fl(a_0 b_0), then acc = fl(acc + a_t b_t) for t = 1..K-1.
-  fused=True: one rounding per step (an FMA).  fused=False: p = fl(a_t b_t), then fl(acc + p).
+  fused=True (default): one rounding per step (an FMA into the accumulator).  fused=False:
+  p = fl(a_t b_t), then fl(acc + p), as a plain ``acc += a[t] * b[t]`` loop does.
 * ``("blocked", k)``: each chunk of k consecutive terms is accumulated sequentially from its
   first term; the chunk sums are then added to the first one in order, in acc_fmt.
 * ``"pairwise"``: terms are paired bottom-up (1+1, 2+2, 4+4, ...; a binary counter), and the
@@ -92,7 +93,7 @@ def _batch_index(shape, batch):
     """For each batch element (C order), the index of the operand's own batch slice."""
     idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape) if shape else \
         np.zeros((), np.int64)
-    return np.ascontiguousarray(np.broadcast_to(idx, batch)).reshape(-1)
+    return np.broadcast_to(idx, batch).flatten()    # a writable copy: one kernel signature
 
 
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
@@ -140,8 +141,9 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
         order, blk = ORDER_PAIRWISE, K
     else:
         order, blk = ORDER_BLOCKED, m.order[1]
-    A = np.ascontiguousarray(a2.reshape((-1, M, K)), np.float64)
-    B = np.ascontiguousarray(b2.reshape((-1, K, N)), np.float64)
+    # C-contiguous and writable (numba compiles read-only arrays as another signature)
+    A = np.require(a2.reshape((-1, M, K)), np.float64, ["C", "W"])
+    B = np.require(b2.reshape((-1, K, N)), np.float64, ["C", "W"])
     ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
     pa = kernel_params(m.acc_fmt, np.float64)._replace(W=32)
     po = kernel_params(m.out_fmt, np.float64)._replace(W=32)
@@ -170,10 +172,14 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     arrays or CPU torch tensors.  model: a name in :data:`lpsim.ops.MODELS` or an
     :class:`AccumulationModel`; the other keywords override it.  Without a model: in_fmt None
     (operands as given), acc_fmt the container's format (fp32 or fp64), out_fmt = acc_fmt,
-    nearest rounding, fused=True, order=None.  Steps, orders, the BLAS path and the counter
-    of each random word: this module's docs.  The result container is numpy's result type,
-    float64 when out_fmt does not fit float32.  stats counts every rounding (accumulator and
-    output; on the BLAS path the output only).
+    nearest rounding, fused=True, order=None.  fused=True (the default, as in the named
+    models) is an FMA into the accumulator: acc = fl(acc + a_t b_t), one rounding per step.
+    A plain loop ``acc += a[t] * b[t]`` in the accumulator's precision rounds the product
+    first: to reproduce it pass fused=False and order="sequential" (with in_fmt and acc_fmt
+    "fp32" that equals a float32 loop bit for bit).  Steps, orders, the BLAS path and the
+    counter of each random word: this module's docs.  The result container is numpy's result
+    type, float64 when out_fmt does not fit float32.  stats counts every rounding
+    (accumulator and output; on the BLAS path the output only).
     """
     op = "matmul"
     like_torch = is_torch(a) or is_torch(b)
@@ -198,6 +204,8 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
 
     The same keywords and steps as :func:`matmul`; output element o (C order over the
     broadcast leading shape) uses counters o*2K ...  A 1-D pair gives a 0-d result.
+    fused=True (default) is an FMA into the accumulator; a plain ``acc += x[t] * y[t]`` loop
+    rounds each product first: pass fused=False to reproduce it.
     """
     op = "dot"
     like_torch = is_torch(x) or is_torch(y)
