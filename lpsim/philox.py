@@ -92,7 +92,10 @@ def random_words(n: int, itemsize: int, seed: int, stream: int = 0, offset: int 
     seed_lo, seed_hi = split_key(seed, "seed")
     lanes = LANES[itemsize]
     out = []
+    words, block = None, None
     for i in range(offset, offset + n):
-        words = block_words(i // lanes, stream, seed_lo, seed_hi)
-        out.append(int(lane_word(tuple(int(w) for w in words), i % lanes, lanes)))
+        if i // lanes != block:                 # one Philox block serves `lanes` elements
+            block = i // lanes
+            words = tuple(int(w) for w in block_words(block, stream, seed_lo, seed_hi))
+        out.append(int(lane_word(words, i % lanes, lanes)))
     return out
