@@ -2,28 +2,36 @@
 
 Rounds 2**26 float32 values (torch CUDA tensors) to bf16, e5m2 and fp(6,9,0), nearest and
 stochastic, and prints GB/s (bytes read + written) with the ratio to a device-to-device copy
-measured in the same run, next to torch's ``.to(torch.bfloat16)`` cast and qtorch's CUDA
-``float_quantize`` when qtorch builds.  Also reports launch overhead on a 1-element tensor.
+measured in the same run, next to qtorch's CUDA ``float_quantize`` (when it builds), torch's
+``.to(torch.bfloat16)`` next to the fp32 -> bf16 stochastic-rounding store, and the wall-clock
+cost of one call on a 1-element tensor next to ``t.add_(0)``.  Then it checks the targets:
+nearest >= 80% and stochastic >= 70% of copy bandwidth, both faster than qtorch.
 
-    python benchmarks/bench_quantize_gpu.py [--log2n 26] [--json out.json]
+    python benchmarks/bench_quantize_gpu.py [--log2n 26] [--repeats 20] [--no-qtorch]
+                                            [--json benchmarks/results/quantize-gpu.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import platform
+import shlex
 import sys
+import time
 
 import numpy as np
 
 FORMATS = {"bf16": (8, 7), "e5m2": (5, 2), "fp(6,9,0)": (6, 9)}
 MODES = ("nearest", "stochastic")
+#: lpsim_cuda's targets as a fraction of device copy bandwidth, per mode
+TARGETS = {"nearest": 0.80, "stochastic": 0.70}
 
 
 def cuda_time(fn, repeats: int) -> float:
-    """Median seconds per call, timed with CUDA events after a warm-up call."""
+    """Median device seconds per call, timed with CUDA events after a warm-up call."""
     import torch
     fn()
     torch.cuda.synchronize()
@@ -38,11 +46,72 @@ def cuda_time(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
+def wall_time(fn, calls: int, rounds: int = 5) -> float:
+    """Best wall-clock seconds per call over ``rounds`` loops of ``calls`` calls, each loop
+    ended by a synchronize: on a tiny tensor this is the host's launch overhead."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    for package in ("torch", "numba", "numba-cuda", "qtorch"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def load_qtorch(wanted: bool):
+    """qtorch's float_quantize, or None (skipped, or its C++/CUDA extension did not build)."""
+    if not wanted:
+        return None
+    try:
+        from qtorch.quant import float_quantize
+    except Exception as error:      # qtorch JIT-builds its extension on import (nvcc, ninja)
+        print(f"qtorch unavailable: {type(error).__name__}: {error}", file=sys.stderr)
+        return None
+    return float_quantize
+
+
+def verdicts(rows, qtorch_ran: bool) -> list[str]:
+    """One line per lpsim_cuda float32 row: its targets met or missed."""
+    peers = {(r["format"], r["mode"]): r["GBps"] for r in rows
+             if r["kernel"] == "qtorch float_quantize"}
+    lines = []
+    for r in rows:
+        if r["kernel"] != "lpsim_cuda" or r["mode"] not in TARGETS:
+            continue
+        goal = TARGETS[r["mode"]]
+        parts = [f"{r['ratio']:.2f} of copy (target >= {goal:.2f}): "
+                 f"{'met' if r['ratio'] >= goal else 'MISSED'}"]
+        peer = peers.get((r["format"], r["mode"]))
+        if peer is not None:
+            parts.append(f"{r['GBps'] / peer:.2f}x qtorch: "
+                         f"{'faster' if r['GBps'] > peer else 'NOT FASTER'}")
+        elif not qtorch_ran:
+            parts.append("qtorch not run: no comparison")
+        lines.append(f"{r['format']:10s} {r['mode']:11s} " + "; ".join(parts))
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log2n", type=int, default=26)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", help="also write the rows as JSON to this path")
+    parser.add_argument("--log2n", type=int, default=26, help="elements: 2**LOG2N float32")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per row (median)")
+    parser.add_argument("--no-qtorch", action="store_true",
+                        help="skip qtorch (its first import compiles a CUDA extension)")
+    parser.add_argument("--json", help="also write the results as JSON to this path")
     args = parser.parse_args(argv)
 
     import torch
@@ -51,53 +120,70 @@ def main(argv=None) -> int:
         return 1
     import lpsim_cuda
 
+    command = shlex.join(["python", *sys.argv])
     n = 1 << args.log2n
     x = torch.randn(n, device="cuda", dtype=torch.float32)
     y = torch.empty_like(x)
-    moved = 2 * 4 * n                           # bytes read + written by a float32 pass
     lpsim_cuda.warmup()
-    copy_s = cuda_time(lambda: y.copy_(x), args.repeats)
-    copy_gbs = moved / copy_s / 1e9
-    rows = [("device copy", "-", "-", copy_gbs)]
-    rows.append(("torch .to(bfloat16).float()", "bf16", "nearest",
-                 (4 + 2 + 2 + 4) * n / cuda_time(lambda: x.to(torch.bfloat16).float(),
-                                                  args.repeats) / 1e9))
-    try:
-        from qtorch.quant import float_quantize
-    except Exception as error:  # qtorch's CUDA extension may not build on this machine
-        float_quantize = None
-        print(f"qtorch unavailable: {error}", file=sys.stderr)
+    float_quantize = load_qtorch(not args.no_qtorch)
+
+    copy_gbs = 8 * n / cuda_time(lambda: y.copy_(x), args.repeats) / 1e9
+    rows = []
+
+    def row(kernel, fmt, mode, bytes_per_element, fn):
+        gbs = bytes_per_element * n / cuda_time(fn, args.repeats) / 1e9
+        rows.append({"kernel": kernel, "format": fmt, "mode": mode, "GBps": gbs,
+                     "ratio": gbs / copy_gbs})
+
+    row("device copy", "-", "-", 8, lambda: y.copy_(x))
+    row("torch .to(bfloat16).float()", "bf16", "nearest", 4 + 2 + 2 + 4,
+        lambda: x.to(torch.bfloat16).float())
     for name, (e, m) in FORMATS.items():
         for mode in MODES:
-            seconds = cuda_time(lambda: lpsim_cuda.quantize(x, name, mode, seed=1, out=y),
-                                args.repeats)
-            rows.append(("lpsim_cuda", name, mode, moved / seconds / 1e9))
+            row("lpsim_cuda", name, mode, 8,
+                lambda: lpsim_cuda.quantize(x, name, mode, seed=1, out=y))
             if float_quantize is not None:
-                seconds = cuda_time(lambda: float_quantize(x, e, m, rounding=mode),
-                                    args.repeats)
-                rows.append(("qtorch float_quantize", name, mode, moved / seconds / 1e9))
+                row("qtorch float_quantize", name, mode, 8,
+                    lambda: float_quantize(x, e, m, rounding=mode))
     packed = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    seconds = cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", "stochastic", seed=1,
-                                                    out=packed, storage="bfloat16"),
-                        args.repeats)
-    rows.append(("lpsim_cuda SR store fp32->bf16", "bf16", "stochastic", 6 * n / seconds / 1e9))
-    tiny = torch.randn(1, device="cuda")
-    launch_us = cuda_time(lambda: lpsim_cuda.quantize(tiny, "bf16", out=tiny), 200) * 1e6
+    row("lpsim_cuda SR store fp32->bf16", "bf16", "stochastic", 4 + 2,
+        lambda: lpsim_cuda.quantize(x, "bf16", "stochastic", seed=1, out=packed,
+                                    storage="bfloat16"))
+    row("torch x.to(bfloat16)", "bf16", "nearest", 4 + 2, lambda: x.to(torch.bfloat16))
 
-    print(f"# lpsim GPU rounding, {datetime.date.today()}, {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}, python {platform.python_version()}")
-    print(f"# command: python benchmarks/bench_quantize_gpu.py --log2n {args.log2n}")
-    print(f"# n = 2**{args.log2n} float32; GB/s counts bytes read + written")
+    tiny = torch.randn(1, device="cuda")
+    overhead = {
+        "lpsim_cuda nearest, in place": wall_time(
+            lambda: lpsim_cuda.quantize(tiny, "bf16", out=tiny), 1000),
+        "lpsim_cuda stochastic, in place": wall_time(
+            lambda: lpsim_cuda.quantize(tiny, "bf16", "stochastic", seed=1, out=tiny), 1000),
+        "torch t.add_(0)": wall_time(lambda: tiny.add_(0), 1000),
+    }
+    lines = verdicts(rows, float_quantize is not None)
+
+    device = torch.cuda.get_device_name()
+    today = str(datetime.date.today())
+    print(f"# lpsim GPU rounding, {today}, {device}, "
+          + ", ".join(f"{k} {v}" for k, v in versions().items()))
+    print(f"# command: {command}")
+    print(f"# n = 2**{args.log2n} float32; GB/s counts bytes read + written; median of "
+          f"{args.repeats} CUDA-event timings")
     print(f"{'kernel':32s} {'format':10s} {'mode':11s} {'GB/s':>8s} {'vs copy':>8s}")
-    for kernel, fmt, mode, gbs in rows:
-        print(f"{kernel:32s} {fmt:10s} {mode:11s} {gbs:8.1f} {gbs / copy_gbs:8.2f}")
-    print(f"launch overhead (1 element, in place): {launch_us:.1f} us")
+    for r in rows:
+        print(f"{r['kernel']:32s} {r['format']:10s} {r['mode']:11s} {r['GBps']:8.1f} "
+              f"{r['ratio']:8.2f}")
+    print("# wall-clock per call on a 1-element tensor (1000 calls, then synchronize; best of 5)")
+    for name, seconds in overhead.items():
+        print(f"{name:44s} {seconds * 1e6:8.1f} us")
+    print("# targets: nearest >= 0.80 and stochastic >= 0.70 of copy, faster than qtorch")
+    for line in lines:
+        print(line)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"device": torch.cuda.get_device_name(), "date": str(datetime.date.today()),
-                       "launch_us": launch_us,
-                       "rows": [dict(zip(("kernel", "format", "mode", "GBps"), r)) for r in rows]},
-                      handle, indent=1)
+            json.dump({"device": device, "date": today, "command": command, "n": n,
+                       "versions": versions(), "copy_GBps": copy_gbs, "rows": rows,
+                       "launch_overhead_us": {k: v * 1e6 for k, v in overhead.items()},
+                       "verdicts": lines}, handle, indent=1)
     return 0
 
 

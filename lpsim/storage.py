@@ -7,6 +7,7 @@ store that low-precision optimizers need, done in one pass on the GPU.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -44,18 +45,37 @@ NO_PACKING = StorageParams(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def storage_name(storage) -> str:
-    """Normalise a storage spec (torch/ml_dtypes dtype or name) to a STORAGE key."""
-    name = str(storage).replace("torch.", "")
+    """Normalise a storage spec to a STORAGE key: a name, a torch dtype or a numpy/ml_dtypes dtype.
+
+    Accepted: "bfloat16" (or "bf16"), "float16" ("fp16", "half"), "float8_e5m2",
+    "float8_e4m3fn", torch.bfloat16 etc., ml_dtypes.bfloat16 etc. and np.float16.
+    """
+    if isinstance(storage, str):
+        name = storage
+    elif type(storage).__module__ == "torch":
+        name = str(storage).replace("torch.", "")
+    else:
+        try:
+            name = np.dtype(storage).name          # numpy and ml_dtypes scalar types
+        except TypeError:
+            name = None
     name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(name, name)
     if name not in STORAGE:
-        raise ValueError(f"unknown storage {storage!r}; accepted: {', '.join(STORAGE)}")
+        raise ValueError(f"unknown storage {storage!r}; accepted: {', '.join(STORAGE)} (names, "
+                         "torch dtypes or numpy/ml_dtypes dtypes)")
     return name
 
 
 def storage_params(fmt, storage, dtype) -> StorageParams:
-    """Validate that ``storage`` holds every result of ``fmt`` and return the packer's params."""
-    fmt = parse_format(fmt)
-    name = storage_name(storage)
+    """Validate that ``storage`` holds every result of ``fmt`` and return the packer's params.
+
+    Cached per (format, storage, container dtype): the GPU path asks on every call.
+    """
+    return _storage_params(parse_format(fmt), storage_name(storage), np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _storage_params(fmt: Format, name: str, dtype: np.dtype) -> StorageParams:
     target, width = STORAGE[name]
     problems = []
     if fmt.m > target.m or fmt.emax > target.emax or fmt.max_finite > target.max_finite:
@@ -67,11 +87,11 @@ def storage_params(fmt, storage, dtype) -> StorageParams:
                         "specials='saturate' or 'fn')")
     if problems:
         raise ValueError(f"storage {name} cannot hold format {fmt!r}: {'; '.join(problems)}")
-    M, EB, CEMIN, EMAXF = CONTAINERS[np.dtype(dtype)]
+    M, EB, CEMIN, EMAXF = CONTAINERS[dtype]
     inf_code = ((2 ** target.e - 1) << target.m) if target.has_inf else 0
     nan_code = (2 ** target.e - 1) << target.m | (2 ** target.m - 1 if name == "float8_e4m3fn"
                                                  else 1 << (target.m - 1))
-    return StorageParams(width, M, EB, EMAXF, (1 << (8 * np.dtype(dtype).itemsize - 1)) - 1,
+    return StorageParams(width, M, EB, EMAXF, (1 << (8 * dtype.itemsize - 1)) - 1,
                          (target.emin - target.m) - (CEMIN - M), target.m, target.bias,
                          target.emin, inf_code, nan_code)
 

@@ -1,41 +1,52 @@
-"""lpsim_cuda against the CPU simulator: bit-identical outputs and counters.
+"""lpsim_cuda against the CPU simulator: bit-identical outputs and counters, and its errors.
 
 Runs under NUMBA_ENABLE_CUDASIM=1 (set by conftest) on small arrays of every format's edge
-cases; with LPSIM_TEST_GPU=1 on a GPU machine the same tests run on the device, plus a
-2**24-element random check per format and mode.
+cases; with LPSIM_TEST_GPU=1 on a GPU machine the same tests run on the device (and
+test_cuda_gpu.py adds torch, stream, graph and 2**24-element checks).
 """
 
-import os
-
+import ml_dtypes
 import numpy as np
 import pytest
-from numba import config, cuda
+import torch
+from numba import cuda
 
 import lpsim
 import lpsim_cuda
 from lpsim.rounding import MODES
 from lpsim.storage import pack
 
-ON_GPU = not config.ENABLE_CUDASIM
 FORMATS = ["bf16", "e4m3fn", "fp(4,3,4)", "e5m2"]
+#: the special-value policies crossed with every mode (ieee with subnormals: FORMATS)
+POLICIES = {
+    "saturate": dict(specials="saturate"),
+    "fn": dict(specials="fn"),
+    "fn-saturate": dict(specials="fn", saturate=True),
+    "no-subnormals": dict(subnormals=False),
+}
 
 
 def edge_cases(fmt, dtype):
-    """Ties, subnormals, overflow, NaN, inf and +-0 of ``fmt``, held in ``dtype``."""
+    """Ties, subnormals, overflow (its tie included), NaN, inf and +-0 of ``fmt`` in ``dtype``,
+    and the container's neighbours of each on both sides."""
     fmt = lpsim.parse_format(fmt)
     ulp_min = fmt.min_subnormal
+    top_quantum = 2.0 ** (fmt.emax - fmt.m)
     values = [0.0, fmt.min_normal, ulp_min, 1.5 * ulp_min, 0.5 * ulp_min, 0.25 * ulp_min,
-              fmt.max_finite, fmt.max_finite * (1 + fmt.epsilon / 4),
-              fmt.max_finite * (1 + fmt.epsilon), 2 * fmt.max_finite, np.inf, np.nan,
+              fmt.max_finite, fmt.max_finite + top_quantum / 2,    # the overflow tie
+              fmt.max_finite + top_quantum / 4, fmt.max_finite * (1 + fmt.epsilon),
+              2 * fmt.max_finite, np.inf, np.nan,
               1 + fmt.epsilon / 2, 1 + 1.5 * fmt.epsilon, 1 + fmt.epsilon / 3,
               fmt.min_normal * (1 - fmt.epsilon / 2), 3.0, 0.1]
-    finite = np.array(values, dtype=np.float64)
     with np.errstate(over="ignore"):
-        both = np.concatenate([finite, -finite]).astype(dtype)
-    return np.concatenate([both, np.nextafter(both, np.inf, dtype=dtype)])
+        finite = np.array(values, dtype=np.float64).astype(dtype)
+    both = np.concatenate([finite, -finite])
+    return np.concatenate([both, np.nextafter(both, np.inf, dtype=dtype),
+                           np.nextafter(both, -np.inf, dtype=dtype)])
 
 
 def check_same(x, fmt, rounding, **kw):
+    """lpsim_cuda on a device copy of x equals lpsim.quantize bit for bit, counters too."""
     cpu_stats, gpu_stats = lpsim.RoundingStats(), lpsim.RoundingStats()
     expected = lpsim.quantize(x, fmt, rounding, stats=cpu_stats, **kw)
     got = lpsim_cuda.quantize(cuda.to_device(x), fmt, rounding, stats=gpu_stats,
@@ -44,7 +55,15 @@ def check_same(x, fmt, rounding, **kw):
     mismatch = np.flatnonzero(expected.view(bits) != got.view(bits))
     assert mismatch.size == 0, (fmt, rounding, x[mismatch[:5]], expected[mismatch[:5]],
                                 got[mismatch[:5]])
-    assert cpu_stats == gpu_stats
+    assert cpu_stats == gpu_stats, (fmt, rounding, cpu_stats, gpu_stats)
+
+
+def test_edge_cases_hold_the_overflow_tie_and_its_neighbours():
+    fmt = lpsim.parse_format("e4m3fn")
+    x = edge_cases(fmt, np.float32)
+    tie = np.float32(fmt.max_finite + 2.0 ** (fmt.emax - fmt.m - 1))
+    assert tie == 464 and {tie, np.nextafter(tie, np.float32(np.inf)),
+                           np.nextafter(tie, np.float32(0))} <= set(x.tolist())
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -57,13 +76,14 @@ def test_every_mode_matches_cpu(rounding, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("specials", ["ieee", "saturate", "fn"])
-@pytest.mark.parametrize("subnormals", [True, False])
-def test_policies_match_cpu(specials, subnormals, dtype):
-    fmt = lpsim.fp(4, 3, 2, specials=specials, subnormals=subnormals)
-    x = edge_cases(fmt, dtype)
-    for rounding in ["nearest", "up", "toward_zero", "stochastic"]:
-        check_same(x, fmt, rounding, seed=11, sr_bits=5 if rounding == "stochastic" else None)
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("rounding", list(MODES))
+def test_policies_match_cpu_in_every_mode(rounding, policy, dtype):
+    fmt = lpsim.fp(4, 3, 2, **POLICIES[policy])
+    kw = {"seed": 11} if rounding.startswith("stochastic") else {}
+    if rounding == "stochastic":
+        kw["sr_bits"] = 5
+    check_same(edge_cases(fmt, dtype), fmt, rounding, **kw)
 
 
 def test_offset_and_in_place_match_cpu():
@@ -88,34 +108,71 @@ def test_packed_storage_matches_cpu_pack(storage, fmt):
     expected = pack(lpsim.quantize(x, fmt, "stochastic", seed=9), storage, fmt)
     got = lpsim_cuda.quantize(cuda.to_device(x), fmt, "stochastic", seed=9, storage=storage)
     assert np.array_equal(got.copy_to_host(), expected)
+    # an ml_dtypes dtype names the storage too, and out= takes unsigned codes
+    out = cuda.to_device(np.zeros(x.shape, np.uint16 if expected.itemsize == 2 else np.uint8))
+    lpsim_cuda.quantize(cuda.to_device(x), fmt, "stochastic", seed=9, out=out,
+                        storage=getattr(ml_dtypes, storage, np.float16))
+    assert np.array_equal(out.copy_to_host().view(expected.dtype), expected)
+
+
+def test_grid_stride_loop_covers_more_than_one_grid(monkeypatch):
+    monkeypatch.setattr(lpsim_cuda.launch, "GRID_LIMIT", 1)    # 32 threads for 600 blocks
+    x = np.concatenate([edge_cases("e5m2", np.float64)] * 20)
+    check_same(x, "e5m2", "stochastic", seed=2, offset=3)
+
+
+def test_empty_arrays_round_to_empty():
+    stats = lpsim.RoundingStats()
+    got = lpsim_cuda.quantize(cuda.to_device(np.zeros(0, np.float32)), "bf16", stats=stats)
+    assert got.shape == (0,) and stats.as_dict() == dict.fromkeys(stats.as_dict(), 0)
 
 
 def test_errors_name_the_problem():
+    x = cuda.to_device(np.zeros(4, np.float32))
     with pytest.raises(TypeError, match="host memory"):
         lpsim_cuda.quantize(np.zeros(4, np.float32), "bf16")
-    with pytest.raises(TypeError, match="float32, float64"):
+    with pytest.raises(TypeError, match="dtype int32; accepted: float32, float64"):
         lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.int32)), "bf16")
+    with pytest.raises(TypeError, match="of type list is not a CUDA array"):
+        lpsim_cuda.quantize([1.0], "bf16")
+    with pytest.raises(ValueError, match=r"x is not C-contiguous \(shape \(4,\), strides \(8,\)"):
+        lpsim_cuda.quantize(cuda.to_device(np.zeros(8, np.float32))[::2], "bf16")
     with pytest.raises(ValueError, match="out must have shape"):
-        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16",
-                            out=cuda.to_device(np.zeros(5, np.float32)))
+        lpsim_cuda.quantize(x, "bf16", out=cuda.to_device(np.zeros(5, np.float32)))
+    with pytest.raises(ValueError, match="out has dtype float64; it must be x's float32"):
+        lpsim_cuda.quantize(x, "bf16", out=cuda.to_device(np.zeros(4, np.float64)))
     with pytest.raises(ValueError, match="storage float16 cannot hold"):
-        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16", storage="float16")
-    with pytest.raises(ValueError, match="packed 16-bit storage"):
-        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "bf16", storage="bfloat16",
-                            out=cuda.to_device(np.zeros(4, np.float32)))
+        lpsim_cuda.quantize(x, "bf16", storage="float16")
+    with pytest.raises(ValueError, match="unknown storage 'int8'"):
+        lpsim_cuda.quantize(x, "bf16", storage="int8")
+    with pytest.raises(ValueError, match="out has dtype float32; storage='bfloat16' writes "
+                                         "packed 16-bit codes, so out must be an int16"):
+        lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=x)
     with pytest.raises(ValueError, match="does not fit"):
-        lpsim_cuda.quantize(cuda.to_device(np.zeros(4, np.float32)), "fp64")
+        lpsim_cuda.quantize(x, "fp64")
 
 
-@pytest.mark.skipif(not ON_GPU or os.environ.get("LPSIM_TEST_GPU") != "1",
-                    reason="needs a real GPU (LPSIM_TEST_GPU=1)")
-def test_large_random_matches_cpu_on_gpu():
-    rng = np.random.default_rng(0)
-    bits = rng.integers(0, 2 ** 32, 1 << 24, dtype=np.uint64).astype(np.uint32)
-    for fmt in FORMATS + ["fp(6,9,0)", "fp16"]:
-        x = np.concatenate([bits.view(np.float32), edge_cases(fmt, np.float32)])
-        for rounding in MODES:
-            check_same(x, fmt, rounding, seed=1234)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e5m2,
+                                   torch.float8_e4m3fn, torch.int32])
+def test_torch_dtypes_outside_float32_float64_are_refused_by_name(dtype):
+    with pytest.raises(TypeError, match=f"x has dtype {dtype}; lpsim_cuda rounds torch.float32 "
+                                        "and torch.float64 tensors"):
+        lpsim_cuda.quantize(torch.zeros(4).to(dtype), "bf16")
+
+
+def test_torch_out_must_match_the_storage_dtype():
+    x = cuda.to_device(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="out has dtype torch.float16; storage='bfloat16' writes "
+                                         "torch.bfloat16 values, so out must be a "
+                                         "torch.bfloat16 tensor$"):
+        lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=torch.zeros(4, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"out has dtype torch.float32; .* \(drop storage= to get "
+                                         "torch.float32 results\\)"):
+        lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=torch.zeros(4))
+    with pytest.raises(ValueError, match="x holds torch.float32 values, so out must be"):
+        lpsim_cuda.quantize(x, "bf16", out=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="out is a CPU torch tensor"):
+        lpsim_cuda.quantize(x, "bf16", out=torch.zeros(4))
 
 
 def test_warmup_compiles_every_specialisation():

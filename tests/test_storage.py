@@ -1,11 +1,12 @@
-"""Packing rounded values into native storage equals torch's and ml_dtypes' own encodings."""
+"""Packing rounded values into native storage equals torch's and ml_dtypes' own encodings;
+storage specs (names, torch and numpy/ml_dtypes dtypes) normalise to one name."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import lpsim
-from lpsim.storage import pack
+from lpsim.storage import pack, storage_name, storage_params
 
 CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
          ("float8_e5m2", "e5m2", ml_dtypes.float8_e5m2),
@@ -45,3 +46,26 @@ def test_storage_must_hold_the_format():
         ml_dtypes.float8_e4m3fn).astype(np.float32), np.array([448, -0.3125, 0]))
     with pytest.raises(ValueError, match="unknown storage 'int8'"):
         pack(np.zeros(3, np.float32), "int8", "bf16")
+
+
+@pytest.mark.parametrize("spec, name", [
+    ("bf16", "bfloat16"), ("half", "float16"), ("float8_e5m2", "float8_e5m2"),
+    (ml_dtypes.bfloat16, "bfloat16"), (ml_dtypes.float8_e4m3fn, "float8_e4m3fn"),
+    (np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2"), (np.float16, "float16")])
+def test_storage_name_takes_names_and_numpy_ml_dtypes_dtypes(spec, name):
+    assert storage_name(spec) == name
+
+
+def test_storage_name_takes_torch_dtypes_and_refuses_others_by_name():
+    torch = pytest.importorskip("torch")
+    assert storage_name(torch.float8_e4m3fn) == "float8_e4m3fn"
+    for bad in (np.float32, ml_dtypes.float8_e4m3fnuz, torch.int8, 3):
+        with pytest.raises(ValueError, match=f"unknown storage {bad!r}; accepted: bfloat16"):
+            storage_name(bad)
+
+
+def test_storage_params_are_cached_per_format_storage_and_container():
+    first = storage_params("e4m3fn", "float8_e4m3fn", np.float32)
+    assert storage_params(lpsim.parse_format("e4m3fn"), ml_dtypes.float8_e4m3fn,
+                          "float32") is first
+    assert storage_params("e4m3fn", "float8_e4m3fn", np.float64) is not first

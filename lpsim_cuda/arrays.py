@@ -1,0 +1,144 @@
+"""The CUDA arrays lpsim_cuda takes (torch tensors, CuPy and other CUDA-array-interface
+arrays, numba device arrays), checked and seen as flat integer views of their bits.
+
+Why: one place checks kind, dtype, contiguity, shape and device, so every error names the
+bad value and what is accepted; torch tensors are viewed straight from their data pointer
+(no interface dict, which torch cannot even write for bfloat16 or float8) and other arrays
+without numba's stream synchronisation, so a launch costs no host round trip.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda
+
+from lpsim.storage import STORAGE
+
+from . import launch
+from .launch import is_torch
+
+#: the integer type of each element width in bytes: kernels read and write bit patterns
+BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+KINDS = "torch CUDA tensors, CuPy arrays, numba device arrays"
+
+
+class Source(NamedTuple):
+    """The array being rounded, as the kernel sees it."""
+
+    bits: object        # 1-D numba device array of BITS[itemsize] over its memory
+    dtype: np.dtype     # float32 or float64
+    shape: tuple
+    stream: object      # where its data is ready: the launch goes there
+    device: int
+
+
+def source(x, name: str = "x") -> Source:
+    """Check that ``x`` is a C-contiguous float32/float64 CUDA array and view it."""
+    if is_torch(x):
+        import torch
+        if x.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{name} has dtype {x.dtype}; lpsim_cuda rounds torch.float32 and "
+                            "torch.float64 tensors (to store bfloat16, float16 or float8, round "
+                            "a float32 tensor with storage=...)")
+        _check_torch(x, name)
+        dtype = np.dtype(str(x.dtype).replace("torch.", ""))
+        return Source(_torch_bits(x), dtype, tuple(x.shape), launch.torch_stream(x.device),
+                      x.device.index)
+    array, stream = _numba_array(x, name)
+    if array.dtype not in FLOATS:
+        raise TypeError(f"{name} has dtype {array.dtype}; accepted: float32, float64 (cast "
+                        "integer or half-precision data to float32 first)")
+    return Source(_flat_bits(array), array.dtype, tuple(array.shape), stream,
+                  launch.current_device())
+
+
+def target(out, like: Source, storage: str | None, name: str = "out"):
+    """Check ``out`` against the source and the storage, and view its bits.
+
+    Without storage, out has x's dtype; with it, out is a tensor of that torch dtype (torch)
+    or an integer array of its width (other kinds: they have no bfloat16/float8 types).
+    """
+    if is_torch(out):
+        import torch
+        want = getattr(torch, storage if storage else like.dtype.name)
+        if out.dtype != want:
+            hint = (f" (drop storage= to get {out.dtype} results)"
+                    if storage and out.dtype in (torch.float32, torch.float64) else "")
+            writes = f"storage={storage!r} writes" if storage else "x holds"
+            raise ValueError(f"{name} has dtype {out.dtype}; {writes} {want} values, so {name} "
+                            f"must be a {want} tensor{hint}")
+        _check_torch(out, name)
+        if out.device.index != like.device:
+            raise ValueError(f"{name} is on {out.device} but x is on cuda:{like.device}")
+        bits, shape = _torch_bits(out), tuple(out.shape)
+    else:
+        array, _ = _numba_array(out, name)
+        if storage is None and array.dtype != like.dtype:
+            raise ValueError(f"{name} has dtype {array.dtype}; it must be x's {like.dtype} (or "
+                            "pass storage= to write packed values)")
+        width = STORAGE[storage][1] if storage else None
+        if storage and (array.dtype.kind not in "iu" or array.dtype.itemsize * 8 != width):
+            raise ValueError(f"{name} has dtype {array.dtype}; storage={storage!r} writes packed "
+                            f"{width}-bit codes, so {name} must be an int{width} or uint{width} "
+                            f"array (a torch.{storage} tensor for torch)")
+        bits, shape = _flat_bits(array), tuple(array.shape)
+    if shape != like.shape:
+        raise ValueError(f"{name} must have shape {like.shape}, got {shape}")
+    return bits
+
+
+def new_output(x, like: Source, storage: str | None):
+    """A fresh output of x's kind: x's dtype, or the storage's (torch) or integer codes."""
+    if is_torch(x):
+        import torch
+        if storage is None:
+            return torch.empty_like(x)
+        return torch.empty(x.shape, dtype=getattr(torch, storage), device=x.device)
+    if storage is None:
+        return cuda.device_array(like.shape, like.dtype)
+    return cuda.device_array(like.shape, BITS[STORAGE[storage][1] // 8])
+
+
+def _check_torch(t, name: str) -> None:
+    if not t.is_cuda:
+        raise TypeError(f"{name} is a CPU torch tensor; lpsim_cuda takes {KINDS} "
+                        "(lpsim.quantize rounds CPU tensors and numpy arrays)")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is a non-contiguous CUDA tensor (shape {tuple(t.shape)}, "
+                         f"strides {t.stride()}); pass {name}.contiguous()")
+
+
+def _torch_bits(t):
+    """A numba view of a contiguous CUDA tensor's memory as flat integers of its width."""
+    desc = {"shape": (t.numel(),), "strides": None, "data": (t.data_ptr(), False),
+            "typestr": np.dtype(BITS[t.element_size()]).str, "version": 2}
+    return cuda.from_cuda_array_interface(desc, owner=t, sync=False)
+
+
+def _numba_array(x, name: str):
+    """A numba device array of ``x`` (numba or CUDA-array-interface) and its data's stream."""
+    if cuda.devicearray.is_cuda_ndarray(x):
+        array, stream = x, getattr(x, "stream", 0) or 0
+    elif hasattr(x, "__cuda_array_interface__"):
+        desc = x.__cuda_array_interface__
+        # the interface's stream (v3) is where the data is ready: launch there rather than
+        # have numba synchronise it
+        array = cuda.from_cuda_array_interface({**desc, "stream": None}, owner=x, sync=False)
+        stream = launch.external_stream(desc.get("stream"))
+    elif isinstance(x, np.ndarray):
+        raise TypeError(f"{name} is a numpy array in host memory; lpsim_cuda takes {KINDS}; "
+                        "use lpsim.quantize for host arrays")
+    else:
+        raise TypeError(f"{name} of type {type(x).__name__} is not a CUDA array; accepted: "
+                        f"{KINDS}")
+    if not array.is_c_contiguous():
+        raise ValueError(f"{name} is not C-contiguous (shape {tuple(array.shape)}, strides "
+                         f"{tuple(array.strides)}); pass a contiguous copy")
+    return array, stream
+
+
+def _flat_bits(array):
+    return array.reshape(array.size).view(BITS[array.dtype.itemsize])

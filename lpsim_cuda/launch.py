@@ -1,0 +1,87 @@
+"""Where a launch goes: its device, its stream, and the size of its grid.
+
+Why: a launch must order with the caller's work (torch's current stream, a CuPy array's
+stream) and size its grid to the device; both rest on facts worth looking up once (the SM
+count, numba's wrapper of a foreign stream), so they are cached here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+#: threads per block; the simulator runs each thread as a Python thread, so it gets fewer
+THREADS = 32 if SIMULATOR else 128
+#: resident blocks per SM the grid aims at: enough loads in flight to cover memory latency
+BLOCKS_PER_SM = 8
+#: the simulator's grid: each block costs tens of milliseconds there; two blocks still run
+#: the cross-block atomics and the grid-stride loop
+SIMULATOR_BLOCKS = 2
+#: a cap on the grid in blocks (None: from the device); tests lower it to run the
+#: grid-stride loop many times over
+GRID_LIMIT: int | None = None
+
+
+def is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def grid_size(nblocks: int, device: int) -> int:
+    """Blocks for ``nblocks`` Philox blocks (one per thread and pass of the grid-stride loop)."""
+    cap = GRID_LIMIT or _device_blocks(device)
+    return max(1, min(cap, -(-nblocks // THREADS)))
+
+
+@functools.cache
+def _device_blocks(device: int) -> int:
+    # the caller runs on ``device`` (device_of), so the current device is the one asked about
+    if SIMULATOR:
+        return SIMULATOR_BLOCKS
+    return BLOCKS_PER_SM * cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def device_of(x):
+    """A context that makes x's device current when it is a torch tensor on another one."""
+    if is_torch(x) and x.is_cuda:
+        import torch
+        if x.device.index != torch.cuda.current_device():
+            return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+def current_device() -> int:
+    """The id of numba's current device (0 under the simulator)."""
+    return 0 if SIMULATOR else cuda.get_current_device().id
+
+
+def torch_stream(device):
+    """torch's current stream on ``device``, as a stream numba launches on."""
+    import torch
+    return external_stream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def external_stream(handle):
+    """numba's stream for a foreign stream handle (a CUDA array interface's "stream" value).
+
+    None, 0 and 1 (the legacy default stream) give numba's default stream 0; wrappers of
+    other handles are cached, so a launch does not build one each time.
+    """
+    if handle is None or handle in (0, 1):
+        return 0
+    return _wrap_stream(int(handle))
+
+
+@functools.lru_cache(maxsize=64)
+def _wrap_stream(handle: int):
+    return cuda.external_stream(handle)
+
+
+def capturing(x) -> bool:
+    """Whether a launch for ``x`` is being captured into a CUDA graph (torch.cuda.graph)."""
+    if is_torch(x):
+        import torch
+        return torch.cuda.is_current_stream_capturing()
+    return False
