@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lpsim.casgd import RECIPES, casgd_step, local_error_bound, normalize_rows
-from lpsim.casgd.recipes import FP32
+from lpsim.casgd import RECIPES, casgd_step, local_error_bound, local_error_bounds, normalize_rows
+from lpsim.casgd.recipes import FP32, Rounder
 
 
 def problem(seed, sb, n, loss, x_scale):
@@ -20,26 +20,46 @@ def problem(seed, sb, n, loss, x_scale):
     return Y, x, y
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(seed=st.integers(0, 2 ** 32 - 1), b=st.sampled_from([1, 2, 4]), s=st.integers(1, 4),
-       n=st.integers(4, 48), P=st.sampled_from([1, 2]), eta=st.floats(0.05, 2.0),
-       loss=st.sampled_from(["logistic", "linear"]), x_scale=st.floats(0.0, 2.0))
+def _by_weight_format():
+    """Recipe keys grouped by u_x: recipes sharing u_x start from the same rounded x."""
+    groups = {}
+    for key in "ABCDEFGHI":
+        groups.setdefault(RECIPES[key].u_x, []).append(key)
+    return groups
+
+
+# 30 examples up to (b, s, n) = (16, 8, 256) with P <= 4, plus the paper's (b, s) = (32, 16)
+# at P = 16 (6 s of the ~15 s on 2 cores).  Every recipe whose bound is valid (Omega <= 1/2)
+# must stay below Theorem 5.7's total (remainder with C_loc = 1); the examples are fixed
+# (derandomized profile), so a failure is reproducible, not a chance event.
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2 ** 32 - 1), b=st.sampled_from([1, 2, 4, 8, 16]),
+       s=st.integers(1, 8), n=st.integers(4, 256), P=st.sampled_from([1, 2, 4]),
+       eta=st.floats(0.05, 2.0), loss=st.sampled_from(["logistic", "linear"]),
+       x_scale=st.floats(0.0, 2.0))
+@example(seed=7, b=32, s=16, n=64, P=16, eta=0.5, loss="logistic", x_scale=1.0)
 def test_measured_local_error_below_bound(seed, b, s, n, P, eta, loss, x_scale):
     Y, x, y = problem(seed, s * b, n, loss, x_scale)
-    for key in "ABCDEFGHI":
-        recipe = RECIPES[key]
-        x0 = np.asarray(_round(x, recipe), np.float64)   # the same x in both recurrences
-        bound = local_error_bound(Y, x0, y, eta, b, s, P, recipe, loss=loss)
-        assume(bound.valid)
+    checked = []
+    for u_x, keys in _by_weight_format().items():
+        x0 = np.asarray(Rounder().slot(x, u_x), np.float64)   # the same x in both recurrences
         exact = casgd_step(Y, y, x0, eta, b, s, "fp64", loss=loss, P=P)
-        got = np.asarray(casgd_step(Y, y, x0, eta, b, s, recipe, loss=loss, P=P), np.float64)
-        err = np.linalg.norm(got - exact)
-        assert err <= bound.total, (key, err, bound.terms)
+        for key, bound in zip(keys, local_error_bounds(Y, x0, y, eta, b, s, P, keys, loss=loss)):
+            if not bound.valid:       # outside Theorem 5.7's hypotheses: no claim
+                continue
+            got = casgd_step(Y, y, x0, eta, b, s, key, loss=loss, P=P)
+            err = np.linalg.norm(np.asarray(got, np.float64) - exact)
+            assert err <= bound.total, (key, err, bound.terms)
+            checked.append(key)
+    assert "A" in checked
 
 
-def _round(x, recipe):
-    from lpsim.casgd.recipes import Rounder
-    return Rounder().slot(x, recipe.u_x)
+def test_bounds_of_several_recipes_match_one_at_a_time():
+    Y, x, y = problem(5, 4 * 8, 40, "linear", 1.0)
+    together = local_error_bounds(Y, x, y, 0.3, 4, 8, 2, "AGHI", loss="linear")
+    for key, bound in zip("AGHI", together):
+        alone = local_error_bound(Y, x, y, 0.3, 4, 8, 2, key, loss="linear")
+        assert bound.terms == alone.terms and bound.total == alone.total
 
 
 @pytest.fixture(scope="module")

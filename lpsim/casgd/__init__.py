@@ -1,6 +1,6 @@
 """CA-SGD for generalized linear models with nine precision slots (Devarakonda et al. 2026)."""
 
-from .bound import LocalErrorBound, higham_gamma, local_error_bound
+from .bound import LocalErrorBound, higham_gamma, local_error_bound, local_error_bounds
 from .cost import cost_model
 from .data import load_dataset, load_libsvm, make_synth, normalize_rows
 from .estimators import CASGDClassifier, CASGDRegressor
@@ -11,6 +11,6 @@ from .tuning import EtaSweep, sweep_eta
 
 __all__ = ["casgd", "sgd", "casgd_step", "Result", "block_columns", "Recipe", "Slot", "RECIPES",
            "SLOTS", "as_recipe", "LOSSES", "Loss", "get_loss", "local_error_bound",
-           "LocalErrorBound", "higham_gamma", "cost_model", "make_synth", "load_libsvm",
-           "load_dataset", "normalize_rows", "CASGDClassifier", "CASGDRegressor",
-           "sweep_eta", "EtaSweep"]
+           "local_error_bounds", "LocalErrorBound", "higham_gamma", "cost_model", "make_synth",
+           "load_libsvm", "load_dataset", "normalize_rows", "CASGDClassifier",
+           "CASGDRegressor", "sweep_eta", "EtaSweep"]

@@ -9,7 +9,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from .losses import get_loss
-from .recipes import RECIPES, SLOTS, Rounder, Slot, as_recipe
+from .recipes import RECIPES, SLOTS, Recipe, Rounder, Slot, as_recipe
 from .solvers import block_columns, check_data, check_eta, check_int, outer_iteration
 
 
@@ -20,7 +20,8 @@ def higham_gamma(q: int, u: float) -> float:
 
 def kernel_gamma(slot: Slot, q: int) -> float:
     """Higham factor of a length-q GEMM/GEMV at a slot: gamma_q(u) for one format, else
-    2 u_in + gamma_q(u_acc) (Eq. (8)), plus u_out when the result is rounded narrower."""
+    2 u_in + gamma_q(u_acc) (Eq. (8)), plus u_out when the result is rounded narrower (the
+    BF16 margin output of Table 1; the paper folds that cast into C(P) u_AR_r)."""
     u_in, u_acc, u_out = (f.unit_roundoff for f in (slot.fmt, slot.acc_fmt, slot.out_fmt))
     gamma = higham_gamma(q, u_acc)
     if slot.fmt != slot.acc_fmt:
@@ -72,10 +73,21 @@ def local_error_bound(Y, x, y, eta: float, b: int, s: int, P: int, recipe="C", *
     C: the AllReduce constant C(P) (default the worst-case 2.4 P, Assumption 5.4).  C_delta:
     the residual kernel constant of Assumption 5.2.  The total adds the remainder bound
     C_loc * Omega * sum(E); ``valid`` is False outside the theorem's hypotheses (a Higham
-    factor with qu >= 1, or Omega > 1/2).  For Poisson (outside the theorem) L_sigma and
-    D_delta are the local values max exp(z) on the exact margins.
+    factor with qu >= 1, or Omega > 1/2).  u_c is the unit roundoff of every operation of
+    the correction (gamma_{(s-1)b}(u_c) in omega), as :func:`casgd` simulates it.  For
+    Poisson (outside the theorem) L_sigma and D_delta are the local values max exp(z) on the
+    exact margins.
     """
-    recipe, loss = as_recipe(recipe), get_loss(loss)
+    return local_error_bounds(Y, x, y, eta, b, s, P, [recipe], loss=loss, C=C,
+                              C_delta=C_delta, C_loc=C_loc)[0]
+
+
+def local_error_bounds(Y, x, y, eta: float, b: int, s: int, P: int, recipes, *,
+                       loss="logistic", C=None, C_delta: float = 4.0,
+                       C_loc: float = 1.0) -> list[LocalErrorBound]:
+    """:func:`local_error_bound` for each of ``recipes`` on one block: the exact recurrence,
+    K_s and the T_* of Eqs. (3)-(4) do not depend on the recipe and are computed once."""
+    recipes, loss = [as_recipe(r) for r in recipes], get_loss(loss)
     b, s, eta, P = check_int("b", b), check_int("s", s), check_eta(eta), check_int("P", P)
     Y, y = check_data(Y, y, loss)
     Y = np.asarray(Y, np.float64)
@@ -102,6 +114,7 @@ def local_error_bound(Y, x, y, eta: float, b: int, s: int, P: int, recipe="C", *
     G = Y @ Y.T
     G_L = np.where(lower, G, 0.0)
     H_L = np.where(lower, np.abs(Y) @ np.abs(Y).T, 0.0)
+    H_L_norm = float(np.linalg.norm(H_L, 2))
     M = np.eye(sb) - L_sigma * alpha * np.abs(G_L)
     K_s = float(np.linalg.norm(solve_triangular(M, np.eye(sb), lower=True), 2))
     Y_norm = float(np.linalg.norm(Y, 2))
@@ -111,31 +124,35 @@ def local_error_bound(Y, x, y, eta: float, b: int, s: int, P: int, recipe="C", *
     T_G = float(np.linalg.norm(H_L @ ad))
     T_c = math.sqrt(sum((j * b * np.linalg.norm(G[j * b:(j + 1) * b, :j * b])
                          * np.linalg.norm(d[:j * b])) ** 2 for j in range(1, s)))
+    step = float(np.linalg.norm(x_s) + alpha * np.linalg.norm(Y.T @ d))
 
-    u = {name: getattr(recipe, name).u for name in SLOTS}
-    g_r, g_G = kernel_gamma(recipe.u_r, n_loc), kernel_gamma(recipe.u_G, n_loc)
-    g_g = kernel_gamma(recipe.u_g, sb)
-    g_c = higham_gamma(max(s - 1, 0) * b, u["u_c"])
-    k = alpha * Y_norm * K_s * L_sigma          # the common factor of the margin rows
-    terms = {
-        "u_A": k * u["u_A"] * T_r + 2 * alpha * k * u["u_A"] * T_G + alpha * u["u_A"] * T_g,
-        "u_G": alpha * k * g_G * T_G,
-        "u_r": k * g_r * T_r,
-        "u_c": k * u["u_c"] * (T_r + 2 * alpha * T_G + alpha * T_c),
-        "u_sigma": alpha * Y_norm * K_s * C_delta * u["u_sigma"] * D_delta * math.sqrt(sb),
-        "u_g": alpha * g_g * T_g,
-        "u_AR_r": k * C * u["u_AR_r"] * T_r,
-        "u_AR_G": alpha * k * C * u["u_AR_G"] * T_G,
-        "u_x": u["u_x"] * (np.linalg.norm(x_s) + alpha * np.linalg.norm(Y.T @ d)),
-    }
-    terms = {key: float(v) for key, v in terms.items()}
-    omega = max(u["u_A"], g_r, g_G, g_c, g_g, C * u["u_AR_r"], C * u["u_AR_G"],
-                u["u_sigma"], u["u_x"])
-    tau_G = K_s * L_sigma * alpha * (2 * u["u_A"] + g_G + C * u["u_AR_G"]) \
-        * float(np.linalg.norm(H_L, 2))
-    Omega = max(omega, tau_G)
-    first = sum(terms.values())
-    remainder = C_loc * Omega * first
-    return LocalErrorBound(terms, first, remainder, first + remainder, omega, tau_G,
-                           bool(Omega <= 0.5 and math.isfinite(first)), K_s, T_g, T_r, T_G,
-                           T_c, Y_norm)
+    def bound(recipe: Recipe) -> LocalErrorBound:
+        u = {name: getattr(recipe, name).u for name in SLOTS}
+        g_r, g_G = kernel_gamma(recipe.u_r, n_loc), kernel_gamma(recipe.u_G, n_loc)
+        g_g = kernel_gamma(recipe.u_g, sb)
+        g_c = higham_gamma(max(s - 1, 0) * b, u["u_c"])
+        k = alpha * Y_norm * K_s * L_sigma          # the common factor of the margin rows
+        terms = {
+            "u_A": k * u["u_A"] * T_r + 2 * alpha * k * u["u_A"] * T_G
+            + alpha * u["u_A"] * T_g,
+            "u_G": alpha * k * g_G * T_G,
+            "u_r": k * g_r * T_r,
+            "u_c": k * u["u_c"] * (T_r + 2 * alpha * T_G + alpha * T_c),
+            "u_sigma": alpha * Y_norm * K_s * C_delta * u["u_sigma"] * D_delta * math.sqrt(sb),
+            "u_g": alpha * g_g * T_g,
+            "u_AR_r": k * C * u["u_AR_r"] * T_r,
+            "u_AR_G": alpha * k * C * u["u_AR_G"] * T_G,
+            "u_x": u["u_x"] * step,
+        }
+        terms = {key: float(v) for key, v in terms.items()}
+        omega = max(u["u_A"], g_r, g_G, g_c, g_g, C * u["u_AR_r"], C * u["u_AR_G"],
+                    u["u_sigma"], u["u_x"])
+        tau_G = K_s * L_sigma * alpha * (2 * u["u_A"] + g_G + C * u["u_AR_G"]) * H_L_norm
+        Omega = max(omega, tau_G)
+        first = sum(terms.values())
+        remainder = C_loc * Omega * first
+        return LocalErrorBound(terms, first, remainder, first + remainder, omega, tau_G,
+                               bool(Omega <= 0.5 and math.isfinite(first)), K_s, T_g, T_r,
+                               T_G, T_c, Y_norm)
+
+    return [bound(recipe) for recipe in recipes]

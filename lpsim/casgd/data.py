@@ -7,16 +7,29 @@ import os
 import numpy as np
 
 from .losses import get_loss
-from .solvers import check_int
+from .solvers import check_finite, check_int, real_array
 
 
 def normalize_rows(A, copy: bool = True) -> np.ndarray:
-    """Rows scaled to unit l2 norm (zero rows kept): Assumption 5.1, Section 7.1."""
-    A = np.array(A, copy=copy) if copy else A
-    norms = np.sqrt(np.einsum("ij,ij->i", A, A, dtype=np.float64))
+    """Rows scaled to unit l2 norm (zero rows kept): Assumption 5.1, Section 7.1.
+
+    copy=True returns a new array (float64 for integer input); copy=False scales a
+    float32/float64 array in place.
+    """
+    X = real_array("A", A)
+    if X.ndim != 2:
+        raise ValueError(f"A has shape {X.shape}; accepted: a 2-D array (rows to normalise)")
+    if X.dtype not in (np.float32, np.float64):
+        if not copy:
+            raise TypeError(f"normalize_rows(copy=False) cannot scale a {X.dtype} array in "
+                            "place; accepted: a float32/float64 array, or copy=True")
+        X = X.astype(np.float64)
+    check_finite("A", X, "finite values")
+    X = np.array(X, copy=True) if copy and X is A else X
+    norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
     norms[norms == 0] = 1.0
-    A /= norms[:, None].astype(A.dtype)
-    return A
+    X /= norms[:, None].astype(X.dtype)
+    return X
 
 
 def make_synth(m: int, n: int, *, loss="logistic", seed: int = 0, margin_std: float = 1.0,
@@ -53,7 +66,8 @@ def load_libsvm(path, n_features: int | None = None, *, zero_based: bool = False
     """(A, y) from a LIBSVM/svmlight text file ``label index:value ...`` (dense A).
 
     Indices are 1-based unless ``zero_based``; '#' starts a comment.  A line that does not
-    parse raises ValueError naming the file, the line number and the token.
+    parse (non-finite value or label, an index given twice) raises ValueError naming the file,
+    the line number and the token; so does a file without data lines.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -68,27 +82,35 @@ def load_libsvm(path, n_features: int | None = None, *, zero_based: bool = False
             tokens = line.split()
             try:
                 label = float(tokens[0])
+                if not np.isfinite(label):
+                    raise ValueError
             except ValueError:
-                raise ValueError(f"{path}:{lineno}: label {tokens[0]!r} is not a number; "
-                                 "accepted: 'label index:value ...'") from None
+                raise ValueError(f"{path}:{lineno}: label {tokens[0]!r} is not a finite "
+                                 "number; accepted: 'label index:value ...'") from None
             row = {}
             for token in tokens[1:]:
                 key, sep, value = token.partition(":")
                 try:
                     index, val = int(key), float(value)
-                    if not sep or index < first:
+                    if not sep or index < first or not np.isfinite(val):
                         raise ValueError
                 except ValueError:
                     raise ValueError(
                         f"{path}:{lineno}: cannot parse {token!r}; accepted: index:value with "
-                        f"an integer index >= {first} and a numeric value") from None
+                        f"an integer index >= {first} and a finite numeric value") from None
                 if n_features is not None and index - first >= n_features:
                     raise ValueError(f"{path}:{lineno}: index {index} exceeds "
                                      f"n_features={n_features}")
+                if index - first in row:
+                    raise ValueError(f"{path}:{lineno}: index {index} given twice ({token!r} "
+                                     "repeats it); accepted: each index at most once per line")
                 row[index - first] = val
                 width = max(width, index - first + 1)
             labels.append(label)
             rows.append(row)
+    if not rows:
+        raise ValueError(f"LIBSVM file {path!r} has no data lines (only blank lines or "
+                         "comments); accepted: lines 'label index:value ...'")
     A = np.zeros((len(rows), n_features or width), dtype)
     for i, row in enumerate(rows):
         if row:

@@ -4,15 +4,20 @@ Each rank holds n/P feature columns and its slice of x; per outer iteration it i
 all_reduce per datatype bucket of {u_AR_r, u_AR_G} (gloo cannot mix dtypes in one call),
 at torch dtypes float64/float32/bfloat16/float16; any other format travels in its
 container and is rounded on both sides.  Launch with
-``torchrun --nproc-per-node P -m lpsim.casgd.distributed --m 8192 --n 512``.
+``torchrun --nproc-per-node P -m lpsim.casgd.distributed --rows 8192 --features 512``.
+The options are long names because torchrun reads every argument that abbreviates one of its
+own (``--m`` would be ``--master-addr``, ``--max-restarts``, ...) as ambiguous.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import socket
 import tempfile
+import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,12 +37,16 @@ def _torch_dtype(fmt):
 
 
 class TorchAllReduce:
-    """The grouped AllReduce of [r; G]: one all_reduce per dtype bucket; counts the calls."""
+    """The grouped AllReduce of [r; G]: one all_reduce per dtype bucket; counts the calls.
 
-    def __init__(self, group=None, device="cpu"):
+    history=True keeps every reduced (r, G), e.g. to check them against Assumption 5.4.
+    """
+
+    def __init__(self, group=None, device="cpu", history: bool = False):
         self.group, self.device = group, device
         self.calls = 0
         self.outer = 0
+        self.history = [] if history else None
 
     def __call__(self, r_parts, G_parts, recipe, rnd):
         import torch
@@ -62,21 +71,28 @@ class TorchAllReduce:
                 out[name] = rnd.slot(summed[start:start + local.size], slot)
                 start += local.size
         G = out["G"].reshape(G_parts[0].shape) if G_parts else None
+        if self.history is not None:
+            self.history.append((out["r"], G))
         return out["r"], G
 
 
 def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100,
-                      recipe="A", seed=0, group=None):
+                      recipe="A", seed=0, group=None, device=None, history=False):
     """CA-SGD on this rank's column block A_local (m x n_loc) inside an initialised
-    process group; returns (x_local, reducer).  Every rank samples the same rows (same seed)."""
+    process group; returns (x_local, reducer).  Every rank samples the same rows (same seed).
+
+    device: where the collective's tensors live (default: the current CUDA device under
+    nccl, else "cpu"); history: keep the reduced [r; G] in ``reducer.history``.
+    """
     import torch
     import torch.distributed as dist
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
     A_local, y = check_data(A_local, y, loss)
-    backend = dist.get_backend(group)
-    device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
-    reducer = TorchAllReduce(group, device)
+    if device is None:
+        nccl = dist.get_backend(group) == "nccl"
+        device = f"cuda:{torch.cuda.current_device()}" if nccl else "cpu"
+    reducer = TorchAllReduce(group, device, history)
     rnd = Rounder(seed)
     At = rnd.slot(A_local, recipe.u_A)
     x = rnd.slot(np.zeros(A_local.shape[1]), recipe.u_x).copy()
@@ -94,22 +110,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class LocalRun(NamedTuple):
+    """A local multi-rank run: weights, all_reduce calls per rank, outer iterations, and
+    rank 0's reduced (r, G) per outer iteration when asked for."""
+
+    x: np.ndarray
+    calls: list
+    outer: int
+    history: list | None = None
+
+
+def _rank_run(rank, P, A, y, kwargs, group=None):
+    """casgd_distributed on rank's block columns: (x_local, reducer)."""
+    cols = block_columns(A.shape[1], P)[rank]
+    return casgd_distributed(A[:, cols], y, group=group, **kwargs)
+
+
 def _worker(rank, P, port, A, y, kwargs, outdir):
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=P)
     try:
-        cols = block_columns(A.shape[1], P)[rank]
-        x, reducer = casgd_distributed(A[:, cols], y, **kwargs)
+        x, reducer = _rank_run(rank, P, A, y, kwargs)
         np.savez(os.path.join(outdir, f"rank{rank}.npz"), x=x, calls=reducer.calls,
                  outer=reducer.outer)
     finally:
         dist.destroy_process_group()
 
 
-def run_local(A, y, P: int, **kwargs):
-    """Run :func:`casgd_distributed` on P local gloo processes (spawned); returns
-    (x, allreduce calls per rank, outer iterations)."""
+def run_local(A, y, P: int, **kwargs) -> LocalRun:
+    """Run :func:`casgd_distributed` on P local gloo processes (spawned)."""
     import torch.multiprocessing as mp
     A = np.asarray(A)
     block_columns(A.shape[1], P)   # validates P against n
@@ -118,7 +148,58 @@ def run_local(A, y, P: int, **kwargs):
                  join=True)
         parts = [np.load(os.path.join(outdir, f"rank{p}.npz")) for p in range(P)]
         x = np.concatenate([part["x"] for part in parts])
-        return x, [int(part["calls"]) for part in parts], int(parts[0]["outer"])
+        return LocalRun(x, [int(part["calls"]) for part in parts], int(parts[0]["outer"]))
+
+
+def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
+    """Run :func:`casgd_distributed` as P threads of this process, each rank with its own
+    gloo process group over a shared in-memory store (no process start-up: fast tests).
+
+    The collectives are gloo's, as in :func:`run_local`; rank 0's reduced [r; G] come back
+    in ``history``.  A rank's exception is raised here.
+    """
+    import torch.distributed as dist
+    A, y = np.asarray(A), np.asarray(y)
+    block_columns(A.shape[1], P)
+    store = dist.HashStore()
+    results, errors = [None] * P, []
+
+    def rank_main(rank):
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("casgd", store), rank, P,
+                                          datetime.timedelta(seconds=timeout_s))
+            results[rank] = _rank_run(rank, P, A, y,
+                                      dict(kwargs, device="cpu", history=rank == 0), group)
+        except Exception as err:      # noqa: BLE001 (re-raised in the caller's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=rank_main, args=(p,)) for p in range(P)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    x = np.concatenate([x for x, _ in results])
+    reducers = [reducer for _, reducer in results]
+    return LocalRun(x, [r.calls for r in reducers], reducers[0].outer, reducers[0].history)
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    """The torchrun entry point's options: full names only, none a prefix of torchrun's."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--rows", type=int, default=8192, metavar="M", help="samples m")
+    parser.add_argument("--features", type=int, default=512, metavar="N", help="features n")
+    parser.add_argument("--loss", default="logistic")
+    parser.add_argument("--eta", type=float, default=0.5)
+    parser.add_argument("--batch", type=int, default=32, metavar="B", help="mini-batch b")
+    parser.add_argument("--inner", type=int, default=16, metavar="S",
+                        help="inner steps s per outer iteration")
+    parser.add_argument("--outer", type=int, default=50, metavar="H",
+                        help="outer iterations H")
+    parser.add_argument("--recipe", default="C")
+    parser.add_argument("--seed", type=int, default=42)
+    return parser
 
 
 def main(argv=None):
@@ -126,25 +207,15 @@ def main(argv=None):
     import torch
     import torch.distributed as dist
     from .data import make_synth
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", type=int, default=8192)
-    parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--loss", default="logistic")
-    parser.add_argument("--eta", type=float, default=0.5)
-    parser.add_argument("--b", type=int, default=32)
-    parser.add_argument("--s", type=int, default=16)
-    parser.add_argument("--H", type=int, default=50)
-    parser.add_argument("--recipe", default="C")
-    parser.add_argument("--seed", type=int, default=42)
-    args = parser.parse_args(argv)
+    args = cli_parser().parse_args(argv)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, P = dist.get_rank(), dist.get_world_size()
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    A, y, _ = make_synth(args.m, args.n, loss=args.loss, seed=0)
-    cols = block_columns(args.n, P)[rank]
-    x, reducer = casgd_distributed(A[:, cols], y, loss=args.loss, eta=args.eta, b=args.b,
-                                   s=args.s, H=args.H, recipe=args.recipe, seed=args.seed)
+    A, y, _ = make_synth(args.rows, args.features, loss=args.loss, seed=0)
+    x, reducer = _rank_run(rank, P, A, y, dict(loss=args.loss, eta=args.eta, b=args.batch,
+                                               s=args.inner, H=args.outer, recipe=args.recipe,
+                                               seed=args.seed))
     gathered = [None] * P
     dist.all_gather_object(gathered, x)
     if rank == 0:

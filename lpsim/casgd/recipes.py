@@ -1,8 +1,10 @@
 """The nine precision slots of one CA-SGD outer iteration and recipes A-I (Sec. 3.3, Table 3).
 
 A :class:`Slot` is a format with a rounding mode; the GEMM/GEMV slots (``u_G``, ``u_r``,
-``u_g``) and the correction ``u_c`` also name an accumulator and an output format.  Every
-slot rounds through :func:`lpsim.quantize`, so any fp(e, m, b) works, not only hardware ones.
+``u_g``) also name an accumulator and an output format.  Every other slot, the correction
+``u_c`` included, is a unit roundoff: every operation of that step rounds to its format
+(Table 3 caption).  Slots round through :func:`lpsim.quantize` and :func:`lpsim.ops.matmul`,
+so any fp(e, m, b) works, not only hardware ones.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from ..rounding import STOCHASTIC_MODES, mode_code
 
 FP32, FP64 = parse_format("fp32"), parse_format("fp64")
 SLOTS = ("u_A", "u_G", "u_r", "u_c", "u_sigma", "u_g", "u_AR_r", "u_AR_G", "u_x")
-KERNEL_SLOTS = ("u_G", "u_r", "u_g", "u_c")
+#: rows whose Table 3 symbols name an input format and an accumulator (GEMM/GEMV kernels)
+KERNEL_SLOTS = ("u_G", "u_r", "u_g")
 
 
 def container(fmt: Format) -> np.dtype:
@@ -39,6 +42,8 @@ class Slot:
 
     acc: accumulator format of a GEMM/GEMV (default: ``fmt``); out: format of its result
     (default: ``acc``).  ``Slot("bf16", acc="fp32")`` is BF16-input/FP32-accumulate (Eq. (8)).
+    ``rounding`` applies to the output and, when ``acc`` is ``fmt``, to every accumulation
+    step; input casts round to nearest.
     """
 
     fmt: Format
@@ -83,27 +88,35 @@ class Slot:
         return "Slot(" + ", ".join(parts) + ")"
 
 
-def as_slot(spec, kernel: bool = False) -> Slot:
-    """A slot from a Slot, a format (string or Format) or a Table 3 symbol (f, t, h, b, ha)."""
-    if isinstance(spec, Slot):
-        return spec
+def as_slot(spec, row: str = "u_A") -> Slot:
+    """The slot of Table 3 row ``row`` from a Slot, a format or a Table 3 symbol.
+
+    Only the kernel rows u_G, u_r, u_g read a symbol as input format + accumulator (+ output);
+    in every other row it is a unit roundoff, and a Slot there may not name acc/out.
+    """
     if isinstance(spec, str) and spec in SYMBOLS:
-        fmt, acc = SYMBOLS[spec]
-        if not kernel:
+        fmt, acc, margin_out = SYMBOLS[spec]
+        if row not in KERNEL_SLOTS:
             return Slot(fmt)
-        return Slot(fmt, acc=acc)
-    fmt = parse_format(spec)
-    return Slot(fmt)
+        return Slot(fmt, acc=acc, out=margin_out if row == "u_r" else acc)
+    slot = spec if isinstance(spec, Slot) else Slot(parse_format(spec))
+    if row not in KERNEL_SLOTS and not slot.fmt == slot.acc_fmt == slot.out_fmt:
+        raise ValueError(f"{row}={slot!r}: {row} is a unit roundoff (Table 3 caption: only "
+                         f"{', '.join(KERNEL_SLOTS)} are kernel accumulations); accepted: a "
+                         "Slot without acc/out, a format name or a Table 3 symbol")
+    return slot
 
 
-# Table 3 symbols: (format, accumulator of the kernel rows)
+# Table 3 symbols: (input format, accumulator, margin output) of the kernel rows.  The margin
+# r is stored in its 16-bit input format (Table 1: "BF16 in; FP32 accum; BF16 out"); the Gram
+# and gradient kernels write their accumulator format ("FP32 accum/out").
 SYMBOLS = {
-    "f": ("fp32", "fp32"),
-    "t": ("tf32", "fp32"),     # TF32 tensor cores
-    "h": ("fp16", "fp32"),     # FP16 input, FP32 accumulation
-    "b": ("bf16", "fp32"),     # BF16 input, FP32 accumulation
-    "ha": ("fp16", "fp16"),    # FP16 input/output, FP16 accumulation (HMMA)
-    "d": ("fp64", "fp64"),     # the exact reference of the tests
+    "f": ("fp32", "fp32", "fp32"),
+    "t": ("tf32", "fp32", "fp32"),     # TF32 tensor cores (FP32 in/out)
+    "h": ("fp16", "fp32", "fp16"),     # FP16 input, FP32 accumulation
+    "b": ("bf16", "fp32", "bf16"),     # BF16 input, FP32 accumulation
+    "ha": ("fp16", "fp16", "fp16"),    # FP16 input/output, FP16 accumulation (HMMA)
+    "d": ("fp64", "fp64", "fp64"),     # the exact reference of the tests
 }
 
 
@@ -124,13 +137,7 @@ class Recipe:
 
     def __post_init__(self):
         for name in SLOTS:
-            spec = getattr(self, name)
-            slot = as_slot(spec, kernel=name in KERNEL_SLOTS)
-            if name in ("u_G", "u_r", "u_g") and slot.out is None:
-                slot = dataclasses.replace(slot, out=slot.acc_fmt)
-            if name == "u_c" and slot.out is None:
-                slot = dataclasses.replace(slot, out=slot.fmt)
-            object.__setattr__(self, name, slot)
+            object.__setattr__(self, name, as_slot(getattr(self, name), name))
 
     def replace(self, **slots) -> "Recipe":
         """A copy with some slots changed, e.g. ``RECIPES["C"].replace(u_AR_r="f")``."""
@@ -180,6 +187,11 @@ class Rounder:
         self.seed = seed
         self.stream = 0
 
+    def next_stream(self) -> int:
+        """A stream number not used before by this rounder: fresh random bits per call."""
+        self.stream += 1
+        return self.stream
+
     def __call__(self, x, fmt: Format, rounding: str = "nearest", dtype=None) -> np.ndarray:
         """``x`` rounded to ``fmt``, returned in ``dtype`` (default: the format's container)."""
         x = np.asarray(x)
@@ -187,10 +199,9 @@ class Rounder:
         if x.dtype not in (np.float32, np.float64):
             x = x.astype(dtype)
         if rounding in STOCHASTIC_MODES:
-            self.stream += 1
             if not fmt.fits(x.dtype)[0]:
                 x = x.astype(np.float64)
-            y = quantize(x, fmt, rounding, seed=self.seed, stream=self.stream)
+            y = quantize(x, fmt, rounding, seed=self.seed, stream=self.next_stream())
         elif _native(fmt, x.dtype):
             y = x    # already representable: rounding is the identity
         else:
@@ -205,11 +216,14 @@ class Rounder:
 
 
 def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
-    """GEMM/GEMV at a kernel slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
+    """GEMM/GEMV at a slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
 
-    Kernel rows of Table 3 through :func:`lpsim.ops.matmul` (BLAS for fp32/fp64
-    accumulators, per-step rounding for narrower ones such as FP16 "ha"); error factor Eq. (8).
+    Through :func:`lpsim.ops.matmul`: BLAS for fp32/fp64 accumulators, per-step rounding for
+    narrower ones (FP16 "ha", and u_c at its unit roundoff); error factor Eq. (8) or Eq. (1).
+    A stochastic slot draws a new stream of ``rnd`` per call.
     """
+    acc_rounding = slot.rounding if slot.acc_fmt == slot.fmt else "nearest"
+    stream = rnd.next_stream() if slot.rounding in STOCHASTIC_MODES else 0
     return matmul(np.ascontiguousarray(A), np.ascontiguousarray(B), in_fmt=slot.fmt,
-                  acc_fmt=slot.acc_fmt, out_fmt=slot.out_fmt, out_rounding=slot.rounding,
-                  seed=rnd.seed, stream=rnd.stream)
+                  acc_fmt=slot.acc_fmt, out_fmt=slot.out_fmt, acc_rounding=acc_rounding,
+                  out_rounding=slot.rounding, seed=rnd.seed, stream=stream)

@@ -27,26 +27,43 @@ def check_eta(eta) -> float:
     return float(eta)
 
 
+def real_array(name: str, value, accepted: str = "a real numeric (int or float) array"):
+    """``value`` as a real numeric array, or a ValueError naming its dtype."""
+    arr = np.asarray(value)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number) or \
+            np.issubdtype(arr.dtype, np.complexfloating):
+        first = (arr.reshape(-1)[:1].tolist() or [None])[0]
+        raise ValueError(f"{name} has dtype {arr.dtype} (first entry {first!r}); accepted: "
+                         f"{accepted}")
+    return arr
+
+
+def check_finite(name: str, arr: np.ndarray, what: str):
+    """A ValueError naming the first NaN/inf entry of ``arr`` unless all entries are finite."""
+    if not np.isfinite(arr).all():
+        idx = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        where = ", ".join(map(str, idx))
+        raise ValueError(f"{name}[{where}] = {float(arr[idx])!r}: NaN/inf; accepted: {what}")
+
+
 def check_data(A, y, loss: Loss):
-    """A as a 2-D float32/float64 array without NaN/inf, y as labels in the loss's domain."""
-    A = np.asarray(A)
-    if A.ndim != 2:
-        raise ValueError(f"A must be a 2-D array (m samples x n features); got shape {A.shape}")
+    """A as a non-empty 2-D float32/float64 array without NaN/inf, y as numeric labels in the
+    loss's domain (Section 3.1), one per row."""
+    A = real_array("A", A)
+    if A.ndim != 2 or 0 in A.shape:
+        raise ValueError(f"A has shape {A.shape}; accepted: a 2-D array (m samples x n "
+                         "features) with m >= 1 and n >= 1")
     if A.dtype not in (np.float32, np.float64):
-        if not np.issubdtype(A.dtype, np.number):
-            raise ValueError(f"A has dtype {A.dtype}; accepted: a numeric array")
         A = A.astype(np.float64)
-    if not np.isfinite(A).all():
-        i, j = np.argwhere(~np.isfinite(A))[0]
-        raise ValueError(f"A[{i}, {j}] = {float(A[i, j])!r}: NaN/inf in the data; accepted: finite "
-                         "values (drop or impute missing entries first)")
-    y = np.asarray(y, dtype=np.float64).reshape(-1) if np.ndim(y) else np.asarray([y], float)
+    check_finite("A", A, "finite values (drop or impute missing entries first)")
+    labels = {"logistic": "-1/+1 (CASGDClassifier takes any two class labels)",
+              "poisson": "counts 0, 1, 2, ..."}.get(loss.name, "real numbers")
+    y = real_array("y", np.atleast_1d(y), f"numeric labels, {labels}")
+    y = y.astype(np.float64).reshape(-1)
     if y.shape != (A.shape[0],):
         raise ValueError(f"y has {y.size} labels for {A.shape[0]} rows of A; accepted: one "
                          "label per row")
-    if not np.isfinite(y).all():
-        raise ValueError(f"y[{int(np.argmax(~np.isfinite(y)))}] is NaN/inf; accepted: finite "
-                         "labels")
+    check_finite("y", y, "finite labels")
     loss.check_labels(y)
     return A, y
 
@@ -104,7 +121,8 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
     """One CA-SGD outer iteration on stored rows ``Y`` (at u_A); updates x in place.
 
     Algorithm 1, lines 2-12: margin r = Yx and Gram G = YY^T per column block, one grouped
-    AllReduce, the s-step correction z_j = r_j + alpha G_{j,<j} delta_{<j} at u_c, residuals
+    AllReduce, the s-step correction z_j = r_j + alpha G_{j,<j} delta_{<j} with every
+    operation (products, sums, scaling, AXPY) rounded to the unit roundoff u_c, residuals
     at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x.  ``blocks`` are the
     column slices held here; ``reduce(r_parts, G_parts, recipe, rnd)`` sums them over ranks.
     Returns the residual history delta.  s = 1 is one mini-batch SGD step (no Gram).
@@ -123,7 +141,7 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
             z = rnd.slot(r[rows], uc)
         else:
             corr = _slot_matmul(G[rows, :j * b], delta[:j * b], uc, rnd).astype(cdt)
-            z = rnd.slot(r[rows].astype(cdt) + cdt.type(alpha) * corr, uc)
+            z = rnd.slot(r[rows].astype(cdt) + rnd.slot(cdt.type(alpha) * corr, uc), uc)
         delta[rows] = rnd.slot(loss.residual(z.astype(sdt), y_sig[rows]), us)
     ux = recipe.u_x
     for Yc, c in zip(parts, blocks):
@@ -161,16 +179,18 @@ class Result:
     iterations: int = 0
 
 
-def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress):
+def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
+         reduce=_simulated_reduce):
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
     A, y = check_data(A, y, loss)
     blocks = block_columns(A.shape[1], P)
     rnd = Rounder(seed)
     At = rnd.slot(A, recipe.u_A)
-    x = np.zeros(A.shape[1]) if x0 is None else np.asarray(x0, np.float64)
+    x = np.zeros(A.shape[1]) if x0 is None else real_array("x0", x0).astype(np.float64)
     if x.shape != (A.shape[1],):
         raise ValueError(f"x0 has shape {x.shape}; accepted: ({A.shape[1]},)")
+    check_finite("x0", x, "finite initial weights")
     x = rnd.slot(x, recipe.u_x).copy()
     if record is None:
         record = ()
@@ -190,22 +210,26 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress):
     for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name}",
                   leave=False):
         idx = stream.take(s * b)
-        outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd)
+        outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd, reduce)
         note(h)
     result.iterations = H
     return result
 
 
 def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, H: int = 100,
-          recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False) -> Result:
+          recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
+          reduce=None) -> Result:
     """CA-SGD: H outer iterations of Algorithm 1, each on s*b rows sampled with replacement.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
     process (block columns, AllReduce model of Assumption 5.4).  record: outer iterations
-    after which F(x) is evaluated (an int k means every k).  Equals H*s SGD steps in exact
-    arithmetic (Section 2.2).
+    after which F(x) is evaluated (an int k means every k).  reduce: the grouped AllReduce,
+    ``reduce(r_parts, G_parts, recipe, rounder) -> (r, G)`` (default: each part cast to its
+    collective slot, summed in rank order).  Equals H*s SGD steps in exact arithmetic
+    (Section 2.2).
     """
-    return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress)
+    return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
+                reduce or _simulated_reduce)
 
 
 def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 100,
