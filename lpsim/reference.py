@@ -62,7 +62,7 @@ def enumerate_values(fmt) -> list[Fraction]:
     if count > MAX_ENUMERATED:
         raise ValueError(f"{fmt!r} has about {count} nonnegative values; enumerate_values "
                          f"accepts formats with at most {MAX_ENUMERATED} (e.g. 8- to 16-bit)")
-    values = [Fraction(0)]
+    values = [Fraction(0)] if fmt.specials != "fnu" else []     # fnu has no zero
     if fmt.subnormals:
         values += [mant * _pow2(fmt.emin - fmt.m) for mant in range(1, 2 ** fmt.m)]
     for code in range(1, fmt.top_finite_code + 1):
@@ -132,7 +132,7 @@ def _overflow_result(fmt: Format, rounding: str, negative: bool) -> Fraction | f
                    "down": negative}.get(rounding, True)
     if fmt.saturate or not to_infinity:
         return -max_finite(fmt) if negative else max_finite(fmt)
-    if fmt.specials == "fn":
+    if fmt.specials != "ieee":
         return math.nan
     return -math.inf if negative else math.inf
 
@@ -167,8 +167,10 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
     if isinstance(value, float):
         if math.isnan(value):
             return Rounded(value, frozenset({"nan"}))
+        if value == 0 and fmt.specials == "fnu":
+            return Rounded(math.nan, frozenset({"inexact"}))    # no zero in fnu
         if value == 0:
-            return Rounded(value, frozenset())
+            return Rounded(value if fmt.has_negative_zero else 0.0, frozenset())
         negative = value < 0
         if fmt.specials == "ieee":
             return Rounded(value, frozenset({"inf"}))
@@ -176,6 +178,8 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
         return Rounded(out, frozenset({"inf", "inexact"}))   # the result differs from x
 
     negative = value < 0
+    if negative and not fmt.signed:
+        return Rounded(math.nan, frozenset({"inexact"}))        # no negatives in fnu
     a = abs(value)
     ex = _floor_log2(a)
     if ex >= fmt.emin:
@@ -193,9 +197,14 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
     if magnitude > max_finite(fmt):
         flags.add("overflow")
         out = _overflow_result(fmt, rounding, negative)
+    elif magnitude == 0 and fmt.specials == "fnu":
+        flags.add("underflow")              # no zero: the smallest value
+        out = _pow2(q)
+        if out < _pow2(fmt.emin):
+            flags.add("subnormal")
     elif magnitude == 0:
         flags.add("underflow")
-        out = -0.0 if negative else 0.0
+        out = -0.0 if negative and fmt.has_negative_zero else 0.0
     else:
         if magnitude < _pow2(fmt.emin):
             flags.add("subnormal")

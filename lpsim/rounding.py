@@ -36,7 +36,10 @@ for ``up`` above zero and ``down`` below zero; +-max_finite for toward_zero, odd
 directed cases.  A format with ``saturate`` always gives +-max_finite; an ``fn`` format gives
 NaN where ieee gives inf.  inf inputs are kept (ieee), become +-max_finite (saturate, fn with
 saturate=True) or NaN (fn).  NaN inputs are returned unchanged.  Zeros keep their sign, and a
-result that underflows to zero keeps the sign of x.
+result that underflows to zero keeps the sign of x.  Policy ``fnuz`` (one unsigned zero)
+overflows and takes inf to NaN as ``fn`` does, and gives +0 for every zero result.  Policy
+``fnu`` (unsigned, no zero: E8M0) takes zero, negative and inf inputs to NaN, and a positive
+result that would be 0 to the smallest value (flagged UNDERFLOW and INEXACT).
 
 Flags per element: INEXACT (result differs from x), OVERFLOW, UNDERFLOW (nonzero finite x
 rounded to zero), SUBNORMAL (nonzero result below min_normal), NAN_IN, INF_IN.
@@ -95,6 +98,8 @@ class Params(NamedTuple):
     nanb: int       # container bits of the quiet NaN
     fast_lo: int    # container exponent fields where round_fast applies: fast_lo..fast_hi
     fast_hi: int
+    uzero: int      # 1: zero results are +0 (fnuz, fnu)
+    unsigned: int   # 1: no zero, no negatives (fnu)
 
 
 def _bits_of(value: float, dtype) -> int:
@@ -127,12 +132,13 @@ def _kernel_params(fmt: Format, dtype: np.dtype) -> Params:
     # round_fast covers container normals in the format's normal range below its top binade
     # (no overflow, no subnormal, constant shift M - m); empty when m == M.
     fast_lo, fast_hi = max(fmt.emin + EB, 1), fmt.emax - 1 + EB
-    if fmt.m == M:
-        fast_lo, fast_hi = 1, 0
+    if fmt.m == M or not fmt.signed:
+        fast_lo, fast_hi = 1, 0     # fnu: negatives become NaN, which round_fast cannot say
     return Params(M, EB, CEMIN, EMAXF, -(1 << (width - 1)), (1 << (width - 1)) - 1,
                   WORD_BITS[dtype.itemsize], fmt.emin, fmt.m, qsub,
                   _bits_of(np.ldexp(1.0, qsub), dtype), maxb,
-                  _bits_of(fmt.min_normal, dtype), ovf_inf, inf_out, nanb, fast_lo, fast_hi)
+                  _bits_of(fmt.min_normal, dtype), ovf_inf, inf_out, nanb, fast_lo, fast_hi,
+                  int(not fmt.has_negative_zero), int(not fmt.signed))
 
 
 @register_jitable
@@ -232,7 +238,7 @@ def round_bits(bits, mode, r, k, p):
     stochastic bits used (W for full SR), ``p`` the :class:`Params` tuple.
     """
     (M, EB, CEMIN, EMAXF, SIGN, MAG, W, emin, m, qsub, tiny, maxb, minnorm, ovf_inf,
-     inf_out, nanb, _, _) = p
+     inf_out, nanb, _, _, uzero, unsigned) = p
     bits = np.int64(bits)
     negative = bits < 0
     a = bits & MAG
@@ -244,7 +250,11 @@ def round_bits(bits, mode, r, k, p):
         out = inf_out
         flags = INF_IN if out == a else INF_IN | INEXACT   # saturate / fn change an inf
     elif a == 0:
-        return bits, 0
+        if unsigned:
+            return nanb, INEXACT                            # fnu has no zero
+        return (np.int64(0) if uzero else bits), 0
+    elif unsigned and negative:
+        return nanb, INEXACT                                # fnu has no negatives
     else:
         if biased > 0:
             ex = biased - EB
@@ -276,14 +286,17 @@ def round_bits(bits, mode, r, k, p):
         if out > maxb:
             flags = OVERFLOW
             out = ovf_inf if _overflows_to_inf(mode, negative) else maxb
+        if out == 0 and unsigned:
+            out = tiny
+            flags |= UNDERFLOW
         if out != a:
             flags |= INEXACT
         if out == 0:
             flags |= UNDERFLOW
         elif out < minnorm:
             flags |= SUBNORMAL
-    if out == nanb:
-        return nanb, flags
+    if out == nanb or (out == 0 and uzero):
+        return out, flags
     return (out + SIGN if negative else out), flags
 
 
