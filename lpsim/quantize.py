@@ -288,7 +288,7 @@ def _is_torch(x) -> bool:
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
-             stats: RoundingStats | None = None, out=None, offset: int = 0):
+             stats: RoundingStats | None = None, out=None, offset: int = 0, axis: int = -1):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
     x: a float32/float64 numpy array (any shape), a Python int or float (rounded as float64,
@@ -304,7 +304,13 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     Semantics of every mode, overflow, NaN, inf and signed zero: :mod:`lpsim.rounding`.
     Raises ValueError/TypeError naming the bad value: unknown format or rounding, a format
     that does not fit the container, integer/object data, sr_bits out of range.
+    A block-scaled format ("mxfp4", "nvfp4", lpsim.blocks.BlockFormat) fake-quantizes in
+    blocks along ``axis``: :func:`lpsim.blocks.quantize`.
     """
+    from .blocks import as_block_format, quantize as quantize_blocked
+    if (bfmt := as_block_format(fmt)) is not None:
+        return quantize_blocked(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     fmt = parse_format(fmt)
     if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
             or type(x).__module__.startswith("numba.cuda"):
