@@ -255,3 +255,53 @@ def test_bad_calls_name_the_value():
         lpsim.quantize(np.zeros(4, np.int64), "mxfp4")
     with pytest.raises(ValueError, match="unknown rounding"):
         lpsim.quantize(np.zeros(4, np.float32), "mxfp4", "nearest_even")
+
+
+# --- codes ----------------------------------------------------------------------------------
+
+ML_DTYPES = {"e2m1fn": "float4_e2m1fn", "e2m3fn": "float6_e2m3fn", "e3m2fn": "float6_e3m2fn",
+             "e4m3fnuz": "float8_e4m3fnuz", "e5m2fnuz": "float8_e5m2fnuz",
+             "e8m0fnu": "float8_e8m0fnu", "e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
+             "bf16": "bfloat16"}
+
+
+@pytest.mark.parametrize("name", list(ML_DTYPES))
+def test_codes_are_ml_dtypes_bit_patterns(name):
+    import ml_dtypes
+    from lpsim.storage import decode_codes, encode_values
+    dtype = getattr(ml_dtypes, ML_DTYPES[name])
+    bits = ml_dtypes.finfo(dtype).bits
+    codes = np.arange(2 ** bits, dtype=np.uint16 if bits == 16 else np.uint8)
+    with np.errstate(invalid="ignore"):
+        want = codes.view(dtype).astype(np.float64)
+    got = decode_codes(codes, name)
+    finite = ~np.isnan(want)
+    assert np.array_equal(np.isnan(got), ~finite)
+    assert same(got[finite], want[finite])
+    assert np.array_equal(encode_values(want[finite], name), codes[finite])
+    nan = encode_values(np.array([np.nan]), name).astype(codes.dtype)
+    if parse_block_format(block(name)).element.has_nan:
+        with np.errstate(invalid="ignore"):
+            assert np.isnan(nan.view(dtype).astype(np.float64))[0]
+
+
+@pytest.mark.parametrize("name", list(lpsim.blocks.PRESETS))
+def test_encode_decode_round_trip(name):
+    x = edge_data(np.float32)[:, :32].T.copy()           # blocks along axis 0
+    enc = lpsim.blocks.encode(x, name, axis=0)
+    assert same(lpsim.blocks.decode(enc), lpsim.quantize(x, name, axis=0))
+    bfmt = enc.format
+    if bfmt.element.bits == 4:
+        from lpsim.storage import pack_nibbles, unpack_nibbles
+        packed = pack_nibbles(enc.codes)
+        assert packed.shape[-1] == enc.codes.shape[-1] // 2
+        assert np.array_equal(unpack_nibbles(packed), enc.codes)
+
+
+def test_mxfp4_codes_view_as_ml_dtypes():
+    import ml_dtypes
+    x = block_data(2, 64, seed=8)
+    enc = lpsim.blocks.encode(x, "mxfp4")
+    q = enc.codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    s = enc.scales.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    assert same(q * np.repeat(s, 32, axis=1), lpsim.quantize(x, "mxfp4"))
