@@ -506,7 +506,14 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     with a block format lands here).  stats: a RoundingStats (element counters) or a
     :class:`BlockStats` (also block counters)."""
     bfmt = parse_block_format(bfmt)
-    if type(x).__module__.startswith("torch"):
+    module = type(x).__module__
+    if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
+                                          or "numba" in module and "cuda" in module):
+        import lpsim_cuda.blocks
+        return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
+                                          stream=stream, sr_bits=sr_bits, stats=stats,
+                                          out=out, offset=offset, tensor_scale=tensor_scale)
+    if module.startswith("torch"):
         if x.is_cuda:
             import lpsim_cuda.blocks
             return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
