@@ -44,11 +44,13 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
-from numba.extending import register_jitable
+from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
+from .ops.exact import f2i as bitcast_f2i, i2f as bitcast_i2f
 from .philox import LANES, block_words, lane_word
-from .rounding import DOWN, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits
+from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
+                       TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
 from .stats import RoundingStats
 
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
@@ -220,14 +222,25 @@ class BlockParams(NamedTuple):
     pts_inv: float   # fp32(1 / pts)
 
 
-@register_jitable
 def f2i(v):
+    """The int64 bit pattern of float64 ``v`` (compiled: a register bitcast; Python, as the
+    CUDA simulator runs it: a numpy view)."""
     return np.float64(v).view(np.int64)
 
 
-@register_jitable
 def i2f(b):
+    """The float64 whose bit pattern is the int64 ``b``."""
     return np.int64(b).view(np.float64)
+
+
+@overload(f2i)
+def _f2i_compiled(v):
+    return lambda v: bitcast_f2i(np.float64(v))
+
+
+@overload(i2f)
+def _i2f_compiled(b):
+    return lambda b: bitcast_i2f(np.int64(b))
 
 
 @register_jitable
@@ -307,18 +320,26 @@ def scale_recip(s, bp):
 
 
 @register_jitable
+def scaled_bits(xv, s, recip, bp):
+    """float64 bits of x / s: x * (1/s), exact for power-of-two scales; else fp32(x * recip)
+    with recip the float32 reciprocal (torchao, TransformerEngine)."""
+    if bp.pow2:
+        return f2i(np.float64(xv) * recip)     # recip = 1/s exactly: x / s, exact
+    return f2i(np.float64(np.float32(np.float64(xv) * recip)))
+
+
+@register_jitable
 def scale_element(xv, s, recip, mode, r, k, p, bp):
     """(q, flags): element value q of container value ``xv`` under scale ``s``.
 
-    Power-of-two scales: q = round(x / s) (exact division in float64); otherwise
-    q = round(fp32(x * recip)).  Rounded with :func:`lpsim.rounding.round_bits` in the
-    saturating element format (``p``: its float64 params, W the container's word bits).
+    q = round(x / s) in the saturating element format (``p``: its float64 params, W the
+    container's word bits): :func:`lpsim.rounding.round_fast_sub`, else
+    :func:`lpsim.rounding.round_bits`.
     """
-    if bp.pow2:
-        y = np.float64(xv) / s
-    else:
-        y = np.float64(np.float32(np.float64(xv) * recip))
-    bits, flags = round_bits(f2i(y), mode, r, k, p)
+    yb = scaled_bits(xv, s, recip, bp)
+    bits, ok, flags = round_fast_sub(yb, mode, r, k, p)
+    if not ok:
+        bits, flags = round_bits(yb, mode, r, k, p)
     return i2f(bits), flags
 
 
@@ -330,7 +351,7 @@ def dequantize_element(q, s, bp):
     return q * s
 
 
-@register_jitable
+@register_jitable(inline="always")
 def quantize_one_block(x, out, qout, sout, counts, row, j, length, mode, k, p, sp, bp,
                        seed_lo, seed_hi, stream, offset, lanes, want_q):
     """Quantize block ``j`` of row ``row`` of the 2-D ``x`` into ``out`` (and q, scale)."""
@@ -360,42 +381,151 @@ def quantize_one_block(x, out, qout, sout, counts, row, j, length, mode, k, p, s
     s, clipped = block_scale(amax, bp, sp)
     c[6] = clipped
     sout[row, j] = s
-    recip = 1.0 if bp.pow2 else scale_recip(s, bp)
+    recip = 1.0 / s if bp.pow2 else scale_recip(s, bp)
     base = np.int64(row) * length + offset
+    nonzero = 0
+    slow = 0
+    f0 = f1 = f2 = f3 = f4 = f5 = 0
+    # pass 1: the straight-line fast step on every element (the NaN/inf it leaves are
+    # written as they came and finished by pass 2)
     words = (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
     have = np.int64(-1)
-    nonzero = 0
     for i in range(lo, hi):
         r = np.int64(0)
-        if mode >= STOCHASTIC:
+        if mode >= STOCHASTIC:          # one Philox block per `lanes` elements
             g = base + i
             blk = g // lanes
             if blk != have:
                 words = block_words(blk, stream, seed_lo, seed_hi)
                 have = blk
             r = lane_word(words, g - blk * lanes, lanes)
-        xv = x[row, i]
-        q, flags = scale_element(xv, s, recip, mode, r, k, p, bp)
+        b, ok, flags = round_fast_sub(scaled_bits(x[row, i], s, recip, bp), mode, r, k, p)
+        q = i2f(b)
         if want_q:
             qout[row, i] = q
         out[row, i] = dequantize_element(q, s, bp)
         nonzero += np.int64(q != 0)
-        for f in range(6):
-            c[f] += (flags >> f) & 1
+        slow += 1 - ok
+        f0 += flags & 1
+        f1 += (flags >> 1) & 1
+        f2 += (flags >> 2) & 1
+        f3 += (flags >> 3) & 1
+    if slow:
+        for i in range(lo, hi):
+            r = _element_word(mode, base + i, lanes, stream, seed_lo, seed_hi)
+            yb = scaled_bits(x[row, i], s, recip, bp)
+            _, ok, _ = round_fast_sub(yb, mode, r, k, p)
+            if not ok:
+                b, flags = round_bits(yb, mode, r, k, p)
+                q = i2f(b)
+                if want_q:
+                    qout[row, i] = q
+                out[row, i] = dequantize_element(q, s, bp)
+                nonzero += np.int64(q != 0) - np.int64(i2f(yb) != 0)
+                f0 += flags & 1
+                f1 += (flags >> 1) & 1
+                f2 += (flags >> 2) & 1
+                f3 += (flags >> 3) & 1
+                f4 += (flags >> 4) & 1
+                f5 += (flags >> 5) & 1
+    c[0] = f0
+    c[1] = f1
+    c[2] = f2
+    c[3] = f3
+    c[4] = f4
+    c[5] = f5
     c[7] = np.int64(amax != 0 and nonzero == 0)
+
+
+@register_jitable
+def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
+    """The random word of element ``g`` (lpsim.philox's lanes; 0 for deterministic modes)."""
+    if mode < STOCHASTIC:
+        return np.int64(0)
+    blk = g // lanes
+    return lane_word(block_words(blk, stream, seed_lo, seed_hi), g - blk * lanes, lanes)
 
 
 _UNUSED = UP   # the rule -> mode table above is spelled out in _scale_mode
 
 
+# One CPU kernel per rounding mode, the mode a literal of its body: the element step then
+# compiles to straight-line code (a run-time mode costs ~4x).  Module-level functions with
+# their own names, as numba's on-disk cache needs.
+
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_cpu(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed_hi, stream,
-                offset, lanes, want_q):
-    rows, length = x.shape
+def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                    want_q):
     nblk = sout.shape[1]
-    for t in prange(rows * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, length, mode, k,
-                           p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           0, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                         want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           1, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                        want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           2, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+               want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           3, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                 want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           4, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           5, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                       want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           6, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_stochastic_equal(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                             want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           7, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+_KERNELS = {NEAREST: _blocks_nearest, NEAREST_AWAY: _blocks_nearest_away, TOWARD_ZERO: _blocks_toward_zero, UP: _blocks_up, DOWN: _blocks_down, ODD: _blocks_odd, STOCHASTIC: _blocks_stochastic, STOCHASTIC_EQUAL: _blocks_stochastic_equal}
 
 
 # --- host side ------------------------------------------------------------------------------
@@ -479,7 +609,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     s2 = np.empty((rows, nblk), np.float64)
     counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
     if x2.size:
-        _blocks_cpu(x2, out2, q2, s2, counts, request.mode, request.k, p, sp, bp,
+        _KERNELS[request.mode](x2, out2, q2, s2, counts, request.k, p, sp, bp,
                     request.seed_lo, request.seed_hi, request.stream, request.offset,
                     LANES[x.dtype.itemsize], want_elements)
     values = np.moveaxis(out2.reshape(moved_shape), -1, axis) if x.ndim else out2.reshape(())

@@ -231,6 +231,69 @@ def round_fast(bits, mode, r, k, p):
 
 
 @register_jitable
+def round_fast_sub(bits, mode, r, k, p):
+    """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
+
+    One straight-line path: the shift grows by one per binade below min_normal, so the
+    format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
+    result is 0 or min_subnormal by :func:`_increment`; a saturating format clamps overflow
+    to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf, container
+    subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.  ``flags``
+    are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this range: most
+    of them are small against their block's scale, and a branch per element costs more than
+    the rounding.
+    """
+    M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
+    parity = (1 - emin - EB) & 1 if m == 0 else 0
+    bits = np.int64(bits)
+    sign = bits >> 63
+    a = bits & p.MAG
+    biased = a >> M
+    ex = biased - EB
+    s = min(M - m + max(emin - ex, 0), M)
+    mask = (np.int64(1) << s) - 1
+    rem = a & mask
+    # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
+    lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (ex < emin))
+    add = np.int64(0)
+    if mode == NEAREST:
+        add = (mask >> 1) + lsb
+    elif mode == NEAREST_AWAY:
+        add = (mask >> 1) + 1
+    elif mode == UP:
+        add = mask & ~sign
+    elif mode == DOWN:
+        add = mask & sign
+    elif mode == STOCHASTIC_EQUAL:
+        add = mask & -(r >> (W - 1))
+    elif mode == STOCHASTIC:
+        j = min(s, k)
+        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+    out = (a + add) & ~mask
+    if mode == ODD:
+        out += np.int64((rem != 0) & (lsb == 0)) << s
+    # below min_subnormal: 0 or the smallest value, as round_bits decides it
+    small = np.int64(a < p.tiny)
+    sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)
+    s_small = min(p.qsub - (ex - M), 2 * M + 2)
+    inc = _increment(np.int64(0), sig, s_small, mode, sign != 0, r, W, k)
+    out = out * (1 - small) + small * inc * p.tiny * np.int64(a != 0)
+    # saturating formats: every finite x above is in range (overflow clamps to max_finite)
+    top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
+    ok = (np.int64(a < top) & np.int64((biased >= 1) | (a == 0))
+          & np.int64(p.unsigned == 0))
+    over = np.int64(out > p.maxb)
+    out = min(out, p.maxb)
+    zero = np.int64(out == 0)
+    flags = (np.int64(out != a) * INEXACT | over * OVERFLOW
+             | (zero & np.int64(a != 0)) * UNDERFLOW
+             | ((1 - zero) & np.int64(out < p.minnorm)) * SUBNORMAL)
+    okm = -ok
+    signed = bits & SIGN & -(1 - (zero & p.uzero))
+    return ((out | signed) & okm) | (bits & ~okm), ok, flags & okm
+
+
+@register_jitable
 def round_bits(bits, mode, r, k, p):
     """Round one container value given as signed-integer bits; returns (bits, flags).
 
