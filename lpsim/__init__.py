@@ -1,11 +1,11 @@
 """lpsim: simulate any floating-point format fp(e, m, b), bit-exactly, on the CPU and GPU."""
 
-from . import reference
+from . import blocks, reference
 from .formats import PRESETS, Format, fp, parse_format
 from .quantize import quantize
 from .rounding import MODES
 from .stats import RoundingStats
 
 __all__ = ["Format", "fp", "parse_format", "PRESETS", "quantize", "MODES", "RoundingStats",
-           "reference"]
+           "reference", "blocks"]
 __version__ = "0.1.0"

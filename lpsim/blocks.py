@@ -47,7 +47,6 @@ from numba import njit, prange
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
-from .ops.exact import f2i as bitcast_f2i, i2f as bitcast_i2f
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
                        TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
@@ -56,8 +55,6 @@ from .stats import RoundingStats
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 NONFINITE = ("nan", "finite")
 FLOOR, CEIL, EVEN, RCEIL = range(4)
-#: what a non-power-of-two scale rounds to under each rule
-_SCALE_MODE = {FLOOR: DOWN, CEIL: UP, EVEN: NEAREST, RCEIL: UP}
 
 #: per-block counter columns of the kernels
 BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
@@ -235,12 +232,14 @@ def i2f(b):
 
 @overload(f2i)
 def _f2i_compiled(v):
-    return lambda v: bitcast_f2i(np.float64(v))
+    from .ops.exact import f2i as bitcast     # here: lpsim.ops imports this module
+    return lambda v: bitcast(np.float64(v))
 
 
 @overload(i2f)
 def _i2f_compiled(b):
-    return lambda b: bitcast_i2f(np.int64(b))
+    from .ops.exact import i2f as bitcast
+    return lambda b: bitcast(np.int64(b))
 
 
 @register_jitable
@@ -445,8 +444,6 @@ def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
     blk = g // lanes
     return lane_word(block_words(blk, stream, seed_lo, seed_hi), g - blk * lanes, lanes)
 
-
-_UNUSED = UP   # the rule -> mode table above is spelled out in _scale_mode
 
 
 # One CPU kernel per rounding mode, the mode a literal of its body: the element step then
