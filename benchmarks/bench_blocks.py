@@ -216,7 +216,7 @@ def main() -> None:
         for r in rows:
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
             vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
-            print(f"{r['case']:<32} {r['format']:<11} {r['mode']:<11} {r['melems']:>9.1f} "
+            print(f"{r['case']:<32} {r['format']:<11} {r['mode']:<11} {r['melems']:>9.4g} "
                   f"{vs:>8} {ratio:>11}")
         if args.device == "cpu":
             print("# targets (issue 14): lpsim >= 0.5x copy and >= 20x gfloat")
