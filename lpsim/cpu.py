@@ -255,7 +255,7 @@ def ntasks(n: int, offset: int) -> int:
 
 
 @functools.cache
-def _pool(workers, pid):
+def thread_pool(workers, pid):
     # keyed by process id too: a forked child does not inherit the parent's threads
     return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
 
@@ -280,7 +280,7 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     if xa != oa and xa < oa + x.nbytes and oa < xa + x.nbytes:
         return OVERLAP
     bounds = np.linspace(0, tasks, min(tasks, 4 * workers) + 1).astype(np.int64)
-    pool = _pool(workers, os.getpid())
+    pool = thread_pool(workers, os.getpid())
     pieces = [(np.zeros(NCOUNTS, np.int64), int(t0), int(t1))
               for t0, t1 in zip(bounds[:-1], bounds[1:]) if t1 > t0]
     futures = [pool.submit(kernel, x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, c)

@@ -321,7 +321,8 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
                              "exactly; accepted: integers of at most 53 bits in an array "
                              "(a Python int scalar is rounded exactly)")
         return wide
-    raise TypeError(f"cannot round {name} of dtype {array.dtype}; accepted: float arrays "
+    raise TypeError(f"cannot round {name} (a {type(x).__name__}) of dtype {array.dtype}; "
+                    "accepted: float arrays "
                     "(float16, bfloat16, float32, float64), integer arrays exact in float64, "
                     "Python numbers, and lists or tuples of them")
 

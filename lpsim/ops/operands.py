@@ -7,7 +7,7 @@ import numbers
 import numpy as np
 
 from ..formats import PRESETS, parse_format
-from ..quantize import quantize
+from ..quantize import as_container_array, quantize
 
 
 def is_torch(x) -> bool:
@@ -15,7 +15,13 @@ def is_torch(x) -> bool:
 
 
 def as_array(x, name: str, op: str):
-    """x as a float32/float64 numpy array (torch CPU tensors and Python floats accepted)."""
+    """x as a float32/float64 numpy array: any array-like (lists, float16/bfloat16 and
+    integer arrays upcast exactly as :func:`lpsim.quantize` does), CPU torch tensors and
+    Python numbers (an int must be exact in float64)."""
+    if type(x) is np.ndarray and x.dtype in _CONTAINERS:
+        return x
+    if type(x) is float:
+        return np.array(x, np.float64)
     if is_torch(x):
         import torch
         if x.is_cuda:
@@ -29,20 +35,21 @@ def as_array(x, name: str, op: str):
         raise TypeError(f"{op}: {name}={x!r} is a bool; accepted: float32/float64 arrays or "
                         "floats")
     if isinstance(x, numbers.Integral) and not isinstance(x, np.integer):
-        if float(x) != x:
-            raise ValueError(f"{op}: {name}={x} is not exact in float64")
-        x = float(x)
-    if isinstance(x, float):
-        return np.array(x, np.float64)
-    if isinstance(x, np.floating):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{op}: {name} is a {type(x).__name__}; accepted: a float32/float64 "
-                        "numpy array, a CPU torch tensor or a float")
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{op}: {name} has dtype {x.dtype}; accepted: float32, float64 "
-                        "(cast integer or float16 data to a float dtype first)")
-    return x
+        try:
+            exact = float(x) == x
+        except OverflowError:
+            exact = False
+        if not exact:
+            raise ValueError(f"{op}: {name}={x} is not exact in float64; accepted: integers "
+                             "of at most 53 significant bits (lpsim.quantize rounds any int)")
+        return np.array(float(x), np.float64)
+    try:
+        return as_container_array(x, name)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{op}: {error}") from None
+
+
+_CONTAINERS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def container_format(dtype):
