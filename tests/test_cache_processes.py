@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import lpsim
+from lpsim import ops
 from lpsim.rounding import MODES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,8 +70,8 @@ def test_kernels_compiled_after_cache_loads_stay_correct(tmp_path):
         if what == "quantize":
             want = lpsim.quantize(x, "bf16", mode, seed=7, stream=2**63 + 5, offset=3)
         elif what == "dot":
-            want = lpsim.ops.dot(x[:6], x[:6][::-1], acc_fmt="bf16", order="sequential",
+            want = ops.dot(x[:6], x[:6][::-1], acc_fmt="bf16", order="sequential",
                                  acc_rounding=mode, seed=7)
         else:
-            want = lpsim.ops.add(x, x[::-1], "bf16", mode, seed=7)
+            want = ops.add(x, x[::-1], "bf16", mode, seed=7)
         assert np.asarray(want, np.float64).tobytes().hex() == hexbits, spec

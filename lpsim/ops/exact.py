@@ -116,9 +116,8 @@ def check_exact(fmt, what: str) -> bool:
                      f"2**{FINEST}, or to fp64 itself (nearest only)")
 
 
-#: the -0.0 bit pattern, and float64's largest finite magnitude as bits
+#: the -0.0 bit pattern
 NEG_ZERO = np.int64(-(1 << 63))
-MAX_BITS = np.int64(0x7FEFFFFFFFFFFFFF)
 
 
 @register_jitable(inline="always")
@@ -131,10 +130,7 @@ def zero_sum_bits(bits, s, x, y, down):
 
 @register_jitable(inline="always")
 def step_sum_to_odd(x, y, down):
-    """Bits of RO(x + y) for an accumulation step: an exact zero sum signed as IEEE 754 says
-    (:func:`zero_sum_bits`), and a sum beyond float64's range as +-MAX_BITS, which every
-    format rounded from RO(x) (max_finite < float64's) rounds exactly as the true sum."""
-    s = x + y
-    bits = zero_sum_bits(sum_to_odd(x, y), s, x, y, down)
-    over = np.isinf(s) and np.isfinite(x) and np.isfinite(y)
-    return ((f2i(s) & NEG_ZERO) | MAX_BITS) if over else bits
+    """Bits of RO(x + y) for an accumulation step, an exact zero sum signed as IEEE 754
+    says (:func:`zero_sum_bits`).  The sum stays far inside float64: the terms are products
+    of operands that fit float32 (below 2**256) and accumulator values."""
+    return zero_sum_bits(sum_to_odd(x, y), x + y, x, y, down)
