@@ -85,7 +85,7 @@ def odd_bits(op, x, y, z, odd, mode):
     return (np.int64(0) if unsafe else bits), unsafe, inexact_product
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")     # x/0: IEEE inf or NaN, no exception
 def _to_odd(op, a, b, c, out, odd, mode, exact):
     """out[i] = odd_bits(a[i], b[i], c[i]); exact[i] = unsafe (out[i] = 0 there).
 
@@ -102,7 +102,7 @@ def _to_odd(op, a, b, c, out, odd, mode, exact):
     return -1, unsafe_count
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi, stream, offset, counts):
     """One element: (value, unsafe, product_inexact), rounded as the array path rounds it
     (the element's word at counter ``offset``; round_bits, which round_fast equals)."""
