@@ -34,6 +34,8 @@ TASK = 4
 #: elements per extra thread: below this, handing work to the thread pool costs more than it
 #: saves, so smaller arrays run in the calling thread (benchmarks/bench_quantize.py --sweep)
 PARALLEL_GRAIN = 1 << 17
+#: arrays shorter than this run in the calling thread
+SERIAL_BELOW = 2 * PARALLEL_GRAIN
 #: elements per group whose slow elements are counted together, so that the slow pass
 #: looks only into groups that have some
 GROUP = 64
@@ -264,14 +266,14 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     """Round the 1-D C-contiguous writable float array ``x`` into ``out`` (same dtype and
     size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
 
-    Arrays of fewer than 2 * PARALLEL_GRAIN elements run in the calling thread; larger ones
+    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones
     are dealt out in a few pieces per thread of ``numba.get_num_threads()`` (the bits do not
     depend on the split: the random words are counter-based).
     """
     n = x.size
     tasks = ntasks(n, offset)
     kernel = entry(mode, x.dtype)
-    if n < 2 * PARALLEL_GRAIN:
+    if n < SERIAL_BELOW:
         return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
     workers = min(get_num_threads(), tasks, n // PARALLEL_GRAIN)
     if workers <= 1:

@@ -169,19 +169,26 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     else:
         raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
                         "lpsim.RoundingStats or None")
+    xflags = x.flags
     if out is None:
-        out = np.empty_like(x)
-        target = out
-    elif type(out) is _ndarray and out.dtype is x.dtype and out.shape == x.shape \
-            and out.flags.writeable:
-        target = out if out.flags.c_contiguous else np.empty_like(x)
+        out = target = np.empty_like(x)
+    elif type(out) is _ndarray and out.dtype is x.dtype and out.shape == x.shape:
+        oflags = out.flags
+        if not oflags.writeable:
+            _check_out(out, x)
+        target = out if oflags.c_contiguous else np.empty_like(x)
     else:
         target = out = _check_out(out, x)
-    src = x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
+    src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
-    if cpu.run(flat, dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream, offset,
-               counts) == cpu.OVERLAP:
+    if n < cpu.SERIAL_BELOW:
+        status = route.kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset,
+                              0, cpu.ntasks(n, offset), counts)
+    else:
+        status = cpu.run(flat, dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
+                         offset, counts)
+    if status == cpu.OVERLAP:
         # out overlaps x without being x: round a copy of x
         cpu.run(flat.copy(), dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
                 offset, counts)
