@@ -16,8 +16,11 @@ one loaded from the cache (numba numbers functions per process).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -236,6 +239,31 @@ def _kernel(mode: int):
 KERNELS = {mode: njit(nogil=True, cache=True)(_kernel(mode)) for mode in MODES.values()}
 
 
+#: seconds a compile may take before lpsim says what is happening
+NOTICE_AFTER = 1.0
+
+
+@contextlib.contextmanager
+def compile_notice(what: str):
+    """Say on stderr what is compiling when it takes more than NOTICE_AFTER seconds (a
+    compile takes seconds once; loading numba's on-disk cache, a fraction of one)."""
+    timer = threading.Timer(NOTICE_AFTER, lambda: print(
+        f"lpsim: compiling {what} (seconds, once: later calls and processes load it from "
+        "numba's on-disk cache; `lpsim warmup` prepares every kernel ahead)",
+        file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def first_call(dispatcher, what: str):
+    """compile_notice(what) while ``dispatcher`` has no compiled signature, else nothing."""
+    return contextlib.nullcontext() if dispatcher.signatures else compile_notice(what)
+
+
 @functools.cache
 def entry(mode: int, dtype: np.dtype):
     """The compiled entry point of ``mode`` for ``dtype`` arrays, without numba's dispatch
@@ -245,7 +273,9 @@ def entry(mode: int, dtype: np.dtype):
     pv = np.zeros(len(Params._fields), np.int64)
     counts = np.zeros(NCOUNTS, np.int64)
     args = (x, np.zeros_like(x), pv, 1, 0, 0, 0, 0, 0, 0, counts)
-    dispatcher.compile(tuple(typeof(a) for a in args))
+    name = next(name for name, code in MODES.items() if code == mode)
+    with compile_notice(f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays"):
+        dispatcher.compile(tuple(typeof(a) for a in args))
     signature = tuple(dispatcher.typeof_pyval(a) for a in args)
     overload_ = dispatcher.overloads.get(signature)
     return getattr(overload_, "entry_point", None) or dispatcher

@@ -171,8 +171,9 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         offset = check_offset(offset, 1)
         seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
         x, y, z = (tuple(operands) + (operands[0],) * 2)[:3]
-        value, unsafe, bad = _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi,
-                                     stream64, offset, counts)
+        with cpu.first_call(_scalar, "lpsim.ops' scalar kernel"):
+            value, unsafe, bad = _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi,
+                                         stream64, offset, counts)
         if not (unsafe or bad):
             return value
     names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)
@@ -202,7 +203,8 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     flat += [flat[0]] * (3 - len(flat))
     bits = np.empty(n, np.int64)
     exact = np.empty(n, np.bool_)
-    bad, unsafe = _to_odd(op, flat[0], flat[1], flat[2], bits, odd, mode, exact)
+    with cpu.first_call(_to_odd, "lpsim.ops' elementwise kernel"):
+        bad, unsafe = _to_odd(op, flat[0], flat[1], flat[2], bits, odd, mode, exact)
     if bad >= 0:
         a, b = flat[0][bad], flat[1][bad]
         raise ValueError(f"fma: the product a*b = {a!r} * {b!r} (element {bad}) is not exact "

@@ -120,7 +120,7 @@ def check_exact(fmt, what: str) -> bool:
 NEG_ZERO = np.int64(-(1 << 63))
 
 
-@register_jitable(inline="always")
+@register_jitable
 def zero_sum_bits(bits, s, x, y, down):
     """``bits`` of the sum s = x + y, with IEEE 754's sign when the sum is exactly zero: +0,
     or -0 under rounding down, unless x and y are zeros of one sign (section 6.3)."""
@@ -128,7 +128,7 @@ def zero_sum_bits(bits, s, x, y, down):
     return NEG_ZERO if flip else bits
 
 
-@register_jitable(inline="always")
+@register_jitable
 def step_sum_to_odd(x, y, down):
     """Bits of RO(x + y) for an accumulation step, an exact zero sum signed as IEEE 754
     says (:func:`zero_sum_bits`).  The sum stays far inside float64: the terms are products

@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import params_of, thread_pool
+from ..cpu import first_call, params_of, thread_pool
 from ..philox import block_words, lane_word
 from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
 from .exact import f2i, i2f, step_sum_to_odd
@@ -226,7 +226,7 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
         cnt[6] += w
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _cached_word(c, cache, stream, seed_lo, seed_hi):
     """The 32-bit word of counter ``c``; ``cache`` (int64[5]: block, its four words) keeps
     the last Philox block, so consecutive counters cost one block per four."""
@@ -237,7 +237,7 @@ def _cached_word(c, cache, stream, seed_lo, seed_hi):
     return cache[1 + (c & 3)]
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _step(acc, v, accumulate, mode, r, k, p, hw, cnt):
     """One rounding of the chain: (fl(acc + v) or fl(v), inexact), v exact, as gemm's steps
     do; the rare flags of round_bits go to ``cnt`` (the caller counts roundings)."""
@@ -257,7 +257,7 @@ def _step(acc, v, accumulate, mode, r, k, p, hw, cnt):
     return i2f(nb), flags & 1
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _nearby(acc, v, mode, k, p):
     """(bits of fl(acc + v), ok) for a deterministic mode, from s = RN64(acc + v) alone.
 
@@ -350,14 +350,17 @@ def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
     """
     counts = np.zeros(NCOUNTS, np.int64)
     if threads <= 1 or nitems < 2 or nitems * steps_per_item < PARALLEL_STEPS:
-        kernel(*args, 0, nitems, counts)
+        with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
+            kernel(*args, 0, nitems, counts)
         return counts
+
     pieces = min(nitems, 4 * threads)
     bounds = [nitems * g // pieces for g in range(pieces + 1)]
     partial = [np.zeros(NCOUNTS, np.int64) for _ in range(pieces)]
     pool = thread_pool(threads, os.getpid())
-    futures = [pool.submit(kernel, *args, lo, hi, c)
-               for lo, hi, c in zip(bounds[:-1], bounds[1:], partial) if hi > lo]
-    for future in futures:
-        future.result()
+    with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
+        futures = [pool.submit(kernel, *args, lo, hi, c)
+                   for lo, hi, c in zip(bounds[:-1], bounds[1:], partial) if hi > lo]
+        for future in futures:
+            future.result()
     return counts + sum(partial)

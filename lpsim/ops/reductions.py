@@ -46,25 +46,25 @@ from ..stats import RoundingStats
 from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, TILE, chain, gemm
 from .kernels import run
-from .models import AccumulationModel, check_order, get_model
+from .models import AccumulationModel, get_model
 from .operands import as_array, container_format, is_torch, round_inputs
 
 
-def resolve(model, dtype, **changes) -> AccumulationModel:
+def resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+            out_rounding=None, fused=None, order=None) -> AccumulationModel:
     """The model a call asks for: a named model with overrides, or the keywords alone
     (cached: building and validating a model costs more than a small product)."""
+    key = (model, dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused, order)
     try:
-        return _resolve_cached(model, np.dtype(dtype), tuple(sorted(changes.items())))
+        return _resolve_cached(*key)
     except TypeError:       # something unhashable: validation below names it
-        return _resolve(model, dtype, **changes)
+        return _resolve(*key)
 
 
-@functools.lru_cache(maxsize=512)
-def _resolve_cached(model, dtype, changes) -> AccumulationModel:
-    return _resolve(model, dtype, **dict(changes))
+_resolve_cached = functools.lru_cache(maxsize=512)(lambda *key: _resolve(*key))
 
 
-def _resolve(model, dtype, *, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+def _resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
             out_rounding=None, fused=None, order=None) -> AccumulationModel:
     changes = dict(in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt, acc_rounding=acc_rounding,
                    out_rounding=out_rounding, fused=fused, order=order)
@@ -74,6 +74,10 @@ def _resolve(model, dtype, *, in_fmt=None, acc_fmt=None, out_fmt=None, acc_round
     return AccumulationModel(in_fmt, acc, out_fmt if out_fmt is not None else acc,
                              True if fused is None else bool(fused), order,
                              acc_rounding or "nearest", out_rounding or "nearest")
+
+
+def _dtype_of(a, b):
+    return a.dtype if a.dtype is b.dtype else np.result_type(a.dtype, b.dtype)
 
 
 def _blas_ok(m: AccumulationModel, in_fmt) -> bool:
@@ -240,9 +244,8 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     op = "matmul"
     like_torch = is_torch(a) or is_torch(b)
     a, b = as_array(a, "a", op), as_array(b, "b", op)
-    m = resolve(model, np.result_type(a, b), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
+    m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
+                fused, order)
     a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op)
     result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
     if a.ndim == 1 and b.ndim == 1:
@@ -273,9 +276,8 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
         raise ValueError(f"dot: shapes {x.shape} and {y.shape} do not match: lengths "
                          f"{x.shape[-1]} and {y.shape[-1]} differ; accepted: (..., K) and "
                          "(..., K)")
-    m = resolve(model, np.result_type(x, y), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
+    m = resolve(model, _dtype_of(x, y), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
+                fused, order)
     x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op)
     result = _run(x[..., None, :], y[..., :, None], m, seed=seed, stream=stream, stats=stats,
                   op=op)
@@ -294,9 +296,8 @@ def sum(x, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=
     x = as_array(x, "x", op)
     if x.ndim == 0:
         raise ValueError(f"sum: x must have at least one dimension, got shape {x.shape}")
-    m = resolve(model, x.dtype, in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
+    m = resolve(model, x.dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused,
+                order)
     (x,) = round_inputs((x,), m.in_fmt, ("x",), op)
     ones = np.ones((x.shape[-1], 1), x.dtype)
     result = _run(x[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
