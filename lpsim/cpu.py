@@ -239,7 +239,7 @@ def _kernel(mode: int):
 KERNELS = {mode: njit(nogil=True, cache=True)(_kernel(mode)) for mode in MODES.values()}
 
 
-#: seconds a compile may take before lpsim says what is happening
+#: seconds a compile may take before lpsim says what is happening (None: never)
 NOTICE_AFTER = 1.0
 
 
@@ -247,6 +247,9 @@ NOTICE_AFTER = 1.0
 def compile_notice(what: str):
     """Say on stderr what is compiling when it takes more than NOTICE_AFTER seconds (a
     compile takes seconds once; loading numba's on-disk cache, a fraction of one)."""
+    if NOTICE_AFTER is None:
+        yield
+        return
     timer = threading.Timer(NOTICE_AFTER, lambda: print(
         f"lpsim: compiling {what} (seconds, once: later calls and processes load it from "
         "numba's on-disk cache; `lpsim warmup` prepares every kernel ahead)",

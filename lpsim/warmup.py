@@ -39,8 +39,12 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
     if ops:
         jobs += _ops_jobs()
     show = sys.stderr.isatty() if progress is None else progress
-    for job in tqdm(jobs, desc="lpsim kernels", disable=not show, file=sys.stderr):
-        job()
+    notice, cpu.NOTICE_AFTER = cpu.NOTICE_AFTER, None if show else cpu.NOTICE_AFTER
+    try:
+        for job in tqdm(jobs, desc="lpsim kernels", disable=not show, file=sys.stderr):
+            job()
+    finally:
+        cpu.NOTICE_AFTER = notice
     return len(jobs)
 
 
