@@ -142,6 +142,6 @@ def test_thread_pool_products_equal_the_serial_ones(mode, monkeypatch):
         stats = RoundingStats()
         results.append((ops.matmul(a, b, stats=stats, **kw).tobytes(),
                         ops.dot(v, v[::-1], order="sequential", stats=stats, **kw).tobytes(),
-                        ops.sum(v, order=("blocked", 64), stats=stats, **kw).tobytes(),
+                        ops.sum(v, -1, order=("blocked", 64), stats=stats, **kw).tobytes(),
                         stats.as_dict()))
     assert results[0] == results[1]

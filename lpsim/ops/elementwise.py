@@ -14,6 +14,10 @@ rounded by :func:`lpsim.reference.round_exact` with the same random word.  An ex
 sum (add, sub, fma) is +0, or -0 under rounding ``down`` (IEEE 754 section 6.3; the sum of
 two zeros of one sign keeps it).
 
+Arguments follow numpy: operands broadcast, ``out=`` takes an array of the result's shape
+and dtype, and Python floats give a float.  ``in_fmt`` rounds the operands first; ``stats``
+counts those roundings too.
+
 Stochastic modes draw element i's word as ``lpsim.quantize`` does in the result's container
 (counter offset + i, C order), so ``op(..., "stochastic", seed=s)`` equals
 ``quantize(exact result, fmt, "stochastic", seed=s)`` whenever the exact result is a
@@ -43,7 +47,7 @@ from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
 from ..stats import COUNTERS, RoundingStats
 from .exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
 from .exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
-from .operands import as_array, round_inputs
+from .operands import as_array, check_out, round_inputs
 
 ADD, SUB, MUL, DIV, FMA, SQRT = range(6)
 _NAMES = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", FMA: "fma", SQRT: "sqrt"}
@@ -162,9 +166,9 @@ def _check_stats(name, stats):
     return stats.counts if stats is not None else np.zeros(cpu.NCOUNTS, np.int64)
 
 
-def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset):
+def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
     name = _NAMES[op]
-    if in_fmt is None and all(type(x) is float for x in operands):
+    if in_fmt is None and out is None and all(type(x) is float for x in operands):
         # Python floats: one compiled call, no arrays
         fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, _F64, sr_bits)
         counts = _check_stats(name, stats)
@@ -183,7 +187,8 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
                  for x in operands)
     arrays = [as_array(x, n, name) for x, n in zip(operands, names)]
     if in_fmt is not None:
-        arrays = round_inputs(arrays, in_fmt, names, name)
+        _check_stats(name, stats)
+        arrays = round_inputs(arrays, in_fmt, names, name, stats)
     dtype = _result_dtype(arrays, weak)
     fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, dtype, sr_bits)
     counts = _check_stats(name, stats)
@@ -195,6 +200,8 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
             shape = np.broadcast_shapes(*shapes)
         except ValueError:
             raise ValueError(f"{name}: operand shapes {shapes} do not broadcast") from None
+    if out is not None:
+        check_out(out, shape, dtype, name)
     n = math.prod(shape)
     offset = check_offset(offset, n)
     seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
@@ -216,6 +223,9 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         _round_exactly(op, flat, np.flatnonzero(exact), values, fmt, rounding, k, dtype,
                        (seed_lo | seed_hi << 32, stream64 % (1 << 64), offset), counts)
     result = values.astype(dtype).reshape(shape)
+    if out is not None:
+        out[...] = result
+        return out
     if scalar:
         return float(result) if all(weak) else result[()]
     return result
@@ -242,36 +252,37 @@ def _round_exactly(op, flat, where, values, fmt, rounding, k, dtype, key, counts
 
 
 def add(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a + b) in ``fmt``: the exact sum rounded once (``rounding`` as in lpsim.quantize)."""
-    return _apply(ADD, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(ADD, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def sub(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a - b) in ``fmt``: the exact difference rounded once."""
-    return _apply(SUB, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(SUB, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def mul(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a * b) in ``fmt``: the exact product rounded once."""
-    return _apply(MUL, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(MUL, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def div(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a / b) in ``fmt``: the exact quotient rounded once (b = 0 gives IEEE inf/NaN)."""
-    return _apply(DIV, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(DIV, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def fma(a, b, c, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a * b + c) in ``fmt``: one rounding (a*b must be exact in float64, see above)."""
-    return _apply(FMA, (a, b, c), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(FMA, (a, b, c), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset,
+                  out)
 
 
 def sqrt(x, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-         stats=None, offset=0):
+         stats=None, offset=0, out=None):
     """fl(sqrt(x)) in ``fmt``: the exact root rounded once (x < 0 gives NaN)."""
-    return _apply(SQRT, (x,), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(SQRT, (x,), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)

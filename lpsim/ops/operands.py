@@ -57,8 +57,9 @@ def container_format(dtype):
     return PRESETS["fp32"] if np.dtype(dtype) == np.float32 else PRESETS["fp64"]
 
 
-def round_inputs(arrays, in_fmt, names, op: str):
-    """Round each operand to ``in_fmt`` (nearest) in its own container; None keeps them."""
+def round_inputs(arrays, in_fmt, names, op: str, stats=None):
+    """Round each operand to ``in_fmt`` (nearest) in its own container, counting these
+    roundings in ``stats`` too; None keeps them."""
     if in_fmt is None:
         return list(arrays)
     in_fmt = parse_format(in_fmt)
@@ -68,5 +69,27 @@ def round_inputs(arrays, in_fmt, names, op: str):
         if not ok:
             raise ValueError(f"{op}: in_fmt={in_fmt!r} does not fit {name}'s {x.dtype} "
                              f"container: {reason}; pass float64 operands or a narrower in_fmt")
-        out.append(quantize(x, in_fmt, "nearest"))
+        out.append(quantize(x, in_fmt, "nearest", stats=stats))
     return out
+
+
+def deliver(result, out, op: str):
+    """``result`` written into ``out`` (numpy's ``out=``: an array of the result's shape and
+    dtype) and ``out`` returned; without out, 0-d results as numpy scalars, as numpy does."""
+    if out is None:
+        return result[()] if isinstance(result, np.ndarray) and result.ndim == 0 else result
+    check_out(out, result.shape, result.dtype, op)
+    out[...] = result
+    return out
+
+
+def check_out(out, shape, dtype, op: str):
+    """A clear error unless ``out`` is a writable numpy array of ``shape`` and ``dtype``."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: out is a {type(out).__name__}; accepted: a numpy array of "
+                        f"shape {shape} and dtype {dtype}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{op}: out has shape {out.shape} and dtype {out.dtype}; accepted: "
+                         f"shape {tuple(shape)}, dtype {dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{op}: out is read-only; accepted: a writable array")

@@ -47,7 +47,7 @@ from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, TILE, chain, gemm
 from .kernels import run
 from .models import AccumulationModel, get_model
-from .operands import as_array, container_format, is_torch, round_inputs
+from .operands import as_array, container_format, deliver, is_torch, round_inputs
 
 
 def resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
@@ -162,9 +162,7 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     dtype = np.result_type(a2, b2)
     setup = _setup(m, dtype, a.dtype == b.dtype, op)
     dtype = setup.dtype
-    if stats is not None and not isinstance(stats, RoundingStats):
-        raise TypeError(f"{op}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
-                        "lpsim.RoundingStats or None")
+    _check_stats(stats, op)
     M, K, N = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     shape = batch + (M, N)
     # seed=None: a fresh seed when either rounding is stochastic
@@ -217,15 +215,18 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     return out.astype(dtype, copy=False)
 
 
-def _finish(result, like_torch):
-    if like_torch:
+def _finish(result, like_torch, out, op):
+    """The result as the caller's kind: a torch tensor for torch inputs, else numpy's
+    conventions (``out=``, 0-d results as numpy scalars)."""
+    if like_torch and out is None:
         import torch
         return torch.from_numpy(np.ascontiguousarray(result))
-    return result
+    return deliver(result, out, op)
 
 
 def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
-           out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+           out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None,
+           out=None):
     """a @ b with inputs rounded to in_fmt, a per-step rounded accumulator and an output format.
 
     a (..., M, K), b (..., K, N) (1-D and batch dimensions as numpy.matmul): float32/float64
@@ -246,7 +247,8 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     a, b = as_array(a, "a", op), as_array(b, "b", op)
     m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)
-    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op)
+    _check_stats(stats, op)
+    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
     result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
     if a.ndim == 1 and b.ndim == 1:
         result = result[..., 0, 0]
@@ -254,11 +256,11 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
         result = result[..., 0, :]
     elif b.ndim == 1:
         result = result[..., 0]
-    return _finish(result, like_torch)
+    return _finish(result, like_torch, out, op)
 
 
 def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
-        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None, out=None):
     """Inner products over the last axis of x and y (shapes (..., K), broadcast), simulated.
 
     The same keywords and steps as :func:`matmul`; output element o (C order over the
@@ -278,27 +280,59 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
                          "(..., K)")
     m = resolve(model, _dtype_of(x, y), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)
-    x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op)
+    _check_stats(stats, op)
+    x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op, stats)
     result = _run(x[..., None, :], y[..., :, None], m, seed=seed, stream=stream, stats=stats,
                   op=op)
-    return _finish(result[..., 0, 0], like_torch)
+    return _finish(result[..., 0, 0], like_torch, out, op)
 
 
-def sum(x, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,  # noqa: A001
-        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
-    """Sums over the last axis of x (shape (..., K)), simulated: the terms x_t (= x_t * 1).
+def sum(x, axis=None, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None,  # noqa: A001
+        acc_rounding=None, out_rounding=None, fused=None, order=None, seed=None, stream=0,
+        stats=None, out=None):
+    """Sums of x over ``axis`` (None: every element, in C order; an int or a tuple of ints,
+    as numpy.sum), simulated: the terms x_t (= x_t * 1) in C order of the reduced axes.
 
     The same keywords and steps as :func:`matmul`; fused=False rounds each x_t to acc_fmt
-    before adding it, fused=True adds it exactly.
+    before adding it, fused=True adds it exactly.  Output element o (C order over the axes
+    kept) uses counters o*2K ..., K the number of terms.
     """
     op = "sum"
     like_torch = is_torch(x)
     x = as_array(x, "x", op)
-    if x.ndim == 0:
-        raise ValueError(f"sum: x must have at least one dimension, got shape {x.shape}")
+    axes = _axes(axis, x.ndim, op)
     m = resolve(model, x.dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused,
                 order)
-    (x,) = round_inputs((x,), m.in_fmt, ("x",), op)
-    ones = np.ones((x.shape[-1], 1), x.dtype)
-    result = _run(x[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
-    return _finish(result[..., 0, 0], like_torch)
+    _check_stats(stats, op)
+    (x,) = round_inputs((x,), m.in_fmt, ("x",), op, stats)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    K = math.prod(x.shape[d] for d in axes)
+    terms = np.transpose(x, kept + list(axes)).reshape(tuple(x.shape[d] for d in kept) + (K,))
+    ones = np.ones((terms.shape[-1], 1), x.dtype)
+    result = _run(terms[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
+    return _finish(result[..., 0, 0], like_torch, out, op)
+
+
+def _axes(axis, ndim: int, op: str) -> tuple:
+    """``axis`` (None, an int or a tuple of ints) as sorted non-negative axes, numpy's way."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"{op}: axis={axis!r} must be None, an integer or a tuple of "
+                            "integers")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{op}: axis={axis!r} is out of range for an array of "
+                             f"{ndim} dimensions")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: axis={axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def _check_stats(stats, op: str) -> None:
+    if stats is not None and not isinstance(stats, RoundingStats):
+        raise TypeError(f"{op}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
+                        "lpsim.RoundingStats or None")
