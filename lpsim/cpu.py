@@ -264,7 +264,7 @@ def compile_notice(what: str):
 
 def first_call(dispatcher, what: str):
     """compile_notice(what) while ``dispatcher`` has no compiled signature, else nothing."""
-    return contextlib.nullcontext() if dispatcher.signatures else compile_notice(what)
+    return contextlib.nullcontext() if dispatcher.overloads else compile_notice(what)
 
 
 @functools.cache

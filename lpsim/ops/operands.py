@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
@@ -65,12 +66,17 @@ def round_inputs(arrays, in_fmt, names, op: str, stats=None):
     in_fmt = parse_format(in_fmt)
     out = []
     for x, name in zip(arrays, names):
-        ok, reason = in_fmt.fits(x.dtype)
+        ok, reason = _fits(in_fmt, x.dtype)
         if not ok:
             raise ValueError(f"{op}: in_fmt={in_fmt!r} does not fit {name}'s {x.dtype} "
                              f"container: {reason}; pass float64 operands or a narrower in_fmt")
         out.append(quantize(x, in_fmt, "nearest", stats=stats))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _fits(fmt, dtype):
+    return fmt.fits(dtype)
 
 
 def deliver(result, out, op: str):
