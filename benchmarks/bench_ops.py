@@ -4,6 +4,14 @@
 
 Prints simulated multiply-accumulates per second (n**3 / seconds, best of --repeat) for a
 n x n x n matmul, next to numpy's float32 matmul in the same run, and the ratio.
+
+With ``--sweep``: per-call time across sizes of ``ops.add`` (bf16, nearest and stochastic)
+against numpy's add, of sequential ``ops.dot`` with a bf16 accumulator (rounded steps per
+second) against numpy's float32 dot, and of ``ops.matmul`` (fp16 in and accumulator)
+against numpy's matmul, with the targets: scalar add <= 5 us, 16x16 matmul <= 30 us,
+sequential dot >= 1e8 rounded steps/s.
+
+    python benchmarks/bench_ops.py --sweep [--plot out.png] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,12 +40,110 @@ def best(fn, repeat):
     return min(times)
 
 
+def sweep(args):
+    """Per-call times of the simulated ops across sizes, against numpy in the same run."""
+    from tqdm import tqdm
+
+    from timing import per_call, throughput_plot
+
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def add(case, size, unit, seconds, peer=None, work=None):
+        rows.append({"case": case, "size": size, "unit": unit, "seconds": seconds,
+                     "peer_seconds": peer, "work_per_s": None if work is None else work / seconds})
+
+    scalar = per_call(lambda: ops.add(1.0, 2.0 ** -9, "bf16"), budget=args.budget)
+    add("ops.add scalar bf16 nearest", 1, "call", scalar,
+        per_call(lambda: 1.0 + 2.0 ** -9, budget=args.budget))
+    add("ops.add scalar bf16 stochastic", 1, "call",
+        per_call(lambda: ops.add(1.0, 2.0 ** -9, "bf16", "stochastic", seed=1),
+                 budget=args.budget))
+    sizes = [1 << k for k in range(4, args.max_log2n + 1, 2)]
+    for n in tqdm(sizes, desc="elementwise and dot", file=sys.stderr):
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        add("ops.add bf16 nearest", n, "elements",
+            per_call(lambda: ops.add(a, b, "bf16"), budget=args.budget),
+            per_call(lambda: np.add(a, b), budget=args.budget), n)
+        add("ops.add bf16 stochastic", n, "elements",
+            per_call(lambda: ops.add(a, b, "bf16", "stochastic", seed=1), budget=args.budget),
+            None, n)
+        add("ops.dot sequential bf16 acc nearest", n, "steps",
+            per_call(lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential"),
+                     budget=args.budget),
+            per_call(lambda: np.dot(a, b), budget=args.budget), n)
+        add("ops.dot sequential bf16 acc stochastic", n, "steps",
+            per_call(lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential",
+                                     acc_rounding="stochastic", seed=1), budget=args.budget),
+            None, n)
+    for n in tqdm([4, 8, 16, 32, 64, 128, 256], desc="matmul", file=sys.stderr):
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        add("ops.matmul fp16 in, fp16 acc", n, "MAC",
+            per_call(lambda: ops.matmul(a, b, in_fmt="fp16", acc_fmt="fp16"),
+                     budget=args.budget),
+            per_call(lambda: np.matmul(a, b), budget=args.budget), n ** 3)
+
+    print(f"# lpsim.ops across sizes, {datetime.datetime.now().isoformat(timespec='seconds')}, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, numba "
+          f"{numba.__version__} ({numba.get_num_threads()} threads), numpy {np.__version__}")
+    print(f"# command: python benchmarks/bench_ops.py --sweep --max-log2n {args.max_log2n}; "
+          "load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(f"{'case':42s} {'size':>9s} {'us/call':>10s} {'numpy us':>10s} {'per second':>12s}")
+    for r in rows:
+        peer = "" if r["peer_seconds"] is None else f"{r['peer_seconds'] * 1e6:.2f}"
+        rate = "" if r["work_per_s"] is None else f"{r['work_per_s']:.3e} {r['unit']}"
+        print(f"{r['case']:42s} {r['size']:9d} {r['seconds'] * 1e6:10.2f} {peer:>10s} "
+              f"{rate:>12s}")
+    matmul16 = next(r["seconds"] for r in rows if r["case"].startswith("ops.matmul")
+                    and r["size"] == 16)
+    dots = [r["work_per_s"] for r in rows
+            if r["case"] == "ops.dot sequential bf16 acc nearest" and r["size"] >= 1 << 12]
+    print(f"target: ops.add on scalars <= 5 us: got {scalar * 1e6:.2f} us -> "
+          f"{'met' if scalar <= 5e-6 else 'NOT met'}")
+    print(f"target: ops.matmul 16x16 <= 30 us: got {matmul16 * 1e6:.2f} us -> "
+          f"{'met' if matmul16 <= 30e-6 else 'NOT met'}")
+    if dots:
+        print(f"target: sequential ops.dot >= 1e8 rounded steps/s (n >= 4096): got "
+              f"{min(dots):.3e} .. {max(dots):.3e} -> "
+              f"{'met' if min(dots) >= 1e8 else 'NOT met'}")
+    if args.plot:
+        series = {}
+        for case in ("ops.add bf16 nearest", "ops.add bf16 stochastic",
+                     "ops.dot sequential bf16 acc nearest",
+                     "ops.dot sequential bf16 acc stochastic"):
+            series[case] = [r["work_per_s"] for r in rows if r["case"] == case]
+        series["numpy add (peer)"] = [r["size"] / r["peer_seconds"] for r in rows
+                                      if r["case"] == "ops.add bf16 nearest"]
+        series["numpy float32 dot (peer)"] = [r["size"] / r["peer_seconds"] for r in rows
+                                              if r["case"] == "ops.dot sequential bf16 acc "
+                                                              "nearest"]
+        throughput_plot(args.plot, sizes, series, ylabel="elements or rounded steps per second",
+                        title="lpsim.ops throughput by size (bf16)",
+                        note=f"{platform.processor() or platform.machine()}, "
+                             f"{os.cpu_count()} cores, {datetime.date.today()}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows}, f, indent=1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--n", type=int, default=512, help="matmul size n (n x n x n)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs (best is kept)")
+    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time ops.add, ops.dot and ops.matmul across sizes instead")
+    parser.add_argument("--max-log2n", type=int, default=22,
+                        help="largest elementwise / dot size of --sweep (2**N)")
+    parser.add_argument("--budget", type=float, default=0.25,
+                        help="seconds of calls per case and size in --sweep")
+    parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
     args = parser.parse_args(argv)
+    if args.sweep:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        return sweep(args)
     n = args.n
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(np.float32)

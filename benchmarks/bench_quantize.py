@@ -8,6 +8,13 @@ memory ceiling: the faster of ``np.copyto(out, x)`` (one thread) and a numba ``p
 every thread lpsim uses.  Each time is the median of several runs after a warm-up.
 
     python benchmarks/bench_quantize.py [--log2n 24] [--repeats 7] [--json out.json]
+
+With ``--sweep``, it times float32 -> bf16 at every size 2**4 .. 2**26 instead: lpsim nearest
+and stochastic, with and without a RoundingStats, against the ml_dtypes round trip, torch's
+``.to(bfloat16).float()`` and qtorch, per call (microseconds) and per element, and checks
+the targets at every size; ``--plot`` draws throughput against size.
+
+    python benchmarks/bench_quantize.py --sweep [--plot out.png] [--json out.json]
 """
 
 from __future__ import annotations
@@ -97,12 +104,115 @@ def machine() -> dict:
     }
 
 
+def sweep(args, info) -> int:
+    """float32 -> bf16 at every size: per-call time against the peers, and the targets."""
+    import ml_dtypes
+    import torch
+    from tqdm import tqdm
+
+    import lpsim
+    from timing import per_call, throughput_plot
+
+    try:
+        from qtorch.quant import float_quantize
+    except Exception as error:      # qtorch's extension may not build here
+        float_quantize = None
+        log(f"qtorch unavailable: {error}")
+    sizes = [1 << k for k in range(args.min_log2n, args.max_log2n + 1, 2)]
+    stats = lpsim.RoundingStats()
+    columns = ["lpsim nearest", "lpsim nearest +stats", "lpsim stochastic",
+               "lpsim stochastic +stats", "ml_dtypes round trip", "torch .to(bf16).float()",
+               "qtorch nearest"]
+    table = {c: [] for c in columns}
+    rng = np.random.default_rng(0)
+    for n in tqdm(sizes, desc="sizes", file=sys.stderr):
+        x = (rng.standard_normal(n) * np.exp2(rng.integers(-8, 8, n))).astype(np.float32)
+        out = np.empty_like(x)
+        t = torch.from_numpy(x)
+        calls = {
+            "lpsim nearest": lambda: lpsim.quantize(x, "bf16", out=out),
+            "lpsim nearest +stats": lambda: lpsim.quantize(x, "bf16", out=out, stats=stats),
+            "lpsim stochastic": lambda: lpsim.quantize(x, "bf16", "stochastic", seed=1,
+                                                       out=out),
+            "lpsim stochastic +stats": lambda: lpsim.quantize(x, "bf16", "stochastic", seed=1,
+                                                              out=out, stats=stats),
+            "ml_dtypes round trip": lambda: x.astype(ml_dtypes.bfloat16).astype(np.float32),
+            "torch .to(bf16).float()": lambda: t.to(torch.bfloat16).float(),
+            "qtorch nearest": None if float_quantize is None else
+            (lambda: float_quantize(t, 8, 7, rounding="nearest")),
+        }
+        for name, fn in calls.items():
+            table[name].append(None if fn is None else per_call(fn, budget=args.budget))
+
+    print(f"# lpsim CPU rounding across sizes, {info['date']}, {info['cpu']}, {info['cores']} "
+          f"cores (numba threads {info['numba_threads']}, torch threads "
+          f"{info['torch_threads']})")
+    print(f"# python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
+          f"torch {info['torch']}, ml_dtypes {info['ml_dtypes']}, qtorch {info['qtorch']}, "
+          f"lpsim {info['lpsim']}")
+    print(f"# command: python benchmarks/bench_quantize.py --sweep --min-log2n "
+          f"{args.min_log2n} --max-log2n {args.max_log2n}")
+    print("# float32 -> bf16, microseconds per call (median of 5 batches, each ~"
+          f"{args.budget / 5 * 1e3:.0f} ms of calls); load average at the end: "
+          + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+    short = ["nearest", "+stats", "SR", "SR+stats", "ml_dtypes", "torch", "qtorch"]
+    print(f"{'n':>6s} " + " ".join(f"{c:>10s}" for c in short) + f" {'best peer':>10s} "
+          f"{'SR/near':>8s}")
+    verdicts = []
+    for i, n in enumerate(sizes):
+        row = [table[c][i] for c in columns]
+        peers = [v for v in (table["ml_dtypes round trip"][i],
+                             table["torch .to(bf16).float()"][i]) if v is not None]
+        fastest = min(peers)
+        ratio_sr = table["lpsim stochastic"][i] / table["lpsim nearest"][i]
+        print(f"2^{n.bit_length() - 1:<4d} " + " ".join(
+            f"{'n/a' if v is None else f'{v * 1e6:.2f}':>10s}" for v in row)
+            + f" {fastest / table['lpsim nearest'][i]:9.2f}x {ratio_sr:8.2f}")
+        verdicts.append({"n": n, "nearest_vs_fastest_peer": fastest / table["lpsim nearest"][i],
+                         "stochastic_over_nearest": ratio_sr})
+    print("columns: lpsim.quantize(x, 'bf16', out=out) nearest / + RoundingStats / "
+          "stochastic (seed=1) / + stats; peers: ml_dtypes bfloat16 round trip, torch "
+          "t.to(torch.bfloat16).float(), qtorch float_quantize(t, 8, 7, 'nearest').")
+    print("best peer: (fastest of ml_dtypes and torch) / lpsim nearest, above 1 = lpsim "
+          "faster; SR/near: lpsim stochastic time / nearest time.")
+    small = table["lpsim nearest"][0] * 1e6
+    print(f"target: per-call time for {sizes[0]} elements <= 3 us: got {small:.2f} us -> "
+          f"{'met' if small <= 3 else 'NOT met'}")
+    slow = [v["n"] for v in verdicts if v["nearest_vs_fastest_peer"] < 1]
+    print(f"target: nearest at least as fast as the fastest peer at every size: "
+          f"{'met' if not slow else 'NOT met at ' + ', '.join(map(str, slow))}")
+    worst = max(v["stochastic_over_nearest"] for v in verdicts)
+    print(f"target: stochastic within 1.5x of nearest at every size: worst {worst:.2f}x -> "
+          f"{'met' if worst <= 1.5 else 'NOT met'}")
+    if args.plot:
+        series = {c: [None if v is None else n / v / 1e6 for n, v in zip(sizes, table[c])]
+                  for c in columns}
+        throughput_plot(args.plot, sizes, series, ylabel="million elements per second",
+                        title="float32 -> bf16 rounding throughput by array size",
+                        note=f"{info['cpu']}, {info['cores']} cores, {info['date']}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"machine": info, "sizes": sizes, "seconds_per_call": table,
+                       "verdicts": verdicts}, handle, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log2n", type=int, default=24, help="round 2**LOG2N values")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per case")
     parser.add_argument("--json", help="also write the results as JSON to this path")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time every size 2**MIN_LOG2N .. 2**MAX_LOG2N (step 4x) instead")
+    parser.add_argument("--min-log2n", type=int, default=4, help="smallest size of --sweep")
+    parser.add_argument("--max-log2n", type=int, default=26, help="largest size of --sweep")
+    parser.add_argument("--budget", type=float, default=0.25,
+                        help="seconds of calls per case and size in --sweep")
+    parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
     args = parser.parse_args(argv)
+    if args.sweep:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        return sweep(args, machine())
 
     import ml_dtypes
     import torch

@@ -5,7 +5,8 @@ from .formats import PRESETS, Format, fp, parse_format
 from .quantize import quantize
 from .rounding import MODES
 from .stats import RoundingStats
+from .warmup import warmup
 
 __all__ = ["Format", "fp", "parse_format", "PRESETS", "quantize", "MODES", "RoundingStats",
-           "reference", "blocks"]
+           "reference", "warmup", "blocks"]
 __version__ = "0.1.0"

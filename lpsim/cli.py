@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .formats import PRESETS, parse_format
@@ -27,14 +28,14 @@ def formats_table() -> Table:
 
 
 def round_table(value: float, formats: list[str], modes: list[str], seed: int) -> Table:
-    table = Table(title=f"{value!r} rounded (stochastic modes: seed {seed}, one draw)")
+    table = Table(title=escape(f"{value!r} rounded (stochastic modes: seed {seed}, one draw)"))
     table.add_column("format")
     for mode in modes:
         table.add_column(mode, justify="right")
     for spec in formats:
         fmt = parse_format(spec)
         cells = [f"{quantize(value, fmt, mode, seed=seed):.9g}" for mode in modes]
-        table.add_row(spec, *cells)
+        table.add_row(escape(spec), *cells)
     return table
 
 
@@ -60,7 +61,8 @@ def main(argv=None) -> int:
                                                        "fp(4,3,4)"],
                                       args.modes or list(MODES), args.seed))
     except (ValueError, TypeError) as error:
-        console.print(f"[red]error:[/red] {error}")
+        # the message quotes user input: escape it, or rich reads "[/x]" as markup
+        Console(stderr=True, width=console.width).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
     return 0
 

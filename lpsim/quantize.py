@@ -1,32 +1,41 @@
 """``lpsim.quantize``: round arrays and scalars to any fp(e, m, b) on the CPU (numba kernels).
 
 CUDA arrays (torch CUDA tensors, CuPy, numba device arrays) are handed to ``lpsim_cuda``;
-both paths run the same scalar decision (:func:`lpsim.rounding.round_bits`; the CPU kernel
-runs its vectorised common case :func:`lpsim.rounding.round_fast` first).
+both paths run the same scalar decision (:func:`lpsim.rounding.round_bits`; the CPU kernel,
+:mod:`lpsim.cpu`, runs its vectorised common case :func:`lpsim.rounding.round_fast` first).
+
+A call on a float32/float64 numpy array costs about two microseconds before the kernel runs:
+the parsed format, the decision's parameters and the kernel's entry point are looked up
+once per (format, rounding, dtype, sr_bits), and everything else is a few checks.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
-from numba import get_num_threads, njit, types
-from numba.extending import intrinsic, register_jitable
 
+from . import cpu
 from .formats import Format, parse_format
-from .philox import LANES, WORD_BITS, split_key
-from .philox import MASK32, philox4x32
-from .rounding import (STOCHASTIC, STOCHASTIC_MODES, Params, kernel_params, mode_code,
-                       round_bits, round_fast)
+from .philox import LANES, MASK32, WORD_BITS, split_key
+from .rounding import STOCHASTIC, Params, kernel_params, mode_code
 from .stats import COUNTERS, RoundingStats
+
+#: counters of elements: ``offset + x.size`` must not exceed this (random-word counters and
+#: the kernels' index arithmetic stay in int64)
+MAX_COUNTER = 2 ** 62
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_ndarray = np.ndarray
 
 
 class Plan(NamedTuple):
-    """A validated rounding request for one container dtype: what the kernels take."""
+    """A validated rounding request for one container dtype: what the kernels take.
+
+    ``stream`` is the 64-bit stream as a signed int64 (two's complement), so that every
+    kernel is typed for int64 whatever its value.
+    """
 
     params: Params
     mode: int
@@ -38,249 +47,168 @@ class Plan(NamedTuple):
     lanes: int
 
 
-def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0) -> Plan:
-    """Validate a request and turn it into kernel arguments (shared with lpsim_cuda)."""
-    fmt = parse_format(fmt)
-    mode = mode_code(rounding)
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"cannot round an array of dtype {dtype}; accepted: float32, float64 "
-                        "(cast integer or object data to a float dtype first)")
-    params = kernel_params(fmt, dtype)
-    width = WORD_BITS[dtype.itemsize]
+def _signed(value: int) -> int:
+    """A 64-bit unsigned integer as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def check_offset(offset, size: int = 0) -> int:
+    """``offset`` as an int, with a clear error unless 0 <= offset and offset + size <=
+    MAX_COUNTER."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset={offset!r} must be an integer; accepted: 0 <= offset and "
+                        f"offset + size <= 2**62")
+    offset = int(offset)
+    if offset < 0 or offset + size > MAX_COUNTER:
+        raise ValueError(f"offset={offset} is out of range for {size} elements; accepted: "
+                         f"0 <= offset and offset + size <= 2**62 (the element counters)")
+    return offset
+
+
+def check_sr_bits(sr_bits, rounding, width: int, dtype) -> int:
+    """The random bits per decision: ``width`` unless few-bit SR asks for fewer."""
     if sr_bits is None:
-        k = width
-    elif rounding != "stochastic":
+        return width
+    if rounding != "stochastic":
         raise ValueError(f"sr_bits={sr_bits!r} applies to rounding='stochastic' only, not "
                          f"rounding={rounding!r}")
-    elif isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
+    if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
         raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: an integer "
                         f"1..{width} for a {dtype} container")
-    elif not 1 <= sr_bits <= width:
+    if not 1 <= sr_bits <= width:
         raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: an integer 1..{width} "
                          f"for a {dtype} container")
-    else:
-        k = int(sr_bits)
+    return int(sr_bits)
+
+
+def check_dtype(dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype not in (_F32, _F64):
+        raise TypeError(f"cannot round an array of dtype {dtype}; accepted: float32, float64 "
+                        "(cast integer or object data to a float dtype first)")
+    return dtype
+
+
+def keys(seed, stream, mode: int) -> tuple[int, int, int]:
+    """(seed_lo, seed_hi, stream as int64) of a request; seed=None draws a fresh seed for the
+    stochastic modes."""
     if mode >= STOCHASTIC and seed is None:
         seed = secrets.randbits(64)
     seed_lo, seed_hi = split_key(0 if seed is None else seed, "seed")
     stream_lo, stream_hi = split_key(stream, "stream")
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
-        raise ValueError(f"offset={offset!r} must be a non-negative integer")
-    return Plan(params, mode, k, seed_lo, seed_hi, stream_lo | (stream_hi << 32), int(offset),
+    return seed_lo, seed_hi, _signed(stream_lo | (stream_hi << 32))
+
+
+def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0,
+         size: int = 0) -> Plan:
+    """Validate a request and turn it into kernel arguments (shared with lpsim_cuda)."""
+    fmt = parse_format(fmt)
+    mode = mode_code(rounding)
+    dtype = check_dtype(dtype)
+    params = kernel_params(fmt, dtype)
+    k = check_sr_bits(sr_bits, rounding, WORD_BITS[dtype.itemsize], dtype)
+    seed_lo, seed_hi, stream = keys(seed, stream, mode)
+    return Plan(params, mode, k, seed_lo, seed_hi, stream, check_offset(offset, size),
                 LANES[dtype.itemsize])
 
 
-#: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
-CHUNK = 8192
-#: chunks per parallel task (they share one scratch buffer)
-TASK = 4
-#: elements per extra thread: below this, handing work to the thread pool costs more than it
-#: saves (measured: ~80 us a call on 2 cores), so small arrays run in the calling thread
-PARALLEL_GRAIN = 1 << 17
-#: elements per group whose slow elements are counted together, so that the slow pass
-#: looks only into groups that have some
-GROUP = 64
+class _Route(NamedTuple):
+    """What a (format, rounding, dtype, sr_bits) request needs per call, computed once."""
+
+    mode: int
+    k: int
+    pv: np.ndarray          # tuple(Params) as int64 (lpsim.cpu.params_of)
+    kernel: object          # lpsim.cpu.entry(mode, dtype)
 
 
-@intrinsic
-def _constant(typingctx, value):
-    """The value of an integer literal as a compile-time constant, so that LLVM folds the
-    branches on it (a literal argument alone is still passed at run time)."""
-    if isinstance(value, types.IntegerLiteral):
-        def codegen(context, builder, signature, args):
-            return context.get_constant(types.int64, value.literal_value)
-        return types.int64(value), codegen
-    return None
+#: (fmt, rounding, dtype, sr_bits) -> _Route; a few hundred entries at most in practice
+_ROUTES: dict = {}
 
 
-#: the generator inlined into the block loops, so that they vectorise
-_philox_inline = njit(inline="always")(philox4x32)
+def _route(fmt, rounding, dtype, sr_bits) -> _Route:
+    """The cached route of a request, validating it the first time (clear errors)."""
+    key = (fmt, rounding, dtype, sr_bits)
+    try:
+        return _ROUTES[key]
+    except KeyError:
+        pass
+    except TypeError:       # an unhashable argument: validation names it below
+        key = None
+    request = plan(fmt, rounding, dtype, sr_bits=sr_bits)
+    route = _Route(request.mode, request.k, np.array(request.params, np.int64),
+                   cpu.entry(request.mode, np.dtype(dtype)))
+    if key is not None and len(_ROUTES) < 4096:
+        _ROUTES[key] = route
+    return route
 
 
-@register_jitable
-def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
-    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
-    for j in range(nb):
-        b = b0 + j
-        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
-                                        seed_hi)
-        r[4 * j] = w0
-        r[4 * j + 1] = w1
-        r[4 * j + 2] = w2
-        r[4 * j + 3] = w3
+#: the counters of calls without stats (written, never read)
+_DISCARD = np.zeros(cpu.NCOUNTS, np.int64)
 
 
-@register_jitable
-def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
-    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
-    for j in range(nb):
-        b = b0 + j
-        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
-                                        seed_hi)
-        r[2 * j] = (w0 << 30) | (w1 >> 2)
-        r[2 * j + 1] = (w2 << 30) | (w3 >> 2)
-
-
-@register_jitable
-def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
-    """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
-
-    The words of :func:`lpsim.philox.lane_word` for W = ``w`` random bits (32: four lanes a
-    block, as float32 containers use; 62: two, as float64), in loops that vectorise.
-    """
-    if w == 32:
-        _words_w32(r, b0, nb, stream, seed_lo, seed_hi)
+def _round_array(x, route: _Route, seed, stream, stats, out, offset):
+    """The numpy path: ``x`` a native float32/float64 array; returns ``out``."""
+    n = x.size
+    if type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER:
+        offset = check_offset(offset, n)
+    if seed is None:
+        seed_lo = seed_hi = 0
+        if route.mode >= STOCHASTIC:
+            seed = secrets.randbits(64)
+            seed_lo, seed_hi = seed & MASK32, seed >> 32
+    elif type(seed) is int and 0 <= seed < 1 << 64:
+        seed_lo, seed_hi = seed & MASK32, seed >> 32
     else:
-        _words_w62(r, b0, nb, stream, seed_lo, seed_hi)
+        seed_lo, seed_hi = split_key(seed, "seed")
+    if type(stream) is not int or not 0 <= stream < 1 << 63:
+        stream = _signed(sum(w << (32 * i) for i, w in enumerate(split_key(stream, "stream"))))
+    if stats is None:
+        counts = _DISCARD
+    elif type(stats) is RoundingStats or isinstance(stats, RoundingStats):
+        counts = stats.counts
+    else:
+        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
+                        "lpsim.RoundingStats or None")
+    xflags = x.flags
+    if out is None:
+        out = target = np.empty_like(x)
+    elif type(out) is _ndarray and out.dtype is x.dtype and out.shape == x.shape:
+        oflags = out.flags
+        if not oflags.writeable:
+            _check_out(out, x)
+        target = out if oflags.c_contiguous else np.empty_like(x)
+    else:
+        target = out = _check_out(out, x)
+    src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
+    flat = src if src.ndim == 1 else src.reshape(-1)
+    dst = target if target.ndim == 1 else target.reshape(-1)
+    if n < cpu.SERIAL_BELOW:
+        status = route.kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset,
+                              0, cpu.ntasks(n, offset), counts)
+    else:
+        status = cpu.run(flat, dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
+                         offset, counts)
+    if status == cpu.OVERLAP:
+        # out overlaps x without being x: round a copy of x
+        cpu.run(flat.copy(), dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
+                offset, counts)
+    if target is not out:
+        out[...] = target
+    return out
 
 
-@register_jitable
-def _fast_pass(xs, ys, rs, mode, k, p, left):
-    """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
-
-    slow counts the elements left to :func:`_slow_pass`, ``left[g]`` those of group g (GROUP
-    elements).  ``ys`` must not overlap ``xs``: the loop is vectorised behind an overlap
-    check, and a loop that stores into the array it loads becomes masked stores.
-    """
-    mode = _constant(mode)
-    slow = 0
-    inexact = 0
-    for g in range((xs.size + GROUP - 1) // GROUP):
-        xg = xs[g * GROUP:(g + 1) * GROUP]     # slices: indices from 0, so no wraparound
-        yg = ys[g * GROUP:(g + 1) * GROUP]
-        group_slow = 0
-        if mode >= STOCHASTIC:
-            rg = rs[g * GROUP:(g + 1) * GROUP]
-            for j in range(xg.size):
-                bits, ok, inx = round_fast(xg[j], mode, rg[j], k, p)
-                yg[j] = bits
-                group_slow += 1 - ok
-                inexact += inx
-        else:
-            for j in range(xg.size):
-                bits, ok, inx = round_fast(xg[j], mode, 0, k, p)
-                yg[j] = bits
-                group_slow += 1 - ok
-                inexact += inx
-        left[g] = group_slow
-        slow += group_slow
-    return slow, inexact
-
-
-@register_jitable
-def _slow_pass(ys, rs, mode, k, p, left, counts):
-    """round_bits over the elements of ``ys`` that :func:`_fast_pass` left as they were."""
-    a_lo = p.fast_lo << p.M
-    a_hi = (p.fast_hi + 1) << p.M
-    for g in range(0, ys.size, GROUP):
-        if left[g // GROUP]:
-            for j in range(g, min(g + GROUP, ys.size)):
-                a = np.int64(ys[j]) & p.MAG
-                if a < a_lo or a >= a_hi:
-                    bits, flags = round_bits(ys[j], mode, rs[j] if mode >= STOCHASTIC else 0,
-                                             k, p)
-                    ys[j] = bits
-                    for f in range(6):
-                        counts[f] += (flags >> f) & 1
-
-
-@register_jitable
-def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace, counts):
-    """Round the chunks of task ``t``; adds its six counters to ``counts``.
-
-    Each chunk draws its random words into a scratch buffer, runs the vectorisable
-    :func:`round_fast` over all its elements, then :func:`round_bits` over the few it did
-    not cover.  In place, the fast pass writes a scratch chunk that is copied back.
-    """
-    n = xb.size
-    first = offset // CHUNK
-    nchunks = (offset + n + CHUNK - 1) // CHUNK - first
-    lanes = 4 if p.W == 32 else 2                       # LANES of the random words
-    r = np.empty(CHUNK if mode >= STOCHASTIC else 1, np.int64)
-    left = np.empty(CHUNK // GROUP, np.int64)
-    scratch = np.empty(CHUNK if inplace else 1, xb.dtype)
-    for c in range(t * TASK, min(t * TASK + TASK, nchunks)):
-        base = (first + c) * CHUNK
-        lo = max(base, offset) - offset
-        hi = min(base + CHUNK, offset + n) - offset
-        rs = r
-        if mode >= STOCHASTIC:
-            b0 = (lo + offset) // lanes
-            _fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
-                        seed_hi)
-            rs = r[lo + offset - b0 * lanes:]
-        xs = xb[lo:hi]
-        if inplace:
-            ys = scratch[:hi - lo]
-            slow, inexact = _fast_pass(xs, ys, rs, mode, k, p, left)
-            xs[:] = ys
-        else:
-            slow, inexact = _fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
-        counts[0] += inexact
-        if slow:
-            _slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts)
-
-
-def _round_chunks(mode):
-    """The CPU kernel of rounding mode ``mode``, a constant of its body, so that the decision
-    compiles to straight-line code.
-
-    kernel(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, t0, t1) rounds the
-    container bits of tasks t0 .. t1-1 of ``xb`` into ``outb`` (``xb`` itself when
-    ``inplace``) and returns their six counters.  It releases the GIL, so threads can run
-    disjoint task ranges at once.
-    """
-    def kernel(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, t0, t1):
-        counts = np.zeros(6, np.int64)
-        for t in range(t0, t1):
-            _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace,
-                        counts)
-        return counts
-
-    return kernel
-
-
-@functools.cache
-def _compiled(mode):
-    # one kernel per mode; numba's cache tells closures apart by their captured values
-    return njit(nogil=True, cache=True)(_round_chunks(mode))
-
-
-def _ntasks(n, offset):
-    nchunks = (offset + n + CHUNK - 1) // CHUNK - offset // CHUNK
-    return (nchunks + TASK - 1) // TASK
-
-
-@functools.cache
-def _pool(workers, pid):
-    # keyed by process id too: a forked child does not inherit the parent's threads
-    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
-
-
-def _round_serial(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace=False):
-    """Round container bits ``xb`` into ``outb`` in the calling thread; returns the counters."""
-    return _compiled(mode)(xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace, 0,
-                           _ntasks(xb.size, offset))
-
-
-def _round_parallel(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace=False):
-    """As :func:`_round_serial`, on ``numba.get_num_threads()`` threads.
-
-    The tasks are dealt out in a few pieces per thread, so a busy core does not hold up the
-    others; the bits do not depend on the split (counter-based random words).
-    """
-    ntasks = _ntasks(xb.size, offset)
-    workers = min(get_num_threads(), ntasks, max(1, xb.size // PARALLEL_GRAIN))
-    if workers <= 1:
-        return _round_serial(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, inplace)
-    kernel = _compiled(mode)
-    bounds = np.linspace(0, ntasks, min(ntasks, 4 * workers) + 1).astype(np.int64)
-    pool = _pool(workers, os.getpid())
-    pieces = [pool.submit(kernel, xb, outb, k, p, seed_lo, seed_hi, stream, offset, inplace,
-                          int(t0), int(t1))
-              for t0, t1 in zip(bounds[:-1], bounds[1:]) if t1 > t0]
-    return sum(piece.result() for piece in pieces)
+def _check_out(out, x):
+    """out, if it can take the result for ``x``; otherwise a clear error."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out is a {type(out).__name__}; accepted: a numpy array of shape "
+                        f"{x.shape} and dtype {x.dtype} (or x itself, to round in place)")
+    if out.shape != x.shape or out.dtype != x.dtype or not out.dtype.isnative:
+        raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype {x.dtype} "
+                         f"(native byte order), got {out.shape} {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only; accepted: a writable array (for in-place rounding "
+                         "of a read-only array, round into a copy)")
+    return out
 
 
 def _is_torch(x) -> bool:
@@ -291,27 +219,66 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
              stats: RoundingStats | None = None, out=None, offset: int = 0, axis: int = -1):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
-    x: a float32/float64 numpy array (any shape), a Python int or float (rounded as float64,
-    returned as float), a numpy float32/float64 scalar, or a torch tensor
-    (CUDA tensors and other CUDA arrays run in lpsim_cuda).  fmt: an :class:`lpsim.Format` or
-    a string ("bf16", "fp(4,3,4)", ...).  rounding: one of ``lpsim.rounding.MODES``.
-    seed, stream: key of the counter-based generator for stochastic modes (seed=None draws a
-    fresh seed); element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with
-    its offset gets the same bits as the whole array.  sr_bits: random bits per decision
-    (few-bit SR).  stats: a :class:`RoundingStats` to add this call's counters to.
-    out: array to write into (may be ``x`` itself for in-place rounding).
+    x: a numpy array or any array-like (lists, tuples, scalars).  float32 and float64 arrays
+    are rounded in their own container; float16 and ml_dtypes' bfloat16 arrays are upcast
+    exactly to float32, and integer arrays to float64 when every element is exact there.
+    A Python int or float is rounded as float64 and returned as a float (an int beyond
+    float64's 53 bits is rounded exactly, from its integer value); a numpy float scalar
+    comes back as a numpy scalar of its container.  torch tensors: CPU tensors round through
+    their numpy view; CUDA tensors and other CUDA arrays run in lpsim_cuda.
+    fmt: an :class:`lpsim.Format` or a string ("bf16", "fp(4,3,4)", ...).  rounding: one of
+    ``lpsim.rounding.MODES``.
+    seed, stream: the key of the counter-based generator for stochastic modes (integers in
+    [0, 2**64); seed=None draws a fresh seed).  A fixed seed replays the same bits on every
+    call.  Element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with its
+    offset gets the same bits as the whole array; 0 <= offset, offset + size <= 2**62.
+    sr_bits: random bits per decision (few-bit SR).  stats: a :class:`RoundingStats` to add
+    this call's counters to.  out: array to write into (may be ``x`` itself for in-place
+    rounding; any other overlap with ``x`` is handled as if ``x`` were copied first).
 
     Semantics of every mode, overflow, NaN, inf and signed zero: :mod:`lpsim.rounding`.
     Raises ValueError/TypeError naming the bad value: unknown format or rounding, a format
-    that does not fit the container, integer/object data, sr_bits out of range.
+    that does not fit the container, object/complex/bool data, sr_bits, seed, stream or
+    offset out of range, a wrong ``out`` or ``stats``; nothing is written then.
     A block-scaled format ("mxfp4", "nvfp4", lpsim.blocks.BlockFormat) fake-quantizes in
     blocks along ``axis``: :func:`lpsim.blocks.quantize`.
     """
-    from .blocks import as_block_format, quantize as quantize_blocked
-    if (bfmt := as_block_format(fmt)) is not None:
-        return quantize_blocked(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
-                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    if type(x) is _ndarray:
+        dtype = x.dtype
+        if dtype is _F32 or dtype is _F64:
+            try:
+                route = _ROUTES[fmt, rounding, dtype, sr_bits]
+            except (KeyError, TypeError):
+                if _block_format(fmt) is not None:
+                    return _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats,
+                                             out, offset, axis)
+                route = _route(fmt, rounding, dtype, sr_bits)
+            return _round_array(x, route, seed, stream, stats, out, offset)
+    if _block_format(fmt) is not None:
+        return _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                                 axis)
+    return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
+
+
+def _block_format(fmt):
+    """The block format ``fmt`` names (lpsim.blocks), or None: off the cached hot path."""
+    from .blocks import as_block_format
+    return as_block_format(fmt)
+
+
+def _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, axis):
+    from .blocks import quantize as quantize_blocked
+    return quantize_blocked(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
+                            sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+
+
+def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset):
+    """Everything but a native float32/float64 numpy array: tensors, scalars, array-likes."""
     fmt = parse_format(fmt)
+    mode_code(rounding)
+    if stats is not None and not isinstance(stats, RoundingStats):
+        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
+                        "lpsim.RoundingStats or None")
     if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
             or type(x).__module__.startswith("numba.cuda"):
         if getattr(x, "is_cuda", True):
@@ -324,46 +291,120 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         result = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                           stats=stats, out=target, offset=offset)
         return out if out is not None else torch.from_numpy(result)
-    if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.float16)):
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
+    if isinstance(x, int) or (isinstance(x, np.integer) and not isinstance(x, np.ndarray)):
         if out is not None:
             raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
                             "rounded (pass a numpy array to round into out)")
-        array = np.array(x, dtype=x.dtype if isinstance(x, np.floating) else np.float64)
+        return _round_int(int(x), fmt, rounding, seed, stream, sr_bits, stats, offset)
+    if isinstance(x, (float, np.floating)):
+        if out is not None:
+            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
+                            "rounded (pass a numpy array to round into out)")
+        array = np.array(x, dtype=np.float64 if isinstance(x, float) else _container(x.dtype))
         rounded = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                            stats=stats, offset=offset)
-        return rounded[()] if isinstance(x, np.floating) else float(rounded)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"cannot round a {type(x).__name__}; accepted: a float32/float64 numpy "
-                        "array, a Python int or float, a numpy float32/float64, or a torch "
-                        "tensor")
-    request = plan(fmt, rounding, x.dtype, seed=seed, stream=stream, sr_bits=sr_bits,
-                   offset=offset)
-    if out is None:
-        out = np.empty_like(x)
-    elif not isinstance(out, np.ndarray) or out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype {x.dtype}, "
-                         f"got {getattr(out, 'shape', None)} {getattr(out, 'dtype', type(out))}")
-    counts = round_into(np.ascontiguousarray(x).reshape(-1), out, request)
+        return float(rounded) if isinstance(x, float) else rounded[()]
+    array = as_container_array(x)
+    return quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                    stats=stats, out=out, offset=offset)
+
+
+def _container(dtype) -> np.dtype:
+    """The container a float dtype rounds in: float16 and bfloat16 (exact) in float32."""
+    return _F64 if np.dtype(dtype).itemsize > 4 else _F32
+
+
+def as_container_array(x, name: str = "x") -> np.ndarray:
+    """``x`` as a native float32/float64 array, converted exactly, or a clear error.
+
+    float16 and ml_dtypes' bfloat16 (and any float of at most 32 bits) become float32;
+    integers float64, when every value is exact there; big-endian floats are byte-swapped.
+    """
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{name} is a numpy.matrix; accepted: a numpy array "
+                        "(np.asarray(x) keeps the values)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array; lpsim does not round masks; accepted: "
+                        f"a plain array ({name}.filled(...) or np.asarray({name}.data))")
+    try:
+        array = np.asarray(x)
+    except (ValueError, TypeError) as error:
+        raise TypeError(f"{name} of type {type(x).__name__} is not an array of numbers: "
+                        f"{error}") from None
+    kind = array.dtype.kind
+    if kind == "f" or (kind == "V" and array.dtype.itemsize <= 4 and _is_float_like(array)):
+        if array.dtype.itemsize > 8:
+            raise TypeError(f"{name} has dtype {array.dtype}; accepted: floats of at most 64 "
+                            "bits (a long double does not fit the float64 container)")
+        return array.astype(_container(array.dtype), copy=False)
+    if kind in "iu":
+        wide = array.astype(np.float64)
+        exact = wide.astype(array.dtype) == array
+        if not np.all(exact):
+            bad = array.reshape(-1)[np.flatnonzero(~exact.reshape(-1))[0]]
+            raise ValueError(f"{name} holds the integer {bad}, which float64 cannot hold "
+                             "exactly; accepted: integers of at most 53 bits in an array "
+                             "(a Python int scalar is rounded exactly)")
+        return wide
+    raise TypeError(f"cannot round {name} (a {type(x).__name__}) of dtype {array.dtype}; "
+                    "accepted: float arrays "
+                    "(float16, bfloat16, float32, float64), integer arrays exact in float64, "
+                    "Python numbers, and lists or tuples of them")
+
+
+def _is_float_like(array) -> bool:
+    """ml_dtypes' floats (bfloat16, float8_*) have kind 'V' and a float conversion."""
+    try:
+        return np.can_cast(array.dtype, np.float32) and array.dtype.names is None
+    except TypeError:
+        return False
+
+
+def _round_int(value: int, fmt: Format, rounding, seed, stream, sr_bits, stats, offset):
+    """A Python int, rounded as float64 when exact there, otherwise from its exact value."""
+    try:
+        exact = float(value) == value
+    except OverflowError:
+        exact = False
+    if exact:
+        return float(quantize(np.array(float(value)), fmt, rounding, seed=seed, stream=stream,
+                              sr_bits=sr_bits, stats=stats, offset=offset))
+    from fractions import Fraction
+
+    from .philox import random_words
+    from .reference import round_exact
+    request = plan(fmt, rounding, np.float64, seed=seed, stream=stream, sr_bits=sr_bits,
+                   offset=offset, size=1)
+    uniform = None
+    if request.mode >= STOCHASTIC:
+        seed = request.seed_lo | (request.seed_hi << 32)
+        word = random_words(1, 8, seed, request.stream % (1 << 64), request.offset)[0]
+        uniform = Fraction(word, 2 ** WORD_BITS[8])
+    width = WORD_BITS[8]
+    few = request.k if rounding == "stochastic" and request.k < width else None
+    result = round_exact(value, fmt, rounding, uniform=uniform, sr_bits=few)
     if stats is not None:
-        stats.add(x.size, counts)
-    return out
+        stats.add(1, [int(name in result.flags) for name in COUNTERS])
+    return float(result.value)
 
 
 def round_into(flat, out, request: Plan):
-    """Round the contiguous 1-D array ``flat`` into ``out`` (same size); returns the counters."""
-    bits_dtype = np.int32 if flat.dtype.itemsize == 4 else np.int64
+    """Round the 1-D array ``flat`` into ``out`` (same size) with a :class:`Plan`; returns
+    the six counters (COUNTERS order).  For callers that build their own Params."""
+    counts = np.zeros(cpu.NCOUNTS, np.int64)
     target = out.reshape(-1) if out.flags.c_contiguous else np.empty_like(flat)
-    # in place is safe (round_fast returns the input bits where it does not apply); any
-    # other overlap would read elements already written
-    inplace = flat.ctypes.data == target.ctypes.data
-    if not flat.flags.writeable or (not inplace and np.shares_memory(flat, target)):
-        flat = flat.copy()      # the kernels take writable arrays (one signature per dtype)
-    counts = _round_parallel(flat.view(bits_dtype), target.view(bits_dtype), request.mode,
-                             request.k, request.params, request.seed_lo, request.seed_hi,
-                             request.stream, request.offset, inplace)
-    if target is not out and not np.shares_memory(target, out):
+    src = flat if flat.flags.c_contiguous and flat.flags.writeable else flat.copy()
+    pv = np.array(request.params, np.int64)
+    args = (request.mode, pv, request.k, request.seed_lo, request.seed_hi, request.stream,
+            request.offset, counts)
+    if cpu.run(src, target, *args) == cpu.OVERLAP:
+        cpu.run(src.copy(), target, *args)
+    if not out.flags.c_contiguous:
         out[...] = target.reshape(out.shape)
-    return counts
+    return counts[1:]
 
 
-__all__ = ["quantize", "plan", "Plan", "round_into", "COUNTERS", "Format"]
+__all__ = ["quantize", "plan", "Plan", "round_into", "COUNTERS", "Format", "MAX_COUNTER",
+           "as_container_array"]

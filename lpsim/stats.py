@@ -7,17 +7,28 @@ accumulators into the fields, after waiting for the streams that wrote them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import numpy as np
 
 #: counter names in the order the kernels return them
 COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf")
-#: the fields of a RoundingStats
+#: the fields of a RoundingStats, in the order of its host counter vector
 FIELDS = ("elements",) + COUNTERS
 #: the slots of a device accumulator: the kernels' counters, then elements
 SLOTS = COUNTERS + ("elements",)
 
 
-@dataclass
+def _field(index: int, name: str):
+    def get(self) -> int:
+        if self._devices:
+            self.sync()
+        return int(self.counts[index])
+
+    def set_(self, value) -> None:
+        self.counts[index] = value
+
+    return property(get, set_, doc=f"{name} (see the class docstring)")
+
+
 class RoundingStats:
     """Accumulates over every call it is passed to (``quantize(..., stats=s)``).
 
@@ -25,27 +36,30 @@ class RoundingStats:
     inputs whose rounded magnitude exceeds max_finite; underflow: nonzero finite inputs rounded
     to zero; subnormal: nonzero results below min_normal; nan / inf: NaN and inf inputs.
 
-    GPU calls leave their counts on the device: reading a field (or ``==``, ``repr``,
-    ``as_dict``, ``+=``) first waits for those launches and adds them in.  Once captured in
-    a CUDA graph, whose replays add unseen, every read waits for the whole device.
+    The CPU kernels add straight into ``counts`` (int64, FIELDS order), so leaving stats on
+    costs nothing measurable.  GPU calls leave their counts on the device: reading a field
+    (or ``==``, ``repr``, ``as_dict``, ``+``) first waits for those launches and adds them
+    in.  Once captured in a CUDA graph, whose replays add unseen, every read waits for the
+    whole device.  One object is not meant to be updated from several threads at once.
     """
 
-    elements: int = 0
-    inexact: int = 0
-    overflow: int = 0
-    underflow: int = 0
-    subnormal: int = 0
-    nan: int = 0
-    inf: int = 0
-    # device id -> accumulator with ``dirty`` (it may hold unread counts) and ``drain()``
-    # (the counts in SLOTS order, zeroing them); lpsim_cuda.counters.DeviceCounters
-    _devices: dict = field(default_factory=dict, repr=False, compare=False)
+    __slots__ = ("counts", "_devices")
 
-    def __getattribute__(self, name):
-        if name in FIELDS and any(d.dirty for d in object.__getattribute__(self, "_devices")
-                                  .values()):
-            object.__getattribute__(self, "sync")()
-        return object.__getattribute__(self, name)
+    def __init__(self, elements: int = 0, inexact: int = 0, overflow: int = 0,
+                 underflow: int = 0, subnormal: int = 0, nan: int = 0, inf: int = 0):
+        self.counts = np.array([elements, inexact, overflow, underflow, subnormal, nan, inf],
+                               np.int64)
+        # device id -> accumulator with ``dirty`` (it may hold unread counts) and ``drain()``
+        # (the counts in SLOTS order, zeroing them); lpsim_cuda.counters.DeviceCounters
+        self._devices = {}
+
+    elements = _field(0, "elements")
+    inexact = _field(1, "inexact")
+    overflow = _field(2, "overflow")
+    underflow = _field(3, "underflow")
+    subnormal = _field(4, "subnormal")
+    nan = _field(5, "nan")
+    inf = _field(6, "inf")
 
     def device_counters(self, device, make=None):
         """The accumulator GPU launches on ``device`` add into; ``make()`` creates a missing
@@ -59,30 +73,59 @@ class RoundingStats:
         for accumulator in self._devices.values():
             if accumulator.dirty:
                 for name, value in zip(SLOTS, accumulator.drain()):
-                    setattr(self, name, object.__getattribute__(self, name) + int(value))
+                    self.counts[FIELDS.index(name)] += int(value)
 
     def add(self, elements: int, counts) -> None:
         """Add one call's element count and its counters (in COUNTERS order)."""
-        for name, value in zip(FIELDS, (elements, *counts)):
-            # host fields only: counts still on a device are added when read
-            setattr(self, name, object.__getattribute__(self, name) + int(value))
+        # host fields only: counts still on a device are added when read
+        self.counts[0] += int(elements)
+        self.counts[1:] += np.asarray([int(c) for c in counts], np.int64)
+
+    def as_dict(self) -> dict:
+        self.sync()
+        return dict(zip(FIELDS, (int(c) for c in self.counts)))
 
     def __iadd__(self, other: "RoundingStats") -> "RoundingStats":
-        self.add(other.elements, [getattr(other, name) for name in COUNTERS])
+        if not isinstance(other, RoundingStats):
+            return NotImplemented
+        other.sync()
+        self.counts += other.counts
         return self
+
+    def __add__(self, other: "RoundingStats") -> "RoundingStats":
+        if not isinstance(other, RoundingStats):
+            return NotImplemented
+        total = RoundingStats()
+        total += self
+        total += other
+        return total
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, RoundingStats):
+            return NotImplemented
+        return self.as_dict() == other.as_dict()
+
+    __hash__ = None     # mutable
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value}" for name, value in self.as_dict().items())
+        return f"RoundingStats({fields})"
 
     def reset(self) -> None:
         for accumulator in self._devices.values():
             if accumulator.dirty:
                 accumulator.drain()       # zero the device side too (after its launches)
-        for name in FIELDS:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict:
-        self.sync()
-        return {name: object.__getattribute__(self, name) for name in FIELDS}
+        self.counts[:] = 0
 
     def __getstate__(self):
         # pickles and copies carry the totals, not the device buffers
-        self.sync()
-        return {**self.__dict__, "_devices": {}}
+        return self.as_dict()
+
+    def __setstate__(self, state) -> None:
+        self.__init__(**state)
+
+    def __copy__(self) -> "RoundingStats":
+        return RoundingStats(**self.as_dict())
+
+    def __deepcopy__(self, memo) -> "RoundingStats":
+        return self.__copy__()

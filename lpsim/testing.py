@@ -5,6 +5,12 @@ value strategy draws scalars of the container dtype, so it can serve as ``elemen
 ``hypothesis.extra.numpy.arrays(dtype, shape, elements=...)``.  :func:`assert_rounded`
 checks results against the exact rational reference (:mod:`lpsim.reference`).
 Needs hypothesis (the ``test`` extra).
+
+Inside ``@given`` with hypothesis' default 200 ms deadline: a kernel's first call in a
+process compiles it (seconds, once per machine) or loads it from numba's cache (about a
+second), which the deadline counts.  Prepare the kernels first, at import of the test
+module or in ``conftest.py``: ``lpsim.warmup(["nearest", "stochastic"])`` (the modes and
+containers the tests use), or give the test ``@settings(deadline=None)``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ import pytest
 import lpsim
 from lpsim import RoundingStats, quantize
 from lpsim.philox import random_words
-from lpsim.quantize import (CHUNK, PARALLEL_GRAIN, TASK, _ntasks, _round_parallel, _round_serial,
-                            plan)
+from lpsim import cpu
+from lpsim.cpu import CHUNK, PARALLEL_GRAIN, TASK, ntasks
+from lpsim.quantize import plan
 from lpsim.rounding import round_bits
 
 N = 2000
@@ -83,11 +84,40 @@ def expected(dtype, key, mode, sr_bits, offset):
     return out.astype(DTYPES[dtype]), counts
 
 
-def run_kernel(kernel, x, out, request, inplace=False):
-    bits_dtype = DTYPES[x.dtype.type]
-    return kernel(x.view(bits_dtype), out.view(bits_dtype), request.mode, request.k,
-                  request.params, request.seed_lo, request.seed_hi, request.stream,
-                  request.offset, inplace)
+def _round_serial(x, out, request):
+    """All tasks in one call of the compiled entry point."""
+    counts = np.zeros(cpu.NCOUNTS, np.int64)
+    kernel = cpu.entry(request.mode, x.dtype)
+    assert kernel(x, out, np.array(request.params, np.int64), request.k, request.seed_lo,
+                  request.seed_hi, request.stream, request.offset, 0,
+                  ntasks(x.size, request.offset), counts) == 0
+    assert counts[0] == x.size
+    return counts[1:]
+
+
+def _round_split(x, out, request):
+    """One call per task, as the thread pool deals them out."""
+    counts = np.zeros(cpu.NCOUNTS, np.int64)
+    kernel = cpu.entry(request.mode, x.dtype)
+    for t in range(ntasks(x.size, request.offset)):
+        assert kernel(x, out, np.array(request.params, np.int64), request.k, request.seed_lo,
+                      request.seed_hi, request.stream, request.offset, t, t + 1, counts) == 0
+    assert counts[0] == x.size
+    return counts[1:]
+
+
+def _round_parallel(x, out, request):
+    """lpsim.cpu.run: the thread pool for large arrays."""
+    counts = np.zeros(cpu.NCOUNTS, np.int64)
+    assert cpu.run(x, out, request.mode, np.array(request.params, np.int64), request.k,
+                   request.seed_lo, request.seed_hi, request.stream, request.offset,
+                   counts) == 0
+    assert counts[0] == x.size
+    return counts[1:]
+
+
+def run_kernel(kernel, x, out, request):
+    return kernel(x, out, request)
 
 
 @pytest.mark.parametrize("mode, sr_bits", MODES, ids=[f"{m}-{k}" if k else m for m, k in MODES])
@@ -106,13 +136,13 @@ def test_every_path_equals_the_scalar_decision(dtype, key, mode, sr_bits):
                                f"got={got[bad[0]]!r} want={want.view(dtype)[bad[0]]!r}")
         assert list(counts) == list(want_counts), what
 
-    for kernel, offsets in ((_round_serial, OFFSETS[:2]), (_round_parallel, OFFSETS[::2])):
+    for kernel, offsets in ((_round_serial, OFFSETS[:2]), (_round_split, OFFSETS[::2])):
         for offset in offsets:
             out = np.full_like(x, 7.0)
             counts = run_kernel(kernel, x, out, plans[offset])
             check(out, counts, offset, f"{kernel.__name__} offset={offset}")
         y = x.copy()
-        counts = run_kernel(kernel, y, y, plans[offsets[-1]], inplace=True)
+        counts = run_kernel(kernel, y, y, plans[offsets[-1]])
         check(y, counts, offsets[-1], f"{kernel.__name__} in place offset={offsets[-1]}")
 
     # the public entry points: in place, a non-contiguous input and output, stats
@@ -142,7 +172,7 @@ def test_thread_pool_split_equals_the_serial_kernel(dtype, mode):
     x = np.resize(values(dtype, "e5m2"), n)            # the edge cases, repeated
     bits_dtype = DTYPES[dtype]
     for offset in (0, 3):
-        assert _ntasks(n, offset) > 1
+        assert ntasks(n, offset) > 1
         request = plan("e5m2", mode, dtype, seed=SEED, stream=STREAM, offset=offset)
         want, got = np.empty_like(x), np.empty_like(x)
         want_counts = run_kernel(_round_serial, x, want, request)
@@ -150,7 +180,7 @@ def test_thread_pool_split_equals_the_serial_kernel(dtype, mode):
         assert np.array_equal(got.view(bits_dtype), want.view(bits_dtype)), offset
         assert list(got_counts) == list(want_counts), offset
         y = x.copy()
-        got_counts = run_kernel(_round_parallel, y, y, request, inplace=True)
+        got_counts = run_kernel(_round_parallel, y, y, request)
         assert np.array_equal(y.view(bits_dtype), want.view(bits_dtype)), ("in place", offset)
         assert list(got_counts) == list(want_counts), ("in place", offset)
 

@@ -97,7 +97,7 @@ def test_matmul_dot_and_sum_match_exact_per_step_reference(fmts, order, fused):
     _assert_matches_reference(got, [(ar[bt, i], br[:, j]) for bt, i, j in np.ndindex(2, 3, 3)],
                               fmts, order, fused)
     x, y = a[:, :1, :], a[0]                                 # (2, 1, K) with (3, K)
-    d, s = ops.dot(x, y, **kw), ops.sum(y, **kw)
+    d, s = ops.dot(x, y, **kw), ops.sum(y, axis=-1, **kw)
     assert d.shape == (2, 3) and s.shape == (3,) and d.dtype == s.dtype == np.float32
     _assert_matches_reference(d, [(ar[i, 0], ar[0, j]) for i, j in np.ndindex(2, 3)], fmts,
                               order, fused)
@@ -212,3 +212,37 @@ def test_zero_length_and_fp64_accumulator():
         acc = acc + a32[:, t:t + 1] * b32[t:t + 1, :]
     assert np.array_equal(seq, acc)
     assert np.allclose(ops.matmul(a, b, acc_fmt="fp64"), a @ b, rtol=0, atol=1e-12)
+
+
+def test_numpy_conventions_axis_out_scalars_and_cast_counts():
+    """sum takes numpy's axis (None: all), 0-d results are numpy scalars, out= is filled, and
+    an input cast is a rounding like any other (its overflow counted)."""
+    rng = np.random.default_rng(21)
+    x = lpsim.quantize(rng.standard_normal((3, 4, 5)).astype(np.float32), "bf16")
+    kw = dict(acc_fmt="bf16", order="sequential", acc_rounding="stochastic", seed=3)
+    total = ops.sum(x, **kw)
+    assert isinstance(total, np.float32)
+    assert total == ops.sum(x.reshape(-1), **kw)
+    assert np.array_equal(ops.sum(x, axis=(0, 2), **kw),
+                          ops.sum(np.transpose(x, (1, 0, 2)).reshape(4, 15), axis=-1, **kw))
+    assert np.array_equal(ops.sum(x, axis=1, **kw),
+                          ops.sum(np.moveaxis(x, 1, -1), axis=-1, **kw))
+    assert ops.sum(np.float32(2.5), acc_fmt="bf16") == 2.5
+    d = ops.dot(x[0, 0], x[1, 0], acc_fmt="bf16")
+    assert isinstance(d, np.float32)
+    out = np.full((3, 5), 9.0, np.float32)
+    assert ops.sum(x, axis=1, out=out, **kw) is out
+    assert np.array_equal(out, ops.sum(x, axis=1, **kw))
+    c = np.empty((4, 4), np.float32)
+    assert ops.matmul(x[0], x[0].T, acc_fmt="bf16", out=c) is c
+    assert np.array_equal(c, ops.matmul(x[0], x[0].T, acc_fmt="bf16"))
+    e = np.empty(5)
+    assert ops.add(np.ones(5), 2.0 ** -9, "bf16", out=e) is e and np.all(e == 1.0)
+    stats = lpsim.RoundingStats()
+    ops.dot(np.float32([1e5, 1.0]), np.float32([1.0, 1.0]), in_fmt="fp16", acc_fmt="fp32",
+            order="sequential", stats=stats)
+    # the cast overflows once; inf then enters the first term, the add and the output rounding
+    assert stats.overflow == 1 and stats.inf == 3 and stats.elements == 4 + 3
+    stats = lpsim.RoundingStats()
+    ops.add(np.float32([1e5]), np.float32([1.0]), "fp32", in_fmt="fp16", stats=stats)
+    assert stats.elements == 3 and stats.overflow == 1

@@ -8,6 +8,16 @@ overflow).  fma(a, b, c) needs a*b exact in float64 (e.g. operands in a format t
 float32, or in_fmt with m <= 25); otherwise it raises.  fmt must have m <= 50, or be fp64
 with rounding="nearest" (the float64 operation itself).
 
+Results outside float64's safe range (products and quotients below 2**-969, any result at
+or beyond 2**1022, float64 overflow) are computed exactly in rational arithmetic and
+rounded by :func:`lpsim.reference.round_exact` with the same random word.  An exact zero
+sum (add, sub, fma) is +0, or -0 under rounding ``down`` (IEEE 754 section 6.3; the sum of
+two zeros of one sign keeps it).
+
+Arguments follow numpy: operands broadcast, ``out=`` takes an array of the result's shape
+and dtype, and Python floats give a float.  ``in_fmt`` rounds the operands first; ``stats``
+counts those roundings too.
+
 Stochastic modes draw element i's word as ``lpsim.quantize`` does in the result's container
 (counter offset + i, C order), so ``op(..., "stochastic", seed=s)`` equals
 ``quantize(exact result, fmt, "stochastic", seed=s)`` whenever the exact result is a
@@ -20,127 +30,259 @@ and stochastic_equal are exact in both.
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit, prange
+import functools
+import math
+from fractions import Fraction
 
+import numpy as np
+from numba import njit
+from numba.extending import register_jitable
+
+from .. import cpu
+from ..cpu import params_of
 from ..formats import parse_format
-from ..philox import LANES, WORD_BITS
-from ..quantize import plan, round_into
-from ..rounding import kernel_params
-from .exact import check_exact, f2i, fma as fma_, product_to_odd, quotient_to_odd
-from .exact import sqrt_to_odd, sum_to_odd
-from .operands import as_array, round_inputs
+from ..philox import WORD_BITS, block_words, lane_word, random_words
+from ..quantize import check_offset, keys, plan
+from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
+from ..stats import COUNTERS, RoundingStats
+from .exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
+from .exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
+from .operands import as_array, check_out, round_inputs
 
 ADD, SUB, MUL, DIV, FMA, SQRT = range(6)
-
-
-@njit(parallel=True, cache=True)
-def _to_odd(op, a, b, c, out, odd):
-    """out[i] = bits of RO(op(a[i], b[i], c[i])) (odd) or of RN (not odd); returns the
-    first index whose fma product is inexact, or -1."""
-    n = out.size
-    bad = np.full(n, False)
-    for i in prange(n):
-        x, y, z = a[i], b[i], c[i]
-        if op == ADD or op == SUB:
-            y = y if op == ADD else -y
-            out[i] = sum_to_odd(x, y) if odd else f2i(x + y)
-        elif op == MUL:
-            out[i] = product_to_odd(x, y) if odd else f2i(x * y)
-        elif op == DIV:
-            out[i] = quotient_to_odd(x, y) if odd else f2i(x / y)
-        elif op == SQRT:
-            out[i] = sqrt_to_odd(x) if odd else f2i(np.sqrt(x))
-        else:
-            p = x * y
-            bad[i] = fma_(x, y, -p) != 0.0
-            out[i] = sum_to_odd(p, z) if odd else f2i(fma_(x, y, z))
-    for i in range(n):
-        if bad[i] and odd:
-            return i
-    return -1
-
-
 _NAMES = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", FMA: "fma", SQRT: "sqrt"}
+#: float64 results below this (nonzero) or at least HUGE take the exact path
+TINY, HUGE = 2.0 ** -969, 2.0 ** 1022
 
 
-def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset):
-    name = _NAMES[op]
-    names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)
-    weak = [isinstance(x, (int, float)) and not isinstance(x, (bool, np.generic))
-            for x in operands]
-    scalar = all(np.ndim(x) == 0 and not isinstance(x, np.ndarray) for x in operands)
-    arrays = [as_array(x, n, name) for x, n in zip(operands, names)]
-    arrays = round_inputs(arrays, in_fmt, names, name)
-    # numpy's result type, Python numbers as weak scalars
-    dtype = np.result_type(*[float(o) if w else x for x, o, w in zip(arrays, operands, weak)])
+@register_jitable
+def odd_bits(op, x, y, z, odd, mode):
+    """(bits of RO(op(x, y, z)) or of RN when not odd, unsafe, product_inexact).
+
+    unsafe: the float64 result is outside the safe range (the caller rounds it exactly);
+    product_inexact: fma's x*y is not a float64.  An exact zero sum gets IEEE 754's sign for
+    ``mode``: +0, or -0 under down, unless both terms are zeros of one sign.
+    """
+    inexact_product = False
+    if op == ADD or op == SUB:
+        y = y if op == ADD else -y
+        rn = x + y
+        bits = zero_sum_bits(sum_to_odd(x, y), rn, x, y, mode == DOWN) if odd else f2i(rn)
+    elif op == MUL:
+        rn = x * y
+        bits = product_to_odd(x, y) if odd else f2i(rn)
+    elif op == DIV:
+        rn = x / y
+        bits = quotient_to_odd(x, y) if odd else f2i(rn)
+    elif op == SQRT:
+        rn = np.sqrt(x)
+        bits = sqrt_to_odd(x) if odd else f2i(rn)
+    else:
+        p = x * y
+        inexact_product = odd and fma_(x, y, -p) != 0.0
+        rn = fma_(x, y, z)
+        bits = zero_sum_bits(sum_to_odd(p, z), rn, p, z, mode == DOWN) if odd else f2i(rn)
+    finite = np.isfinite(x) and np.isfinite(y) and np.isfinite(z)
+    nonzero = x != 0.0 and (y != 0.0 or op == ADD or op == SUB or op == SQRT)
+    unsafe = finite and nonzero and odd and (
+        abs(rn) >= HUGE or ((op == MUL or op == DIV) and abs(rn) < TINY))
+    return (np.int64(0) if unsafe else bits), unsafe, inexact_product
+
+
+@njit(nogil=True, cache=True, error_model="numpy")     # x/0: IEEE inf or NaN, no exception
+def _to_odd(op, a, b, c, out, odd, mode, exact):
+    """out[i] = odd_bits(a[i], b[i], c[i]); exact[i] = unsafe (out[i] = 0 there).
+
+    Returns (first index whose fma product is inexact or -1, number of unsafe results).
+    """
+    unsafe_count = 0
+    for i in range(out.size):
+        bits, unsafe, bad = odd_bits(op, a[i], b[i], c[i], odd, mode)
+        if bad:
+            return i, unsafe_count
+        out[i] = bits
+        exact[i] = unsafe
+        unsafe_count += unsafe
+    return -1, unsafe_count
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi, stream, offset, counts):
+    """One element: (value, unsafe, product_inexact), rounded as the array path rounds it
+    (the element's word at counter ``offset``; round_bits, which round_fast equals)."""
+    bits, unsafe, bad = odd_bits(op, x, y, z, odd, mode)
+    if unsafe or bad:
+        return 0.0, unsafe, bad
+    p = params_of(pv)
+    r = np.int64(0)
+    if mode >= STOCHASTIC:
+        lanes = 4 if p.W == 32 else 2
+        r = lane_word(block_words(offset // lanes, stream, seed_lo, seed_hi), offset % lanes,
+                      lanes)
+    out, flags = round_bits(bits, mode, r, k, p)
+    counts[0] += 1
+    for f in range(6):
+        counts[1 + f] += (flags >> f) & 1
+    return i2f(out), False, False
+
+
+@functools.lru_cache(maxsize=1024)
+def _route(name, fmt, rounding, dtype, sr_bits):
+    """(fmt, mode, k, odd, pv, kernel) of one (op, fmt, rounding, dtype, sr_bits)."""
     fmt = parse_format(fmt)
-    request = plan(fmt, rounding, dtype, seed=seed, stream=stream, sr_bits=sr_bits,
-                   offset=offset)   # validates fmt against the result container
+    request = plan(fmt, rounding, dtype, sr_bits=sr_bits)   # validates fmt for the container
     odd = check_exact(fmt, "fmt")
     if not odd and rounding != "nearest":
         raise ValueError(f"{name}: fmt=fp64 supports rounding='nearest' only, not "
                          f"{rounding!r}")
+    # rounded in a float64 container, drawing random words as the result container would
+    params = kernel_params(fmt, np.float64)._replace(W=WORD_BITS[dtype.itemsize])
+    return (fmt, request.mode, request.k, odd, np.array(params, np.int64),
+            cpu.entry(request.mode, np.dtype(np.float64)))
+
+
+def _result_dtype(arrays, weak):
+    """numpy's result type, Python numbers as weak scalars (float64 if all are)."""
+    strong = [x.dtype for x, w in zip(arrays, weak) if not w]
+    if not strong:
+        return _F64
+    return max(strong, key=lambda d: d.itemsize)
+
+
+_F64 = np.dtype(np.float64)
+
+
+def _cached_route(name, fmt, rounding, dtype, sr_bits):
     try:
-        shape = np.broadcast_shapes(*[x.shape for x in arrays])
-    except ValueError:
-        raise ValueError(f"{name}: operand shapes {[x.shape for x in arrays]} do not "
-                         "broadcast") from None
-    flat = [np.ascontiguousarray(np.broadcast_to(x, shape), np.float64).reshape(-1)
-            for x in arrays]
+        return _route(name, fmt, rounding, dtype, sr_bits)
+    except TypeError:          # an unhashable fmt or sr_bits: validate without the cache
+        return _route.__wrapped__(name, fmt, rounding, dtype, sr_bits)
+
+
+def _check_stats(name, stats):
+    if stats is not None and not isinstance(stats, RoundingStats):
+        raise TypeError(f"{name}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
+                        "lpsim.RoundingStats or None")
+    return stats.counts if stats is not None else np.zeros(cpu.NCOUNTS, np.int64)
+
+
+def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
+    name = _NAMES[op]
+    if in_fmt is None and out is None and all(type(x) is float for x in operands):
+        # Python floats: one compiled call, no arrays
+        fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, _F64, sr_bits)
+        counts = _check_stats(name, stats)
+        offset = check_offset(offset, 1)
+        seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
+        x, y, z = (tuple(operands) + (operands[0],) * 2)[:3]
+        with cpu.first_call(_scalar, "lpsim.ops' scalar kernel"):
+            value, unsafe, bad = _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi,
+                                         stream64, offset, counts)
+        if not (unsafe or bad):
+            return value
+    names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)
+    weak = [type(x) is float or (isinstance(x, int) and not isinstance(x, (bool, np.generic)))
+            for x in operands]
+    scalar = all(type(x) is float or np.ndim(x) == 0 and not isinstance(x, np.ndarray)
+                 for x in operands)
+    arrays = [as_array(x, n, name) for x, n in zip(operands, names)]
+    if in_fmt is not None:
+        _check_stats(name, stats)
+        arrays = round_inputs(arrays, in_fmt, names, name, stats)
+    dtype = _result_dtype(arrays, weak)
+    fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, dtype, sr_bits)
+    counts = _check_stats(name, stats)
+    shapes = [x.shape for x in arrays]
+    if all(s == shapes[0] for s in shapes):
+        shape = shapes[0]
+    else:
+        try:
+            shape = np.broadcast_shapes(*shapes)
+        except ValueError:
+            raise ValueError(f"{name}: operand shapes {shapes} do not broadcast") from None
+    if out is not None:
+        check_out(out, shape, dtype, name)
+    n = math.prod(shape)
+    offset = check_offset(offset, n)
+    seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
+    flat = [np.ascontiguousarray(np.broadcast_to(x, shape) if x.shape != shape else x,
+                                 np.float64).reshape(-1) for x in arrays]
     flat += [flat[0]] * (3 - len(flat))
-    bits = np.empty(flat[0].size, np.int64)
-    bad = _to_odd(op, flat[0], flat[1], flat[2], bits, odd)
+    bits = np.empty(n, np.int64)
+    exact = np.empty(n, np.bool_)
+    with cpu.first_call(_to_odd, "lpsim.ops' elementwise kernel"):
+        bad, unsafe = _to_odd(op, flat[0], flat[1], flat[2], bits, odd, mode, exact)
     if bad >= 0:
         a, b = flat[0][bad], flat[1][bad]
         raise ValueError(f"fma: the product a*b = {a!r} * {b!r} (element {bad}) is not exact "
                          "in float64; accepted: operands whose product has at most 53 "
                          "significant bits (e.g. round them with in_fmt= to m <= 25)")
-    # round in a float64 container, drawing random words as the result container would
-    wide = request._replace(
-        params=kernel_params(fmt, np.float64)._replace(W=WORD_BITS[dtype.itemsize]),
-        lanes=LANES[dtype.itemsize])
     values = bits.view(np.float64)
-    counts = round_into(values, values, wide)
-    if stats is not None:
-        stats.add(values.size, counts)
+    cpu.run(values, values, mode, pv, k, seed_lo, seed_hi, stream64, offset, counts)
+    if unsafe:
+        _round_exactly(op, flat, np.flatnonzero(exact), values, fmt, rounding, k, dtype,
+                       (seed_lo | seed_hi << 32, stream64 % (1 << 64), offset), counts)
     result = values.astype(dtype).reshape(shape)
+    if out is not None:
+        out[...] = result
+        return out
     if scalar:
         return float(result) if all(weak) else result[()]
     return result
 
 
+def _round_exactly(op, flat, where, values, fmt, rounding, k, dtype, key, counts):
+    """Round the results at ``where`` from their exact rational values (rare: results
+    outside float64's safe range); values[i] was 0 there and counted as exact."""
+    from ..reference import round_exact
+    seed, stream, offset = key
+    width = WORD_BITS[dtype.itemsize]
+    for i in where:
+        x, y, z = (Fraction(float(v[i])) for v in flat)
+        exact = {ADD: lambda: x + y, SUB: lambda: x - y, MUL: lambda: x * y,
+                 DIV: lambda: x / y, FMA: lambda: x * y + z}[op]()
+        uniform = None
+        if rounding in ("stochastic", "stochastic_equal"):
+            word = random_words(1, dtype.itemsize, seed, stream, offset + int(i))[0]
+            uniform = Fraction(word, 2 ** width)
+        few = k if rounding == "stochastic" and k < width else None
+        result = round_exact(exact, fmt, rounding, uniform=uniform, sr_bits=few)
+        values[i] = float(result.value)
+        counts[1:] += [int(c in result.flags) for c in COUNTERS]
+
+
 def add(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a + b) in ``fmt``: the exact sum rounded once (``rounding`` as in lpsim.quantize)."""
-    return _apply(ADD, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(ADD, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def sub(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a - b) in ``fmt``: the exact difference rounded once."""
-    return _apply(SUB, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(SUB, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def mul(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a * b) in ``fmt``: the exact product rounded once."""
-    return _apply(MUL, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(MUL, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def div(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a / b) in ``fmt``: the exact quotient rounded once (b = 0 gives IEEE inf/NaN)."""
-    return _apply(DIV, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(DIV, (a, b), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)
 
 
 def fma(a, b, c, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-        stats=None, offset=0):
+        stats=None, offset=0, out=None):
     """fl(a * b + c) in ``fmt``: one rounding (a*b must be exact in float64, see above)."""
-    return _apply(FMA, (a, b, c), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(FMA, (a, b, c), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset,
+                  out)
 
 
 def sqrt(x, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
-         stats=None, offset=0):
+         stats=None, offset=0, out=None):
     """fl(sqrt(x)) in ``fmt``: the exact root rounded once (x < 0 gives NaN)."""
-    return _apply(SQRT, (x,), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset)
+    return _apply(SQRT, (x,), fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out)

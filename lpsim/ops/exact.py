@@ -114,3 +114,23 @@ def check_exact(fmt, what: str) -> bool:
     raise ValueError(f"{what}={fmt!r} cannot be simulated exactly: a float64 intermediate "
                      f"rounds exactly to formats with m <= {MAX_M} and spacing >= "
                      f"2**{FINEST}, or to fp64 itself (nearest only)")
+
+
+#: the -0.0 bit pattern
+NEG_ZERO = np.int64(-(1 << 63))
+
+
+@register_jitable
+def zero_sum_bits(bits, s, x, y, down):
+    """``bits`` of the sum s = x + y, with IEEE 754's sign when the sum is exactly zero: +0,
+    or -0 under rounding down, unless x and y are zeros of one sign (section 6.3)."""
+    flip = s == 0.0 and down and not (x == 0.0 and y == 0.0 and f2i(x) == f2i(y))
+    return NEG_ZERO if flip else bits
+
+
+@register_jitable
+def step_sum_to_odd(x, y, down):
+    """Bits of RO(x + y) for an accumulation step, an exact zero sum signed as IEEE 754
+    says (:func:`zero_sum_bits`).  The sum stays far inside float64: the terms are products
+    of operands that fit float32 (below 2**256) and accumulator values."""
+    return zero_sum_bits(sum_to_odd(x, y), x + y, x, y, down)

@@ -1,8 +1,12 @@
 """The per-step GEMM kernel: every accumulation step rounded to the accumulator format.
 
-Work is split over output tiles (one row of A against TILE columns of B) and run in a
-numba prange; the TILE lanes advance in lockstep so each step is one vectorisable loop.
-Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`) and rounds it with
+Work is split over output tiles (one row of A against TILE columns of B); a call runs a
+range of them, and large products deal ranges out to a thread pool (:func:`run`).  The TILE
+lanes advance in lockstep so each step is one vectorisable loop.  Inner products with one
+output column (``dot``, ``sum``) in sequential or blocked order run :func:`chain`, which
+keeps the accumulator in a register (a few integer operations a step).
+Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`; an exact zero sum is -0
+under rounding down, IEEE 754 section 6.3) and rounds it with
 :func:`lpsim.rounding.round_fast` (the common case), then :func:`lpsim.rounding.round_bits`
 for the lanes round_fast does not cover.
 
@@ -13,13 +17,16 @@ counter o*2K + s, i.e. word (o*2K + s) % 4 of philox(((o*2K + s) // 4, stream), 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from numba import njit, prange
+from numba import njit
 from numba.extending import register_jitable
 
+from ..cpu import first_call, params_of, thread_pool
 from ..philox import block_words, lane_word
-from ..rounding import NEAREST, STOCHASTIC, round_bits, round_fast
-from .exact import f2i, i2f, sum_to_odd
+from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
+from .exact import f2i, i2f, step_sum_to_odd
 
 #: output columns per work item (lanes that step together)
 TILE = 32
@@ -39,13 +46,14 @@ def _make_steps(accumulate, mode):
     generic = mode is None
     fixed = 0 if generic else mode
 
-    @register_jitable
     def steps(dst, scale, y, w, any_mode, r, k, p, cnt, tmp):
         m = any_mode if generic else fixed
         bad = 0
         inexact = 0
         for j in range(w):
-            sb = sum_to_odd(dst[j] if accumulate else 0.0, scale * y[j])
+            # the product alone is exact: its own bits (so -0 stays -0)
+            sb = step_sum_to_odd(dst[j], scale * y[j], m == DOWN) if accumulate else \
+                f2i(scale * y[j])
             nb, ok, inx = round_fast(sb, m, r[j], k, p)
             tmp[j] = sb
             dst[j] = i2f(nb)
@@ -61,7 +69,11 @@ def _make_steps(accumulate, mode):
                     dst[j] = i2f(nb)
                     for f in range(6):
                         cnt[f] += (flags >> f) & 1
-    return steps
+
+    # a name of its own: numba's cache must never mix two of these (see lpsim.cpu)
+    label = "any" if generic else next(n for n, c in MODES.items() if c == mode)
+    steps.__name__ = steps.__qualname__ = f"steps_{'add' if accumulate else 'set'}_{label}"
+    return register_jitable(steps)
 
 
 _ADD_NEAREST, _ADD_SR, _ADD_ANY = (_make_steps(True, m) for m in (NEAREST, STOCHASTIC, None))
@@ -77,7 +89,7 @@ def _round_add(dst, scale, y, w, accumulate, mode, r, k, p, hw, cnt, tmp):
         for j in range(w):
             x = dst[j] if accumulate else 0.0
             v = scale * y[j]
-            s = x + v
+            s = x + v if accumulate else v
             bb = s - x
             inexact += ((x - (s - bb)) + (v - bb)) != 0.0
             dst[j] = s
@@ -111,109 +123,244 @@ def _fill(R, jj, base, lo, hi, stream, seed_lo, seed_hi):
         g = block * 4 + 4
 
 
-def _gemm(A, B, ia, ib, out, mode, omode, k, ko, pa, po, seed_lo, seed_hi, stream, order,
-          blk, fused, hw, ngroups):
-    """out[b] = fl(A[ia[b]] @ B[ib[b]]) step by step; returns the NCOUNTS counters."""
+@njit(nogil=True, cache=True)
+def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
+         blk, fused, hw, item_lo, item_hi, cnt):
+    """out[b] = fl(A[ia[b]] @ B[ib[b]]) step by step for work items item_lo .. item_hi-1
+    (an item: one row against TILE columns); adds the NCOUNTS counters to ``cnt``."""
     nbatch, M, N = out.shape
     K = A.shape[2]
     ntiles = (N + TILE - 1) // TILE
-    nitems = nbatch * M * ntiles
-    counts = np.zeros((ngroups, NCOUNTS), np.int64)
+    pa, po = params_of(pva), params_of(pvo)
     stoch = mode >= STOCHASTIC
     ostoch = omode >= STOCHASTIC
     products_rounded = (not fused) or order == ORDER_PAIRWISE
-    for g in prange(ngroups):
-        cnt = counts[g]
-        R = np.zeros((2 * K if (stoch or ostoch) else 1, TILE), np.int64)
-        acc = np.zeros(TILE)
-        part = np.zeros(TILE)
-        prod = np.zeros(TILE)
-        tmp = np.zeros(TILE, np.int64)
-        vals = np.zeros((STACK if order == ORDER_PAIRWISE else 1, TILE))
-        starts = np.zeros(STACK, np.int64)
-        levels = np.zeros(STACK, np.int64)
-        pending = np.zeros(STACK, np.bool_)
-        for item in range(g * nitems // ngroups, (g + 1) * nitems // ngroups):
-            jt = item % ntiles
-            i = (item // ntiles) % M
-            bt = item // (ntiles * M)
-            j0 = jt * TILE
-            w = min(TILE, N - j0)
-            arow = A[ia[bt], i]
-            Bm = B[ib[bt]]
-            base0 = ((bt * M + i) * N + j0) * 2 * K
-            for jj in range(w):
-                base = base0 + jj * 2 * K
-                if stoch and products_rounded:
-                    _fill(R, jj, base, 0, 2 * K, stream, seed_lo, seed_hi)
-                elif stoch:
-                    _fill(R, jj, base, K, 2 * K, stream, seed_lo, seed_hi)
-                    for h in range(0, K, blk):
-                        _fill(R, jj, base, h, h + 1, stream, seed_lo, seed_hi)
-                elif ostoch:
-                    _fill(R, jj, base, K, K + 1, stream, seed_lo, seed_hi)
-            r0 = R[0]
-            if order == ORDER_BLOCKED:
+    R = np.zeros((2 * K if (stoch or ostoch) else 1, TILE), np.int64)
+    acc = np.zeros(TILE)
+    part = np.zeros(TILE)
+    prod = np.zeros(TILE)
+    tmp = np.zeros(TILE, np.int64)
+    vals = np.zeros((STACK if order == ORDER_PAIRWISE else 1, TILE))
+    starts = np.zeros(STACK, np.int64)
+    levels = np.zeros(STACK, np.int64)
+    pending = np.zeros(STACK, np.bool_)
+    for item in range(item_lo, item_hi):
+        jt = item % ntiles
+        i = (item // ntiles) % M
+        bt = item // (ntiles * M)
+        j0 = jt * TILE
+        w = min(TILE, N - j0)
+        arow = A[ia[bt], i]
+        Bm = B[ib[bt]]
+        base0 = ((bt * M + i) * N + j0) * 2 * K
+        for jj in range(w):
+            base = base0 + jj * 2 * K
+            if stoch and products_rounded:
+                _fill(R, jj, base, 0, 2 * K, stream, seed_lo, seed_hi)
+            elif stoch:
+                _fill(R, jj, base, K, 2 * K, stream, seed_lo, seed_hi)
                 for h in range(0, K, blk):
-                    dst = acc if h == 0 else part
-                    # first term of the chunk: its product, rounded (slot h)
-                    _round_add(dst, arow[h], Bm[h, j0:j0 + w], w, False, mode,
-                               R[h] if stoch else r0, k, pa, hw, cnt, tmp)
-                    for t in range(h + 1, min(h + blk, K)):
-                        brow = Bm[t, j0:j0 + w]
-                        if fused:   # FMA into the accumulator (slot K+t)
-                            _round_add(dst, arow[t], brow, w, True, mode,
-                                       R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
-                        else:       # product (slot t), then the add (slot K+t)
-                            _round_add(prod, arow[t], brow, w, False, mode,
-                                       R[t] if stoch else r0, k, pa, hw, cnt, tmp)
-                            _round_add(dst, 1.0, prod, w, True, mode,
-                                       R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
-                    if h > 0:       # chunk combine (slot K+h)
-                        _round_add(acc, 1.0, part, w, True, mode,
-                                   R[K + h] if stoch else r0, k, pa, hw, cnt, tmp)
-            else:
-                sp = 0
-                for t in range(K + 1):
-                    if t < K:       # push leaf t; fused leaves wait to see if an FMA takes them
-                        starts[sp] = t
-                        levels[sp] = 0
-                        pending[sp] = fused
-                        if not fused:
-                            _round_add(vals[sp], arow[t], Bm[t, j0:j0 + w], w, False, mode,
-                                       R[t] if stoch else r0, k, pa, hw, cnt, tmp)
-                        sp += 1
-                    # combine equal levels while pushing; everything, right to left, at the end
-                    while sp >= 2 and (t == K or levels[sp - 1] == levels[sp - 2]):
-                        left, right = sp - 2, sp - 1
-                        if pending[left]:
-                            s = starts[left]
-                            _round_add(vals[left], arow[s], Bm[s, j0:j0 + w], w, False, mode,
-                                       R[s] if stoch else r0, k, pa, hw, cnt, tmp)
-                            pending[left] = False
-                        h = starts[right]
-                        rr = R[K + h] if stoch else r0
-                        if pending[right]:
-                            _round_add(vals[left], arow[h], Bm[h, j0:j0 + w], w, True, mode,
-                                       rr, k, pa, hw, cnt, tmp)
-                        else:
-                            _round_add(vals[left], 1.0, vals[right], w, True, mode, rr, k, pa,
-                                       hw, cnt, tmp)
-                        levels[left] += 1
-                        sp -= 1
-                if pending[0]:
-                    _round_add(vals[0], arow[0], Bm[0, j0:j0 + w], w, False, mode,
-                               R[0] if stoch else r0, k, pa, hw, cnt, tmp)
-                for jj in range(w):
-                    acc[jj] = vals[0, jj]
-            # output rounding (slot K)
+                    _fill(R, jj, base, h, h + 1, stream, seed_lo, seed_hi)
+            elif ostoch:
+                _fill(R, jj, base, K, K + 1, stream, seed_lo, seed_hi)
+        r0 = R[0]
+        if order == ORDER_BLOCKED:
+            for h in range(0, K, blk):
+                dst = acc if h == 0 else part
+                # first term of the chunk: its product, rounded (slot h)
+                _round_add(dst, arow[h], Bm[h, j0:j0 + w], w, False, mode,
+                           R[h] if stoch else r0, k, pa, hw, cnt, tmp)
+                for t in range(h + 1, min(h + blk, K)):
+                    brow = Bm[t, j0:j0 + w]
+                    if fused:   # FMA into the accumulator (slot K+t)
+                        _round_add(dst, arow[t], brow, w, True, mode,
+                                   R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
+                    else:       # product (slot t), then the add (slot K+t)
+                        _round_add(prod, arow[t], brow, w, False, mode,
+                                   R[t] if stoch else r0, k, pa, hw, cnt, tmp)
+                        _round_add(dst, 1.0, prod, w, True, mode,
+                                   R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
+                if h > 0:       # chunk combine (slot K+h)
+                    _round_add(acc, 1.0, part, w, True, mode,
+                               R[K + h] if stoch else r0, k, pa, hw, cnt, tmp)
+        else:
+            sp = 0
+            for t in range(K + 1):
+                if t < K:       # push leaf t; fused leaves wait to see if an FMA takes them
+                    starts[sp] = t
+                    levels[sp] = 0
+                    pending[sp] = fused
+                    if not fused:
+                        _round_add(vals[sp], arow[t], Bm[t, j0:j0 + w], w, False, mode,
+                                   R[t] if stoch else r0, k, pa, hw, cnt, tmp)
+                    sp += 1
+                # combine equal levels while pushing; everything, right to left, at the end
+                while sp >= 2 and (t == K or levels[sp - 1] == levels[sp - 2]):
+                    left, right = sp - 2, sp - 1
+                    if pending[left]:
+                        s = starts[left]
+                        _round_add(vals[left], arow[s], Bm[s, j0:j0 + w], w, False, mode,
+                                   R[s] if stoch else r0, k, pa, hw, cnt, tmp)
+                        pending[left] = False
+                    h = starts[right]
+                    rr = R[K + h] if stoch else r0
+                    if pending[right]:
+                        _round_add(vals[left], arow[h], Bm[h, j0:j0 + w], w, True, mode,
+                                   rr, k, pa, hw, cnt, tmp)
+                    else:
+                        _round_add(vals[left], 1.0, vals[right], w, True, mode, rr, k, pa,
+                                   hw, cnt, tmp)
+                    levels[left] += 1
+                    sp -= 1
+            if pending[0]:
+                _round_add(vals[0], arow[0], Bm[0, j0:j0 + w], w, False, mode,
+                           R[0] if stoch else r0, k, pa, hw, cnt, tmp)
             for jj in range(w):
-                nb, flags = round_bits(f2i(acc[jj]), omode, R[K, jj] if ostoch else 0, ko, po)
-                out[bt, i, j0 + jj] = i2f(nb)
-                for f in range(6):
-                    cnt[f] += (flags >> f) & 1
-            cnt[6] += w
-    return counts.sum(axis=0)
+                acc[jj] = vals[0, jj]
+        # output rounding (slot K)
+        for jj in range(w):
+            nb, flags = round_bits(f2i(acc[jj]), omode, R[K, jj] if ostoch else 0, ko, po)
+            out[bt, i, j0 + jj] = i2f(nb)
+            for f in range(6):
+                cnt[f] += (flags >> f) & 1
+        cnt[6] += w
 
 
-gemm = njit(parallel=True, cache=True)(_gemm)
+@register_jitable
+def _cached_word(c, cache, stream, seed_lo, seed_hi):
+    """The 32-bit word of counter ``c``; ``cache`` (int64[5]: block, its four words) keeps
+    the last Philox block, so consecutive counters cost one block per four."""
+    b = c >> 2
+    if cache[0] != b:
+        w0, w1, w2, w3 = block_words(b, stream, seed_lo, seed_hi)
+        cache[0], cache[1], cache[2], cache[3], cache[4] = b, w0, w1, w2, w3
+    return cache[1 + (c & 3)]
+
+
+@register_jitable
+def _step(acc, v, accumulate, mode, r, k, p, hw, cnt):
+    """One rounding of the chain: (fl(acc + v) or fl(v), inexact), v exact, as gemm's steps
+    do; the rare flags of round_bits go to ``cnt`` (the caller counts roundings)."""
+    if hw:      # fp64 accumulator, nearest: the float64 sum is the rounded result
+        if not accumulate:
+            return v, 0
+        s = acc + v
+        bb = s - acc
+        return s, np.int64(((acc - (s - bb)) + (v - bb)) != 0.0)
+    sb = step_sum_to_odd(acc, v, mode == DOWN) if accumulate else f2i(v)
+    nb, ok, inx = round_fast(sb, mode, r, k, p)
+    if ok:
+        return i2f(nb), inx
+    nb, flags = round_bits(sb, mode, r, k, p)
+    for f in range(1, 6):
+        cnt[f] += (flags >> f) & 1
+    return i2f(nb), flags & 1
+
+
+@register_jitable
+def _nearby(acc, v, mode, k, p):
+    """(bits of fl(acc + v), ok) for a deterministic mode, from s = RN64(acc + v) alone.
+
+    ok when s is in the format's fast range and strictly between two neighbouring points of
+    its grid and their midpoints.  Those points are float64 numbers and RN64 is monotone,
+    so acc + v lies strictly between the same two points, where every deterministic mode
+    decides alike (and the result is inexact): the same bits as rounding RO(acc + v), without
+    the TwoSum on the accumulator's dependency chain.  Otherwise the caller rounds RO.
+    """
+    sb = f2i(acc + v)
+    nb, ok, inx = round_fast(sb, mode, 0, k, p)
+    s = p.M - p.m
+    rem = sb & ((np.int64(1) << s) - 1)
+    return nb, ok & np.int64(rem != 0) & np.int64(rem != (np.int64(1) << (s - 1)))
+
+
+@njit(nogil=True, cache=True)
+def chain(X, Y, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, blk, fused, hw,
+          o_lo, o_hi, cnt):
+    """out[o] = fl(sum_t X[o, t] Y[o, t]) for o in o_lo .. o_hi-1, in blocked order with
+    chunks of ``blk`` terms (blk = K: sequential): the same roundings, random words and
+    counters as :func:`gemm` gives a single output column.  The accumulator and the common
+    counters stay in registers."""
+    K = X.shape[1]
+    pa, po = params_of(pva), params_of(pvo)
+    stoch = mode >= STOCHASTIC
+    ostoch = omode >= STOCHASTIC
+    cache = np.full((2, 5), -1, np.int64)     # product slots, addition slots
+    r = np.int64(0)
+    inexact = 0
+    for o in range(o_lo, o_hi):
+        x, y = X[o], Y[o]
+        base = o * 2 * K
+        acc = 0.0
+        for h in range(0, K, blk):
+            if stoch:
+                r = _cached_word(base + h, cache[0], stream, seed_lo, seed_hi)
+            d, inx = _step(0.0, x[h] * y[h], False, mode, r, k, pa, hw, cnt)
+            inexact += inx
+            end = min(h + blk, K)
+            if fused and not stoch and not hw:
+                for t in range(h + 1, end):         # the hot loop
+                    v = x[t] * y[t]
+                    nb, ok = _nearby(d, v, mode, k, pa)
+                    if ok:
+                        d = i2f(nb)
+                        inexact += 1
+                    else:
+                        d, inx = _step(d, v, True, mode, r, k, pa, False, cnt)
+                        inexact += inx
+            else:
+                for t in range(h + 1, end):
+                    v = x[t] * y[t]
+                    if not fused:
+                        if stoch:
+                            r = _cached_word(base + t, cache[0], stream, seed_lo, seed_hi)
+                        v, inx = _step(0.0, v, False, mode, r, k, pa, hw, cnt)
+                        inexact += inx
+                    if stoch:
+                        r = _cached_word(base + K + t, cache[1], stream, seed_lo, seed_hi)
+                    d, inx = _step(d, v, True, mode, r, k, pa, hw, cnt)
+                    inexact += inx
+            cnt[6] += (end - h) + (end - h - 1) * (not fused)
+            if h == 0:
+                acc = d
+            else:
+                if stoch:
+                    r = _cached_word(base + K + h, cache[1], stream, seed_lo, seed_hi)
+                acc, inx = _step(acc, d, True, mode, r, k, pa, hw, cnt)
+                inexact += inx
+                cnt[6] += 1
+        ro = _cached_word(base + K, cache[1], stream, seed_lo, seed_hi) if ostoch else 0
+        nb, flags = round_bits(f2i(acc), omode, ro, ko, po)
+        out[o] = i2f(nb)
+        for f in range(6):
+            cnt[f] += (flags >> f) & 1
+        cnt[6] += 1
+    cnt[0] += inexact
+
+
+#: steps (products) per call below which a thread-pool hand-off costs more than it saves
+PARALLEL_STEPS = 1 << 18
+
+
+def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
+    """kernel(*args, lo, hi, counts) over items 0 .. nitems-1; returns the NCOUNTS counters.
+
+    Small problems run in the calling thread; larger ones are dealt out to the thread pool
+    of :mod:`lpsim.cpu` in a few ranges per thread (the results do not depend on the split).
+    """
+    counts = np.zeros(NCOUNTS, np.int64)
+    if threads <= 1 or nitems < 2 or nitems * steps_per_item < PARALLEL_STEPS:
+        with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
+            kernel(*args, 0, nitems, counts)
+        return counts
+
+    pieces = min(nitems, 4 * threads)
+    bounds = [nitems * g // pieces for g in range(pieces + 1)]
+    partial = [np.zeros(NCOUNTS, np.int64) for _ in range(pieces)]
+    pool = thread_pool(threads, os.getpid())
+    with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
+        futures = [pool.submit(kernel, *args, lo, hi, c)
+                   for lo, hi, c in zip(bounds[:-1], bounds[1:], partial) if hi > lo]
+        for future in futures:
+            future.result()
+    return counts + sum(partial)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
 
 from ..formats import PRESETS, parse_format
-from ..quantize import quantize
+from ..quantize import as_container_array, quantize
 
 
 def is_torch(x) -> bool:
@@ -15,7 +16,13 @@ def is_torch(x) -> bool:
 
 
 def as_array(x, name: str, op: str):
-    """x as a float32/float64 numpy array (torch CPU tensors and Python floats accepted)."""
+    """x as a float32/float64 numpy array: any array-like (lists, float16/bfloat16 and
+    integer arrays upcast exactly as :func:`lpsim.quantize` does), CPU torch tensors and
+    Python numbers (an int must be exact in float64)."""
+    if type(x) is np.ndarray and x.dtype in _CONTAINERS:
+        return x
+    if type(x) is float:
+        return np.array(x, np.float64)
     if is_torch(x):
         import torch
         if x.is_cuda:
@@ -29,20 +36,21 @@ def as_array(x, name: str, op: str):
         raise TypeError(f"{op}: {name}={x!r} is a bool; accepted: float32/float64 arrays or "
                         "floats")
     if isinstance(x, numbers.Integral) and not isinstance(x, np.integer):
-        if float(x) != x:
-            raise ValueError(f"{op}: {name}={x} is not exact in float64")
-        x = float(x)
-    if isinstance(x, float):
-        return np.array(x, np.float64)
-    if isinstance(x, np.floating):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{op}: {name} is a {type(x).__name__}; accepted: a float32/float64 "
-                        "numpy array, a CPU torch tensor or a float")
-    if x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"{op}: {name} has dtype {x.dtype}; accepted: float32, float64 "
-                        "(cast integer or float16 data to a float dtype first)")
-    return x
+        try:
+            exact = float(x) == x
+        except OverflowError:
+            exact = False
+        if not exact:
+            raise ValueError(f"{op}: {name}={x} is not exact in float64; accepted: integers "
+                             "of at most 53 significant bits (lpsim.quantize rounds any int)")
+        return np.array(float(x), np.float64)
+    try:
+        return as_container_array(x, name)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{op}: {error}") from None
+
+
+_CONTAINERS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def container_format(dtype):
@@ -50,16 +58,44 @@ def container_format(dtype):
     return PRESETS["fp32"] if np.dtype(dtype) == np.float32 else PRESETS["fp64"]
 
 
-def round_inputs(arrays, in_fmt, names, op: str):
-    """Round each operand to ``in_fmt`` (nearest) in its own container; None keeps them."""
+def round_inputs(arrays, in_fmt, names, op: str, stats=None):
+    """Round each operand to ``in_fmt`` (nearest) in its own container, counting these
+    roundings in ``stats`` too; None keeps them."""
     if in_fmt is None:
         return list(arrays)
     in_fmt = parse_format(in_fmt)
     out = []
     for x, name in zip(arrays, names):
-        ok, reason = in_fmt.fits(x.dtype)
+        ok, reason = _fits(in_fmt, x.dtype)
         if not ok:
             raise ValueError(f"{op}: in_fmt={in_fmt!r} does not fit {name}'s {x.dtype} "
                              f"container: {reason}; pass float64 operands or a narrower in_fmt")
-        out.append(quantize(x, in_fmt, "nearest"))
+        out.append(quantize(x, in_fmt, "nearest", stats=stats))
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _fits(fmt, dtype):
+    return fmt.fits(dtype)
+
+
+def deliver(result, out, op: str):
+    """``result`` written into ``out`` (numpy's ``out=``: an array of the result's shape and
+    dtype) and ``out`` returned; without out, 0-d results as numpy scalars, as numpy does."""
+    if out is None:
+        return result[()] if isinstance(result, np.ndarray) and result.ndim == 0 else result
+    check_out(out, result.shape, result.dtype, op)
+    out[...] = result
+    return out
+
+
+def check_out(out, shape, dtype, op: str):
+    """A clear error unless ``out`` is a writable numpy array of ``shape`` and ``dtype``."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: out is a {type(out).__name__}; accepted: a numpy array of "
+                        f"shape {shape} and dtype {dtype}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{op}: out has shape {out.shape} and dtype {out.dtype}; accepted: "
+                         f"shape {tuple(shape)}, dtype {dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"{op}: out is read-only; accepted: a writable array")

@@ -32,26 +32,40 @@ acc_fmt with m <= 19, within 2**(m-51) of a quantum above that.
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from ..formats import PRESETS, parse_format
-from ..quantize import plan, quantize
+from ..quantize import keys, plan, quantize
 from ..rounding import kernel_params
+from ..stats import RoundingStats
 from .exact import check_exact
-from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, TILE, gemm
-from .models import AccumulationModel, check_order, get_model
-from .operands import as_array, container_format, is_torch, round_inputs
-
-#: work groups per thread (load balance)
-GROUPS_PER_THREAD = 8
+from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, TILE, chain, gemm
+from .kernels import run
+from .models import AccumulationModel, get_model
+from .operands import as_array, container_format, deliver, is_torch, round_inputs
 
 
-def resolve(model, dtype, *, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+def resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
             out_rounding=None, fused=None, order=None) -> AccumulationModel:
-    """The model a call asks for: a named model with overrides, or the keywords alone."""
+    """The model a call asks for: a named model with overrides, or the keywords alone
+    (cached: building and validating a model costs more than a small product)."""
+    key = (model, dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused, order)
+    try:
+        return _resolve_cached(*key)
+    except TypeError:       # something unhashable: validation below names it
+        return _resolve(*key)
+
+
+_resolve_cached = functools.lru_cache(maxsize=512)(lambda *key: _resolve(*key))
+
+
+def _resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
+            out_rounding=None, fused=None, order=None) -> AccumulationModel:
     changes = dict(in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt, acc_rounding=acc_rounding,
                    out_rounding=out_rounding, fused=fused, order=order)
     if model is not None:
@@ -60,6 +74,10 @@ def resolve(model, dtype, *, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
     return AccumulationModel(in_fmt, acc, out_fmt if out_fmt is not None else acc,
                              True if fused is None else bool(fused), order,
                              acc_rounding or "nearest", out_rounding or "nearest")
+
+
+def _dtype_of(a, b):
+    return a.dtype if a.dtype is b.dtype else np.result_type(a.dtype, b.dtype)
 
 
 def _blas_ok(m: AccumulationModel, in_fmt) -> bool:
@@ -77,6 +95,8 @@ def _promote(a, b, op):
                          f"{a.shape} and {b.shape}")
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
+    if a2.ndim == 2 and b2.ndim == 2 and a2.shape[1] == b2.shape[0]:
+        return a2, b2, ()
     if a2.shape[-1] != b2.shape[-2]:
         raise ValueError(f"{op}: shapes {a.shape} and {b.shape} do not match: a has "
                          f"K={a2.shape[-1]} columns, b has {b2.shape[-2]} rows; accepted: "
@@ -91,26 +111,65 @@ def _promote(a, b, op):
 
 def _batch_index(shape, batch):
     """For each batch element (C order), the index of the operand's own batch slice."""
+    if not batch:
+        return np.zeros(1, np.int64)
     idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape) if shape else \
         np.zeros((), np.int64)
     return np.broadcast_to(idx, batch).flatten()    # a writable copy: one kernel signature
+
+
+class _Setup(NamedTuple):
+    """What a (model, operand dtype) pair needs per call, computed once."""
+
+    in_fmt: object
+    dtype: np.dtype          # the result container
+    blas: bool               # numpy's matmul is the accumulator
+    hw: bool                 # fp64 accumulator, nearest: plain float64 steps
+    mode: int
+    omode: int
+    pva: np.ndarray          # accumulator Params (W = 32) as int64
+    pvo: np.ndarray
+
+
+@functools.lru_cache(maxsize=512)
+def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> _Setup:
+    in_fmt = m.in_fmt or (container_format(dtype) if same_dtype else PRESETS["fp64"])
+    if not m.out_fmt.fits(dtype)[0]:
+        dtype = np.dtype(np.float64)
+    m.out_fmt.check_fits(dtype)
+    acc_plan = plan(m.acc_fmt, m.acc_rounding, np.float64)
+    out_plan = plan(m.out_fmt, m.out_rounding, np.float64)
+    blas = _blas_ok(m, in_fmt)
+    hw = False
+    if not blas:
+        if not in_fmt.fits(np.float32)[0]:
+            raise ValueError(f"{op}: in_fmt={in_fmt!r} (float64 operands without in_fmt are "
+                             "fp64) is too wide for the per-step simulation, whose products "
+                             "must be exact in float64; accepted: an in_fmt that fits float32 "
+                             "(e.g. 'fp32', 'bf16'), or acc_fmt='fp64' with order=None (BLAS)")
+        hw = not check_exact(m.acc_fmt, "acc_fmt")
+        if hw and m.acc_rounding != "nearest":
+            raise ValueError(f"{op}: acc_fmt=fp64 supports acc_rounding='nearest' only, not "
+                             f"{m.acc_rounding!r}")
+    pva = np.array(kernel_params(m.acc_fmt, np.float64)._replace(W=32), np.int64)
+    pvo = np.array(kernel_params(m.out_fmt, np.float64)._replace(W=32), np.int64)
+    return _Setup(in_fmt, dtype, blas, hw, acc_plan.mode, out_plan.mode, pva, pvo)
 
 
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product."""
     a2, b2, batch = _promote(a, b, op)
     dtype = np.result_type(a2, b2)
-    in_fmt = m.in_fmt or (container_format(dtype) if a.dtype == b.dtype else PRESETS["fp64"])
-    if not m.out_fmt.fits(dtype)[0]:
-        dtype = np.dtype(np.float64)
-    m.out_fmt.check_fits(dtype)
+    setup = _setup(m, dtype, a.dtype == b.dtype, op)
+    dtype = setup.dtype
+    _check_stats(stats, op)
     M, K, N = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     shape = batch + (M, N)
-    acc_plan = plan(m.acc_fmt, m.acc_rounding, np.float64, seed=seed, stream=stream)
-    seed = acc_plan.seed_lo | (acc_plan.seed_hi << 32)
-    out_plan = plan(m.out_fmt, m.out_rounding, np.float64, seed=seed, stream=stream)
+    # seed=None: a fresh seed when either rounding is stochastic
+    seed_lo, seed_hi, stream64 = keys(seed, stream, max(setup.mode, setup.omode))
+    seed = seed_lo | (seed_hi << 32)
 
-    if _blas_ok(m, in_fmt):
+    if setup.blas:
         work = np.float32 if m.acc_fmt == PRESETS["fp32"] else np.float64
         c = np.matmul(a2.astype(work, copy=False), b2.astype(work, copy=False))
         if m.out_fmt == container_format(work):   # every mode: c is already a work value
@@ -119,18 +178,9 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
             return c.astype(dtype, copy=False)
         if not m.out_fmt.fits(work)[0]:
             c = c.astype(np.float64)
-        return quantize(c, m.out_fmt, m.out_rounding, seed=seed, stream=stream,
+        return quantize(c, m.out_fmt, m.out_rounding, seed=seed, stream=stream64 % (1 << 64),
                         stats=stats).astype(dtype, copy=False)
 
-    if not in_fmt.fits(np.float32)[0]:
-        raise ValueError(f"{op}: in_fmt={in_fmt!r} (float64 operands without in_fmt are "
-                         "fp64) is too wide for the per-step simulation, whose products must "
-                         "be exact in float64; accepted: an in_fmt that fits float32 (e.g. "
-                         "'fp32', 'bf16'), or acc_fmt='fp64' with order=None (BLAS)")
-    hw = not check_exact(m.acc_fmt, "acc_fmt")
-    if hw and m.acc_rounding != "nearest":
-        raise ValueError(f"{op}: acc_fmt=fp64 supports acc_rounding='nearest' only, not "
-                         f"{m.acc_rounding!r}")
     out = np.empty(shape, np.float64)
     if K == 0 or out.size == 0:
         out[...] = 0.0
@@ -145,27 +195,38 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     A = np.require(a2.reshape((-1, M, K)), np.float64, ["C", "W"])
     B = np.require(b2.reshape((-1, K, N)), np.float64, ["C", "W"])
     ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
-    pa = kernel_params(m.acc_fmt, np.float64)._replace(W=32)
-    po = kernel_params(m.out_fmt, np.float64)._replace(W=32)
-    nitems = out.size // M // N * M * -(-N // TILE)
-    ngroups = max(1, min(nitems, GROUPS_PER_THREAD * numba.get_num_threads()))
-    counts = gemm(A, B, ia, ib, out.reshape((-1, M, N)), acc_plan.mode, out_plan.mode, 32, 32,
-                  pa, po, acc_plan.seed_lo, acc_plan.seed_hi, acc_plan.stream, order, blk,
-                  bool(m.fused), hw, ngroups)
+    keys_ = (seed_lo, seed_hi, stream64)
+    common = (setup.mode, setup.omode, 32, 32, setup.pva, setup.pvo) + keys_
+    threads = numba.get_num_threads() if out.size * K >= PARALLEL_STEPS else 1
+    if N == 1 and order == ORDER_BLOCKED:
+        # one output column: the register chain (X[o], Y[o] the operands of output o)
+        X = A.reshape(-1, K) if not batch else np.ascontiguousarray(A[ia].reshape(-1, K))
+        Y = (B if not batch else B[ib]).reshape(-1, K)
+        if M > 1:
+            Y = np.repeat(Y, M, axis=0)
+        counts = run(chain, X.shape[0], K, threads, X, Y, out.reshape(-1), *common, blk,
+                     bool(m.fused), setup.hw)
+    else:
+        nitems = out.size // N * -(-N // TILE)
+        counts = run(gemm, nitems, K * TILE, threads, A, B, ia, ib,
+                     out.reshape((-1, M, N)), *common, order, blk, bool(m.fused), setup.hw)
     if stats is not None:
         stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
     return out.astype(dtype, copy=False)
 
 
-def _finish(result, like_torch):
-    if like_torch:
+def _finish(result, like_torch, out, op):
+    """The result as the caller's kind: a torch tensor for torch inputs, else numpy's
+    conventions (``out=``, 0-d results as numpy scalars)."""
+    if like_torch and out is None:
         import torch
         return torch.from_numpy(np.ascontiguousarray(result))
-    return result
+    return deliver(result, out, op)
 
 
 def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
-           out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+           out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None,
+           out=None):
     """a @ b with inputs rounded to in_fmt, a per-step rounded accumulator and an output format.
 
     a (..., M, K), b (..., K, N) (1-D and batch dimensions as numpy.matmul): float32/float64
@@ -188,10 +249,10 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     if done is not None:
         return _finish(done, like_torch)
     a, b = as_array(a, "a", op), as_array(b, "b", op)
-    m = resolve(model, np.result_type(a, b), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
-    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op)
+    m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
+                fused, order)
+    _check_stats(stats, op)
+    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
     result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
     if a.ndim == 1 and b.ndim == 1:
         result = result[..., 0, 0]
@@ -199,11 +260,11 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
         result = result[..., 0, :]
     elif b.ndim == 1:
         result = result[..., 0]
-    return _finish(result, like_torch)
+    return _finish(result, like_torch, out, op)
 
 
 def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
-        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
+        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None, out=None):
     """Inner products over the last axis of x and y (shapes (..., K), broadcast), simulated.
 
     The same keywords and steps as :func:`matmul`; output element o (C order over the
@@ -221,31 +282,61 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
         raise ValueError(f"dot: shapes {x.shape} and {y.shape} do not match: lengths "
                          f"{x.shape[-1]} and {y.shape[-1]} differ; accepted: (..., K) and "
                          "(..., K)")
-    m = resolve(model, np.result_type(x, y), in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
-    x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op)
+    m = resolve(model, _dtype_of(x, y), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
+                fused, order)
+    _check_stats(stats, op)
+    x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op, stats)
     result = _run(x[..., None, :], y[..., :, None], m, seed=seed, stream=stream, stats=stats,
                   op=op)
-    return _finish(result[..., 0, 0], like_torch)
+    return _finish(result[..., 0, 0], like_torch, out, op)
 
 
-def sum(x, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,  # noqa: A001
-        out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None):
-    """Sums over the last axis of x (shape (..., K)), simulated: the terms x_t (= x_t * 1).
+def sum(x, axis=None, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None,  # noqa: A001
+        acc_rounding=None, out_rounding=None, fused=None, order=None, seed=None, stream=0,
+        stats=None, out=None):
+    """Sums of x over ``axis`` (None: every element, in C order; an int or a tuple of ints,
+    as numpy.sum), simulated: the terms x_t (= x_t * 1) in C order of the reduced axes.
 
     The same keywords and steps as :func:`matmul`; fused=False rounds each x_t to acc_fmt
-    before adding it, fused=True adds it exactly.
+    before adding it, fused=True adds it exactly.  Output element o (C order over the axes
+    kept) uses counters o*2K ..., K the number of terms.
     """
     op = "sum"
     like_torch = is_torch(x)
     x = as_array(x, "x", op)
-    if x.ndim == 0:
-        raise ValueError(f"sum: x must have at least one dimension, got shape {x.shape}")
-    m = resolve(model, x.dtype, in_fmt=in_fmt, acc_fmt=acc_fmt, out_fmt=out_fmt,
-                acc_rounding=acc_rounding, out_rounding=out_rounding, fused=fused,
-                order=check_order(order))
-    (x,) = round_inputs((x,), m.in_fmt, ("x",), op)
-    ones = np.ones((x.shape[-1], 1), x.dtype)
-    result = _run(x[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
-    return _finish(result[..., 0, 0], like_torch)
+    axes = _axes(axis, x.ndim, op)
+    m = resolve(model, x.dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused,
+                order)
+    _check_stats(stats, op)
+    (x,) = round_inputs((x,), m.in_fmt, ("x",), op, stats)
+    kept = [d for d in range(x.ndim) if d not in axes]
+    K = math.prod(x.shape[d] for d in axes)
+    terms = np.transpose(x, kept + list(axes)).reshape(tuple(x.shape[d] for d in kept) + (K,))
+    ones = np.ones((terms.shape[-1], 1), x.dtype)
+    result = _run(terms[..., None, :], ones, m, seed=seed, stream=stream, stats=stats, op=op)
+    return _finish(result[..., 0, 0], like_torch, out, op)
+
+
+def _axes(axis, ndim: int, op: str) -> tuple:
+    """``axis`` (None, an int or a tuple of ints) as sorted non-negative axes, numpy's way."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"{op}: axis={axis!r} must be None, an integer or a tuple of "
+                            "integers")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"{op}: axis={axis!r} is out of range for an array of "
+                             f"{ndim} dimensions")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: axis={axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def _check_stats(stats, op: str) -> None:
+    if stats is not None and not isinstance(stats, RoundingStats):
+        raise TypeError(f"{op}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
+                        "lpsim.RoundingStats or None")

@@ -1,0 +1,54 @@
+"""Timing helpers shared by the benchmark scripts: per-call time at any size, and plots."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def per_call(fn, *, budget: float = 0.2, repeats: int = 5) -> float:
+    """Seconds per call of ``fn``: the median over ``repeats`` batches, each batch as many
+    calls as fit in ``budget`` seconds (one call at least), after a warm-up call.
+
+    Small arrays need thousands of calls per batch for a stable microsecond figure; large
+    ones one call.
+    """
+    fn()
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    number = max(1, int(budget / repeats / once))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - start) / number)
+    return float(np.median(times))
+
+
+def throughput_plot(path, sizes, series: dict, *, title: str, ylabel: str, note: str = ""):
+    """A log-log plot of one line per series (name -> values per size; None skips)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, values in series.items():
+        pairs = [(s, v) for s, v in zip(sizes, values) if v is not None]
+        if pairs:
+            style = "-" if name.startswith("lpsim") else "--"
+            ax.plot(*zip(*pairs), style, marker="o", markersize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("elements per call")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, alpha=0.7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

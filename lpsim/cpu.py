@@ -1,0 +1,326 @@
+"""The CPU rounding kernel: one compiled entry point per (rounding mode, container).
+
+The per-element decision is :func:`lpsim.rounding.round_fast` (vectorised common case) and
+:func:`lpsim.rounding.round_bits` (everything else), the functions lpsim_cuda compiles too.
+This module only walks an array: chunks of :data:`CHUNK` elements whose random words stay in
+cache, tasks of :data:`TASK` chunks, and a thread pool for arrays large enough to pay for it.
+
+Cost model: a call is one numba entry point taking two float arrays, an int64 parameter
+vector and integer keys (numba types all of them without looking inside), so the fixed cost
+is about a microsecond; the counters go straight into the caller's int64 array.
+
+On-disk cache: every cached kernel has a qualified name of its own (``round_<mode>``), so a
+kernel compiled in one process never takes the name, and the runtime environment, of another
+one loaded from the cache (numba numbers functions per process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import get_num_threads, njit, typeof, types
+from numba.extending import intrinsic, overload, register_jitable
+
+from .philox import MASK32, philox4x32
+from .rounding import MODES, STOCHASTIC, Params, round_bits, round_fast
+
+#: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
+CHUNK = 8192
+#: chunks per parallel task (they share one scratch buffer)
+TASK = 4
+#: elements per extra thread: below this, handing work to the thread pool costs more than it
+#: saves, so smaller arrays run in the calling thread (benchmarks/bench_quantize.py --sweep)
+PARALLEL_GRAIN = 1 << 17
+#: arrays shorter than this run in the calling thread
+SERIAL_BELOW = 2 * PARALLEL_GRAIN
+#: elements per group whose slow elements are counted together, so that the slow pass
+#: looks only into groups that have some
+GROUP = 64
+#: counters a kernel adds into: elements, then lpsim.stats.COUNTERS
+NCOUNTS = 7
+#: a kernel's return value when its input and output overlap without being the same array
+OVERLAP = -1
+
+
+@intrinsic
+def _constant(typingctx, value):
+    """The value of an integer literal as a compile-time constant, so that LLVM folds the
+    branches on it (a literal argument alone is still passed at run time)."""
+    if isinstance(value, types.IntegerLiteral):
+        def codegen(context, builder, signature, args):
+            return context.get_constant(types.int64, value.literal_value)
+        return types.int64(value), codegen
+    return None
+
+
+def as_bits(x):
+    """The container bits of a float32/float64 array (a view; compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(as_bits)
+def _as_bits(x):
+    bits = np.int32 if x.dtype == types.float32 else np.int64
+    return lambda x: x.view(bits)
+
+
+@register_jitable
+def params_of(v):
+    """The :class:`lpsim.rounding.Params` held in the int64 vector ``v`` (tuple(params))."""
+    return Params(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
+                  v[12], v[13], v[14], v[15], v[16], v[17], v[18], v[19])
+
+
+#: the generator inlined into the block loops, so that they vectorise
+_philox_inline = njit(inline="always")(philox4x32)
+
+
+@register_jitable
+def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    for j in range(nb):
+        b = b0 + j
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[4 * j] = w0
+        r[4 * j + 1] = w1
+        r[4 * j + 2] = w2
+        r[4 * j + 3] = w3
+
+
+@register_jitable
+def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    for j in range(nb):
+        b = b0 + j
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[2 * j] = (w0 << 30) | (w1 >> 2)
+        r[2 * j + 1] = (w2 << 30) | (w3 >> 2)
+
+
+@register_jitable
+def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
+    """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
+
+    The words of :func:`lpsim.philox.lane_word` for W = ``w`` random bits (32: four lanes a
+    block, as float32 containers use; 62: two, as float64), in loops that vectorise.
+    """
+    if w == 32:
+        _words_w32(r, b0, nb, stream, seed_lo, seed_hi)
+    else:
+        _words_w62(r, b0, nb, stream, seed_lo, seed_hi)
+
+
+@register_jitable
+def _fast_pass(xs, ys, rs, mode, k, p, left):
+    """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
+
+    slow counts the elements left to :func:`_slow_pass`, ``left[g]`` those of group g (GROUP
+    elements).  ``ys`` must not overlap ``xs``: the loop is vectorised behind an overlap
+    check, and a loop that stores into the array it loads becomes masked stores.
+    """
+    mode = _constant(mode)
+    slow = 0
+    inexact = 0
+    for g in range((xs.size + GROUP - 1) // GROUP):
+        xg = xs[g * GROUP:(g + 1) * GROUP]     # slices: indices from 0, so no wraparound
+        yg = ys[g * GROUP:(g + 1) * GROUP]
+        group_slow = 0
+        if mode >= STOCHASTIC:
+            rg = rs[g * GROUP:(g + 1) * GROUP]
+            for j in range(xg.size):
+                bits, ok, inx = round_fast(xg[j], mode, rg[j], k, p)
+                yg[j] = bits
+                group_slow += 1 - ok
+                inexact += inx
+        else:
+            for j in range(xg.size):
+                bits, ok, inx = round_fast(xg[j], mode, 0, k, p)
+                yg[j] = bits
+                group_slow += 1 - ok
+                inexact += inx
+        left[g] = group_slow
+        slow += group_slow
+    return slow, inexact
+
+
+@register_jitable
+def _slow_pass(ys, rs, mode, k, p, left, counts):
+    """round_bits over the elements of ``ys`` that :func:`_fast_pass` left as they were."""
+    a_lo = p.fast_lo << p.M
+    a_hi = (p.fast_hi + 1) << p.M
+    for g in range(0, ys.size, GROUP):
+        if left[g // GROUP]:
+            for j in range(g, min(g + GROUP, ys.size)):
+                a = np.int64(ys[j]) & p.MAG
+                if a < a_lo or a >= a_hi:
+                    bits, flags = round_bits(ys[j], mode, rs[j] if mode >= STOCHASTIC else 0,
+                                             k, p)
+                    ys[j] = bits
+                    for f in range(6):
+                        counts[1 + f] += (flags >> f) & 1
+
+
+@register_jitable
+def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace, counts):
+    """Round the chunks of task ``t``, adding to ``counts`` (elements, then the six counters).
+
+    Each chunk draws its random words into a scratch buffer, runs the vectorisable
+    :func:`round_fast` over all its elements, then :func:`round_bits` over the few it did
+    not cover.  In place, the fast pass writes a scratch chunk that is copied back.
+    """
+    n = xb.size
+    first = offset // CHUNK
+    nchunks = (offset + n + CHUNK - 1) // CHUNK - first
+    lanes = 4 if p.W == 32 else 2                       # LANES of the random words
+    small = min(n, CHUNK) + 2 * lanes                   # one chunk of a small array
+    r = np.empty(small if mode >= STOCHASTIC else 1, np.int64)
+    left = np.empty((small + GROUP - 1) // GROUP, np.int64)
+    scratch = np.empty(min(n, CHUNK) if inplace else 1, xb.dtype)
+    for c in range(t * TASK, min(t * TASK + TASK, nchunks)):
+        base = (first + c) * CHUNK
+        lo = max(base, offset) - offset
+        hi = min(base + CHUNK, offset + n) - offset
+        rs = r
+        if mode >= STOCHASTIC:
+            b0 = (lo + offset) // lanes
+            _fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+                        seed_hi)
+            rs = r[lo + offset - b0 * lanes:]
+        xs = xb[lo:hi]
+        if inplace:
+            ys = scratch[:hi - lo]
+            slow, inexact = _fast_pass(xs, ys, rs, mode, k, p, left)
+            xs[:] = ys
+        else:
+            slow, inexact = _fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
+        counts[0] += hi - lo
+        counts[1] += inexact
+        if slow:
+            _slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts)
+
+
+def _kernel(mode: int):
+    """The kernel of rounding mode ``mode``, a constant of its body, so that the decision
+    compiles to straight-line code.
+
+    kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, counts) rounds tasks
+    t0 .. t1-1 of the float array ``x`` into ``out`` (``x`` itself for in place), adding to
+    the int64 ``counts`` (NCOUNTS); pv is tuple(Params) as int64.  Returns 0, or OVERLAP
+    (nothing written) when x and out overlap without being the same array.  It releases the
+    GIL, so threads can run disjoint task ranges at once.
+    """
+    def kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, counts):
+        xa, oa = x.ctypes.data, out.ctypes.data
+        nbytes = x.size * x.itemsize
+        inplace = xa == oa
+        if not inplace and xa < oa + nbytes and oa < xa + nbytes:
+            return OVERLAP
+        p = params_of(pv)
+        xb, outb = as_bits(x), as_bits(out)
+        for t in range(t0, t1):
+            _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace,
+                        counts)
+        return 0
+
+    name = next(name for name, code in MODES.items() if code == mode)
+    kernel.__name__ = kernel.__qualname__ = f"round_{name}"   # one cache entry of its own
+    return kernel
+
+
+#: the dispatcher of each mode, compiled on first use (per container) and cached on disk
+KERNELS = {mode: njit(nogil=True, cache=True)(_kernel(mode)) for mode in MODES.values()}
+
+
+#: seconds a compile may take before lpsim says what is happening (None: never)
+NOTICE_AFTER = 1.0
+
+
+@contextlib.contextmanager
+def compile_notice(what: str):
+    """Say on stderr what is compiling when it takes more than NOTICE_AFTER seconds (a
+    compile takes seconds once; loading numba's on-disk cache, a fraction of one)."""
+    if NOTICE_AFTER is None:
+        yield
+        return
+    timer = threading.Timer(NOTICE_AFTER, lambda: print(
+        f"lpsim: compiling {what} (seconds, once: later calls and processes load it from "
+        "numba's on-disk cache; `lpsim warmup` prepares every kernel ahead)",
+        file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def first_call(dispatcher, what: str):
+    """compile_notice(what) while ``dispatcher`` has no compiled signature, else nothing."""
+    return contextlib.nullcontext() if dispatcher.overloads else compile_notice(what)
+
+
+@functools.cache
+def entry(mode: int, dtype: np.dtype):
+    """The compiled entry point of ``mode`` for ``dtype`` arrays, without numba's dispatch
+    (typing the arguments on every call costs more than rounding a small array)."""
+    dispatcher = KERNELS[mode]
+    x = np.zeros(1, dtype)
+    pv = np.zeros(len(Params._fields), np.int64)
+    counts = np.zeros(NCOUNTS, np.int64)
+    args = (x, np.zeros_like(x), pv, 1, 0, 0, 0, 0, 0, 0, counts)
+    name = next(name for name, code in MODES.items() if code == mode)
+    with compile_notice(f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays"):
+        dispatcher.compile(tuple(typeof(a) for a in args))
+    signature = tuple(dispatcher.typeof_pyval(a) for a in args)
+    overload_ = dispatcher.overloads.get(signature)
+    return getattr(overload_, "entry_point", None) or dispatcher
+
+
+def ntasks(n: int, offset: int) -> int:
+    nchunks = (offset + n + CHUNK - 1) // CHUNK - offset // CHUNK
+    return (nchunks + TASK - 1) // TASK
+
+
+@functools.cache
+def thread_pool(workers, pid):
+    # keyed by process id too: a forked child does not inherit the parent's threads
+    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
+
+
+def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
+    """Round the 1-D C-contiguous writable float array ``x`` into ``out`` (same dtype and
+    size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
+
+    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones
+    are dealt out in a few pieces per thread of ``numba.get_num_threads()`` (the bits do not
+    depend on the split: the random words are counter-based).
+    """
+    n = x.size
+    tasks = ntasks(n, offset)
+    kernel = entry(mode, x.dtype)
+    if n < SERIAL_BELOW:
+        return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
+    workers = min(get_num_threads(), tasks, n // PARALLEL_GRAIN)
+    if workers <= 1:
+        return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
+    xa, oa = x.__array_interface__["data"][0], out.__array_interface__["data"][0]
+    if xa != oa and xa < oa + x.nbytes and oa < xa + x.nbytes:
+        return OVERLAP
+    bounds = np.linspace(0, tasks, min(tasks, 4 * workers) + 1).astype(np.int64)
+    pool = thread_pool(workers, os.getpid())
+    pieces = [(np.zeros(NCOUNTS, np.int64), int(t0), int(t1))
+              for t0, t1 in zip(bounds[:-1], bounds[1:]) if t1 > t0]
+    futures = [pool.submit(kernel, x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, c)
+               for c, t0, t1 in pieces]
+    for future in futures:
+        future.result()
+    counts += sum(c for c, _, _ in pieces)
+    return 0

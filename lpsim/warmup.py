@@ -1,0 +1,58 @@
+"""``lpsim.warmup``: compile (or load from numba's on-disk cache) the kernels ahead of use.
+
+A kernel compiles once per machine, in seconds, and later processes load it from the cache
+in a fraction of a second; either happens on its first call.  Call ``warmup`` before timing
+code, before a hypothesis test with a deadline, or once after installing (``lpsim warmup``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .rounding import MODES
+
+CONTAINERS = ("float32", "float64")
+
+
+def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None) -> int:
+    """Compile or load the CPU kernels of ``modes`` (default: all) for ``containers``, and
+    with ``ops`` those of lpsim.ops; returns how many kernels are ready.
+
+    progress: show a progress bar (default: when stderr is a terminal).
+    """
+    from tqdm import tqdm
+
+    from . import cpu
+    modes = list(MODES) if modes is None else list(modes)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"warmup: unknown rounding modes {unknown}; accepted: "
+                         f"{', '.join(MODES)}")
+    dtypes = [np.dtype(c) for c in containers]
+    bad = [str(d) for d in dtypes if d not in (np.float32, np.float64)]
+    if bad:
+        raise ValueError(f"warmup: containers {bad} are not accepted; accepted: float32, "
+                         "float64")
+    jobs = [(lambda m=m, d=d: cpu.entry(MODES[m], d)) for m in modes for d in dtypes]
+    if ops:
+        jobs += _ops_jobs()
+    show = sys.stderr.isatty() if progress is None else progress
+    notice, cpu.NOTICE_AFTER = cpu.NOTICE_AFTER, None if show else cpu.NOTICE_AFTER
+    try:
+        for job in tqdm(jobs, desc="lpsim kernels", disable=not show, file=sys.stderr):
+            job()
+    finally:
+        cpu.NOTICE_AFTER = notice
+    return len(jobs)
+
+
+def _ops_jobs():
+    """One small call of each lpsim.ops kernel (elementwise, scalar, chain, GEMM)."""
+    from . import ops
+    x = np.float32([1.0, 2.0])
+    square = np.ones((2, 2), np.float32)
+    return [lambda: ops.add(x, x, "bf16"), lambda: ops.add(1.0, 2.0, "bf16"),
+            lambda: ops.dot(x, x, acc_fmt="bf16", order="sequential"),
+            lambda: ops.matmul(square, square, acc_fmt="bf16")]

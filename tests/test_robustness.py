@@ -1,0 +1,246 @@
+"""Never crash, never silently wrong: integer ranges, odd inputs, IEEE zero signs, float64's
+range in lpsim.ops, and errors that name the argument.  Each case failed before its fix."""
+
+import io
+import os
+import subprocess
+import sys
+from contextlib import redirect_stderr
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import RoundingStats, ops, quantize, reference
+from lpsim.philox import random_words
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+X4 = np.array([1.1, -2.3, 3e-3, 500], np.float32)
+
+
+# --- offsets and streams --------------------------------------------------------------------
+def test_offset_beyond_the_counter_range_is_refused_and_nothing_is_written():
+    out = np.full(4, 777.0, np.float32)
+    stats = RoundingStats()
+    for offset in (2 ** 63 - 100, 2 ** 63, 2 ** 62 - 3, 2 ** 70):
+        with pytest.raises(ValueError, match=f"offset={offset} is out of range for 4 elements"):
+            quantize(X4, "bf16", "nearest", offset=offset, out=out, stats=stats)
+    assert np.all(out == 777.0) and stats.elements == 0
+
+
+def test_the_last_accepted_offset_rounds_like_the_reference():
+    offset = 2 ** 62 - 4
+    got = quantize(X4, "bf16", "stochastic", seed=5, offset=offset)
+    want, _ = reference.quantize(X4, "bf16", "stochastic", seed=5, offset=offset)
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("stream", [2 ** 63, 2 ** 63 + 12345, 2 ** 64 - 1])
+def test_streams_above_2_63_work_in_any_order(stream):
+    x = np.linspace(-3, 3, 37)
+    small = quantize(x, "bf16", "stochastic", seed=9, stream=3)      # an int64 stream first
+    big = quantize(x, "bf16", "stochastic", seed=9, stream=stream)
+    want, _ = reference.quantize(x, "bf16", "stochastic", seed=9, stream=stream)
+    assert big.tobytes() == want.tobytes() and small.tobytes() != big.tobytes()
+    dot = ops.dot(x, x[::-1], acc_fmt="bf16", acc_rounding="stochastic", seed=9,
+                  stream=stream, in_fmt="fp32")
+    again = ops.dot(x, x[::-1], acc_fmt="bf16", acc_rounding="stochastic", seed=9,
+                    stream=stream, in_fmt="fp32")
+    assert dot == again
+
+
+def test_a_big_stream_first_in_a_fresh_process():
+    """The kernels' argument types must not depend on which stream came first."""
+    code = ("import numpy as np, lpsim; x = np.linspace(-3, 3, 37); "
+            "a = lpsim.quantize(x, 'bf16', 'stochastic', seed=9, stream=2**63 + 7); "
+            "b = lpsim.quantize(x, 'bf16', 'stochastic', seed=9, stream=1); "
+            "print(a.tobytes().hex())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    want, _ = reference.quantize(np.linspace(-3, 3, 37), "bf16", "stochastic", seed=9,
+                                 stream=2 ** 63 + 7)
+    assert done.stdout.strip() == want.tobytes().hex()
+
+
+# --- Python ints beyond float64 ---------------------------------------------------------------
+@pytest.mark.parametrize("value, fmt, mode", [
+    (2 ** 60 - 1, "fp32", "toward_zero"), (2 ** 53 + 1, "fp64", "up"),
+    (2 ** 53 + 1, "fp64", "down"), (-(2 ** 70) - 3, "bf16", "nearest"),
+    (3 ** 40, "fp64", "nearest"), (10 ** 400, "fp64", "nearest"), (10 ** 400, "bf16", "down"),
+    (-(10 ** 400), "e4m3fn", "nearest"), (2 ** 53 + 1, "fp64", "stochastic"),
+])
+def test_big_python_ints_are_rounded_from_their_exact_value(value, fmt, mode):
+    stats = RoundingStats()
+    got = quantize(value, fmt, mode, seed=3, stats=stats)
+    uniform = None
+    if mode == "stochastic":
+        uniform = Fraction(random_words(1, 8, 3)[0], 2 ** 62)
+    want = reference.round_exact(value, fmt, mode, uniform=uniform)
+    assert (got == float(want.value) or (np.isnan(got) and np.isnan(float(want.value))))
+    assert np.signbit(got) == np.signbit(float(want.value))
+    assert stats.elements == 1 and stats.inexact == ("inexact" in want.flags)
+    if mode == "toward_zero" or mode == "down":
+        assert got <= abs(value) if value > 0 else True
+
+
+def test_the_int_reported_in_the_issue():
+    assert quantize(2 ** 60 - 1, "fp32", "toward_zero") == 2.0 ** 60 - 2.0 ** 36
+    assert quantize(2 ** 53 + 1, "fp64", "up") == 2.0 ** 53 + 2
+
+
+# --- IEEE 754 section 6.3: the sign of an exact zero sum -----------------------------------
+@pytest.mark.parametrize("call, sign", [
+    (lambda m: ops.sub(1.0, 1.0, "fp16", m), "-+"),
+    (lambda m: ops.add(-0.0, 0.0, "bf16", m), "-+"),
+    (lambda m: ops.add(0.0, 0.0, "bf16", m), "++"),
+    (lambda m: ops.add(-0.0, -0.0, "bf16", m), "--"),
+    (lambda m: ops.fma(1, 1, -1, "bf16", m), "-+"),
+    (lambda m: ops.fma(np.float32(-0.0), 1, 0.0, "bf16", m), "-+"),
+    (lambda m: ops.add(np.array([2.5, -0.0]), np.array([-2.5, 0.0]), "bf16", m), "-+"),
+    (lambda m: ops.dot([1.0, 1.0], [1.0, -1.0], acc_fmt="bf16", in_fmt="fp32",
+                       order="sequential", acc_rounding=m), "-+"),
+    (lambda m: ops.dot([1.0, 1.0, 1.0, -1.0], [2.0, -2.0, 0.0, 0.0], acc_fmt="bf16",
+                       in_fmt="fp32", order="pairwise", acc_rounding=m), "-+"),
+    (lambda m: ops.matmul(np.array([[1.0, 1.0]]), np.array([[3.0], [-3.0]]),
+                          acc_fmt="bf16", in_fmt="fp32", acc_rounding=m), "-+"),
+    (lambda m: ops.dot(np.float32([-0.0]), np.float32([1.0]), acc_fmt="bf16",
+                       order="sequential", acc_rounding=m), "--"),
+])
+def test_exact_zero_sums_follow_ieee(call, sign):
+    """-0 under rounding down, +0 otherwise, except zeros of one sign keep it."""
+    for mode, want in zip(("down", "nearest"), sign):
+        got = np.asarray(call(mode)).reshape(-1)
+        assert np.all(got == 0) and np.all(np.signbit(got) == (want == "-")), (mode, got)
+    for mode in ("up", "toward_zero", "odd", "nearest_away"):
+        got = np.asarray(call(mode)).reshape(-1)
+        assert np.all(np.signbit(got) == (sign[1] == "-")), (mode, got)
+
+
+# --- float64's range in lpsim.ops ------------------------------------------------------------
+@pytest.mark.parametrize("op, args, fmt, mode", [
+    (ops.mul, (1e-200, 1e-200), lpsim.fp(11, 50), "up"),
+    (ops.mul, (1e-200, -1e-200), lpsim.fp(11, 50), "down"),
+    (ops.mul, (3e-170, 7e-160), lpsim.fp(11, 40), "nearest"),
+    (ops.mul, (1e-200, 1e-200), lpsim.fp(11, 50), "stochastic"),
+    (ops.div, (1e-300, 1e30), lpsim.fp(11, 45), "up"),
+    (ops.div, (1e300, 1e-30), "bf16", "toward_zero"),
+    (ops.add, (1.7e308, 1.7e308), "bf16", "toward_zero"),
+    (ops.add, (1.7e308, 1.7e308), lpsim.fp(11, 50), "odd"),
+    (ops.sub, (-1.7e308, 1.7e308), "bf16", "nearest"),
+    (ops.mul, (1e200, 1e200), "fp16", "toward_zero"),
+    (ops.mul, (1e200, -1e200), "e4m3fn", "nearest"),
+    (ops.fma, (2.0 ** 500, 2.0 ** 523, 1.7e308), lpsim.fp(11, 20), "down"),
+])
+def test_results_outside_float64_are_exact(op, args, fmt, mode):
+    stats = RoundingStats()
+    got = op(*args, fmt, mode, seed=11, stats=stats)
+    exact = {ops.mul: lambda a, b: a * b, ops.div: lambda a, b: a / b,
+             ops.add: lambda a, b: a + b, ops.sub: lambda a, b: a - b,
+             ops.fma: lambda a, b, c: a * b + c}[op](*(Fraction(a) for a in args))
+    uniform = Fraction(random_words(1, 8, 11)[0], 2 ** 62) if mode == "stochastic" else None
+    want = reference.round_exact(exact, fmt, mode, uniform=uniform)
+    want_value = float(want.value)
+    assert got == want_value or (np.isnan(got) and np.isnan(want_value)), (got, want_value)
+    assert np.signbit(got) == np.signbit(want_value)
+    assert stats.elements == 1
+    assert [getattr(stats, c) for c in lpsim.stats.COUNTERS] == \
+        [int(c in want.flags) for c in lpsim.stats.COUNTERS]
+
+
+# --- errors that name the problem --------------------------------------------------------------
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: quantize(X4, "bf16", out=_readonly(4)), ValueError, "out is read-only"),
+    (lambda: quantize(_matrix(), "bf16"), TypeError, "numpy.matrix"),
+    (lambda: quantize(np.ma.masked_array([1.0, 2.0], [0, 1]), "bf16"), TypeError,
+     "masked array"),
+    (lambda: quantize(np.array([1.0, 2.0], dtype=object), "bf16"), TypeError, "dtype object"),
+    (lambda: quantize(X4, "bf16", stats={}), TypeError, "stats=\\{\\} is a dict"),
+    (lambda: quantize(X4, "bf16", stats=3), TypeError, "stats=3 is a int"),
+    (lambda: quantize(1.5, "bf16", stats=[]), TypeError, "stats=\\[\\] is a list"),
+    (lambda: ops.add(X4, X4, "bf16", stats=object()), TypeError, "stats=.* is a object"),
+    (lambda: ops.dot(X4, X4, stats="x"), TypeError, "stats='x' is a str"),
+    (lambda: quantize(X4, "bf16", out=np.zeros(4, ">f4")), ValueError, "native byte order"),
+    (lambda: quantize(X4, "bf16", out=[0.0] * 4), TypeError, "out is a list"),
+    (lambda: quantize(X4, "bf16", "stochastic", seed=2 ** 64), ValueError, "seed=.*2\\*\\*64"),
+    (lambda: quantize(X4, "bf16", "stochastic", stream=-1), ValueError, "stream=-1"),
+    (lambda: quantize(X4, "bf16", offset=1.0), TypeError, "offset=1.0 must be an integer"),
+    (lambda: ops.add(2 ** 60 + 1, 1.0, "bf16"), ValueError, "not exact in float64"),
+])
+def test_errors_name_the_argument(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def _readonly(n):
+    x = np.arange(n, dtype=np.float32) + 0.1
+    x.setflags(write=False)
+    return x
+
+
+def test_in_place_on_a_read_only_array_is_refused_and_nothing_changes():
+    x = _readonly(5)
+    before = x.copy()
+    with pytest.raises(ValueError, match="out is read-only"):
+        quantize(x, "bf16", out=x)
+    assert np.array_equal(x, before)
+
+
+def test_wrong_stats_are_refused_before_anything_is_written():
+    out = np.full(4, 7.0, np.float32)
+    with pytest.raises(TypeError, match="stats"):
+        quantize(X4, "bf16", out=out, stats="counters")
+    assert np.all(out == 7.0)
+
+
+# --- array-likes, upcast exactly, as numpy would take them ----------------------------------
+@pytest.mark.parametrize("x, container", [
+    ([0.1, -2.5, 1e-30], np.float64), ((0.1, 3.0), np.float64), ([[1, 2], [3, 4]], np.float64),
+    (np.array([1.5, -0.1], np.float16), np.float32),
+    (np.array([1.5, -0.1, 3e38], ml_dtypes.bfloat16), np.float32),
+    (np.array([1.1, -2.3], ">f4"), np.float32), (np.array([1.1, -2.3], ">f8"), np.float64),
+    (np.arange(6, dtype=np.int32).reshape(2, 3), np.float64),
+    (np.array([2 ** 53, -7], np.int64), np.float64), (np.uint8(200), None),
+    (np.float16(0.3), None),
+])
+def test_array_likes_round_like_their_exact_container_values(x, container):
+    got = quantize(x, "e4m3fn", "nearest")
+    exact = np.asarray(x).astype(np.float64)
+    if container is None:
+        assert np.asarray(got).shape == () and float(got) == float(
+            quantize(np.float64(exact), "e4m3fn"))
+        return
+    assert got.dtype == container and got.shape == np.shape(x)
+    want, _ = reference.quantize(exact.astype(container), "e4m3fn", "nearest")
+    assert got.tobytes() == want.tobytes()
+
+
+def test_overlapping_out_rounds_the_original_values():
+    x = np.linspace(-5, 5, 41)
+    want = quantize(x.copy(), "fp(4,3,4)")[1:]
+    y = x.copy()
+    quantize(y[1:], "fp(4,3,4)", out=y[:-1])
+    assert np.array_equal(y[:-1], want)
+
+
+# --- the command line --------------------------------------------------------------------------
+def test_cli_error_text_with_markup_characters_is_printed_not_parsed():
+    from lpsim.cli import main
+    err = io.StringIO()
+    with redirect_stderr(err):
+        status = main(["round", "1", "-f", "[/x]"])
+    assert status == 2
+    done = subprocess.run([sys.executable, "-m", "lpsim.cli", "round", "1", "-f", "[/x]"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 2 and "unknown format '[/x]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def _matrix():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        return np.matrix([[1.0, 2.0]])

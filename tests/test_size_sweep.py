@@ -1,0 +1,147 @@
+"""Every size threshold of the fast paths gives the same bits and counters as the path next
+to it: serial vs thread pool (lpsim.cpu, lpsim.ops.kernels.run), one chunk vs many, the
+scalar elementwise call vs the array one, the dot/sum register chain vs the GEMM kernel."""
+
+import zlib
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import RoundingStats, cpu, ops, quantize
+from lpsim.ops import kernels
+from lpsim.ops.reductions import _setup, resolve
+from lpsim.rounding import MODES
+
+P = cpu.PARALLEL_GRAIN
+SIZES = [0, 1, 3, 4, 5, 63, 64, 65, cpu.GROUP * 3 + 1, cpu.CHUNK - 1, cpu.CHUNK, cpu.CHUNK + 1,
+         cpu.TASK * cpu.CHUNK - 1, cpu.TASK * cpu.CHUNK + 5, 2 * P - 1, 2 * P, 2 * P + 7,
+         3 * P + cpu.CHUNK // 2]
+
+
+def _data(n, dtype, salt=""):
+    rng = np.random.default_rng(zlib.crc32(f"{n} {dtype} {salt}".encode()))
+    x = rng.standard_normal(n) * np.exp2(rng.integers(-140, 130, n))
+    with np.errstate(over="ignore"):
+        x = x.astype(dtype)
+    x[::97] = np.inf
+    x[::89] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nearest_bf16_equals_ml_dtypes_at_every_size(dtype):
+    for n in SIZES:
+        # float64 inputs that are float32 values: ml_dtypes converts float64 through float32
+        x = _data(n, np.float32).astype(dtype)
+        stats = RoundingStats()
+        got = quantize(x, "bf16", stats=stats)
+        with np.errstate(over="ignore"):
+            want = x.astype(ml_dtypes.bfloat16).astype(dtype)
+        assert got.tobytes() == want.tobytes(), n
+        assert stats.elements == n and stats.inexact == np.count_nonzero(
+            (got != x) & np.isfinite(x)), n
+
+
+@pytest.mark.parametrize("mode", ["stochastic", "nearest", "odd"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_whole_arrays_equal_their_pieces_at_every_size(dtype, mode):
+    """The pieces (at most 1000 elements, with their offsets) run in the calling thread in
+    one chunk; the whole array crosses every threshold: chunks, tasks, the thread pool."""
+    for n in SIZES:
+        x = _data(n, dtype, mode)
+        for offset in (0, 3):
+            whole_stats, piece_stats = RoundingStats(), RoundingStats()
+            whole = quantize(x, "fp(5,4,2)", mode, seed=5, stream=2 ** 63 + 1, offset=offset,
+                             stats=whole_stats)
+            pieces = np.empty_like(x)
+            for lo in range(0, n, 1000):
+                quantize(x[lo:lo + 1000], "fp(5,4,2)", mode, seed=5, stream=2 ** 63 + 1,
+                         offset=offset + lo, out=pieces[lo:lo + 1000], stats=piece_stats)
+            assert whole.tobytes() == pieces.tobytes(), (n, offset)
+            assert whole_stats == piece_stats, (n, offset)
+            inplace = x.copy()
+            quantize(inplace, "fp(5,4,2)", mode, seed=5, stream=2 ** 63 + 1, offset=offset,
+                     out=inplace)
+            assert inplace.tobytes() == whole.tobytes(), (n, offset)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_scalar_elementwise_ops_equal_the_array_path(mode):
+    fmt = "fp(4,3,4)" if mode != "nearest" else "bf16"
+    values = [(1.0, 2.0 ** -9), (3.3, -3.3), (1e-30, 7.0), (240.0, 17.5), (-0.0, 0.0),
+              (1.7e308, 1.7e308), (1e-200, 1e-200), (float("nan"), 1.0), (float("inf"), 1.0)]
+    for op in (ops.add, ops.sub, ops.mul, ops.div):
+        for offset in (0, 5):
+            for a, b in values:
+                s_scalar, s_array = RoundingStats(), RoundingStats()
+                got = op(a, b, fmt, mode, seed=3, stream=9, offset=offset, stats=s_scalar)
+                want = op(np.array([a]), np.array([b]), fmt, mode, seed=3, stream=9,
+                          offset=offset, stats=s_array)
+                assert type(got) is float
+                assert np.array([got]).tobytes() == want.tobytes(), (op.__name__, a, b)
+                assert s_scalar == s_array, (op.__name__, a, b)
+
+
+def _chain_and_gemm(x, y, model, seed):
+    """The register chain and the GEMM kernel on the same single-column problem."""
+    m = resolve(model, np.float32)
+    setup = _setup(m, np.dtype(np.float32), True, "dot")
+    K = x.shape[-1]
+    X = np.ascontiguousarray(x, np.float64).reshape(-1, K)
+    Y = np.ascontiguousarray(y, np.float64).reshape(-1, K)
+    blk = K if m.order == "sequential" else m.order[1]
+    common = (setup.mode, setup.omode, 32, 32, setup.pva, setup.pvo, seed, 0, 7)
+    out_chain = np.empty(X.shape[0])
+    c_chain = kernels.run(kernels.chain, X.shape[0], K, 1, X, Y, out_chain, *common, blk,
+                          bool(m.fused), setup.hw)
+    out_gemm = np.empty((X.shape[0], 1, 1))
+    ia = np.arange(X.shape[0], dtype=np.int64)
+    c_gemm = kernels.run(kernels.gemm, X.shape[0], K, 1, X[:, None, :].copy(),
+                         Y[:, :, None].copy(), ia, ia.copy(), out_gemm, *common,
+                         kernels.ORDER_BLOCKED, blk, bool(m.fused), setup.hw)
+    return out_chain, c_chain, out_gemm.reshape(-1), c_gemm
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("order", ["sequential", ("blocked", 5)])
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_register_chain_equals_the_gemm_kernel(mode, order, fused):
+    rng = np.random.default_rng(zlib.crc32(f"{mode} {order} {fused}".encode()))
+    K = 77
+    x = (rng.standard_normal((6, K)) * np.exp2(rng.integers(-20, 20, (6, K)))).astype(np.float32)
+    y = rng.standard_normal((6, K)).astype(np.float32)
+    x[0] = np.round(x[0] * 8) / 8              # exact sums: the chain's grid-point fallback
+    y[0] = 1.0
+    x[1, :2], y[1, :2] = [1032, 4 + 2 ** -21], [1, 1 - 2 ** -23]   # RN64 lands on a midpoint
+    x[2] = 1e30                                 # overflow of the accumulator
+    x[3, 1::2] = -x[3, 0:K - 1:2]               # cancellation to exact zeros
+    y[3] = 1.0
+    for acc in ("bf16", "fp16", "fp(5,2,0)", "fp32", "fp64"):
+        if acc == "fp64" and mode != "nearest":
+            continue
+        model = lpsim.ops.AccumulationModel("fp32", acc, "fp32" if acc != "fp64" else "fp64",
+                                            fused, order, mode, "nearest")
+        got, got_counts, want, want_counts = _chain_and_gemm(x, y, model, seed=11)
+        assert got.tobytes() == want.tobytes(), acc
+        assert list(got_counts) == list(want_counts), acc
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic"])
+def test_thread_pool_products_equal_the_serial_ones(mode, monkeypatch):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((9, 300)).astype(np.float32)
+    b = rng.standard_normal((300, 70)).astype(np.float32)
+    v = rng.standard_normal((5, 4000)).astype(np.float32)
+    kw = dict(acc_fmt="bf16", acc_rounding=mode, seed=8)
+    results = []
+    for steps in (1, 1 << 62):          # every call on the pool / none
+        monkeypatch.setattr(kernels, "PARALLEL_STEPS", steps)
+        monkeypatch.setattr(lpsim.ops.reductions, "PARALLEL_STEPS", steps)
+        stats = RoundingStats()
+        results.append((ops.matmul(a, b, stats=stats, **kw).tobytes(),
+                        ops.dot(v, v[::-1], order="sequential", stats=stats, **kw).tobytes(),
+                        ops.sum(v, -1, order=("blocked", 64), stats=stats, **kw).tobytes(),
+                        stats.as_dict()))
+    assert results[0] == results[1]
