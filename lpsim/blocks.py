@@ -61,7 +61,6 @@ BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
                   "clipped_scale", "flushed", "nan_block")
 
 
-@dataclass
 class BlockStats(RoundingStats):
     """RoundingStats of the elements plus per-call block counters.
 
@@ -71,10 +70,36 @@ class BlockStats(RoundingStats):
     nan_blocks: blocks given a NaN scale (a NaN or inf element, ``nonfinite="nan"``).
     """
 
-    blocks: int = 0
-    clipped_scales: int = 0
-    flushed_blocks: int = 0
-    nan_blocks: int = 0
+    __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
+
+    def __init__(self, **counts):
+        block = {name: int(counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
+        super().__init__(**counts)
+        for name, value in block.items():
+            setattr(self, name, value)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), **{name: getattr(self, name) for name in self.BLOCK_FIELDS}}
+
+    def reset(self) -> None:
+        super().reset()
+        for name in self.BLOCK_FIELDS:
+            setattr(self, name, 0)
+
+    def __repr__(self) -> str:
+        return "BlockStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+    def __getstate__(self):
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __copy__(self) -> "BlockStats":
+        return BlockStats(**self.as_dict())
+
+    def __deepcopy__(self, memo) -> "BlockStats":
+        return self.__copy__()
 
 
 @dataclass(frozen=True)

@@ -108,8 +108,8 @@ def test_nvfp4_equals_torchao_nvfp4_quantize(with_tensor_scale):
 RULE_FORMATS = [block("e2m1fn", 32, "e8m0fnu", rule) for rule in blocks.RULES] + [
     block("e4m3fn", 16, "e8m0fnu", "floor", nonfinite="finite"),
     block("e5m2", 8, "fp(5,0,0)", "ceil"),                          # a narrow scale: clipping
-    block("e2m3fn", 16, "e4m3fn", "floor"), block("e3m2fn", 16, "ue4m3" if False else "e4m3fn",
-                                                   "rceil"),
+    block("e2m3fn", 16, "e4m3fn", "floor"), block("e3m2fn", 16, "ue4m3", "rceil"),
+    block("e2m1fn", 16, "ue5m3", "ceil"),
     lpsim.blocks.PRESETS["nvfp4"], lpsim.blocks.PRESETS["mxint8"]]
 
 
@@ -228,7 +228,8 @@ def test_presets_and_repr_round_trip():
     for name, bfmt in lpsim.blocks.PRESETS.items():
         assert parse_block_format(repr(bfmt)) == bfmt, repr(bfmt)
         assert bfmt.name == name
-    assert lpsim.blocks.PRESETS["nvfp4"].block == 16
+    assert lpsim.blocks.PRESETS["nvfp4"] == block("e2m1fn", 16, "ue4m3", "even",
+                                                  tensor_scale=True)
     assert lpsim.blocks.PRESETS["mxint8"].element.max_finite == 127 / 64
 
 

@@ -111,7 +111,7 @@ def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0):
     from ..blocks import quantize as quantize_blocks
     a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream)
     b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1)
-    return a, b
+    return np.ascontiguousarray(a), np.ascontiguousarray(b)
 
 
 @njit(cache=True)
