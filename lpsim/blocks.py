@@ -31,8 +31,10 @@ or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays N
 saturates).  Element rounding is any lpsim mode with the random bits of
 :func:`lpsim.quantize` (element ``i`` of the blocked layout, C order with the block axis last,
 uses counter ``offset + i``), ``sr_bits`` included.  The scale decision
-(:func:`block_scale`) and the element step (:func:`scale_element`) are the shared scalar
-core of the CPU kernel here and of ``lpsim_cuda.blocks``.
+(:func:`block_scale`) and the element step (:func:`scaled_bits`, then
+:func:`lpsim.rounding.round_fast_sub`, else :func:`lpsim.rounding.round_bits`) in
+:func:`quantize_one_block` are the shared scalar core of the CPU kernel here and of
+``lpsim_cuda.blocks``.
 """
 
 from __future__ import annotations
@@ -353,21 +355,6 @@ def scaled_bits(xv, s, recip, bp):
 
 
 @register_jitable
-def scale_element(xv, s, recip, mode, r, k, p, bp):
-    """(q, flags): element value q of container value ``xv`` under scale ``s``.
-
-    q = round(x / s) in the saturating element format (``p``: its float64 params, W the
-    container's word bits): :func:`lpsim.rounding.round_fast_sub`, else
-    :func:`lpsim.rounding.round_bits`.
-    """
-    yb = scaled_bits(xv, s, recip, bp)
-    bits, ok, flags = round_fast_sub(yb, mode, r, k, p)
-    if not ok:
-        bits, flags = round_bits(yb, mode, r, k, p)
-    return i2f(bits), flags
-
-
-@register_jitable
 def dequantize_element(q, s, bp):
     """q * s (* pts) in float64: exact for the small formats (one rounding to the container)."""
     if bp.pts != 1.0:
@@ -476,8 +463,8 @@ def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
 # their own names, as numba's on-disk cache needs.
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                    want_q):
+def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                    stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -485,8 +472,8 @@ def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, 
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                         want_q):
+def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                         stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -494,8 +481,8 @@ def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                        want_q):
+def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                        stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -503,8 +490,8 @@ def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-               want_q):
+def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+               stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -512,8 +499,8 @@ def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, strea
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                 want_q):
+def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                 stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -521,8 +508,8 @@ def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, str
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                want_q):
+def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -530,8 +517,8 @@ def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stre
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                       want_q):
+def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                       stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
@@ -539,15 +526,24 @@ def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_h
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _blocks_stochastic_equal(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                             want_q):
+def _blocks_stochastic_equal(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                             stream, offset, lanes, want_q):
     nblk = sout.shape[1]
     for t in prange(x.shape[0] * nblk):
         quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
                            7, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
 
 
-_KERNELS = {NEAREST: _blocks_nearest, NEAREST_AWAY: _blocks_nearest_away, TOWARD_ZERO: _blocks_toward_zero, UP: _blocks_up, DOWN: _blocks_down, ODD: _blocks_odd, STOCHASTIC: _blocks_stochastic, STOCHASTIC_EQUAL: _blocks_stochastic_equal}
+_KERNELS = {
+    NEAREST: _blocks_nearest,
+    NEAREST_AWAY: _blocks_nearest_away,
+    TOWARD_ZERO: _blocks_toward_zero,
+    UP: _blocks_up,
+    DOWN: _blocks_down,
+    ODD: _blocks_odd,
+    STOCHASTIC: _blocks_stochastic,
+    STOCHASTIC_EQUAL: _blocks_stochastic_equal,
+}
 
 
 # --- host side ------------------------------------------------------------------------------
@@ -749,6 +745,6 @@ def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
     return np.moveaxis(values.reshape(encoded.shape), -1, encoded.axis)
 
 
-__all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS", "as_block_format",
-           "parse_block_format", "quantize", "quantize_blocks", "block_scale",
-           "scale_element", "Blocked", "RULES"]
+__all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
+           "as_block_format", "parse_block_format", "quantize", "quantize_blocks", "block_scale",
+           "scaled_bits", "Blocked", "RULES"]

@@ -2,7 +2,7 @@
 
 Each thread quantizes whole blocks in a grid-stride loop by calling the CPU kernel's own
 :func:`lpsim.blocks.quantize_one_block` (scale decision :func:`lpsim.blocks.block_scale`,
-element step :func:`lpsim.blocks.scale_element` over :func:`lpsim.rounding.round_bits`), so
+element step :func:`lpsim.rounding.round_fast_sub` / :func:`lpsim.rounding.round_bits`), so
 the two paths share their decisions and random bits instead of copying them.
 """
 
