@@ -178,7 +178,8 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
             _check_out(out, x)
         target = out if oflags.c_contiguous else np.empty_like(x)
     else:
-        target = out = _check_out(out, x)
+        out = _check_out(out, x)
+        target = out if out.flags.c_contiguous else np.empty_like(x)
     src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
@@ -318,7 +319,9 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
         if array.dtype.itemsize > 8:
             raise TypeError(f"{name} has dtype {array.dtype}; accepted: floats of at most 64 "
                             "bits (a long double does not fit the float64 container)")
-        return array.astype(_container(array.dtype), copy=False)
+        container = _container(array.dtype)
+        # the canonical dtype object too (an unpickled array's float64 is an equal copy)
+        return array.astype(container, copy=False).view(container)
     if kind in "iu":
         wide = array.astype(np.float64)
         exact = wide.astype(array.dtype) == array

@@ -244,3 +244,27 @@ def _matrix():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PendingDeprecationWarning)
         return np.matrix([[1.0, 2.0]])
+
+
+def test_unpickled_arrays_and_memmaps(tmp_path):
+    """Equal but not identical dtype objects, and ndarray subclasses that are not matrices
+    or masked arrays, round like the plain array."""
+    import pickle
+    x = np.linspace(-3, 3, 11)
+    want = quantize(x, "bf16", "stochastic", seed=2)
+    y = pickle.loads(pickle.dumps(x))
+    assert y.dtype == x.dtype
+    assert quantize(y, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    m = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float64, shape=(11,))
+    m[:] = x
+    assert quantize(m, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    readonly = np.load(tmp_path / "x.npy", mmap_mode="r")
+    assert quantize(readonly, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    target = np.lib.format.open_memmap(tmp_path / "y.npy", mode="w+", dtype=np.float64,
+                                       shape=(11,))
+    assert quantize(x, "bf16", "stochastic", seed=2, out=target) is target
+    assert np.asarray(target).tobytes() == want.tobytes()
+    strided = np.lib.format.open_memmap(tmp_path / "z.npy", mode="w+", dtype=np.float64,
+                                        shape=(11, 2))[:, 1]
+    quantize(x, "bf16", "stochastic", seed=2, out=strided)
+    assert np.ascontiguousarray(strided).tobytes() == want.tobytes()
