@@ -24,7 +24,7 @@ import numpy as np
 from .losses import get_loss
 from .recipes import Rounder, as_recipe, container
 from .solvers import (IndexStream, block_columns, check_data, check_eta, check_int,
-                      outer_iteration)
+                      check_seed, outer_iteration)
 
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -88,6 +88,7 @@ def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100
     import torch.distributed as dist
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
+    seed = check_seed(seed)
     A_local, y = check_data(A_local, y, loss)
     if device is None:
         nccl = dist.get_backend(group) == "nccl"

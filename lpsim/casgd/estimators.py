@@ -14,7 +14,7 @@ import numpy as np
 from .data import normalize_rows
 from .losses import get_loss
 from .recipes import as_recipe
-from .solvers import casgd, check_data, check_eta, check_int
+from .solvers import casgd, check_data, check_eta, check_int, diverged
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -101,9 +101,7 @@ class _CASGD(BaseEstimator):
             curve = np.append(res.loss_curve, np.linalg.norm(res.x))
         if not np.isfinite(curve).all():
             h = min(int(np.argmax(~np.isfinite(curve))), self.n_iter)
-            raise ValueError(f"CA-SGD diverged with eta={self.eta!r}: F(x) or x is not finite "
-                             f"after outer iteration {h} of {self.n_iter}; accepted: a smaller "
-                             f"step size, e.g. eta={eta / 4:g}")
+            raise diverged(eta, h, self.n_iter, "F(x)")
         self.coef_ = np.asarray(res.x, np.float64)
         self.loss_curve_ = res.loss_curve
         self.n_iter_ = res.iterations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,48 @@ def check_eta(eta) -> float:
             or not math.isfinite(eta) or eta <= 0:
         raise ValueError(f"eta={eta!r} is not accepted; accepted: a finite step size > 0")
     return float(eta)
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int in [0, 2**64) (the Philox key of the samples and slot roundings)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not 0 <= seed < 2 ** 64:
+        raise ValueError(f"{name}={seed!r} is not accepted; accepted: an integer "
+                         "0 <= seed < 2**64")
+    return int(seed)
+
+
+class DivergedError(ValueError):
+    """The iterate left the finite numbers: the step size is too large for the data."""
+
+
+def diverged(eta: float, h: int, H: int, what: str = "x") -> DivergedError:
+    """The error every CA-SGD entry raises when ``what`` is not finite after iteration h."""
+    return DivergedError(f"CA-SGD diverged with eta={eta!r}: {what} is not finite after outer "
+                         f"iteration {h} of {H}; accepted: a smaller step size, e.g. "
+                         f"eta={eta / 4:g}")
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (0 when the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_block_size(b: int, s: int, n: int, recipe: Recipe, memory: int | None = None):
+    """A ValueError when one outer iteration's s*b x s*b Gram matrix and s*b x n sampled rows
+    cannot fit in ``memory`` bytes (default: this machine's physical memory)."""
+    sb = s * b
+    gram = sb * sb * recipe.u_G.dtype.itemsize
+    rows = sb * n * recipe.u_A.dtype.itemsize
+    memory = physical_memory() if memory is None else memory
+    if memory and gram + rows > memory:
+        raise ValueError(f"b*s = {b}*{s} = {sb} rows per outer iteration: the s*b x s*b Gram "
+                         f"matrix needs {gram / 2 ** 30:.4g} GiB and the sampled rows "
+                         f"{rows / 2 ** 30:.4g} GiB, more than this machine's "
+                         f"{memory / 2 ** 30:.4g} GiB; accepted: smaller b or s")
 
 
 def real_array(name: str, value, accepted: str = "a real numeric (int or float) array"):
@@ -158,12 +201,18 @@ def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
     """
     recipe, loss = as_recipe(recipe), get_loss(loss)
     b, s, eta = check_int("b", b), check_int("s", s), check_eta(eta)
+    seed = check_seed(seed)
     Y, yI = check_data(Y, yI, loss)
     if Y.shape[0] != s * b:
         raise ValueError(f"Y has {Y.shape[0]} rows; accepted: s*b = {s * b}")
+    x = real_array("x", x).astype(np.float64)
+    if x.shape != (Y.shape[1],):
+        raise ValueError(f"x has shape {x.shape}; accepted: ({Y.shape[1]},), one weight per "
+                         "column of Y")
+    check_finite("x", x, "finite weights")
     rnd = Rounder(seed)
     Yt = rnd.slot(Y, recipe.u_A)
-    xt = rnd.slot(np.asarray(x, np.float64), recipe.u_x).copy()
+    xt = rnd.slot(x, recipe.u_x).copy()
     outer_iteration(Yt, yI, xt, block_columns(Y.shape[1], P), recipe, eta / b, b, s, loss, rnd)
     return xt
 
@@ -183,8 +232,10 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
          reduce=_simulated_reduce):
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
+    seed = check_seed(seed)
     A, y = check_data(A, y, loss)
     blocks = block_columns(A.shape[1], P)
+    check_block_size(b, s, A.shape[1], recipe)
     rnd = Rounder(seed)
     At = rnd.slot(A, recipe.u_A)
     x = np.zeros(A.shape[1]) if x0 is None else real_array("x0", x0).astype(np.float64)
@@ -203,14 +254,19 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
     def note(h):
         if record and h == record[0]:
             record.pop(0)
-            result.loss_curve.append(loss.objective(A, y, x))
+            with np.errstate(over="ignore", invalid="ignore"):
+                result.loss_curve.append(loss.objective(A, y, x))
             result.recorded_at.append(h)
 
     note(0)
     for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name}",
                   leave=False):
         idx = stream.take(s * b)
-        outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd, reduce)
+        with np.errstate(over="ignore", invalid="ignore"):
+            outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd,
+                            reduce)
+        if not np.isfinite(x).all():
+            raise diverged(eta, h, H)
         note(h)
     result.iterations = H
     return result
@@ -226,7 +282,8 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     after which F(x) is evaluated (an int k means every k).  reduce: the grouped AllReduce,
     ``reduce(r_parts, G_parts, recipe, rounder) -> (r, G)`` (default: each part cast to its
     collective slot, summed in rank order).  Equals H*s SGD steps in exact arithmetic
-    (Section 2.2).
+    (Section 2.2).  Raises :class:`DivergedError` (a ValueError naming eta) when x stops
+    being finite.
     """
     return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
                 reduce or _simulated_reduce)
