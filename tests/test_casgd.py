@@ -287,7 +287,7 @@ def test_gram_too_large_for_memory_is_refused(data):
     A, y = data["logistic"]
     with pytest.raises(ValueError, match=r"b\*s = 1048576\*1048576 = 1099511627776 rows per "
                                          r"outer iteration: the s\*b x s\*b Gram matrix needs "
-                                         r"4\.194e\+12 GiB .*accepted: smaller b or s"):
+                                         r"4\.504e\+15 GiB .*accepted: smaller b or s"):
         casgd(A, y, H=1, b=2 ** 20, s=2 ** 20)
     # the limit is the memory given: 64 x 64 fp32 Gram (16 KiB) + 64 x 40 rows (10 KiB)
     check_block_size(8, 8, 40, RECIPES["A"], memory=16384 + 10240)
