@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .losses import Loss, get_loss
+from .inner import inner_args, inner_recurrence_cpu, jitted_recipe
+from .losses import LOSSES, Loss, get_loss
 from .recipes import Recipe, Rounder, _slot_matmul, as_recipe
 
 
@@ -169,11 +170,37 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
     at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x.  ``blocks`` are the
     column slices held here; ``reduce(r_parts, G_parts, recipe, rnd)`` sums them over ranks.
     Returns the residual history delta.  s = 1 is one mini-batch SGD step (no Gram).
+    Lines 5-13 run the jitted steps of :mod:`lpsim.casgd.inner` (shared with the GPU kernels)
+    when u_c and u_sigma round to nearest in formats they model exactly; else numpy.
     """
     parts = [np.ascontiguousarray(Y[:, c]) for c in blocks]
     r_parts = [_slot_matmul(Yc, x[c], recipe.u_r, rnd) for Yc, c in zip(parts, blocks)]
     G_parts = [_slot_matmul(Yc, Yc.T, recipe.u_G, rnd) for Yc in parts] if s > 1 else []
     r, G = reduce(r_parts, G_parts, recipe, rnd)
+    if jitted_recipe(recipe) is None and LOSSES.get(loss.name) is loss:
+        delta = _jitted_inner(r, G, yI, recipe, alpha, b, s, loss)
+    else:
+        delta = _numpy_inner(r, G, yI, recipe, alpha, b, s, loss, rnd)
+    ux = recipe.u_x
+    for Yc, c in zip(parts, blocks):
+        g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
+        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
+    return delta
+
+
+def _jitted_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: Loss):
+    """Lines 5-13 through the shared jitted steps (:mod:`.inner`): the same bits as the GPU."""
+    alpha_c, code, pc, ps = inner_args(recipe, loss.name, alpha)
+    delta, delta_c = np.empty(s * b), np.empty(s * b)
+    G = np.zeros((1, 1), np.float32) if G is None else np.ascontiguousarray(G)
+    inner_recurrence_cpu(np.ascontiguousarray(r), G, np.ascontiguousarray(yI, np.float64), delta,
+                         delta_c, b, s, alpha_c, code, pc, ps)
+    return delta.astype(recipe.u_sigma.dtype)
+
+
+def _numpy_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: Loss,
+                 rnd: Rounder):
+    """Lines 5-13 with numpy and lpsim.quantize: any slot rounding or format, any loss."""
     uc, us = recipe.u_c, recipe.u_sigma
     cdt, sdt = uc.dtype, us.dtype
     y_sig = yI.astype(sdt)
@@ -186,10 +213,6 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
             corr = _slot_matmul(G[rows, :j * b], delta[:j * b], uc, rnd).astype(cdt)
             z = rnd.slot(r[rows].astype(cdt) + rnd.slot(cdt.type(alpha) * corr, uc), uc)
         delta[rows] = rnd.slot(loss.residual(z.astype(sdt), y_sig[rows]), us)
-    ux = recipe.u_x
-    for Yc, c in zip(parts, blocks):
-        g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
-        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
     return delta
 
 
