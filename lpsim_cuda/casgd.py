@@ -58,8 +58,20 @@ def _inner_kernel(r, G, y, delta, delta_c, b, s, alpha_c, loss, pc, ps):
 def _sample_kernel(idx, first, m, seed_lo, seed_hi, stream):
     i = cuda.grid(1)
     while i < idx.size:
-        idx[i] = sample_row(first + i, m, seed_lo, seed_hi, stream)
+        idx[i] = sample_row(first[0] + i, m, seed_lo, seed_hi, stream)
         i += cuda.gridsize(1)
+
+
+@cuda.jit
+def _gather_csr_kernel(crow, col, val, idx, out):
+    row = cuda.blockIdx.x
+    while row < idx.size:
+        src = idx[row]
+        k = crow[src] + cuda.threadIdx.x
+        while k < crow[src + 1]:
+            out[row, col[k]] = val[k]
+            k += cuda.blockDim.x
+        row += cuda.gridDim.x
 
 
 def view(t):
@@ -85,10 +97,22 @@ def inner_recurrence(r, G, y, delta, delta_c, b: int, s: int, alpha_c: float, lo
         view(r), view(G), view(y), view(delta), view(delta_c), b, s, alpha_c, loss, pc, ps)
 
 
-def sample_rows(idx, first: int, m: int, seed_lo: int, seed_hi: int, stream: int) -> None:
-    """idx[i] = the row of draw ``first + i`` (an int64 tensor): :func:`lpsim.casgd.sampling.
-    sample_row` on the GPU."""
+def sample_rows(idx, first, m: int, seed_lo: int, seed_hi: int, stream: int) -> None:
+    """idx[i] = the row of draw ``first[0] + i`` (int64 tensors; ``first`` stays on the device,
+    so a CUDA graph replays the draws that follow): :func:`lpsim.casgd.sampling.sample_row`."""
     n = idx.numel()
     blocks = max(1, min(-(-n // SAMPLE_THREADS), 2 if launch.SIMULATOR else 1024))
-    _sample_kernel[blocks, SAMPLE_THREADS, _stream(idx)](view(idx), first, m, seed_lo, seed_hi,
-                                                         stream)
+    _sample_kernel[blocks, SAMPLE_THREADS, _stream(idx)](view(idx), view(first), m, seed_lo,
+                                                         seed_hi, stream)
+
+
+def gather_csr(crow, col, val, idx, out) -> None:
+    """out[i, col[k]] = val[k] for the entries k of CSR row idx[i] (out zeroed by the caller):
+    the sampled rows of a sparse A, dense for the tensor-core GEMMs.  Values move as bits, so
+    bf16/fp16 storage needs no conversion."""
+    import torch
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[val.element_size()]
+    blocks = max(1, min(idx.numel(), 2 if launch.SIMULATOR else 4096))
+    threads = 4 if launch.SIMULATOR else 128
+    _gather_csr_kernel[blocks, threads, _stream(idx)](view(crow), view(col), view(val.view(bits)),
+                                                      view(idx), view(out.view(bits)))

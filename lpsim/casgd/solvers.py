@@ -251,8 +251,19 @@ class Result:
     iterations: int = 0
 
 
+def index_stream(sampler, m: int, seed: int):
+    """The row sampler named ``sampler``: "numpy" (:class:`IndexStream`) or "philox"
+    (:class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws)."""
+    if sampler in (None, "numpy"):
+        return IndexStream(m, seed)
+    if sampler == "philox":
+        from .sampling import PhiloxIndices
+        return PhiloxIndices(m, seed)
+    raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
+
+
 def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-         reduce=_simulated_reduce):
+         reduce=_simulated_reduce, sampler=None):
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
     seed = check_seed(seed)
@@ -272,7 +283,7 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
         record = range(0, H + 1, check_int("record", record))
     record = sorted(set(int(h) for h in record if 0 <= h <= H))
     result = Result(x)
-    stream = IndexStream(A.shape[0], seed)
+    stream = index_stream(sampler, A.shape[0], seed)
 
     def note(h):
         if record and h == record[0]:
@@ -297,7 +308,7 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
 
 def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, H: int = 100,
           recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
-          reduce=None) -> Result:
+          reduce=None, sampler=None, backend="cpu", device=None, graphs=False) -> Result:
     """CA-SGD: H outer iterations of Algorithm 1, each on s*b rows sampled with replacement.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
@@ -307,16 +318,54 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     collective slot, summed in rank order).  Equals H*s SGD steps in exact arithmetic
     (Section 2.2).  Raises :class:`DivergedError` (a ValueError naming eta) when x stops
     being finite.
+
+    sampler: "numpy" (default) or "philox", the counter-based rows the GPU path draws.
+    backend="cuda" runs :func:`lpsim.casgd.native.casgd_native` on torch ``device`` (default
+    "cuda"; ``graphs=True`` replays each outer iteration as a CUDA graph); it draws the rows
+    of sampler="philox", so ``backend="cpu", sampler="philox"`` is its simulator.
     """
+    if backend == "cuda":
+        return _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce,
+                       sampler, device, graphs)
+    _check_backend(backend, device, graphs)
     return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-                reduce or _simulated_reduce)
+                reduce or _simulated_reduce, sampler)
+
+
+def _check_backend(backend, device, graphs):
+    if backend != "cpu":
+        raise ValueError(f"backend={backend!r} is not accepted; accepted: 'cpu' (the "
+                         "simulator) or 'cuda' (lpsim.casgd.native)")
+    if device is not None or graphs:
+        raise ValueError(f"device={device!r}, graphs={graphs!r} apply to backend='cuda' only")
+
+
+def _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce, sampler,
+            device, graphs):
+    from .native import casgd_native
+    if check_int("P", P) != 1 or reduce is not None:
+        raise ValueError(f"P={P}, reduce={reduce!r}: backend='cuda' runs one process; for "
+                         "several GPUs launch lpsim.casgd.native under torchrun")
+    if sampler not in (None, "philox"):
+        raise ValueError(f"sampler={sampler!r}: backend='cuda' draws its rows on the device; "
+                         "accepted: 'philox' (or None)")
+    return casgd_native(A, y, loss=loss, eta=eta, b=b, s=s, H=H, recipe=recipe, seed=seed,
+                        x0=x0, record=record, progress=progress,
+                        device="cuda" if device is None else device, graphs=graphs)
 
 
 def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 100,
-        recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False) -> Result:
+        recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
+        sampler=None, backend="cpu", device=None, graphs=False) -> Result:
     """Mini-batch SGD x += (eta/b) Y_I^T delta(Y_I x, y_I) (Section 2.1), b rows per step.
 
     Uses the slots u_A, u_r, u_AR_r, u_c, u_sigma, u_g, u_x of ``recipe``; the index stream
-    is the one of :func:`casgd` with the same seed.  record counts steps.
+    is the one of :func:`casgd` with the same seed.  record counts steps.  backend="cuda" is
+    the GPU baseline (data on the device, one CUDA graph per step with graphs=True).
     """
-    return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress)
+    if backend == "cuda":
+        return _native(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
+                       None, sampler, device, graphs)
+    _check_backend(backend, device, graphs)
+    return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
+                sampler=sampler)
