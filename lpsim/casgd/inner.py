@@ -71,7 +71,7 @@ def fma(a, b, c):
     try:
         out = float(exact_value)       # correctly rounded, ties to even
     except OverflowError:
-        return math.copysign(math.inf, exact_value)
+        return math.inf if exact_value > 0 else -math.inf
     if exact_value == 0:               # IEEE 754 6.3: -0 only when both addends are -0
         negative = math.copysign(1.0, a * b) < 0 and math.copysign(1.0, c) < 0
         return -0.0 if negative else 0.0
