@@ -10,6 +10,9 @@ order (lane sums, then the tree in shared memory).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import numpy as np
 from numba import cuda
 
@@ -74,6 +77,11 @@ def _gather_csr_kernel(crow, col, val, idx, out):
         row += cuda.gridDim.x
 
 
+#: the simulator swaps module globals while a kernel runs: one simulated launch at a time
+#: (ranks run as threads in the collective tests); real launches are asynchronous, no lock
+_SIM_LOCK = threading.Lock() if launch.SIMULATOR else contextlib.nullcontext()
+
+
 def view(t):
     """A numba array over a torch tensor's memory: the tensor's numpy view under the
     simulator (CPU tensors), else a device array from its data pointer (no synchronisation)."""
@@ -93,8 +101,9 @@ def inner_recurrence(r, G, y, delta, delta_c, b: int, s: int, alpha_c: float, lo
     """delta, delta_c (float64 tensors of s*b) from margins r, Gram G and labels y (tensors
     on one device), on torch's current stream: :func:`lpsim.casgd.inner.inner_recurrence_cpu`
     on the GPU."""
-    _inner_kernel[1, (DOT_LANES, ROWS), _stream(r)](
-        view(r), view(G), view(y), view(delta), view(delta_c), b, s, alpha_c, loss, pc, ps)
+    with _SIM_LOCK:
+        _inner_kernel[1, (DOT_LANES, ROWS), _stream(r)](
+            view(r), view(G), view(y), view(delta), view(delta_c), b, s, alpha_c, loss, pc, ps)
 
 
 def sample_rows(idx, first, m: int, seed_lo: int, seed_hi: int, stream: int) -> None:
@@ -102,8 +111,9 @@ def sample_rows(idx, first, m: int, seed_lo: int, seed_hi: int, stream: int) -> 
     so a CUDA graph replays the draws that follow): :func:`lpsim.casgd.sampling.sample_row`."""
     n = idx.numel()
     blocks = max(1, min(-(-n // SAMPLE_THREADS), 2 if launch.SIMULATOR else 1024))
-    _sample_kernel[blocks, SAMPLE_THREADS, _stream(idx)](view(idx), view(first), m, seed_lo,
-                                                         seed_hi, stream)
+    with _SIM_LOCK:
+        _sample_kernel[blocks, SAMPLE_THREADS, _stream(idx)](view(idx), view(first), m, seed_lo,
+                                                             seed_hi, stream)
 
 
 def gather_csr(crow, col, val, idx, out) -> None:
@@ -114,5 +124,6 @@ def gather_csr(crow, col, val, idx, out) -> None:
     bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[val.element_size()]
     blocks = max(1, min(idx.numel(), 2 if launch.SIMULATOR else 4096))
     threads = 4 if launch.SIMULATOR else 128
-    _gather_csr_kernel[blocks, threads, _stream(idx)](view(crow), view(col), view(val.view(bits)),
-                                                      view(idx), view(out.view(bits)))
+    with _SIM_LOCK:
+        _gather_csr_kernel[blocks, threads, _stream(idx)](
+            view(crow), view(col), view(val.view(bits)), view(idx), view(out.view(bits)))

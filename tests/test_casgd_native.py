@@ -202,3 +202,20 @@ def test_native_device_checks(data):
         casgd(A, y, H=1, backend="cuda", device=DEVICE, graphs=True)
     with pytest.raises(ValueError, match=r"diverged with eta=1000000.0"):
         casgd(A, y, loss="linear", eta=1e6, b=4, s=2, H=8, backend="cuda", device=DEVICE)
+
+
+@needs_sim
+@pytest.mark.parametrize("key,calls", [("C", 2), ("D", 1)])
+def test_native_grouped_allreduce_on_gloo(data, key, calls):
+    # two gloo ranks (threads, CPU tensors): one all_reduce per datatype of [r; G] per outer
+    # iteration (C: bf16 r + fp32 G, D: both bf16), within the P = 2 bound of the simulator
+    from lpsim.casgd.distributed import run_native_threads
+    A, y = data
+    b, s, eta = 3, 3, 0.5
+    run = run_native_threads(A, y, 2, eta=eta, b=b, s=s, H=1, recipe=key, seed=5,
+                             device=DEVICE)
+    sim = casgd(A, y, eta=eta, b=b, s=s, H=1, recipe=key, seed=5, P=2, sampler="philox")
+    assert run.calls == [calls, calls] and run.outer == 1
+    idx = PhiloxIndices(A.shape[0], 5).take(s * b)
+    bound = local_error_bound(A[idx], np.zeros(A.shape[1]), y[idx], eta, b, s, 2, key)
+    assert np.linalg.norm(run.x - sim.x) <= 2 * bound.total and np.linalg.norm(sim.x) > 0.01

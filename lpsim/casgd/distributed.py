@@ -4,7 +4,8 @@ Each rank holds n/P feature columns and its slice of x; per outer iteration it i
 all_reduce per datatype bucket of {u_AR_r, u_AR_G} (gloo cannot mix dtypes in one call),
 at torch dtypes float64/float32/bfloat16/float16; any other format travels in its
 container and is rounded on both sides.  Launch with
-``torchrun --nproc-per-node P -m lpsim.casgd.distributed --rows 8192 --features 512``.
+``torchrun --nproc-per-node P -m lpsim.casgd.distributed --rows 8192 --features 512``
+(``--native``: the GPU path of :mod:`lpsim.casgd.native`, NCCL AllReduce of device tensors).
 The options are long names because torchrun reads every argument that abbreviates one of its
 own (``--m`` would be ``--master-addr``, ``--max-restarts``, ...) as ambiguous.
 """
@@ -186,6 +187,44 @@ def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
     return LocalRun(x, [r.calls for r in reducers], reducers[0].outer, reducers[0].history)
 
 
+def native_rank_run(rank, P, A, y, kwargs, group=None):
+    """:func:`lpsim.casgd.native.casgd_native` on this rank's block columns with the grouped
+    AllReduce of [r; G] on device tensors: (x_local, reducer)."""
+    from .native import NativeAllReduce, casgd_native
+    cols = block_columns(A.shape[1], P)[rank]
+    reducer = NativeAllReduce(group)
+    res = casgd_native(A[:, cols], y, reduce=reducer, **kwargs)
+    return res.x, reducer
+
+
+def run_native_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
+    """The native path on P gloo ranks as threads of this process (CPU tensors, so under the
+    kernel simulator): the collective code NCCL runs on GPUs, tested without them."""
+    import torch.distributed as dist
+    A, y = np.asarray(A), np.asarray(y)
+    block_columns(A.shape[1], P)
+    store = dist.HashStore()
+    results, errors = [None] * P, []
+
+    def rank_main(rank):
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("native", store), rank, P,
+                                          datetime.timedelta(seconds=timeout_s))
+            results[rank] = native_rank_run(rank, P, A, y, kwargs, group)
+        except Exception as err:      # noqa: BLE001 (re-raised in the caller's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=rank_main, args=(p,)) for p in range(P)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return LocalRun(np.concatenate([x for x, _ in results]), [r.calls for _, r in results],
+                    results[0][1].outer)
+
+
 def cli_parser() -> argparse.ArgumentParser:
     """The torchrun entry point's options: full names only, none a prefix of torchrun's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
@@ -200,6 +239,8 @@ def cli_parser() -> argparse.ArgumentParser:
                         help="outer iterations H")
     parser.add_argument("--recipe", default="C")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--native", action="store_true",
+                        help="the native GPU path (lpsim.casgd.native) on each rank's GPU")
     return parser
 
 
@@ -214,9 +255,13 @@ def main(argv=None):
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     A, y, _ = make_synth(args.rows, args.features, loss=args.loss, seed=0)
-    x, reducer = _rank_run(rank, P, A, y, dict(loss=args.loss, eta=args.eta, b=args.batch,
-                                               s=args.inner, H=args.outer, recipe=args.recipe,
-                                               seed=args.seed))
+    kwargs = dict(loss=args.loss, eta=args.eta, b=args.batch, s=args.inner, H=args.outer,
+                  recipe=args.recipe, seed=args.seed)
+    if args.native:
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        x, reducer = native_rank_run(rank, P, A, y, dict(kwargs, device=device))
+    else:
+        x, reducer = _rank_run(rank, P, A, y, kwargs)
     gathered = [None] * P
     dist.all_gather_object(gathered, x)
     if rank == 0:

@@ -277,6 +277,36 @@ class NativeRun:
         return self.x.reshape(-1).to("cpu", _torch().float64).numpy()
 
 
+class NativeAllReduce:
+    """The grouped AllReduce of [r; G] on device tensors: one all_reduce per datatype bucket
+    of {u_AR_r, u_AR_G} (one call when they share a dtype, as in Recipes A and D), in the
+    recipe's torch dtypes (NCCL on GPUs, gloo on CPU tensors); counts its calls."""
+
+    def __init__(self, group=None):
+        self.group, self.calls, self.outer = group, 0, 0
+
+    def __call__(self, r, G, recipe: Recipe):
+        import torch.distributed as dist
+        torch = _torch()
+        self.outer += 1
+        items = [("r", r, recipe.u_AR_r)] + ([("G", G, recipe.u_AR_G)] if G is not None else [])
+        buckets: dict = {}
+        for name, part, slot in items:
+            buckets.setdefault(_dtype(slot.out_fmt), []).append((name, part, slot))
+        out = {}
+        for dtype, members in buckets.items():
+            flat = torch.cat([part.reshape(-1).to(dtype) for _, part, _ in members])
+            dist.all_reduce(flat, group=self.group)
+            self.calls += 1
+            start = 0
+            for name, part, slot in members:
+                piece = flat[start:start + part.numel()].reshape(part.shape)
+                out[name] = piece if _name(slot.out_fmt) in _TORCH else \
+                    round_to(piece, slot.out_fmt)
+                start += part.numel()
+        return out["r"], out.get("G")
+
+
 def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C", seed=0,
                  x0=None, record=None, progress=False, device="cuda", graphs=False,
                  reduce=None) -> Result:
@@ -284,7 +314,8 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
 
     A: dense array or scipy.sparse matrix; device: a torch CUDA device ("cpu" only under
     NUMBA_ENABLE_CUDASIM=1).  The simulator replays its samples with
-    ``casgd(..., sampler="philox")``.
+    ``casgd(..., sampler="philox")``.  reduce: a :class:`NativeAllReduce` when A holds this
+    rank's block columns of a torch.distributed run (every rank draws the same rows).
     """
     from tqdm.auto import tqdm
     from numba import config
