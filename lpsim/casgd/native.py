@@ -139,6 +139,15 @@ class DeviceData:
         self.store = store
         self.y = torch.as_tensor(np.asarray(y, np.float64), device=self.device)
 
+    @classmethod
+    def resident(cls, A, y):
+        """Data already on the device: A a dense tensor in u_A's storage dtype (its values in
+        the format), y a float64 tensor; nothing is copied (benchmarks build synth there)."""
+        self = cls.__new__(cls)
+        self.device, (self.m, self.n), self.store = A.device, tuple(A.shape), A.dtype
+        self.sparse, self.A, self.y = False, A.contiguous(), y
+        return self
+
     def gather(self, idx, out):
         """out[i] = row idx[i] of A (dense rows in the storage dtype)."""
         if not self.sparse:
@@ -249,29 +258,48 @@ class NativeRun:
         self.post(r, G)
 
     def step(self, graphs: bool = False):
-        """One outer iteration (captured as a CUDA graph on first use when ``graphs``)."""
+        """One outer iteration; with ``graphs`` its halves replay as CUDA graphs (captured on
+        first use: that iteration runs eagerly, then the capture records the next ones)."""
         if not graphs:
             return self.eager_step()
         if self.graph is None:
-            self.graph = self.capture()      # runs this iteration eagerly, then captures
-        else:
-            self.graph.replay()
+            self.graph = self.capture()
+            return None
+        pre, post, r_s, G_s, r_in, G_in = self.graph
+        if self.reduce is None:
+            return pre.replay()          # one graph: nothing runs between the halves
+        pre.replay()
+        r, G = self.reduce(r_s, G_s, self.recipe)
+        r_in.copy_(r)
+        if G_in is not None:
+            G_in.copy_(G)
+        post.replay()
 
     def capture(self):
-        """One outer iteration as a torch.cuda.CUDAGraph (after one eager iteration, which
-        compiles the kernels and allocates the buffers the capture reuses)."""
+        """The outer iteration as CUDA graphs after one eager iteration (which compiles the
+        kernels and warms the allocator): one graph for a single process, else the pre- and
+        post-collective halves, with the grouped AllReduce between them."""
         torch = _torch()
-        if self.reduce is not None:
-            raise ValueError("graphs=True captures single-process runs; with P > 1 the "
-                             "collective runs between two eager halves")
         self.eager_step()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            self.eager_step()
+        with torch.cuda.stream(stream):
+            pre = torch.cuda.CUDAGraph()
+            if self.reduce is None:
+                with torch.cuda.graph(pre, stream=stream):
+                    self.post(*self.pre())
+                graphs = (pre, None, None, None, None, None)
+            else:
+                with torch.cuda.graph(pre, stream=stream):
+                    r_s, G_s = self.pre()
+                r_in = torch.empty_like(r_s)
+                G_in = None if G_s is None else torch.empty_like(G_s)
+                post = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(post, stream=stream):
+                    self.post(r_in, G_in)
+                graphs = (pre, post, r_s, G_s, r_in, G_in)
         torch.cuda.current_stream().wait_stream(stream)
-        return graph
+        return graphs
 
     def weights(self) -> np.ndarray:
         return self.x.reshape(-1).to("cpu", _torch().float64).numpy()
@@ -340,6 +368,8 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
                          "take CPU tensors; accepted: device='cpu' under the simulator")
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs a CUDA device (CUDA graphs)")
+    if graphs and reduce is not None and not isinstance(reduce, NativeAllReduce):
+        raise ValueError("graphs=True with a custom reduce: accepted: a NativeAllReduce")
     if _is_sparse(A):
         A, y = check_sparse(A, y, loss)
     else:
