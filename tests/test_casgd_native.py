@@ -59,6 +59,29 @@ def test_exp_fma_within_one_ulp_and_python_equals_njit():
     np.testing.assert_array_equal(py, got[::40])
 
 
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "tf32", "fp16", "fp64"])
+def test_round_nearest_equals_quantize(fmt):
+    # the shared steps' rounding (fp32: the hardware conversion) against lpsim.quantize
+    from numba import njit
+
+    @njit
+    def many(v, out, p):
+        for i in range(v.size):
+            out[i] = inner.round_nearest(v[i], p)
+
+    rng = np.random.default_rng(1)
+    v = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-48, 48, 20000),
+                        [3.4028235677973366e38, np.nextafter(3.4028235677973366e38, 0), 1e39,
+                         -1e39, 1e-46, 7.1e-46, -0.0, 0.0, np.inf, -np.inf, 65520.0, 65519.0],
+                        rng.standard_normal(2000).astype(np.float32) * (1 + 2.0 ** -24)])
+    p = inner.slot_params(lpsim.parse_format(fmt))
+    got = np.empty_like(v)
+    many(v, got, p)
+    np.testing.assert_array_equal(got.view(np.int64), lpsim.quantize(v, fmt).view(np.int64))
+    py = np.array([inner.round_nearest(x, p) for x in v[::20]])      # the simulator's path
+    np.testing.assert_array_equal(py.view(np.int64), got[::20].view(np.int64))
+
+
 def test_python_fma_is_exact():
     assert inner.fma(1.0 + 2.0 ** -30, 1.0 - 2.0 ** -30, -1.0) == -(2.0 ** -60)   # a*b inexact
     assert math.copysign(1, inner.fma(-0.0, 1.0, -0.0)) == -1.0
