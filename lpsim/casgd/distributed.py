@@ -153,25 +153,19 @@ def run_local(A, y, P: int, **kwargs) -> LocalRun:
         return LocalRun(x, [int(part["calls"]) for part in parts], int(parts[0]["outer"]))
 
 
-def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
-    """Run :func:`casgd_distributed` as P threads of this process, each rank with its own
-    gloo process group over a shared in-memory store (no process start-up: fast tests).
-
-    The collectives are gloo's, as in :func:`run_local`; rank 0's reduced [r; G] come back
-    in ``history``.  A rank's exception is raised here.
-    """
+def _run_rank_threads(A, y, P: int, timeout_s: float, rank_fn, prefix: str):
+    """``rank_fn(rank, group)`` on P threads, each rank with its own gloo process group over
+    a shared in-memory store; a rank's exception is raised here.  Returns their results."""
     import torch.distributed as dist
-    A, y = np.asarray(A), np.asarray(y)
-    block_columns(A.shape[1], P)
+    block_columns(np.shape(A)[1], P)
     store = dist.HashStore()
     results, errors = [None] * P, []
 
     def rank_main(rank):
         try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("casgd", store), rank, P,
+            group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, P,
                                           datetime.timedelta(seconds=timeout_s))
-            results[rank] = _rank_run(rank, P, A, y,
-                                      dict(kwargs, device="cpu", history=rank == 0), group)
+            results[rank] = rank_fn(rank, group)
         except Exception as err:      # noqa: BLE001 (re-raised in the caller's thread)
             errors.append(err)
 
@@ -182,6 +176,19 @@ def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
         thread.join()
     if errors:
         raise errors[0]
+    return results
+
+
+def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
+    """Run :func:`casgd_distributed` as P threads of this process, each rank with its own
+    gloo process group over a shared in-memory store (no process start-up: fast tests).
+
+    The collectives are gloo's, as in :func:`run_local`; rank 0's reduced [r; G] come back
+    in ``history``.  A rank's exception is raised here.
+    """
+    A, y = np.asarray(A), np.asarray(y)
+    results = _run_rank_threads(A, y, P, timeout_s, lambda rank, group: _rank_run(
+        rank, P, A, y, dict(kwargs, device="cpu", history=rank == 0), group), "casgd")
     x = np.concatenate([x for x, _ in results])
     reducers = [reducer for _, reducer in results]
     return LocalRun(x, [r.calls for r in reducers], reducers[0].outer, reducers[0].history)
@@ -200,27 +207,9 @@ def native_rank_run(rank, P, A, y, kwargs, group=None):
 def run_native_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
     """The native path on P gloo ranks as threads of this process (CPU tensors, so under the
     kernel simulator): the collective code NCCL runs on GPUs, tested without them."""
-    import torch.distributed as dist
     A, y = np.asarray(A), np.asarray(y)
-    block_columns(A.shape[1], P)
-    store = dist.HashStore()
-    results, errors = [None] * P, []
-
-    def rank_main(rank):
-        try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("native", store), rank, P,
-                                          datetime.timedelta(seconds=timeout_s))
-            results[rank] = native_rank_run(rank, P, A, y, kwargs, group)
-        except Exception as err:      # noqa: BLE001 (re-raised in the caller's thread)
-            errors.append(err)
-
-    threads = [threading.Thread(target=rank_main, args=(p,)) for p in range(P)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    results = _run_rank_threads(A, y, P, timeout_s, lambda rank, group: native_rank_run(
+        rank, P, A, y, kwargs, group), "native")
     return LocalRun(np.concatenate([x for x, _ in results]), [r.calls for _, r in results],
                     results[0][1].outer)
 
