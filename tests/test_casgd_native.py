@@ -82,6 +82,20 @@ def test_round_nearest_equals_quantize(fmt):
     np.testing.assert_array_equal(py.view(np.int64), got[::20].view(np.int64))
 
 
+def test_round_to_rounds_once():
+    # torch takes float64 -> bf16 through float32: 1 + 2^-8 + 2^-30 would tie and go to 1
+    from lpsim.casgd.native import round_to
+    x = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -8, -3.0, 1 + 2.0 ** -11 + 2.0 ** -40],
+                     dtype=torch.float64)
+    for fmt in ("bf16", "fp16", "tf32", "fp(5,2,0)"):
+        want = lpsim.quantize(x.numpy(), fmt)
+        np.testing.assert_array_equal(round_to(x, fmt).double().numpy(), want)
+        np.testing.assert_array_equal(round_to(x.float(), fmt).double().numpy(),
+                                      lpsim.quantize(x.float().numpy(), fmt))
+    assert round_to(x, "bf16").dtype == torch.bfloat16
+    assert round_to(x, "tf32").dtype == torch.float32
+
+
 def test_python_fma_is_exact():
     assert inner.fma(1.0 + 2.0 ** -30, 1.0 - 2.0 ** -30, -1.0) == -(2.0 ** -60)   # a*b inexact
     assert math.copysign(1, inner.fma(-0.0, 1.0, -0.0)) == -1.0

@@ -77,13 +77,20 @@ def round_to(t, fmt):
     torch = _torch()
     fmt = parse_format(fmt)
     dtype = _dtype(fmt)
-    if _name(fmt) in _TORCH:
-        return t.to(dtype)
-    t = t.to(dtype).contiguous()
+    if _name(fmt) in _TORCH and not (t.dtype == torch.float64 and dtype.itemsize < 4):
+        return t.to(dtype)              # one IEEE round to nearest even
+    # torch takes float64 -> bf16/fp16 through float32 (two roundings): round here first
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)          # bf16/fp16 values: exact
+    if t.dtype == torch.float32 and not fmt.fits(np.float32)[0]:
+        t = t.to(torch.float64)
+    t = t.contiguous()                   # rounded once, in its own container, then cast
     if t.is_cuda:
         import lpsim_cuda
-        return lpsim_cuda.quantize(t, fmt)
-    return quantize(t, fmt)
+        out = lpsim_cuda.quantize(t, fmt)
+    else:
+        out = quantize(t, fmt)
+    return out.to(dtype)
 
 
 @contextlib.contextmanager
