@@ -256,3 +256,49 @@ def test_native_grouped_allreduce_on_gloo(data, key, calls):
     idx = PhiloxIndices(A.shape[0], 5).take(s * b)
     bound = local_error_bound(A[idx], np.zeros(A.shape[1]), y[idx], eta, b, s, 2, key)
     assert np.linalg.norm(run.x - sim.x) <= 2 * bound.total and np.linalg.norm(sim.x) > 0.01
+
+
+_PTX_CHECK = r"""
+import sys, types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+try:
+    cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
+except Exception as err:                    # no NVVM/NVRTC on this machine
+    print("no CUDA compiler:", type(err).__name__, str(err)[:200])
+    sys.exit(3)
+import lpsim_cuda.casgd as K
+pc = T.UniTuple(T.int64, 18)
+kernels = {
+    "inner": (K._inner_kernel, (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1],
+                                T.float64[::1], T.int64, T.int64, T.float64, T.int64, pc, pc)),
+    "gather_csr": (K._gather_csr_kernel, (T.int64[::1], T.int64[::1], T.int16[::1],
+                                          T.int64[::1], T.int16[:, ::1])),
+}
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for name, (kernel, sig) in kernels.items():
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        # the residual's exp: 16 explicit FMAs, inlined for the logistic and Poisson losses;
+        # any other fma.rn.f64 would be a contraction the CPU does not make
+        if name == "inner":
+            assert ptx.count("fma.rn.f64") == 32, ptx.count("fma.rn.f64")
+        print(name, "ok", len(ptx))
+"""
+
+
+def test_kernels_compile_for_the_gpu_without_contractions():
+    # the CUDA target's typing and code generation (no GPU needed, only NVVM): the kernels
+    # CI runs in the simulator also compile for sm_90, with no FMA the CPU steps lack
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", _PTX_CHECK], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    if proc.returncode == 3:
+        pytest.skip("no NVVM/NVRTC here (pip install nvidia-cuda-nvcc-cu12 "
+                    f"nvidia-cuda-nvrtc-cu12 to run it): {proc.stdout.strip()[:120]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "inner ok" in proc.stdout and "gather_csr ok" in proc.stdout
