@@ -112,7 +112,9 @@ def outer_time(data, recipe, b, s, timer, repeats, graphs):
     from lpsim.casgd.recipes import as_recipe
     run = NativeRun(data, get_loss("logistic"), as_recipe(recipe), 0.5, b, s, 1,
                     np.zeros(data.n))
-    return timer(lambda: run.step(graphs), repeats)
+    seconds = timer(lambda: run.step(graphs), repeats)
+    del run                   # frees its buffers and graph pool before the next configuration
+    return seconds
 
 
 def gemm_tflops(timer, sb, n, device, repeats):
@@ -190,25 +192,36 @@ def main():
     timer = Timer(device == "cuda")
     graphs = device == "cuda"
     m, n = args.rows, args.features
-    data = {}
-    for key in set(recipes) | {"A"}:
-        store = _dtype(as_recipe(key).u_A.fmt)
-        if store not in data:
-            A, y = synth_on_device(m, n, store, device)
-            data[store] = DeviceData.resident(A, y)
     store_of = {key: _dtype(as_recipe(key).u_A.fmt) for key in set(recipes) | {"A"}}
-    peer = outer_time(data[store_of["A"]], "A", 32, 1, timer, args.repeats, graphs)
-    rows = []
+    # one storage resident at a time (10^6 x 9984 is 40 GB in fp32, 20 GB in bf16)
+    order = sorted(set(store_of.values()), key=lambda dt: dt != store_of["A"])
     grid = [(key, b, s) for key in recipes for b in bs for s in ss]
-    for key, b, s in tqdm(grid, desc="native CA-SGD"):
-        t = outer_time(data[store_of[key]], key, b, s, timer, args.repeats, graphs)
+    found, peer = {}, None
+    bar = tqdm(total=len(grid) + 1, desc="native CA-SGD")
+    for store in order:
+        A, y = synth_on_device(m, n, store, device)
+        data = DeviceData.resident(A, y)
+        if store == store_of["A"]:
+            peer = outer_time(data, "A", 32, 1, timer, args.repeats, graphs)
+            bar.update()
+        for key, b, s in grid:
+            if store_of[key] == store:
+                found[(key, b, s)] = outer_time(data, key, b, s, timer, args.repeats, graphs)
+                bar.update()
+        del A, y, data
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    bar.close()
+    rows = []
+    for key, b, s in grid:
+        t = found[(key, b, s)]
         rows.append({"recipe": key, "b": b, "s": s, "outer_s": t, "per_sgd_iter_s": t / s,
                      "speedup_vs_fp32_sgd": peer / (t / s)})
     peak, bw = peak_and_bandwidth(timer, device, args.repeats)
     gram = []
-    for s in sorted(set(ss) | {128}):
-        sb = 8 * s if not args.simulate else 4 * s
-        gram.append((sb, n, gemm_tflops(timer, sb, n, device, args.repeats)))
+    for gb in ((8, 32) if not args.simulate else (4,)):
+        for s in sorted(set(ss) | {128}):
+            gram.append((gb * s, n, gemm_tflops(timer, gb * s, n, device, args.repeats)))
     cpu = {}
     for b, s in [(8, 64), (1, 256)] if not args.simulate else [(bs[0], ss[-1])]:
         cpu[(b, s)] = cpu_sim_time(n, b, s, args.cpu_outer, args.cpu_rows)
@@ -241,10 +254,12 @@ def main():
         if got is not None:
             verdicts.append(f"# target recipe {key} (b,s)=({b},{s}) >= {target:g}x: "
                             f"{got:.2f}x {'met' if got >= target else 'NOT met'}")
-    at128 = next((t for sb, _, t in gram if sb == (8 if not args.simulate else 4) * 128), None)
-    if at128 is not None:
-        verdicts.append(f"# target Gram GEMM at s=128 >= {GRAM_TARGET:.0%} of peak: "
-                        f"{at128 / peak:.1%} {'met' if at128 >= GRAM_TARGET * peak else 'NOT met'}")
+    for gb in (8, 32):
+        at128 = next((t for sb, _, t in gram if sb == gb * 128), None)
+        if at128 is not None:
+            verdicts.append(f"# target Gram GEMM at s=128 (b={gb}) >= {GRAM_TARGET:.0%} of peak: "
+                            f"{at128 / peak:.1%} "
+                            f"{'met' if at128 >= GRAM_TARGET * peak else 'NOT met'}")
     if args.simulate:
         verdicts = ["# smoke run under the simulator: no target is judged"]
     print("\n".join(lines + verdicts))

@@ -105,7 +105,7 @@ def _tf32(allowed: bool):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def slot_mm(a, b, slot, out=None, beta_c=None, alpha: float = 1.0):
+def slot_mm(a, b, slot, beta_c=None, alpha: float = 1.0):
     """fl_out(a @ b) at a GEMM slot: inputs in the slot's format, fp32 (fp64) accumulation
     and output; with ``beta_c``, the fused beta_c + alpha (a @ b) of cuBLAS's epilogue."""
     torch = _torch()
@@ -246,8 +246,8 @@ class NativeRun:
         wide = (torch.float32, torch.float64)
         r = r if r.dtype in wide else r.float()        # bf16/fp16 values, exactly
         Gk = Gk if Gk.dtype in wide else Gk.float()
-        inner_recurrence(r.contiguous(), Gk.contiguous(), yI, self.delta, self.delta_c, self.b, self.s,
-                         self.alpha_c, self.code, self.pc, self.ps)
+        inner_recurrence(r.contiguous(), Gk.contiguous(), yI, self.delta, self.delta_c, self.b,
+                         self.s, self.alpha_c, self.code, self.pc, self.ps)
         d = round_to(self.delta, rc.u_g.fmt).reshape(-1, 1)
         Yg = round_to(self.Y, rc.u_g.fmt)
         if self.fused:
