@@ -57,6 +57,8 @@ def parse():
                         help="rows of the CPU simulator's data (its time does not depend on m)")
     parser.add_argument("--simulate", action="store_true",
                         help="CPU tensors + numba's CUDA simulator at a tiny size (a smoke run)")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="time only the CPU simulator at (b, s) = (8, 64) and (1, 256)")
     parser.add_argument("--json", help="also write the results as JSON to this path")
     parser.add_argument("--plot", help="write the roofline plot (PNG) to this path")
     return parser.parse_args()
@@ -172,8 +174,35 @@ def roofline(rows, peak, bw, path):
     fig.savefig(path, dpi=120)
 
 
+def cpu_only(args):
+    """The CPU simulator's seconds per outer iteration (recipe C) on n features: what the
+    GPU numbers are to be compared with, measured on this machine's CPU."""
+    import numba
+    from tqdm.auto import tqdm
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    lines = [f"# {today}  CPU simulator only: {platform.machine()}, {os.cpu_count()} cores, "
+             f"numba {numba.__version__} ({numba.get_num_threads()} threads)",
+             f"# command: {command}",
+             f"# recipe C, logistic, n={args.features} ({args.cpu_rows} rows drawn from; the "
+             "time does not depend on m); no GPU numbers here",
+             "   b    s  s/outer  ms/SGD-iter"]
+    out = {}
+    for b, s in tqdm([(8, 64), (1, 256)], desc="CPU simulator"):
+        t = cpu_sim_time(args.features, b, s, args.cpu_outer, args.cpu_rows)
+        out[f"{b},{s}"] = t
+        lines.append(f"{b:>4} {s:>4} {t:>8.3f} {t / s * 1e3:>12.3f}")
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": "cpu", "date": today, "command": command,
+                       "n": args.features, "cpu_simulator_s": out}, handle, indent=1)
+
+
 def main():
     args = parse()
+    if args.cpu_only:
+        return cpu_only(args)
     if args.simulate:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         args.rows, args.features = min(args.rows, 512), min(args.features, 64)
