@@ -29,7 +29,7 @@ from .losses import LOSSES, get_loss
 from .recipes import Recipe, as_recipe
 from .sampling import SAMPLE_STREAM
 from .solvers import (Result, check_block_size, check_data, check_eta, check_finite, check_int,
-                      check_seed, diverged, real_array)
+                      check_seed, check_x0, diverged, real_array, record_points)
 from ..philox import split_key
 
 _TORCH = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -382,15 +382,8 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
     else:
         A, y = check_data(A, y, loss)
     check_block_size(b, s, A.shape[1], recipe)
-    x0 = np.zeros(A.shape[1]) if x0 is None else real_array("x0", x0).astype(np.float64)
-    if x0.shape != (A.shape[1],):
-        raise ValueError(f"x0 has shape {x0.shape}; accepted: ({A.shape[1]},)")
-    check_finite("x0", x0, "finite initial weights")
-    if record is None:
-        record = ()
-    elif isinstance(record, (int, np.integer)):
-        record = range(0, H + 1, check_int("record", record))
-    record = sorted(set(int(h) for h in record if 0 <= h <= H))
+    x0 = check_x0(x0, A.shape[1])
+    record = record_points(record, H)
     run = NativeRun(DeviceData(A, y, recipe, device), loss, recipe, eta, b, s, seed, x0, reduce)
     result = Result(run.weights())
 

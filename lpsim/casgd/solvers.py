@@ -262,6 +262,24 @@ def index_stream(sampler, m: int, seed: int):
     raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
 
 
+def check_x0(x0, n: int) -> np.ndarray:
+    """Initial weights as n finite float64 values (zeros when None)."""
+    x = np.zeros(n) if x0 is None else real_array("x0", x0).astype(np.float64)
+    if x.shape != (n,):
+        raise ValueError(f"x0 has shape {x.shape}; accepted: ({n},)")
+    check_finite("x0", x, "finite initial weights")
+    return x
+
+
+def record_points(record, H: int) -> list:
+    """The sorted iterations 0..H after which F(x) is recorded (an int k: every k)."""
+    if record is None:
+        return []
+    if isinstance(record, (int, np.integer)):
+        record = range(0, H + 1, check_int("record", record))
+    return sorted(set(int(h) for h in record if 0 <= h <= H))
+
+
 def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
          reduce=_simulated_reduce, sampler=None):
     loss, recipe = get_loss(loss), as_recipe(recipe)
@@ -272,16 +290,8 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
     check_block_size(b, s, A.shape[1], recipe)
     rnd = Rounder(seed)
     At = rnd.slot(A, recipe.u_A)
-    x = np.zeros(A.shape[1]) if x0 is None else real_array("x0", x0).astype(np.float64)
-    if x.shape != (A.shape[1],):
-        raise ValueError(f"x0 has shape {x.shape}; accepted: ({A.shape[1]},)")
-    check_finite("x0", x, "finite initial weights")
-    x = rnd.slot(x, recipe.u_x).copy()
-    if record is None:
-        record = ()
-    elif isinstance(record, (int, np.integer)):
-        record = range(0, H + 1, check_int("record", record))
-    record = sorted(set(int(h) for h in record if 0 <= h <= H))
+    x = rnd.slot(check_x0(x0, A.shape[1]), recipe.u_x).copy()
+    record = record_points(record, H)
     result = Result(x)
     stream = index_stream(sampler, A.shape[0], seed)
 
