@@ -114,15 +114,37 @@ def slot_mm(a, b, slot, beta_c=None, alpha: float = 1.0):
     if in_name == "tf32" and not a.is_cuda:          # no TF32 units: round the inputs
         a, b = round_to(a, "tf32"), round_to(b, "tf32")
     with _tf32(in_name == "tf32"):
+        res = None
         if a.dtype in (torch.bfloat16, torch.float16) and a.is_cuda and acc == torch.float32:
-            if beta_c is None:
-                res = torch.mm(a, b, out_dtype=acc)
-            else:
-                res = torch.addmm(beta_c, a, b, alpha=alpha, out_dtype=acc)
-        else:                                         # exact products, fp32/fp64 sums
+            res = _mixed_mm(a, b, beta_c, alpha)
+        if res is None:                               # exact products, fp32/fp64 sums
             a, b = a.to(acc), b.to(acc)
             res = torch.mm(a, b) if beta_c is None else torch.addmm(beta_c, a, b, alpha=alpha)
     return res if _name(slot.out_fmt) == _name(slot.acc_fmt) else round_to(res, slot.out_fmt)
+
+
+#: whether this torch runs 16-bit-input GEMMs with fp32 output (mm/addmm ``out_dtype``);
+#: learnt on first use, so a torch without it takes the fp32-input path instead
+_OUT_DTYPE = {"mm": None, "addmm": None}
+
+
+def _mixed_mm(a, b, beta_c, alpha):
+    """a @ b (or beta_c + alpha a @ b) from bf16/fp16 inputs with fp32 accumulation and
+    output on cuBLAS, or None where torch lacks ``out_dtype``."""
+    torch = _torch()
+    op = "mm" if beta_c is None else "addmm"
+    if _OUT_DTYPE[op] is False:
+        return None
+    try:
+        res = torch.mm(a, b, out_dtype=torch.float32) if beta_c is None else \
+            torch.addmm(beta_c, a, b, alpha=alpha, out_dtype=torch.float32)
+    except (RuntimeError, TypeError, NotImplementedError):
+        if _OUT_DTYPE[op]:
+            raise
+        _OUT_DTYPE[op] = False
+        return None
+    _OUT_DTYPE[op] = True
+    return res
 
 
 class DeviceData:
