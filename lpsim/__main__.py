@@ -1,0 +1,7 @@
+"""``python -m lpsim``: the ``lpsim`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
