@@ -106,10 +106,10 @@ def _format_cells(name: str, fmt: Format) -> dict[str, str]:
 
 
 def _table(title: str, columns, rows) -> Table:
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in columns:
-        table.add_column(column, justify="left" if column in ("name", "format", "mode") else "right",
-                         no_wrap=True)
+        left = column in ("name", "format", "mode", "bits")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
     for cells in rows:
         table.add_row(*(escape(cells[column]) for column in columns))
     return table
