@@ -1,5 +1,9 @@
 """CA-SGD for generalized linear models with nine precision slots (Devarakonda et al. 2026)."""
 
+from .._extras import require
+
+require("scipy", extra="casgd", feature="lpsim.casgd")
+
 from .bound import LocalErrorBound, higham_gamma, local_error_bound, local_error_bounds
 from .cost import cost_model
 from .data import load_dataset, load_libsvm, make_synth, normalize_rows

@@ -22,6 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._extras import require
+
+require("torch", extra="torch", feature="lpsim.casgd.distributed")
+
 from .losses import get_loss
 from .recipes import Rounder, as_recipe, container
 from .solvers import (IndexStream, block_columns, check_data, check_eta, check_int,
