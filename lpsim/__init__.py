@@ -2,10 +2,11 @@
 
 from . import reference
 from .formats import PRESETS, Format, fp, parse_format
+from .generator import Generator
 from .quantize import quantize
 from .rounding import MODES
 from .stats import RoundingStats
 
 __all__ = ["Format", "fp", "parse_format", "PRESETS", "quantize", "MODES", "RoundingStats",
-           "reference"]
+           "reference", "Generator"]
 __version__ = "0.1.0"

@@ -18,6 +18,7 @@ from numba import get_num_threads, njit, types
 from numba.extending import intrinsic, register_jitable
 
 from .formats import Format, parse_format
+from .generator import resolve as resolve_generator
 from .philox import LANES, WORD_BITS, split_key
 from .philox import MASK32, philox4x32
 from .rounding import (STOCHASTIC, STOCHASTIC_MODES, Params, kernel_params, mode_code,
@@ -288,7 +289,7 @@ def _is_torch(x) -> bool:
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
-             stats: RoundingStats | None = None, out=None, offset: int = 0):
+             stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
     x: a float32/float64 numpy array (any shape), a Python int or float (rounded as float64,
@@ -297,7 +298,10 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     a string ("bf16", "fp(4,3,4)", ...).  rounding: one of ``lpsim.rounding.MODES``.
     seed, stream: key of the counter-based generator for stochastic modes (seed=None draws a
     fresh seed); element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with
-    its offset gets the same bits as the whole array.  sr_bits: random bits per decision
+    its offset gets the same bits as the whole array.  A fixed integer seed replays the same
+    bits on every call; in loops pass ``generator=lpsim.Generator(seed)`` instead, which
+    gives each call fresh counters (:mod:`lpsim.generator`).  Torch tensors: autograd,
+    in-place and dtype rules of :func:`lpsim.torch.quantize`.  sr_bits: random bits per decision
     (few-bit SR).  stats: a :class:`RoundingStats` to add this call's counters to.
     out: array to write into (may be ``x`` itself for in-place rounding).
 
@@ -306,18 +310,15 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     that does not fit the container, integer/object data, sr_bits out of range.
     """
     fmt = parse_format(fmt)
-    if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
-            or type(x).__module__.startswith("numba.cuda"):
-        if getattr(x, "is_cuda", True):
-            import lpsim_cuda
-            return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
-                                       sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-        import torch
-        array = x.detach().numpy()
-        target = None if out is None else out.detach().numpy()
-        result = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
-                          stats=stats, out=target, offset=offset)
-        return out if out is not None else torch.from_numpy(result)
+    seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
+    if _is_torch(x) or _is_torch(out):
+        from .torch.tensors import quantize_tensor
+        return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                               stats=stats, out=out, offset=offset)
+    if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba.cuda"):
+        import lpsim_cuda
+        return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
+                                   sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.float16)):
         if out is not None:
             raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
