@@ -18,6 +18,7 @@ from numba import get_num_threads, njit, types
 from numba.extending import intrinsic, register_jitable
 
 from .formats import Format, parse_format
+from .fixed import Fixed, quantize_fixed
 from .generator import resolve as resolve_generator
 from .philox import LANES, WORD_BITS, split_key
 from .philox import MASK32, philox4x32
@@ -294,8 +295,9 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
 
     x: a float32/float64 numpy array (any shape), a Python int or float (rounded as float64,
     returned as float), a numpy float32/float64 scalar, or a torch tensor
-    (CUDA tensors and other CUDA arrays run in lpsim_cuda).  fmt: an :class:`lpsim.Format` or
-    a string ("bf16", "fp(4,3,4)", ...).  rounding: one of ``lpsim.rounding.MODES``.
+    (CUDA tensors and other CUDA arrays run in lpsim_cuda).  fmt: an :class:`lpsim.Format`,
+    a string ("bf16", "fp(4,3,4)", ...) or ``lpsim.fixed(wl, fl)`` (:mod:`lpsim.fixed`).
+    rounding: one of ``lpsim.rounding.MODES``.
     seed, stream: key of the counter-based generator for stochastic modes (seed=None draws a
     fresh seed); element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with
     its offset gets the same bits as the whole array.  A fixed integer seed replays the same
@@ -309,6 +311,9 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     Raises ValueError/TypeError naming the bad value: unknown format or rounding, a format
     that does not fit the container, integer/object data, sr_bits out of range.
     """
+    if isinstance(fmt, Fixed):
+        return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                              stats=stats, out=out, offset=offset, generator=generator)
     fmt = parse_format(fmt)
     seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
     if _is_torch(x) or _is_torch(out):
