@@ -241,8 +241,8 @@ class PrecisionModel(nn.Module):
     """``model`` with every tensor of its gradient computation rounded by ``assignment``.
 
     ``example`` is an input batch: one traced forward pass finds the operators and the
-    shapes of TS (``example_target`` feeds the loss; default class labels 0).  ``loss_fn(output, target)`` is the loss operator f_{n+1}; call
-    :meth:`loss` for it.  After each optimizer step call :meth:`end_step`: it records the
+    shapes of TS (``example_target`` feeds the loss; default class labels 0).
+    ``loss_fn(output, target)`` is the loss operator f_{n+1}; call :meth:`loss` for it.  After each optimizer step call :meth:`end_step`: it records the
     per-tensor counters of the step and applies Algorithm 2 when ``promote`` (default: on
     for "ours").  ``rounding`` and ``generator`` apply to every site.
     """
