@@ -1,6 +1,7 @@
 """Precision assignment (Lee, Sharma and Aiken 2023, Sections 3-4) on tiny CNNs."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -170,3 +171,21 @@ def test_remove_restores_the_plain_model():
     assert not torch.equal(pm(x), ref)
     plain = pm.remove()
     assert torch.equal(plain(x), ref)
+
+
+@pytest.mark.skipif(os.environ.get("LPSIM_TEST_GPU") != "1" or not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU and LPSIM_TEST_GPU=1 (sites round in lpsim_cuda)")
+def test_precision_model_on_cuda():
+    net = three_gemm_cnn().cuda()
+    x = torch.randn(8, 1, 8, 8, device="cuda")
+    pm = PrecisionModel(net, x, assignment="ours", r=0.75)
+    opt = torch.optim.SGD(pm.parameters(), lr=0.01)
+    loss = train_step(pm, opt, DynamicLossScaler(), x, torch.arange(8, device="cuda") % 10)
+    assert math.isfinite(loss)
+    rows = pm.stats_rows(0)
+    assert all(r["elements"] == s.size for r, s in zip(rows, pm.tensors) if s.name != "dv1")
+    lo = pm.assignment.candidates.lo_forward
+    w = net[0].parametrizations.weight.original.detach()
+    seen = net[0].weight.detach()
+    expected = lpsim.quantize(w.cpu().numpy(), pm.assignment.format("theta1"))
+    assert np.array_equal(seen.cpu().numpy(), expected) and lo is not None

@@ -288,7 +288,8 @@ class PrecisionModel(nn.Module):
             with torch.no_grad():
                 output = self.model(example)
                 if target is None:       # class labels, as cross_entropy takes
-                    target = torch.zeros(output.shape[0], dtype=torch.long)
+                    target = torch.zeros(output.shape[0], dtype=torch.long,
+                                         device=output.device)
                 loss = self.loss_fn(output, target)
         finally:
             for h in handles:
