@@ -189,3 +189,11 @@ def test_precision_model_on_cuda():
     seen = net[0].weight.detach()
     expected = lpsim.quantize(w.cpu().numpy(), pm.assignment.format("theta1"))
     assert np.array_equal(seen.cpu().numpy(), expected) and lo is not None
+
+
+def test_wrapping_leaves_batch_norm_statistics_alone():
+    net = three_gemm_cnn()
+    before = net[1].running_mean.clone(), int(net[1].num_batches_tracked)
+    pm = PrecisionModel(net, torch.randn(4, 1, 8, 8) + 3, assignment="fp32")
+    assert torch.equal(net[1].running_mean, before[0])
+    assert int(net[1].num_batches_tracked) == before[1] and pm.model.training

@@ -284,6 +284,8 @@ class PrecisionModel(nn.Module):
 
         names = {mod: name for name, mod in leaves}
         handles = [mod.register_forward_hook(record) for _, mod in leaves]
+        training = self.model.training
+        self.model.eval()           # the trace must not move batch-norm running statistics
         try:
             with torch.no_grad():
                 output = self.model(example)
@@ -292,6 +294,7 @@ class PrecisionModel(nn.Module):
                                          device=output.device)
                 loss = self.loss_fn(output, target)
         finally:
+            self.model.train(training)
             for h in handles:
                 h.remove()
         if not order:
