@@ -24,7 +24,8 @@ def bits(t):
 
 
 def f32(a):
-    return np.asarray(a, np.float64).astype(np.float32)
+    with np.errstate(over="ignore"):          # values beyond float32 become inf on purpose
+        return np.asarray(a, np.float64).astype(np.float32)
 
 
 def nudged(v):
