@@ -17,7 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import cpu
+from .fixed import Fixed, quantize_fixed
 from .formats import Format, parse_format
+from .generator import resolve as resolve_generator
 from .philox import LANES, MASK32, WORD_BITS, split_key
 from .rounding import STOCHASTIC, Params, kernel_params, mode_code
 from .stats import COUNTERS, RoundingStats
@@ -217,7 +219,7 @@ def _is_torch(x) -> bool:
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
-             stats: RoundingStats | None = None, out=None, offset: int = 0):
+             stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
     x: a numpy array or any array-like (lists, tuples, scalars).  float32 and float64 arrays
@@ -226,13 +228,16 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     A Python int or float is rounded as float64 and returned as a float (an int beyond
     float64's 53 bits is rounded exactly, from its integer value); a numpy float scalar
     comes back as a numpy scalar of its container.  torch tensors: CPU tensors round through
-    their numpy view; CUDA tensors and other CUDA arrays run in lpsim_cuda.
-    fmt: an :class:`lpsim.Format` or a string ("bf16", "fp(4,3,4)", ...).  rounding: one of
-    ``lpsim.rounding.MODES``.
+    their numpy view (autograd, in-place and dtype rules of :func:`lpsim.torch.quantize`);
+    CUDA tensors and other CUDA arrays run in lpsim_cuda.
+    fmt: an :class:`lpsim.Format`, a string ("bf16", "fp(4,3,4)", ...) or
+    ``lpsim.fixed(wl, fl)``.  rounding: one of ``lpsim.rounding.MODES``.
     seed, stream: the key of the counter-based generator for stochastic modes (integers in
-    [0, 2**64); seed=None draws a fresh seed).  A fixed seed replays the same bits on every
-    call.  Element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with its
-    offset gets the same bits as the whole array; 0 <= offset, offset + size <= 2**62.
+    [0, 2**64); seed=None draws a fresh seed).  A fixed integer seed replays the same bits on
+    every call (exact replay, for tests); in loops pass ``generator=lpsim.Generator(seed)``
+    instead, which gives each call fresh counters (:mod:`lpsim.generator`).  Element ``i``
+    uses counter ``offset + i`` (C order), so a slice rounded with its offset gets the same
+    bits as the whole array; 0 <= offset, offset + size <= 2**62.
     sr_bits: random bits per decision (few-bit SR).  stats: a :class:`RoundingStats` to add
     this call's counters to.  out: array to write into (may be ``x`` itself for in-place
     rounding; any other overlap with ``x`` is handled as if ``x`` were copied first).
@@ -242,36 +247,42 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     that does not fit the container, object/complex/bool data, sr_bits, seed, stream or
     offset out of range, a wrong ``out`` or ``stats``; nothing is written then.
     """
-    if type(x) is _ndarray:
+    if type(x) is _ndarray and generator is None:
         dtype = x.dtype
         if dtype is _F32 or dtype is _F64:
             try:
                 route = _ROUTES[fmt, rounding, dtype, sr_bits]
             except (KeyError, TypeError):
-                route = _route(fmt, rounding, dtype, sr_bits)
-            return _round_array(x, route, seed, stream, stats, out, offset)
-    return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
+                pass
+            else:
+                return _round_array(x, route, seed, stream, stats, out, offset)
+    return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                           generator)
 
 
-def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset):
-    """Everything but a native float32/float64 numpy array: tensors, scalars, array-likes."""
+def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator):
+    """Everything but a cached request on a float32/float64 numpy array: other formats,
+    generators, tensors, scalars, array-likes, and first calls (validated here)."""
+    if isinstance(fmt, Fixed):
+        return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                              stats=stats, out=out, offset=offset, generator=generator)
     fmt = parse_format(fmt)
     mode_code(rounding)
+    seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
     if stats is not None and not isinstance(stats, RoundingStats):
         raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
                         "lpsim.RoundingStats or None")
-    if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
-            or type(x).__module__.startswith("numba.cuda"):
-        if getattr(x, "is_cuda", True):
-            import lpsim_cuda
-            return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
-                                       sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-        import torch
-        array = x.detach().numpy()
-        target = None if out is None else out.detach().numpy()
-        result = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
-                          stats=stats, out=target, offset=offset)
-        return out if out is not None else torch.from_numpy(result)
+    if _is_torch(x) or _is_torch(out):
+        from .torch.tensors import quantize_tensor
+        return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                               stats=stats, out=out, offset=offset)
+    if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba.cuda"):
+        import lpsim_cuda
+        return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
+                                   sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    if type(x) is _ndarray and (x.dtype is _F32 or x.dtype is _F64):
+        return _round_array(x, _route(fmt, rounding, x.dtype, sr_bits), seed, stream, stats,
+                            out, offset)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
     if isinstance(x, int) or (isinstance(x, np.integer) and not isinstance(x, np.ndarray)):
