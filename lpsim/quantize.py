@@ -173,15 +173,15 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
                         "lpsim.RoundingStats or None")
     xflags = x.flags
     if out is None:
-        out = target = np.empty_like(x)
+        out = target = np.empty(x.shape, x.dtype)     # C order whatever x's layout
     elif type(out) is _ndarray and out.dtype is x.dtype and out.shape == x.shape:
         oflags = out.flags
         if not oflags.writeable:
             _check_out(out, x)
-        target = out if oflags.c_contiguous else np.empty_like(x)
+        target = out if oflags.c_contiguous else np.empty(x.shape, x.dtype)
     else:
         out = _check_out(out, x)
-        target = out if out.flags.c_contiguous else np.empty_like(x)
+        target = out if out.flags.c_contiguous else np.empty(x.shape, x.dtype)
     src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)

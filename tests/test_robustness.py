@@ -268,3 +268,19 @@ def test_unpickled_arrays_and_memmaps(tmp_path):
                                         shape=(11, 2))[:, 1]
     quantize(x, "bf16", "stochastic", seed=2, out=strided)
     assert np.ascontiguousarray(strided).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["transposed", "fortran", "reversed", "sliced"])
+def test_every_layout_rounds_like_its_contiguous_copy(layout):
+    base = np.arange(60, dtype=np.float32).reshape(6, 10) * 0.37
+    x = {"transposed": base.T, "fortran": np.asfortranarray(base), "reversed": base[::-1, ::-2],
+         "sliced": base[1:5, 2:9]}[layout]
+    want = quantize(np.ascontiguousarray(x), "e4m3", "stochastic", seed=4)
+    got = quantize(x, "e4m3", "stochastic", seed=4)
+    assert got.shape == x.shape and got.tobytes() == want.tobytes()
+    for out in (np.empty(x.shape, np.float32), np.empty(x.shape, np.float32, order="F")):
+        assert quantize(x, "e4m3", "stochastic", seed=4, out=out) is out
+        assert np.array_equal(out, want)
+    y = x.copy(order="K")
+    quantize(y, "e4m3", "stochastic", seed=4, out=y)
+    assert np.array_equal(y, want)
