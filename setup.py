@@ -15,7 +15,7 @@ setup(
         "torch": ["torch==2.13.0"],
         "test": ["pytest>=7", "hypothesis>=6.80", "ml_dtypes>=0.5", "torch==2.13.0",
                  "scikit-learn>=1.3", "scipy>=1.10", "matplotlib>=3.7"],
-        "peers": ["torch==2.13.0", "qtorch==0.3.0", "ninja", "ml_dtypes>=0.5"],
+        "peers": ["torch==2.13.0", "qtorch==0.3.0", "ninja", "ml_dtypes>=0.5", "torchao==0.18.0"],
     },
     entry_points={"console_scripts": ["lpsim=lpsim.cli:main"]},
 )
