@@ -19,7 +19,7 @@ from lpsim.stats import RoundingStats
 
 from . import cpu, keys, reference
 from .setup import STATE_ROUNDINGS, Setup, resolve
-from .step import ADAMW, KAHAN, REMAINDER, SGD as _SGD, UPDATES
+from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD, UPDATES
 
 IMPLEMENTATIONS = ("fused", "reference")
 
@@ -80,8 +80,29 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                         sr_bits=None if sr_bits is None else int(sr_bits), seed=int(seed),
                         implementation=implementation)
         super().__init__(params, defaults)
-        self.update_stats = RoundingStats()
-        self.cancelled_updates = 0
+        self._stats = RoundingStats()
+        self._cancelled = 0
+        self._gpu_counts = {}           # CUDA device -> its NCOUNTS counters, read when asked
+
+    @property
+    def update_stats(self) -> RoundingStats:
+        """Counters of the weight roundings of every step so far (lpsim.RoundingStats)."""
+        self._drain()
+        return self._stats
+
+    @property
+    def cancelled_updates(self) -> int:
+        """Elements whose nonzero update left the weight unchanged, over every step."""
+        self._drain()
+        return self._cancelled
+
+    def _drain(self) -> None:
+        for device, counts in self._gpu_counts.items():     # pragma: no cover (GPU only)
+            torch.cuda.synchronize(device)
+            host = counts.copy_to_host()
+            counts.copy_to_device(np.zeros_like(host))
+            self._stats.add(0, host[:6])
+            self._cancelled += int(host[6])
 
     # -- per-algorithm pieces --------------------------------------------------------------
     def _state_names(self, group) -> tuple:
@@ -200,8 +221,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             stats = RoundingStats()
             cancelled = reference.step(self._algo, local, grad, state, setup, hp, nesterov,
                                        first, seed, streams, offset, stats)
-            self.update_stats += stats
-            self.cancelled_updates += cancelled
+            self._stats += stats
+            self._cancelled += cancelled
             return
         seed_lo, seed_hi = split_key(seed, "seed")
         ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
@@ -211,17 +232,23 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         v = state[names[1]] if len(names) > 1 else None
         c = state.get("kahan_comp")
         r = state.get("remainder")
-        if local.is_cuda:
+        if local.is_cuda:                                     # pragma: no cover (GPU only)
+            from numba import cuda
+
             from lpsim_cuda.optim import step as cuda_step
-            cuda_step(local, grad, m, v, c, r, kargs, setup, self.update_stats)
-            self._cuda_cancelled = True
+            device = local.device.index
+            if device not in self._gpu_counts:
+                with cuda.gpus[device]:
+                    self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
+            cuda_step(local, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
+            self._stats.add(local.numel(), [0] * 6)
             return
         sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
         wb = cpu.bits_view(local)
         counts = cpu.step(wb, cpu.bits_view(grad), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
                           cpu.bits_view(r), *kargs, setup)
-        self.update_stats.add(wb.size, counts[:6])
-        self.cancelled_updates += int(counts[6])
+        self._stats.add(wb.size, counts[:6])
+        self._cancelled += int(counts[6])
 
 
 class AdamW(LowPrecisionOptimizer):
