@@ -26,7 +26,8 @@ from . import arrays, launch
 from .launch import THREADS
 
 #: the functions of lpsim.optim.step that call fmul, directly or through one another
-_USERS = ("adamw_direction", "sgd_direction", "step_quad")
+_USERS = ("adamw_moments", "adamw_update", "adamw_direction", "sgd_gradient", "sgd_buffer",
+          "sgd_update", "sgd_direction", "step_element", "step_quad")
 
 
 def rebind(module, overrides: dict, names=_USERS) -> dict:

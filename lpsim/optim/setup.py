@@ -40,7 +40,7 @@ class Setup(NamedTuple):
     kinds: tuple                    # storage kinds of (weight, grad, state)
     wmode: int                      # rounding mode code of the weight update
     wk: int                         # its random bits (62: exact SR in a float64 container)
-    smode: int
+    smode: int                      # -1: the state format is float32 (no rounding)
     sk: int
     pw: Params                      # the update's target format, float64 container
     pc: Params                      # the state format, float64 container (Kahan compensation)
@@ -81,7 +81,8 @@ def resolve(group: dict, param: torch.Tensor, grad_dtype: torch.dtype) -> Setup:
     return Setup(wfmt, sfmt, sdtype, update, group["update_rounding"], group["state_rounding"],
                  sr_bits, (wkind, gkind, STORAGE[sdtype][0]),
                  STOCHASTIC if stochastic else NEAREST, wk,
-                 STOCHASTIC if group["state_rounding"] == "stochastic" else NEAREST, sk,
+                 -1 if sfmt == FP32 else STOCHASTIC if group["state_rounding"] == "stochastic"
+                 else NEAREST, sk,
                  kernel_params(target, np.float64), kernel_params(sfmt, np.float64),
                  kernel_params(sfmt, np.float32),
                  storage_params(FP16, "float16", np.float32) if STORE_F16 in

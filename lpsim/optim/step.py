@@ -22,7 +22,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 from lpsim.philox import block_words, lane_word
-from lpsim.rounding import NEAREST, STOCHASTIC, round_bits
+from lpsim.rounding import NEAREST, STOCHASTIC, round_bits, round_fast
 from lpsim.storage import pack_bits
 
 #: update_rounding names -> codes
@@ -108,40 +108,68 @@ def store(bits, kind, sp16):
 
 
 @register_jitable
-def round_f32(x, mode, r, k, p):
-    """x (float32) rounded to the format of ``p`` (float32 container params)."""
-    bits, _ = round_bits(bits_f32(x), mode, r, k, p)
-    return as_f32(bits)
+def round32(x, mode, r, k, p, fast):
+    """(x rounded to the format of ``p``, ok, flags); x float32, ``p`` float32-container params.
+
+    fast: :func:`lpsim.rounding.round_fast` (branch-free, so loops over it vectorise; flags
+    is then just INEXACT, and the result is valid only where ok = 1); else round_bits.
+    mode < 0: no rounding (the format is float32 itself, see lpsim.optim.setup).
+    """
+    if mode < 0:                                # the container's own format: exact
+        return x, np.int64(1), np.int64(0)
+    if fast:
+        bits, ok, inexact = round_fast(bits_f32(x), mode, r, k, p)
+        return as_f32(bits), ok, inexact
+    bits, flags = round_bits(bits_f32(x), mode, r, k, p)
+    return as_f32(bits), np.int64(1), np.int64(flags)
+
+
+@register_jitable
+def round64(x, mode, r, k, p, fast):
+    """As :func:`round32` for a float64 x and float64-container params."""
+    if fast:
+        bits, ok, inexact = round_fast(bits_f64(x), mode, r, k, p)
+        return as_f64(bits), ok, inexact
+    bits, flags = round_bits(bits_f64(x), mode, r, k, p)
+    return as_f64(bits), np.int64(1), np.int64(flags)
 
 
 @register_jitable
 def split_remainder(bits):
     """(bfloat16 code, int16 remainder) holding float32 bits exactly (TransformerEngine's
     ``store_param_remainders``): the code is the top half rounded half away from zero, the
-    remainder the low half as a signed integer, so join_remainder undoes it."""
+    remainder the low half as a signed integer, so join_remainder undoes it.  Branch-free."""
     u = np.int64(bits) & 0xFFFFFFFF
-    hi = u >> 16
     lo = u & 0xFFFF
-    if lo >= 0x8000:
-        hi += 1
-        lo -= 0x10000
-    hi &= 0xFFFF
-    return (hi - 0x10000 if hi >= 0x8000 else hi), lo
+    up = lo >> 15
+    hi = ((u >> 16) + up) & 0xFFFF
+    return hi - ((hi >> 15) << 16), lo - (up << 16)
 
 
 @register_jitable
 def join_remainder(code, rem):
-    """float32 container bits of a (bfloat16 code, int16 remainder) pair."""
-    hi = np.int64(code) & 0xFFFF
-    if rem < 0:
-        hi = (hi - 1) & 0xFFFF
-    u = (hi << 16) | (np.int64(rem) & 0xFFFF)
-    return u - (np.int64(1) << 32) if u >= 0x80000000 else u
+    """float32 container bits of a (bfloat16 code, int16 remainder) pair.  Branch-free."""
+    rem = np.int64(rem)
+    hi = ((np.int64(code) & 0xFFFF) - ((rem >> 63) & 1)) & 0xFFFF
+    u = (hi << 16) | (rem & 0xFFFF)
+    return u - ((u >> 31) << 32)
 
 
 @register_jitable
-def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps):
-    """(u, m, v): AdamW's new moments (rounded to the state format) and its update u.
+def adamw_moments(g, m, v, hp):
+    """The moments before rounding: b1 m + (1 - b1) g and b2 v + (1 - b2) g g."""
+    return fmul(hp[2], m) + fmul(hp[3], g), fmul(hp[4], v) + fmul(hp[5], fmul(g, g))
+
+
+@register_jitable
+def adamw_update(m, v, w, hp):
+    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments."""
+    return fmul(hp[0], (m / hp[6]) / (np.sqrt(v / hp[7]) + hp[8])) + fmul(hp[1], w)
+
+
+@register_jitable
+def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
+    """(u, m, v, ok): AdamW's new moments (rounded to the state format) and its update u.
 
     BF16 paper Algorithm 4 lines 5-11 (SR paper Algorithm 1 lines 5-10), with decoupled weight
     decay inside u so that it is rounded with the update::
@@ -151,43 +179,64 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps):
 
     hp = (lr, lr*wd, b1, 1-b1, b2, 1-b2, c1, c2, eps, wd, momentum, 1-dampening), float32.
     """
-    lr, decay, b1, omb1, b2, omb2, c1, c2, eps = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], \
-        hp[6], hp[7], hp[8]
-    m = fmul(b1, m) + fmul(omb1, g)
-    m = round_f32(m, smode, rm, sk, ps)
-    v = fmul(b2, v) + fmul(omb2, fmul(g, g))
-    v = round_f32(v, smode, rv, sk, ps)
-    mh = m / c1
-    vh = np.sqrt(v / c2)
-    u = fmul(lr, mh / (vh + eps)) + fmul(decay, w)
-    return u, m, v
+    m, v = adamw_moments(g, m, v, hp)
+    m, okm, _ = round32(m, smode, rm, sk, ps, fast)
+    v, okv, _ = round32(v, smode, rv, sk, ps, fast)
+    return adamw_update(m, v, w, hp), m, v, okm & okv
 
 
 @register_jitable
-def sgd_direction(g, w, buf, hp, nesterov, first, smode, sk, rb, ps):
-    """(u, buf): SGD's update u and momentum buffer (torch.optim.SGD's rules).
+def sgd_gradient(g, w, hp):
+    """g + wd w (coupled weight decay)."""
+    return g + fmul(hp[9], w)
+
+
+@register_jitable
+def sgd_buffer(g, buf, hp, first):
+    """The momentum buffer before rounding: g on the first step, else mu buf + (1 - damp) g."""
+    return g if first else fmul(hp[10], buf) + fmul(hp[11], g)
+
+
+@register_jitable
+def sgd_update(g, buf, hp, nesterov):
+    """u = lr (g + mu buf) with Nesterov, else lr buf (momentum) or lr g (none)."""
+    if hp[10] == 0:
+        return fmul(hp[0], g)
+    return fmul(hp[0], g + fmul(hp[10], buf) if nesterov else buf)
+
+
+@register_jitable
+def sgd_direction(g, w, buf, hp, nesterov, first, smode, sk, rb, ps, fast):
+    """(u, buf, ok): SGD's update u and momentum buffer (torch.optim.SGD's rules).
 
     BF16 paper Algorithm 2 lines 3-5 with torch's dampening and Nesterov::
 
         g = g + wd w;  buf = g (first step) or Q_s(mu buf + (1 - dampening) g)
         u = lr (g + mu buf if nesterov else buf)       (u = lr g without momentum)
     """
-    lr, wd, mu, omd = hp[0], hp[9], hp[10], hp[11]
-    g = g + fmul(wd, w)
-    d = g
-    if mu != 0:
-        if first:
-            buf = g
-        else:
-            buf = fmul(mu, buf) + fmul(omd, g)
-        buf = round_f32(buf, smode, rb, sk, ps)
-        d = g + fmul(mu, buf) if nesterov else buf
-    return fmul(lr, d), buf
+    g = sgd_gradient(g, w, hp)
+    ok = np.int64(1)
+    if hp[10] != 0:
+        buf, ok, _ = round32(sgd_buffer(g, buf, hp, first), smode, rb, sk, ps, fast)
+    return sgd_update(g, buf, hp, nesterov), buf, ok
 
 
 @register_jitable
-def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc):
-    """Apply the update u to the weight with float32 bits wb; (wb, c, rem, flags, cancelled).
+def kahan_y(u, c):
+    """The compensated update y = -u - c (BF16 paper Algorithm 5 lines 12-13)."""
+    return -u - c
+
+
+@register_jitable
+def kahan_comp(w2, w, y):
+    """The new compensation before rounding, (s - w) - y, exact in float64."""
+    return (w2 - np.float64(w)) - np.float64(y)
+
+
+@register_jitable
+def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
+    """Apply the update u to the weight with float32 bits wb;
+    (wb, c, rem, flags, cancelled, ok).
 
     nearest / stochastic: w = Q_w(w - u) (SR paper Algorithm 1 line 10, BF16 paper Algorithms
     2 and 4).  kahan (BF16 paper Algorithms 3 and 5, compensation c in the state format):
@@ -199,24 +248,55 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc):
     w = as_f32(wb)
     if update == REMAINDER:
         master = join_remainder(wb >> 16, rem)
-        s = np.float64(as_f32(master)) - np.float64(u)
-        nb, flags = round_bits(bits_f64(s), NEAREST, 0, wk, pw)
-        new = bits_f32(np.float32(as_f64(nb)))           # exact: nb is a float32 value
+        s, ok, flags = round64(np.float64(as_f32(master)) - np.float64(u), NEAREST, 0, wk, pw,
+                               fast)
+        new = bits_f32(np.float32(s))                      # exact: s is a float32 value
         code, rem = split_remainder(new)
-        return code << 16, c, rem, flags, (u != 0) & (new == master)
+        return code << 16, c, rem, flags, (u != 0) & (new == master), ok
     if update == KAHAN:
-        y = -u - c
-        s = np.float64(w) + np.float64(y)
-        nb, flags = round_bits(bits_f64(s), NEAREST, 0, wk, pw)
-        w2 = as_f64(nb)
-        cb, _ = round_bits(bits_f64((w2 - np.float64(w)) - np.float64(y)), NEAREST, 0, wk, pc)
-        c = np.float32(as_f64(cb))
+        y = kahan_y(u, c)
+        w2, ok, flags = round64(np.float64(w) + np.float64(y), NEAREST, 0, wk, pw, fast)
+        cc, okc, _ = round64(kahan_comp(w2, w, y), NEAREST, 0, wk, pc, fast)
+        c = np.float32(cc)
+        ok &= okc
     else:
-        s = np.float64(w) - np.float64(u)
-        nb, flags = round_bits(bits_f64(s), wmode, rw, wk, pw)
-        w2 = as_f64(nb)
+        w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
     new = bits_f32(np.float32(w2))
-    return new, c, rem, flags, (u != 0) & (new == wb)
+    return new, c, rem, flags, (u != 0) & (new == wb), ok
+
+
+@register_jitable
+def step_element(i, rw, rm, rv, wb, gb, mb, vb, cb, rb, kinds, hp, ints, pw, pc, ps, sp16,
+                 counts):
+    """Step local element i given its random words (weight, first and second moment);
+    round_bits throughout (every case), counters added to ``counts``."""
+    wkind, gkind, skind = kinds
+    algo, update, wmode, wk, smode, sk, nesterov, first = ints
+    wbits = load(wb[i], wkind)
+    w = as_f32(wbits)
+    g = as_f32(load(gb[i], gkind))
+    hasm = algo == ADAMW or hp[10] != 0         # SGD without momentum has no buffer
+    m = as_f32(load(mb[i], skind)) if hasm else np.float32(0)
+    c = as_f32(load(cb[i], skind)) if update == KAHAN else np.float32(0)
+    rem = np.int64(rb[i]) if update == REMAINDER else np.int64(0)
+    if algo == ADAMW:
+        u, m, v, _ = adamw_direction(g, w, m, as_f32(load(vb[i], skind)), hp, smode, sk, rm,
+                                     rv, ps, False)
+        vb[i] = store(bits_f32(v), skind, sp16)
+    else:
+        u, m, _ = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps, False)
+    if hasm:
+        mb[i] = store(bits_f32(m), skind, sp16)
+    nb, c, rem, flags, cancelled, _ = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
+                                                   pw, pc, False)
+    wb[i] = store(nb, wkind, sp16)
+    if update == KAHAN:
+        cb[i] = store(bits_f32(c), skind, sp16)
+    elif update == REMAINDER:
+        rb[i] = rem
+    for f in range(6):
+        counts[f] += (flags >> f) & 1
+    counts[6] += np.int64(cancelled)
 
 
 @register_jitable
@@ -232,8 +312,7 @@ def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, p
     kinds = (weight, grad, state) storage; ints = (algorithm, update, weight mode, weight
     sr bits, state mode, state sr bits, nesterov, first step).
     """
-    wkind, gkind, skind = kinds
-    algo, update, wmode, wk, smode, sk, nesterov, first = ints
+    algo, wmode, smode = ints[0], ints[2], ints[4]
     seed_lo, seed_hi, stream_w, stream_m, stream_v = keys
     zero = np.int64(0)
     w0 = w1 = w2 = w3 = zero
@@ -255,34 +334,6 @@ def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, p
             rw = lane_word((w0, w1, w2, w3), lane, 2)
         else:
             rw = lane_word((w4, w5, w6, w7), lane - 2, 2)
-        rm = lane_word((m0, m1, m2, m3), lane, 4)
-        rv = lane_word((v0, v1, v2, v3), lane, 4)
-        wbits = load(wb[i], wkind)
-        w = as_f32(wbits)
-        g = as_f32(load(gb[i], gkind))
-        hasm = algo == ADAMW or hp[10] != 0         # SGD without momentum has no buffer
-        m = as_f32(load(mb[i], skind)) if hasm else np.float32(0)
-        c = np.float32(0)
-        rem = np.int64(0)
-        if update == KAHAN:
-            c = as_f32(load(cb[i], skind))
-        elif update == REMAINDER:
-            rem = np.int64(rb[i])
-        if algo == ADAMW:
-            v = as_f32(load(vb[i], skind))
-            u, m, v = adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps)
-            vb[i] = store(bits_f32(v), skind, sp16)
-        else:
-            u, m = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps)
-        if hasm:
-            mb[i] = store(bits_f32(m), skind, sp16)
-        nb, c, rem, flags, cancelled = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
-                                                    pw, pc)
-        wb[i] = store(nb, wkind, sp16)
-        if update == KAHAN:
-            cb[i] = store(bits_f32(c), skind, sp16)
-        elif update == REMAINDER:
-            rb[i] = rem
-        for f in range(6):
-            counts[f] += (flags >> f) & 1
-        counts[6] += np.int64(cancelled)
+        step_element(i, rw, lane_word((m0, m1, m2, m3), lane, 4),
+                     lane_word((v0, v1, v2, v3), lane, 4), wb, gb, mb, vb, cb, rb, kinds, hp,
+                     ints, pw, pc, ps, sp16, counts)
