@@ -2,13 +2,12 @@
 
 Two routes to the same bits, both through :mod:`lpsim.optim.step`:
 
-* the vectorised route (float32 / bfloat16 storage; nearest, stochastic and Kahan
-  updates): per chunk of CHUNK elements held in cache, one simple loop per line of the step
+* the vectorised route (float32 / bfloat16 storage): per chunk of CHUNK elements held in cache, one simple loop per line of the step
   (the functions of :mod:`lpsim.optim.step`), and every rounding through lpsim.quantize's own
   vectorised pass (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest), so
   each loop vectorises and the data still crosses memory once;
-* the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage, remainder updates),
-  which lpsim_cuda runs too.
+* the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage), which lpsim_cuda
+  runs too.
 
 Work is dealt out to numba's thread count with the GIL released; the bits do not depend on
 the split (counter-based random words).
@@ -27,8 +26,8 @@ from lpsim.quantize import GROUP, PARALLEL_GRAIN, _fast_pass, _fill_words, _pool
 from lpsim.rounding import NEAREST, STOCHASTIC
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
-                   adamw_update, kahan_comp, kahan_y, sgd_buffer, sgd_gradient, sgd_update,
-                   step_quad)
+                   adamw_update, bits_f32, join_remainder, kahan_comp, kahan_y, sgd_buffer,
+                   sgd_gradient, sgd_update, split_remainder, step_quad)
 
 #: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
 CHUNK = 2048
@@ -85,7 +84,7 @@ def _round(xb, yb, mode, k, p, rs, left, counts):
 
 
 @register_jitable
-def _chunk(lo, hi, wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps, s32, s64,
+def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, s32, s64,
            words, left, counts, scratch_counts):
     """Step local elements lo .. hi-1 (one chunk) by the vectorised route: simple loops over
     the chunk in cache, each running a line of :mod:`lpsim.optim.step`."""
@@ -141,11 +140,25 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps
         for j in range(n):
             cf[j] = kahan_y(uf[j], cf[j])                        # c now holds y
             sf[j] = np.float64(wf[j]) + np.float64(cf[j])
+    elif update == REMAINDER:
+        for j in range(n):                                       # y: the float32 master
+            y[j] = join_remainder(wb[lo + j], rb[lo + j])
+            sf[j] = np.float64(yf[j]) - np.float64(uf[j])
     else:
         for j in range(n):
             sf[j] = np.float64(wf[j]) - np.float64(uf[j])
-    counts[0] += _round(s, t, wmode if update != KAHAN else NEAREST, wk, pw, rws, left,
+    counts[0] += _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left,
                         counts)
+    if update == REMAINDER:
+        cancelled = 0
+        for j in range(n):
+            new = bits_f32(np.float32(tf[j]))
+            cancelled += np.int64((uf[j] != 0) & (new == y[j]))
+            code, rem = split_remainder(new)
+            wb[lo + j] = code
+            rb[lo + j] = rem
+        counts[6] += cancelled
+        return
     if update == KAHAN:
         for j in range(n):
             sf[j] = kahan_comp(tf[j], wf[j], cf[j])
@@ -164,7 +177,7 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps
 
 
 @register_jitable
-def _chunks(wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1):
+def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1):
     n = wb.size
     counts = np.zeros(NCOUNTS, np.int64)
     scratch_counts = np.zeros(NCOUNTS, np.int64)
@@ -176,21 +189,21 @@ def _chunks(wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c
         lo = max(ch * CHUNK - offset % CHUNK, 0)       # chunks aligned to global indices
         hi = min((ch + 1) * CHUNK - offset % CHUNK, n)
         if hi > lo:
-            _chunk(lo, hi, wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps,
+            _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
                    s32, s64, words, left, counts, scratch_counts)
     return counts
 
 
 @njit(nogil=True, cache=True)
-def _optim_step_vectorised(wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps,
-                           c0, c1):
+def _optim_step_vectorised(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc,
+                           ps, c0, c1):
     """Step chunks c0 .. c1-1 by the vectorised route; returns the NCOUNTS counters."""
-    return _chunks(wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1)
+    return _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1)
 
 
 def vectorised(kinds, ints) -> bool:
     """Whether the vectorised route takes this configuration (else the quad route)."""
-    return STORE_F16 not in kinds and ints[1] != REMAINDER
+    return STORE_F16 not in kinds
 
 
 def bits_view(t: torch.Tensor | None, like: np.ndarray | None = None) -> np.ndarray:
@@ -207,7 +220,8 @@ def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.nda
     n = wb.size
     if vectorised(kinds, ints):
         kernel, first, last = _optim_step_vectorised, 0, (offset % CHUNK + n + CHUNK - 1) // CHUNK
-        args = (wb, gb, mb, vb, cb, kinds, hp, ints, keys, offset, setup.pw, setup.pc, setup.ps)
+        args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
+                setup.ps)
     else:
         kernel, first, last = _optim_step_quads, offset // 4, (offset + n + 3) // 4
         args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
