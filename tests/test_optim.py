@@ -206,10 +206,12 @@ def test_load_master_weights_keeps_the_fp32_master():
     from lpsim.optim.reference import join_remainder
     assert torch.equal(join_remainder(p.detach(), opt.state[p]["remainder"]), w32)
     assert torch.equal(p.detach(), w32.to(torch.bfloat16))
-    q = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
-    kahan = AdamW([q], update_rounding="kahan", state_format="fp32")
-    kahan.load_master_weights([w32])
+    q, r = (torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16)) for _ in range(2))
+    kahan = AdamW([{"params": [q]}, {"params": [r]}], update_rounding="kahan",
+                  state_format="fp32")
+    kahan.load_master_weights([w32, -w32])
     assert torch.equal(q.detach().float() - kahan.state[q]["kahan_comp"], w32)
+    assert torch.equal(r.detach().float() - kahan.state[r]["kahan_comp"], -w32)
 
 
 @pytest.mark.parametrize("dtype,kw,expect", [

@@ -2,10 +2,11 @@
 
 Two routes to the same bits, both through :mod:`lpsim.optim.step`:
 
-* the vectorised route (float32 / bfloat16 storage): per chunk of CHUNK elements held in cache, one simple loop per line of the step
-  (the functions of :mod:`lpsim.optim.step`), and every rounding through lpsim.quantize's own
-  vectorised pass (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest), so
-  each loop vectorises and the data still crosses memory once;
+* the vectorised route (float32 / bfloat16 storage): per chunk of CHUNK elements held in
+  cache, one simple loop per line of the step (the functions of :mod:`lpsim.optim.step`),
+  and every rounding through lpsim.quantize's own vectorised pass
+  (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest), so each loop
+  vectorises and the data still crosses memory once;
 * the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage), which lpsim_cuda
   runs too.
 

@@ -159,10 +159,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if len(weights) != len(params):
             raise ValueError(f"load_master_weights got {len(weights)} tensors for "
                              f"{len(params)} parameters (one per parameter, in order)")
+        position = 0
         for group in self.param_groups:
             for p in group["params"]:
-                w32 = weights[params.index(p)]
-                w32 = w32.detach().to(device=p.device, dtype=torch.float32)
+                w32 = weights[position].detach().to(device=p.device, dtype=torch.float32)
+                position += 1
                 if w32.shape != p.shape:
                     raise ValueError(f"a master weight has shape {tuple(w32.shape)}, its "
                                      f"parameter {tuple(p.shape)}")

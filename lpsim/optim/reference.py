@@ -2,9 +2,10 @@
 
 Slow (one pass per line) and plain on purpose: it is what the fused kernels are asserted to
 equal bit for bit.  Each float32 line is one correctly rounded torch op on float32 tensors
-(scalars are float32 too), the states are rounded with ``lpsim.quantize`` (float32
-container; sqrt through float64, see :func:`_sqrt`), the weight update ``w - u`` is formed in float64 and rounded with
-``lpsim.quantize`` (float64 container); the random bits follow :mod:`lpsim.optim.keys`.
+(scalars are float32 too; sqrt goes through float64, see :func:`_sqrt`), the states are
+rounded with ``lpsim.quantize`` (float32 container), the weight update ``w - u`` is formed
+in float64 and rounded with ``lpsim.quantize`` (float64 container); the random bits follow
+:mod:`lpsim.optim.keys`.
 """
 
 from __future__ import annotations

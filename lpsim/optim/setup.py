@@ -15,7 +15,7 @@ from lpsim.formats import Format, parse_format
 from lpsim.rounding import NEAREST, STOCHASTIC, Params, kernel_params
 from lpsim.storage import NO_PACKING, StorageParams, storage_params
 
-from .step import KAHAN, REMAINDER, STORE_BF16, STORE_F16, STORE_F32, UPDATES
+from .step import REMAINDER, STORE_BF16, STORE_F16, STORE_F32, UPDATES
 
 BF16, FP16, FP32 = parse_format("bf16"), parse_format("fp16"), parse_format("fp32")
 #: torch dtype -> (storage kind, the format it holds, the integer dtype of its bits)
@@ -88,6 +88,3 @@ def resolve(group: dict, param: torch.Tensor, grad_dtype: torch.dtype) -> Setup:
                  storage_params(FP16, "float16", np.float32) if STORE_F16 in
                  (wkind, gkind, STORAGE[sdtype][0]) else NO_PACKING)
 
-
-def uses_compensation(setup: Setup) -> bool:
-    return setup.update == KAHAN
