@@ -34,7 +34,7 @@ from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adam
 CHUNK = 2048
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _optim_step_quads(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
                       q0, q1):
     """Step quads q0 .. q1-1 (global quad indices); returns the NCOUNTS counters."""
@@ -195,7 +195,7 @@ def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c
     return counts
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def _optim_step_vectorised(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc,
                            ps, c0, c1):
     """Step chunks c0 .. c1-1 by the vectorised route; returns the NCOUNTS counters."""

@@ -18,6 +18,8 @@ would otherwise contract ``a*b + c`` into an FMA and round differently from the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba.extending import register_jitable
 
@@ -161,10 +163,15 @@ def adamw_moments(g, m, v, hp):
     return fmul(hp[2], m) + fmul(hp[3], g), fmul(hp[4], v) + fmul(hp[5], fmul(g, g))
 
 
-@register_jitable
+@register_jitable(error_model="numpy")
 def adamw_update(m, v, w, hp):
-    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments."""
-    return fmul(hp[0], (m / hp[6]) / (np.sqrt(v / hp[7]) + hp[8])) + fmul(hp[1], w)
+    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments.
+
+    IEEE division (x / 0 is inf or nan, as in torch, not an exception) and math.sqrt (on
+    float32, correctly rounded like np.sqrt, and a loop over it vectorises).
+    """
+    return fmul(hp[0], (m / hp[6]) / (np.float32(math.sqrt(v / hp[7])) + hp[8])) \
+        + fmul(hp[1], w)
 
 
 @register_jitable
