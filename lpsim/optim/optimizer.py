@@ -45,6 +45,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     Philox key (default: fresh from ``secrets``), see :mod:`lpsim.optim.keys`.
     implementation: "fused" (numba CPU kernel, lpsim_cuda for CUDA tensors) or "reference".
 
+    A step makes one kernel call (CPU) or launch (CUDA) per parameter tensor; parameters are
+    not gathered into flat per-group buffers.
+
     After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
     (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
     the weight unchanged: the stagnation of nearest rounding.
