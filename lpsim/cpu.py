@@ -106,7 +106,7 @@ def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
 
 
 @register_jitable
-def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
+def fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
     """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
 
     The words of :func:`lpsim.philox.lane_word` for W = ``w`` random bits (32: four lanes a
@@ -119,10 +119,10 @@ def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
 
 
 @register_jitable
-def _fast_pass(xs, ys, rs, mode, k, p, left):
+def fast_pass(xs, ys, rs, mode, k, p, left):
     """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
 
-    slow counts the elements left to :func:`_slow_pass`, ``left[g]`` those of group g (GROUP
+    slow counts the elements left to :func:`slow_pass`, ``left[g]`` those of group g (GROUP
     elements).  ``ys`` must not overlap ``xs``: the loop is vectorised behind an overlap
     check, and a loop that stores into the array it loads becomes masked stores.
     """
@@ -152,8 +152,9 @@ def _fast_pass(xs, ys, rs, mode, k, p, left):
 
 
 @register_jitable
-def _slow_pass(ys, rs, mode, k, p, left, counts):
-    """round_bits over the elements of ``ys`` that :func:`_fast_pass` left as they were."""
+def slow_pass(ys, rs, mode, k, p, left, counts, first):
+    """round_bits over the elements of ``ys`` that :func:`fast_pass` left as they were; its
+    six counters go to counts[first:first + 6]."""
     a_lo = p.fast_lo << p.M
     a_hi = (p.fast_hi + 1) << p.M
     for g in range(0, ys.size, GROUP):
@@ -165,7 +166,7 @@ def _slow_pass(ys, rs, mode, k, p, left, counts):
                                              k, p)
                     ys[j] = bits
                     for f in range(6):
-                        counts[1 + f] += (flags >> f) & 1
+                        counts[first + f] += (flags >> f) & 1
 
 
 @register_jitable
@@ -191,20 +192,20 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         rs = r
         if mode >= STOCHASTIC:
             b0 = (lo + offset) // lanes
-            _fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+            fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
                         seed_hi)
             rs = r[lo + offset - b0 * lanes:]
         xs = xb[lo:hi]
         if inplace:
             ys = scratch[:hi - lo]
-            slow, inexact = _fast_pass(xs, ys, rs, mode, k, p, left)
+            slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
             xs[:] = ys
         else:
-            slow, inexact = _fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
+            slow, inexact = fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
         counts[0] += hi - lo
         counts[1] += inexact
         if slow:
-            _slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts)
+            slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts, 1)
 
 
 def _kernel(mode: int):
