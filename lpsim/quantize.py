@@ -123,13 +123,13 @@ class _Route(NamedTuple):
     kernel: object          # lpsim.cpu.entry(mode, dtype)
 
 
-#: (fmt, rounding, dtype, sr_bits) -> _Route; a few hundred entries at most in practice
+#: (fmt, rounding, dtype, sr_bits, type(sr_bits)) -> _Route; a few hundred entries at most
 _ROUTES: dict = {}
 
 
 def _route(fmt, rounding, dtype, sr_bits) -> _Route:
     """The cached route of a request, validating it the first time (clear errors)."""
-    key = (fmt, rounding, dtype, sr_bits)
+    key = (fmt, rounding, dtype, sr_bits, type(sr_bits))
     try:
         return _ROUTES[key]
     except KeyError:
@@ -250,8 +250,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     if type(x) is _ndarray and generator is None:
         dtype = x.dtype
         if dtype is _F32 or dtype is _F64:
-            try:
-                route = _ROUTES[fmt, rounding, dtype, sr_bits]
+            try:    # sr_bits' type too: True and 4.0 equal 1 and 4 but are refused
+                route = _ROUTES[fmt, rounding, dtype, sr_bits, type(sr_bits)]
             except (KeyError, TypeError):
                 pass
             else:

@@ -284,3 +284,16 @@ def test_every_layout_rounds_like_its_contiguous_copy(layout):
     y = x.copy(order="K")
     quantize(y, "e4m3", "stochastic", seed=4, out=y)
     assert np.array_equal(y, want)
+
+
+def test_cached_requests_do_not_accept_equal_values_of_another_type():
+    x = np.float32([1.1, 2.2])
+    quantize(x, "bf16", "stochastic", seed=1, sr_bits=1)
+    quantize(x, "bf16", "stochastic", seed=1, sr_bits=4)
+    ops.add(x, x, "bf16", "stochastic", seed=1, sr_bits=1)
+    with pytest.raises(TypeError, match="sr_bits=True"):
+        quantize(x, "bf16", "stochastic", seed=1, sr_bits=True)
+    with pytest.raises(TypeError, match="sr_bits=4.0"):
+        quantize(x, "bf16", "stochastic", seed=1, sr_bits=4.0)
+    with pytest.raises(TypeError, match="sr_bits=True"):
+        ops.add(x, x, "bf16", "stochastic", seed=1, sr_bits=True)

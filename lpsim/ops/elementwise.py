@@ -126,7 +126,7 @@ def _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi, stream, offset, cou
     return i2f(out), False, False
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)     # typed: sr_bits=True is not sr_bits=1
 def _route(name, fmt, rounding, dtype, sr_bits):
     """(fmt, mode, k, odd, pv, kernel) of one (op, fmt, rounding, dtype, sr_bits)."""
     fmt = parse_format(fmt)
