@@ -263,6 +263,16 @@ def compile_notice(what: str):
         timer.cancel()
 
 
+def entry_point(dispatcher, args, what: str):
+    """The compiled entry point of ``dispatcher`` for the types of ``args`` (compiled now,
+    with a notice if that takes long): a call without numba's argument typing."""
+    signature = tuple(typeof(a) for a in args)
+    with compile_notice(what):
+        dispatcher.compile(signature)
+    overload_ = dispatcher.overloads.get(tuple(dispatcher.typeof_pyval(a) for a in args))
+    return getattr(overload_, "entry_point", None) or dispatcher
+
+
 def first_call(dispatcher, what: str):
     """compile_notice(what) while ``dispatcher`` has no compiled signature, else nothing."""
     return contextlib.nullcontext() if dispatcher.overloads else compile_notice(what)
@@ -278,11 +288,8 @@ def entry(mode: int, dtype: np.dtype):
     counts = np.zeros(NCOUNTS, np.int64)
     args = (x, np.zeros_like(x), pv, 1, 0, 0, 0, 0, 0, 0, counts)
     name = next(name for name, code in MODES.items() if code == mode)
-    with compile_notice(f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays"):
-        dispatcher.compile(tuple(typeof(a) for a in args))
-    signature = tuple(dispatcher.typeof_pyval(a) for a in args)
-    overload_ = dispatcher.overloads.get(signature)
-    return getattr(overload_, "entry_point", None) or dispatcher
+    return entry_point(dispatcher, args,
+                       f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays")
 
 
 def ntasks(n: int, offset: int) -> int:

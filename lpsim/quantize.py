@@ -94,9 +94,14 @@ def check_dtype(dtype) -> np.dtype:
 def keys(seed, stream, mode: int) -> tuple[int, int, int]:
     """(seed_lo, seed_hi, stream as int64) of a request; seed=None draws a fresh seed for the
     stochastic modes."""
-    if mode >= STOCHASTIC and seed is None:
-        seed = secrets.randbits(64)
-    seed_lo, seed_hi = split_key(0 if seed is None else seed, "seed")
+    if seed is None:
+        seed = secrets.randbits(64) if mode >= STOCHASTIC else 0
+    if type(seed) is int and 0 <= seed < 1 << 64:
+        seed_lo, seed_hi = seed & MASK32, seed >> 32
+    else:
+        seed_lo, seed_hi = split_key(seed, "seed")
+    if type(stream) is int and 0 <= stream < 1 << 63:
+        return seed_lo, seed_hi, stream
     stream_lo, stream_hi = split_key(stream, "stream")
     return seed_lo, seed_hi, _signed(stream_lo | (stream_hi << 32))
 
@@ -266,7 +271,7 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
     if isinstance(fmt, Fixed):
         return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                               stats=stats, out=out, offset=offset, generator=generator)
-    fmt = parse_format(fmt)
+    given, fmt = fmt, parse_format(fmt)     # the cache keys on the format as the caller gave it
     mode_code(rounding)
     seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
     if stats is not None and not isinstance(stats, RoundingStats):
@@ -281,7 +286,7 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
         return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
                                    sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     if type(x) is _ndarray and (x.dtype is _F32 or x.dtype is _F64):
-        return _round_array(x, _route(fmt, rounding, x.dtype, sr_bits), seed, stream, stats,
+        return _round_array(x, _route(given, rounding, x.dtype, sr_bits), seed, stream, stats,
                             out, offset)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
