@@ -2,11 +2,13 @@
 
 from . import blocks, reference
 from .formats import PRESETS, Format, fp, parse_format
+from .fixed import Fixed, fixed
+from .generator import Generator
 from .quantize import quantize
 from .rounding import MODES
 from .stats import RoundingStats
 from .warmup import warmup
 
 __all__ = ["Format", "fp", "parse_format", "PRESETS", "quantize", "MODES", "RoundingStats",
-           "reference", "warmup", "blocks"]
+           "reference", "warmup", "Generator", "fixed", "Fixed", "blocks"]
 __version__ = "0.1.0"

@@ -1,69 +1,241 @@
-"""The ``lpsim`` command: the format presets, and rounding a value in several formats and modes."""
+"""The lpsim command: format presets, and values rounded in many formats and modes.
+
+Every rounded value is shown exactly: the shortest decimal that reads back to it (Python's
+repr), its hex float, and its bit pattern in the format as sign|exponent|mantissa.
+"""
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
+import time
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .formats import PRESETS, parse_format
+from . import __version__
+from .formats import PRESETS, Format, parse_format
 from .quantize import quantize
 from .rounding import MODES
 
+DEFAULT_FORMATS = ["bf16", "fp16", "e5m2", "e4m3fn", "fp(4,3,4)"]
 
-def formats_table() -> Table:
-    table = Table(title="lpsim format presets")
-    for column in ("name", "format", "bits", "bias", "emin", "emax", "max finite",
-                   "min normal", "min subnormal", "unit roundoff", "epsilon", "inf", "NaN"):
-        table.add_column(column, justify="right" if column not in ("name", "format") else "left")
-    for name, fmt in PRESETS.items():
-        table.add_row(name, repr(fmt), str(fmt.bits), str(fmt.bias), str(fmt.emin),
-                      str(fmt.emax), f"{fmt.max_finite:.6g}", f"{fmt.min_normal:.6g}",
-                      f"{fmt.min_subnormal:.6g}", f"{fmt.unit_roundoff:.3g}", f"{fmt.epsilon:.3g}",
-                      "yes" if fmt.has_inf else "no", "yes" if fmt.has_nan else "no")
+EPILOG = """\
+examples:
+  lpsim formats                       the presets and their ranges
+  lpsim formats bf16 'fp(4,3,4)'      only these formats
+  lpsim round 0.1                     0.1 in five formats, every rounding mode
+  lpsim round 0x1.8p-3 -1e-30 -f bf16 -r nearest -r stochastic --seed 7
+  lpsim warmup                        compile the kernels now (cached on disk)
+"""
+
+
+# --- values ---------------------------------------------------------------------------------
+def parse_value(text: str) -> float:
+    """A float from a decimal ("0.1", "-1e-30", "inf", "nan") or a hex float ("0x1.8p-3")."""
+    s = text.strip()
+    try:
+        if "0x" in s.lower():
+            return float.fromhex(s)
+        return float(s)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text.strip()!r} is beyond float64's range") from None
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} is not a number; accepted: a decimal (0.1, -1e-30, inf, nan) or a "
+            "hex float (0x1.8p-3)") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        parse_value(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+def _shield_negative_numbers(argv: list[str]) -> list[str]:
+    """Keep "-1e-30" or "-0x1p-3" from being read as options: argparse only knows "-1", "-.5".
+
+    A leading space makes argparse take the token as a value; parse_value strips it.
+    """
+    return [" " + arg if arg.startswith("-") and arg[1:2] not in ("", "-") and _is_number(arg)
+            else arg for arg in argv]
+
+
+def bit_fields(value: float, fmt: Format) -> str:
+    """The code of ``value`` (representable in ``fmt``) as sign|exponent|mantissa bits."""
+    sign = int(math.copysign(1.0, value) < 0)
+    top = 2 ** fmt.e - 1
+    if math.isnan(value):
+        if not fmt.has_nan:
+            return "NaN (no code)"
+        code, mantissa = top, (2 ** fmt.m - 1 if fmt.specials == "fn" else 2 ** max(fmt.m - 1, 0))
+    elif math.isinf(value):
+        if not fmt.has_inf:
+            return "inf (no code)"
+        code, mantissa = top, 0
+    elif value == 0:
+        code, mantissa = 0, 0
+    else:
+        _, exponent = math.frexp(abs(value))           # abs(value) = f * 2**exponent, f in [0.5, 1)
+        exponent = max(exponent - 1, fmt.emin)           # subnormals share emin's scale
+        scaled = math.ldexp(abs(value), fmt.m - exponent)
+        if scaled != int(scaled):
+            return "not representable"
+        code = exponent + fmt.bias if scaled >= 2 ** fmt.m else 0
+        mantissa = int(scaled) - (2 ** fmt.m if code else 0)
+    exp_bits = format(code, f"0{fmt.e}b")
+    return f"{sign}|{exp_bits}|{format(mantissa, f'0{fmt.m}b')}" if fmt.m else f"{sign}|{exp_bits}|"
+
+
+# --- tables ---------------------------------------------------------------------------------
+_FORMAT_COLUMNS = ("format", "bits", "bias", "emin", "emax", "max finite", "min normal",
+                   "min subnormal", "unit roundoff", "epsilon", "inf", "NaN")
+
+
+def _format_cells(name: str, fmt: Format) -> dict[str, str]:
+    return {"name": name, "format": repr(fmt), "bits": str(fmt.bits), "bias": str(fmt.bias),
+            "emin": str(fmt.emin), "emax": str(fmt.emax), "max finite": f"{fmt.max_finite:.6g}",
+            "min normal": f"{fmt.min_normal:.6g}", "min subnormal": f"{fmt.min_subnormal:.6g}",
+            "unit roundoff": f"{fmt.unit_roundoff:.3g}", "epsilon": f"{fmt.epsilon:.3g}",
+            "inf": "yes" if fmt.has_inf else "no", "NaN": "yes" if fmt.has_nan else "no"}
+
+
+def _table(title: str, columns, rows) -> Table:
+    table = Table(title=escape(title))
+    for column in columns:
+        left = column in ("name", "format", "mode", "bits")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
+    for cells in rows:
+        table.add_row(*(escape(cells[column]) for column in columns))
     return table
 
 
-def round_table(value: float, formats: list[str], modes: list[str], seed: int) -> Table:
-    table = Table(title=escape(f"{value!r} rounded (stochastic modes: seed {seed}, one draw)"))
-    table.add_column("format")
-    for mode in modes:
-        table.add_column(mode, justify="right")
-    for spec in formats:
-        fmt = parse_format(spec)
-        cells = [f"{quantize(value, fmt, mode, seed=seed):.9g}" for mode in modes]
-        table.add_row(escape(spec), *cells)
-    return table
+def formats_tables(specs: list[str] | None, width: int) -> list[Table]:
+    """The formats' properties: one table where ``width`` allows, else several that each fit."""
+    formats = [(name, fmt) for name, fmt in PRESETS.items()] if not specs else \
+        [(spec, parse_format(spec)) for spec in specs]
+    rows = [_format_cells(name, fmt) for name, fmt in formats]
+    columns, count = list(_FORMAT_COLUMNS), 1
+    while True:                          # the fewest tables that fit, their widths balanced
+        cuts = [(0, *c, len(columns)) for c in
+                itertools.combinations(range(1, len(columns)), count - 1)]
+        groups = min(([columns[a:b] for a, b in zip(c, c[1:])] for c in cuts),
+                     key=lambda g: max(_width(rows, ["name", *part]) for part in g))
+        if max(_width(rows, ["name", *part]) for part in groups) <= width or \
+                count == len(columns):
+            break
+        count += 1
+    return [_table("lpsim formats" + (f" ({i + 1}/{len(groups)})" if len(groups) > 1 else ""),
+                   ["name", *group], rows) for i, group in enumerate(groups)]
+
+
+def _width(rows, columns) -> int:
+    """Columns a rich table with these columns needs: cells, padding and borders."""
+    return sum(max(len(c), *(len(r[c]) for r in rows)) + 3 for c in columns) + 1
+
+
+def round_tables(values: list[float], specs: list[str], modes: list[str], seed: int,
+                 width: int) -> list[Table]:
+    """One table per (value, format): each mode's result as decimal, hex float and bits."""
+    tables = []
+    for value in values:
+        for spec in specs:
+            fmt = parse_format(spec)
+            rows = []
+            for mode in modes:
+                r = float(quantize(value, fmt, mode, seed=seed))
+                rows.append({"mode": mode, "value": repr(r), "hex": r.hex(),
+                             "bits": bit_fields(r, fmt)})
+            title = f"{value!r} ({value.hex()}) in {spec} = {fmt!r}"
+            columns = ("mode", "value", "hex", "bits")
+            if _width(rows, columns) <= width:
+                table = _table(title, columns, rows)
+            else:                                          # stacked: value / hex / bits
+                table = Table(title=escape(title))
+                table.add_column("mode", no_wrap=True)
+                table.add_column("value / hex float / sign|exponent|mantissa", overflow="fold")
+                for r in rows:
+                    table.add_row(r["mode"], escape(f"{r['value']}\n{r['hex']}\n{r['bits']}"))
+            table.caption = f"bits: 1 sign | {fmt.e} exponent | {fmt.m} mantissa" + (
+                f"; stochastic modes: seed {seed}, one draw" if any(
+                    m.startswith("stochastic") for m in modes) else "")
+            tables.append(table)
+    return tables
+
+
+# --- the command ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lpsim", description=__doc__.splitlines()[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"lpsim {__version__}",
+                        help="print lpsim's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="formats, round or warmup (COMMAND --help for its options)")
+    formats = sub.add_parser("formats", help="the format presets and their properties",
+                             description="Print formats: range, precision and special values.")
+    formats.add_argument("specs", nargs="*", metavar="FORMAT",
+                         help="formats to show (a preset such as bf16, or fp(e,m,b)); "
+                              "default: every preset")
+    rounder = sub.add_parser(
+        "round", help="round values in several formats and modes",
+        description="Round values and print each result exactly: shortest round-trip decimal, "
+                    "hex float and the bit pattern in the format.")
+    rounder.add_argument("values", nargs="+", type=parse_value, metavar="VALUE",
+                         help="a decimal (0.1, -1e-30, inf, nan) or a hex float (0x1.8p-3)")
+    rounder.add_argument("--format", "-f", action="append", dest="formats", metavar="FORMAT",
+                         help="format, repeatable: a preset (bf16, e4m3fn, ...), fp(e,m) or "
+                              f"fp(e,m,b); default: {' '.join(DEFAULT_FORMATS)}")
+    rounder.add_argument("--rounding", "-r", action="append", dest="modes", choices=list(MODES),
+                         metavar="MODE",
+                         help=f"rounding mode, repeatable: {', '.join(MODES)}; default: all")
+    rounder.add_argument("--seed", type=int, default=0,
+                         help="seed of the stochastic modes' random draws (default: 0)")
+    sub.add_parser("warmup", help="compile lpsim's CPU kernels now (cached on disk)",
+                   description="Compile lpsim's kernels into numba's on-disk cache, so that "
+                               "the first call in a program does not wait for the compiler.")
+    return parser
+
+
+def warmup(console: Console) -> None:
+    import numpy as np
+    import lpsim
+    err = Console(stderr=True)
+    err.print("compiling lpsim's kernels (cached on disk for later runs) ...")
+    start = time.perf_counter()
+    if getattr(lpsim, "warmup", None) is not None:
+        lpsim.warmup()
+    else:                                      # this lpsim has no warmup(): compile each mode
+        for dtype in (np.float32, np.float64):
+            for mode in MODES:
+                quantize(np.zeros(2, dtype), "bf16", mode, seed=0)
+    console.print(f"lpsim kernels ready ({time.perf_counter() - start:.1f} s)")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="lpsim", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("formats", help="print the format presets and their properties")
-    rounder = sub.add_parser("round", help="round a value in several formats and modes")
-    rounder.add_argument("value", type=float)
-    rounder.add_argument("--format", "-f", action="append", dest="formats",
-                         help="format (repeatable); default: bf16 fp16 e5m2 e4m3fn fp(4,3,4)")
-    rounder.add_argument("--rounding", "-r", action="append", dest="modes", choices=list(MODES),
-                         help="rounding mode (repeatable); default: all")
-    rounder.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    console = Console(width=None if sys.stdout.isatty() else 170)
+    argv = _shield_negative_numbers(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(argv)
+    console = Console()
     try:
         if args.command == "formats":
-            console.print(formats_table())
+            tables = formats_tables(args.specs, console.width)
+        elif args.command == "round":
+            tables = round_tables(args.values, args.formats or DEFAULT_FORMATS,
+                                  args.modes or list(MODES), args.seed, console.width)
         else:
-            console.print(round_table(args.value,
-                                      args.formats or ["bf16", "fp16", "e5m2", "e4m3fn",
-                                                       "fp(4,3,4)"],
-                                      args.modes or list(MODES), args.seed))
+            warmup(console)
+            return 0
     except (ValueError, TypeError) as error:
         # the message quotes user input: escape it, or rich reads "[/x]" as markup
         Console(stderr=True, width=console.width).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
+    for table in tables:
+        console.print(table)
     return 0
 
 

@@ -106,7 +106,7 @@ def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
 
 
 @register_jitable
-def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
+def fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
     """r[LANES*j + lane] = the random integer R of that lane of Philox block b0 + j, j < nb.
 
     The words of :func:`lpsim.philox.lane_word` for W = ``w`` random bits (32: four lanes a
@@ -119,10 +119,10 @@ def _fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
 
 
 @register_jitable
-def _fast_pass(xs, ys, rs, mode, k, p, left):
+def fast_pass(xs, ys, rs, mode, k, p, left):
     """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
 
-    slow counts the elements left to :func:`_slow_pass`, ``left[g]`` those of group g (GROUP
+    slow counts the elements left to :func:`slow_pass`, ``left[g]`` those of group g (GROUP
     elements).  ``ys`` must not overlap ``xs``: the loop is vectorised behind an overlap
     check, and a loop that stores into the array it loads becomes masked stores.
     """
@@ -152,8 +152,9 @@ def _fast_pass(xs, ys, rs, mode, k, p, left):
 
 
 @register_jitable
-def _slow_pass(ys, rs, mode, k, p, left, counts):
-    """round_bits over the elements of ``ys`` that :func:`_fast_pass` left as they were."""
+def slow_pass(ys, rs, mode, k, p, left, counts, first):
+    """round_bits over the elements of ``ys`` that :func:`fast_pass` left as they were; its
+    six counters go to counts[first:first + 6]."""
     a_lo = p.fast_lo << p.M
     a_hi = (p.fast_hi + 1) << p.M
     for g in range(0, ys.size, GROUP):
@@ -165,7 +166,7 @@ def _slow_pass(ys, rs, mode, k, p, left, counts):
                                              k, p)
                     ys[j] = bits
                     for f in range(6):
-                        counts[1 + f] += (flags >> f) & 1
+                        counts[first + f] += (flags >> f) & 1
 
 
 @register_jitable
@@ -191,20 +192,20 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         rs = r
         if mode >= STOCHASTIC:
             b0 = (lo + offset) // lanes
-            _fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+            fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
                         seed_hi)
             rs = r[lo + offset - b0 * lanes:]
         xs = xb[lo:hi]
         if inplace:
             ys = scratch[:hi - lo]
-            slow, inexact = _fast_pass(xs, ys, rs, mode, k, p, left)
+            slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
             xs[:] = ys
         else:
-            slow, inexact = _fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
+            slow, inexact = fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
         counts[0] += hi - lo
         counts[1] += inexact
         if slow:
-            _slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts)
+            slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts, 1)
 
 
 def _kernel(mode: int):
@@ -262,6 +263,16 @@ def compile_notice(what: str):
         timer.cancel()
 
 
+def entry_point(dispatcher, args, what: str):
+    """The compiled entry point of ``dispatcher`` for the types of ``args`` (compiled now,
+    with a notice if that takes long): a call without numba's argument typing."""
+    signature = tuple(typeof(a) for a in args)
+    with compile_notice(what):
+        dispatcher.compile(signature)
+    overload_ = dispatcher.overloads.get(tuple(dispatcher.typeof_pyval(a) for a in args))
+    return getattr(overload_, "entry_point", None) or dispatcher
+
+
 def first_call(dispatcher, what: str):
     """compile_notice(what) while ``dispatcher`` has no compiled signature, else nothing."""
     return contextlib.nullcontext() if dispatcher.overloads else compile_notice(what)
@@ -277,11 +288,8 @@ def entry(mode: int, dtype: np.dtype):
     counts = np.zeros(NCOUNTS, np.int64)
     args = (x, np.zeros_like(x), pv, 1, 0, 0, 0, 0, 0, 0, counts)
     name = next(name for name, code in MODES.items() if code == mode)
-    with compile_notice(f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays"):
-        dispatcher.compile(tuple(typeof(a) for a in args))
-    signature = tuple(dispatcher.typeof_pyval(a) for a in args)
-    overload_ = dispatcher.overloads.get(signature)
-    return getattr(overload_, "entry_point", None) or dispatcher
+    return entry_point(dispatcher, args,
+                       f"the CPU kernel of rounding={name!r} for {np.dtype(dtype)} arrays")
 
 
 def ntasks(n: int, offset: int) -> int:

@@ -31,7 +31,7 @@ WORD_BITS = {4: 32, 8: 62}
 LANES = {4: 4, 8: 2}
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _mulhilo(a, b):
     product = np.uint64(a) * np.uint64(b)
     return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(MASK32))

@@ -17,7 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import cpu
+from .fixed import Fixed, quantize_fixed
 from .formats import Format, parse_format
+from .generator import resolve as resolve_generator
 from .philox import LANES, MASK32, WORD_BITS, split_key
 from .rounding import STOCHASTIC, Params, kernel_params, mode_code
 from .stats import COUNTERS, RoundingStats
@@ -92,9 +94,14 @@ def check_dtype(dtype) -> np.dtype:
 def keys(seed, stream, mode: int) -> tuple[int, int, int]:
     """(seed_lo, seed_hi, stream as int64) of a request; seed=None draws a fresh seed for the
     stochastic modes."""
-    if mode >= STOCHASTIC and seed is None:
-        seed = secrets.randbits(64)
-    seed_lo, seed_hi = split_key(0 if seed is None else seed, "seed")
+    if seed is None:
+        seed = secrets.randbits(64) if mode >= STOCHASTIC else 0
+    if type(seed) is int and 0 <= seed < 1 << 64:
+        seed_lo, seed_hi = seed & MASK32, seed >> 32
+    else:
+        seed_lo, seed_hi = split_key(seed, "seed")
+    if type(stream) is int and 0 <= stream < 1 << 63:
+        return seed_lo, seed_hi, stream
     stream_lo, stream_hi = split_key(stream, "stream")
     return seed_lo, seed_hi, _signed(stream_lo | (stream_hi << 32))
 
@@ -121,13 +128,13 @@ class _Route(NamedTuple):
     kernel: object          # lpsim.cpu.entry(mode, dtype)
 
 
-#: (fmt, rounding, dtype, sr_bits) -> _Route; a few hundred entries at most in practice
+#: (fmt, rounding, dtype, sr_bits, type(sr_bits)) -> _Route; a few hundred entries at most
 _ROUTES: dict = {}
 
 
 def _route(fmt, rounding, dtype, sr_bits) -> _Route:
     """The cached route of a request, validating it the first time (clear errors)."""
-    key = (fmt, rounding, dtype, sr_bits)
+    key = (fmt, rounding, dtype, sr_bits, type(sr_bits))
     try:
         return _ROUTES[key]
     except KeyError:
@@ -171,14 +178,15 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
                         "lpsim.RoundingStats or None")
     xflags = x.flags
     if out is None:
-        out = target = np.empty_like(x)
+        out = target = np.empty(x.shape, x.dtype)     # C order whatever x's layout
     elif type(out) is _ndarray and out.dtype is x.dtype and out.shape == x.shape:
         oflags = out.flags
         if not oflags.writeable:
             _check_out(out, x)
-        target = out if oflags.c_contiguous else np.empty_like(x)
+        target = out if oflags.c_contiguous else np.empty(x.shape, x.dtype)
     else:
-        target = out = _check_out(out, x)
+        out = _check_out(out, x)
+        target = out if out.flags.c_contiguous else np.empty(x.shape, x.dtype)
     src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
@@ -216,7 +224,8 @@ def _is_torch(x) -> bool:
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
-             stats: RoundingStats | None = None, out=None, offset: int = 0, axis: int = -1):
+             stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None,
+             axis: int = -1):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
     x: a numpy array or any array-like (lists, tuples, scalars).  float32 and float64 arrays
@@ -225,13 +234,16 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     A Python int or float is rounded as float64 and returned as a float (an int beyond
     float64's 53 bits is rounded exactly, from its integer value); a numpy float scalar
     comes back as a numpy scalar of its container.  torch tensors: CPU tensors round through
-    their numpy view; CUDA tensors and other CUDA arrays run in lpsim_cuda.
-    fmt: an :class:`lpsim.Format` or a string ("bf16", "fp(4,3,4)", ...).  rounding: one of
-    ``lpsim.rounding.MODES``.
+    their numpy view (autograd, in-place and dtype rules of :func:`lpsim.torch.quantize`);
+    CUDA tensors and other CUDA arrays run in lpsim_cuda.
+    fmt: an :class:`lpsim.Format`, a string ("bf16", "fp(4,3,4)", ...) or
+    ``lpsim.fixed(wl, fl)``.  rounding: one of ``lpsim.rounding.MODES``.
     seed, stream: the key of the counter-based generator for stochastic modes (integers in
-    [0, 2**64); seed=None draws a fresh seed).  A fixed seed replays the same bits on every
-    call.  Element ``i`` uses counter ``offset + i`` (C order), so a slice rounded with its
-    offset gets the same bits as the whole array; 0 <= offset, offset + size <= 2**62.
+    [0, 2**64); seed=None draws a fresh seed).  A fixed integer seed replays the same bits on
+    every call (exact replay, for tests); in loops pass ``generator=lpsim.Generator(seed)``
+    instead, which gives each call fresh counters (:mod:`lpsim.generator`).  Element ``i``
+    uses counter ``offset + i`` (C order), so a slice rounded with its offset gets the same
+    bits as the whole array; 0 <= offset, offset + size <= 2**62.
     sr_bits: random bits per decision (few-bit SR).  stats: a :class:`RoundingStats` to add
     this call's counters to.  out: array to write into (may be ``x`` itself for in-place
     rounding; any other overlap with ``x`` is handled as if ``x`` were copied first).
@@ -243,54 +255,56 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     A block-scaled format ("mxfp4", "nvfp4", lpsim.blocks.BlockFormat) fake-quantizes in
     blocks along ``axis``: :func:`lpsim.blocks.quantize`.
     """
-    if type(x) is _ndarray:
+    if type(x) is _ndarray and generator is None:
         dtype = x.dtype
         if dtype is _F32 or dtype is _F64:
-            try:
-                route = _ROUTES[fmt, rounding, dtype, sr_bits]
+            try:    # sr_bits' type too: True and 4.0 equal 1 and 4 but are refused
+                route = _ROUTES[fmt, rounding, dtype, sr_bits, type(sr_bits)]
             except (KeyError, TypeError):
-                if _block_format(fmt) is not None:
-                    return _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats,
-                                             out, offset, axis)
-                route = _route(fmt, rounding, dtype, sr_bits)
-            return _round_array(x, route, seed, stream, stats, out, offset)
-    if _block_format(fmt) is not None:
-        return _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
-                                 axis)
-    return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
+                pass
+            else:
+                return _round_array(x, route, seed, stream, stats, out, offset)
+    return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                           generator, axis)
 
 
 def _block_format(fmt):
-    """The block format ``fmt`` names (lpsim.blocks), or None: off the cached hot path."""
+    """The block format ``fmt`` names (lpsim.blocks), or None."""
     from .blocks import as_block_format
     return as_block_format(fmt)
 
 
-def _quantize_blocked(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, axis):
-    from .blocks import quantize as quantize_blocked
-    return quantize_blocked(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
-                            sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-
-
-def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset):
-    """Everything but a native float32/float64 numpy array: tensors, scalars, array-likes."""
-    fmt = parse_format(fmt)
+def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
+                    axis=-1):
+    """Everything but a cached request on a float32/float64 numpy array: other formats,
+    generators, tensors, scalars, array-likes, and first calls (validated here)."""
+    bfmt = _block_format(fmt)
+    if bfmt is not None:            # block-scaled formats (MX, NVFP4): lpsim.blocks
+        mode_code(rounding)
+        seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
+        from .blocks import quantize as quantize_blocked
+        return quantize_blocked(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    if isinstance(fmt, Fixed):
+        return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                              stats=stats, out=out, offset=offset, generator=generator)
+    given, fmt = fmt, parse_format(fmt)     # the cache keys on the format as the caller gave it
     mode_code(rounding)
+    seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
     if stats is not None and not isinstance(stats, RoundingStats):
         raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
                         "lpsim.RoundingStats or None")
-    if _is_torch(x) or hasattr(x, "__cuda_array_interface__") \
-            or type(x).__module__.startswith("numba.cuda"):
-        if getattr(x, "is_cuda", True):
-            import lpsim_cuda
-            return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
-                                       sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-        import torch
-        array = x.detach().numpy()
-        target = None if out is None else out.detach().numpy()
-        result = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
-                          stats=stats, out=target, offset=offset)
-        return out if out is not None else torch.from_numpy(result)
+    if _is_torch(x) or _is_torch(out):
+        from .torch.tensors import quantize_tensor
+        return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                               stats=stats, out=out, offset=offset)
+    if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba.cuda"):
+        import lpsim_cuda
+        return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
+                                   sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    if type(x) is _ndarray and (x.dtype is _F32 or x.dtype is _F64):
+        return _round_array(x, _route(given, rounding, x.dtype, sr_bits), seed, stream, stats,
+                            out, offset)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
     if isinstance(x, int) or (isinstance(x, np.integer) and not isinstance(x, np.ndarray)):
@@ -338,7 +352,9 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
         if array.dtype.itemsize > 8:
             raise TypeError(f"{name} has dtype {array.dtype}; accepted: floats of at most 64 "
                             "bits (a long double does not fit the float64 container)")
-        return array.astype(_container(array.dtype), copy=False)
+        container = _container(array.dtype)
+        # the canonical dtype object too (an unpickled array's float64 is an equal copy)
+        return array.astype(container, copy=False).view(container)
     if kind in "iu":
         wide = array.astype(np.float64)
         exact = wide.astype(array.dtype) == array

@@ -19,7 +19,12 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from hypothesis import strategies as st
+
+from ._extras import require
+
+require("hypothesis", extra="test", feature="lpsim.testing")
+
+from hypothesis import strategies as st  # noqa: E402
 
 from . import reference
 from .formats import CONTAINERS, SPECIALS, Format, fp, parse_format

@@ -108,7 +108,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     with launch.device_of(x):
         src = arrays.source(x)
         request = plan(fmt, rounding, src.dtype, seed=seed, stream=stream, sr_bits=sr_bits,
-                       offset=offset)
+                       offset=offset, size=src.bits.size)
         name = None if storage is None else storage_name(storage)
         sp = NO_PACKING if name is None else storage_params(fmt, name, src.dtype)
         result = arrays.new_output(x, src, name) if out is None else out

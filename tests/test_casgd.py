@@ -254,3 +254,60 @@ def test_cost_model_table2():
     assert cs["casgd"]["time"] > cs["sgd"]["time"]
     with pytest.raises(ValueError, match="gamma=-1"):
         cost_model(8, 4, 16, 256, 1e-5, 1e-9, -1)
+
+
+# --- issue 11: clear errors at every entry ------------------------------------------------
+def test_diverging_step_size_raises_naming_eta(data):
+    import warnings
+    A, y = data["linear"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no numpy RuntimeWarning on the way
+        with pytest.raises(ValueError, match=r"diverged with eta=1000000\.0: x is not finite "
+                                                r"after outer iteration \d+ of 50; accepted: "
+                                                r"a smaller step size, e\.g\. eta=250000"):
+            casgd(A, y, loss="linear", eta=1e6, b=4, s=4, H=50)
+        with pytest.raises(ValueError, match=r"diverged with eta=1000000\.0"):
+            sgd(A, y, loss="linear", eta=1e6, b=4, steps=200)
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 64, 1.5, True])
+def test_bad_seed_names_the_parameter(data, seed):
+    from lpsim.casgd import casgd_step
+    A, y = data["logistic"]
+    match = re.escape(f"seed={seed!r} is not accepted; accepted: an integer 0 <= seed < 2**64")
+    with pytest.raises(ValueError, match=match):
+        casgd(A, y, H=1, seed=seed)
+    with pytest.raises(ValueError, match=match):
+        casgd_step(A[:4], y[:4], np.zeros(A.shape[1]), 0.5, 2, 2, seed=seed)
+    assert casgd(A, y, H=1, b=2, s=2, seed=2 ** 64 - 1).iterations == 1
+
+
+def test_gram_too_large_for_memory_is_refused(data):
+    from lpsim.casgd.solvers import check_block_size
+    A, y = data["logistic"]
+    with pytest.raises(ValueError, match=r"b\*s = 1048576\*1048576 = 1099511627776 rows per "
+                                         r"outer iteration: the s\*b x s\*b Gram matrix needs "
+                                         r"4\.504e\+15 GiB .*accepted: smaller b or s"):
+        casgd(A, y, H=1, b=2 ** 20, s=2 ** 20)
+    # the limit is the memory given: 64 x 64 fp32 Gram (16 KiB) + 64 x 40 rows (10 KiB)
+    check_block_size(8, 8, 40, RECIPES["A"], memory=16384 + 10240)
+    with pytest.raises(ValueError, match=r"8\*8 = 64 rows"):
+        check_block_size(8, 8, 40, RECIPES["A"], memory=16384 + 10239)
+
+
+def test_casgd_step_checks_x(data):
+    from lpsim.casgd import casgd_step
+    A, y = data["logistic"]
+    Y, yI = A[:8], y[:8]
+    with pytest.raises(ValueError, match=r"x has shape \(39,\); accepted: \(40,\), one weight "
+                                         r"per column of Y"):
+        casgd_step(Y, yI, np.zeros(39), 0.5, 4, 2)
+    with pytest.raises(ValueError, match=r"x has shape \(40, 1\)"):
+        casgd_step(Y, yI, np.zeros((40, 1)), 0.5, 4, 2)
+    bad = np.zeros(40)
+    bad[5] = np.inf
+    with pytest.raises(ValueError, match=r"x\[5\] = inf: NaN/inf"):
+        casgd_step(Y, yI, bad, 0.5, 4, 2)
+    x = casgd_step(Y, yI, np.zeros(40), 0.5, 4, 2, recipe="fp64")
+    ref = casgd(Y, yI, eta=0.5, b=4, s=2, H=0, recipe="fp64").x   # same checks pass through
+    assert x.shape == ref.shape == (40,) and np.linalg.norm(x) > 0

@@ -79,14 +79,14 @@ def test_torchrun_command_line():
 
     from lpsim.casgd.distributed import cli_parser
     ours = ["--rows", "1024", "--features", "64", "--batch", "8", "--inner", "4", "--outer",
-            "3", "--eta", "0.25", "--loss", "linear", "--recipe", "D", "--seed", "7"]
+            "3", "--eta", "0.25", "--loss", "linear", "--recipe", "D", "--seed", "7", "--native"]
     launch = get_args_parser().parse_args(
         ["--nproc-per-node", "4", "-m", "lpsim.casgd.distributed", *ours])
     assert launch.module and launch.training_script == "lpsim.casgd.distributed"
     assert launch.training_script_args == ours
     assert vars(cli_parser().parse_args(launch.training_script_args)) == dict(
         rows=1024, features=64, batch=8, inner=4, outer=3, eta=0.25, loss="linear",
-        recipe="D", seed=7)
+        recipe="D", seed=7, native=True)
     # torchrun rejects any argument that abbreviates two of its options ("--m": --master-addr,
     # --max-restarts, ...), wherever it stands: none of ours may abbreviate one of its options
     theirs = {o for action in get_args_parser()._actions for o in action.option_strings}

@@ -106,4 +106,4 @@ def test_estimators_without_sklearn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ), check=True).stdout.splitlines()
     assert out[0] == "None 1.0 True (200,)"      # the stand-in base classes ran
-    assert out[1].startswith("unknown parameter 'gamma'; accepted: P, b, eta")
+    assert out[1].startswith("unknown parameter 'gamma'; accepted: P, b, device, eta")

@@ -120,3 +120,18 @@ def test_fp64_and_fp32_are_identities_in_their_containers():
     y = x.astype(np.float32)
     assert np.array_equal(quantize(y, "fp32", "up"), y)
     assert np.array_equal(quantize(x, "fp32"), x.astype(np.float32).astype(np.float64))
+
+
+def test_repeated_requests_take_the_cached_path(monkeypatch):
+    """After its first call, a request (format as given, mode, dtype, sr_bits) reaches the
+    kernel without the general path's validation (the fixed cost of a small call)."""
+    import importlib
+    module = importlib.import_module("lpsim.quantize")
+    x = np.ones(4, np.float32)
+    for fmt in ("bf16", lpsim.parse_format("e4m3fn")):
+        quantize(x, fmt, "stochastic", seed=1, sr_bits=5)
+    calls = []
+    monkeypatch.setattr(module, "_quantize_other", lambda *args: calls.append(args))
+    for fmt in ("bf16", lpsim.parse_format("e4m3fn")):
+        assert quantize(x, fmt, "stochastic", seed=1, sr_bits=5) is not None
+    assert calls == []

@@ -244,3 +244,56 @@ def _matrix():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PendingDeprecationWarning)
         return np.matrix([[1.0, 2.0]])
+
+
+def test_unpickled_arrays_and_memmaps(tmp_path):
+    """Equal but not identical dtype objects, and ndarray subclasses that are not matrices
+    or masked arrays, round like the plain array."""
+    import pickle
+    x = np.linspace(-3, 3, 11)
+    want = quantize(x, "bf16", "stochastic", seed=2)
+    y = pickle.loads(pickle.dumps(x))
+    assert y.dtype == x.dtype
+    assert quantize(y, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    m = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float64, shape=(11,))
+    m[:] = x
+    assert quantize(m, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    readonly = np.load(tmp_path / "x.npy", mmap_mode="r")
+    assert quantize(readonly, "bf16", "stochastic", seed=2).tobytes() == want.tobytes()
+    target = np.lib.format.open_memmap(tmp_path / "y.npy", mode="w+", dtype=np.float64,
+                                       shape=(11,))
+    assert quantize(x, "bf16", "stochastic", seed=2, out=target) is target
+    assert np.asarray(target).tobytes() == want.tobytes()
+    strided = np.lib.format.open_memmap(tmp_path / "z.npy", mode="w+", dtype=np.float64,
+                                        shape=(11, 2))[:, 1]
+    quantize(x, "bf16", "stochastic", seed=2, out=strided)
+    assert np.ascontiguousarray(strided).tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["transposed", "fortran", "reversed", "sliced"])
+def test_every_layout_rounds_like_its_contiguous_copy(layout):
+    base = np.arange(60, dtype=np.float32).reshape(6, 10) * 0.37
+    x = {"transposed": base.T, "fortran": np.asfortranarray(base), "reversed": base[::-1, ::-2],
+         "sliced": base[1:5, 2:9]}[layout]
+    want = quantize(np.ascontiguousarray(x), "e4m3", "stochastic", seed=4)
+    got = quantize(x, "e4m3", "stochastic", seed=4)
+    assert got.shape == x.shape and got.tobytes() == want.tobytes()
+    for out in (np.empty(x.shape, np.float32), np.empty(x.shape, np.float32, order="F")):
+        assert quantize(x, "e4m3", "stochastic", seed=4, out=out) is out
+        assert np.array_equal(out, want)
+    y = x.copy(order="K")
+    quantize(y, "e4m3", "stochastic", seed=4, out=y)
+    assert np.array_equal(y, want)
+
+
+def test_cached_requests_do_not_accept_equal_values_of_another_type():
+    x = np.float32([1.1, 2.2])
+    quantize(x, "bf16", "stochastic", seed=1, sr_bits=1)
+    quantize(x, "bf16", "stochastic", seed=1, sr_bits=4)
+    ops.add(x, x, "bf16", "stochastic", seed=1, sr_bits=1)
+    with pytest.raises(TypeError, match="sr_bits=True"):
+        quantize(x, "bf16", "stochastic", seed=1, sr_bits=True)
+    with pytest.raises(TypeError, match="sr_bits=4.0"):
+        quantize(x, "bf16", "stochastic", seed=1, sr_bits=4.0)
+    with pytest.raises(TypeError, match="sr_bits=True"):
+        ops.add(x, x, "bf16", "stochastic", seed=1, sr_bits=True)

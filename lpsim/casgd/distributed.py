@@ -4,7 +4,8 @@ Each rank holds n/P feature columns and its slice of x; per outer iteration it i
 all_reduce per datatype bucket of {u_AR_r, u_AR_G} (gloo cannot mix dtypes in one call),
 at torch dtypes float64/float32/bfloat16/float16; any other format travels in its
 container and is rounded on both sides.  Launch with
-``torchrun --nproc-per-node P -m lpsim.casgd.distributed --rows 8192 --features 512``.
+``torchrun --nproc-per-node P -m lpsim.casgd.distributed --rows 8192 --features 512``
+(``--native``: the GPU path of :mod:`lpsim.casgd.native`, NCCL AllReduce of device tensors).
 The options are long names because torchrun reads every argument that abbreviates one of its
 own (``--m`` would be ``--master-addr``, ``--max-restarts``, ...) as ambiguous.
 """
@@ -21,10 +22,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._extras import require
+
+require("torch", extra="torch", feature="lpsim.casgd.distributed")
+
 from .losses import get_loss
 from .recipes import Rounder, as_recipe, container
 from .solvers import (IndexStream, block_columns, check_data, check_eta, check_int,
-                      outer_iteration)
+                      check_seed, outer_iteration)
 
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -88,6 +93,7 @@ def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100
     import torch.distributed as dist
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
+    seed = check_seed(seed)
     A_local, y = check_data(A_local, y, loss)
     if device is None:
         nccl = dist.get_backend(group) == "nccl"
@@ -151,25 +157,19 @@ def run_local(A, y, P: int, **kwargs) -> LocalRun:
         return LocalRun(x, [int(part["calls"]) for part in parts], int(parts[0]["outer"]))
 
 
-def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
-    """Run :func:`casgd_distributed` as P threads of this process, each rank with its own
-    gloo process group over a shared in-memory store (no process start-up: fast tests).
-
-    The collectives are gloo's, as in :func:`run_local`; rank 0's reduced [r; G] come back
-    in ``history``.  A rank's exception is raised here.
-    """
+def _run_rank_threads(A, y, P: int, timeout_s: float, rank_fn, prefix: str):
+    """``rank_fn(rank, group)`` on P threads, each rank with its own gloo process group over
+    a shared in-memory store; a rank's exception is raised here.  Returns their results."""
     import torch.distributed as dist
-    A, y = np.asarray(A), np.asarray(y)
-    block_columns(A.shape[1], P)
+    block_columns(np.shape(A)[1], P)
     store = dist.HashStore()
     results, errors = [None] * P, []
 
     def rank_main(rank):
         try:
-            group = dist.ProcessGroupGloo(dist.PrefixStore("casgd", store), rank, P,
+            group = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, P,
                                           datetime.timedelta(seconds=timeout_s))
-            results[rank] = _rank_run(rank, P, A, y,
-                                      dict(kwargs, device="cpu", history=rank == 0), group)
+            results[rank] = rank_fn(rank, group)
         except Exception as err:      # noqa: BLE001 (re-raised in the caller's thread)
             errors.append(err)
 
@@ -180,9 +180,42 @@ def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
         thread.join()
     if errors:
         raise errors[0]
+    return results
+
+
+def run_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
+    """Run :func:`casgd_distributed` as P threads of this process, each rank with its own
+    gloo process group over a shared in-memory store (no process start-up: fast tests).
+
+    The collectives are gloo's, as in :func:`run_local`; rank 0's reduced [r; G] come back
+    in ``history``.  A rank's exception is raised here.
+    """
+    A, y = np.asarray(A), np.asarray(y)
+    results = _run_rank_threads(A, y, P, timeout_s, lambda rank, group: _rank_run(
+        rank, P, A, y, dict(kwargs, device="cpu", history=rank == 0), group), "casgd")
     x = np.concatenate([x for x, _ in results])
     reducers = [reducer for _, reducer in results]
     return LocalRun(x, [r.calls for r in reducers], reducers[0].outer, reducers[0].history)
+
+
+def native_rank_run(rank, P, A, y, kwargs, group=None):
+    """:func:`lpsim.casgd.native.casgd_native` on this rank's block columns with the grouped
+    AllReduce of [r; G] on device tensors: (x_local, reducer)."""
+    from .native import NativeAllReduce, casgd_native
+    cols = block_columns(A.shape[1], P)[rank]
+    reducer = NativeAllReduce(group)
+    res = casgd_native(A[:, cols], y, reduce=reducer, **kwargs)
+    return res.x, reducer
+
+
+def run_native_threads(A, y, P: int, timeout_s: float = 60.0, **kwargs) -> LocalRun:
+    """The native path on P gloo ranks as threads of this process (CPU tensors, so under the
+    kernel simulator): the collective code NCCL runs on GPUs, tested without them."""
+    A, y = np.asarray(A), np.asarray(y)
+    results = _run_rank_threads(A, y, P, timeout_s, lambda rank, group: native_rank_run(
+        rank, P, A, y, kwargs, group), "native")
+    return LocalRun(np.concatenate([x for x, _ in results]), [r.calls for _, r in results],
+                    results[0][1].outer)
 
 
 def cli_parser() -> argparse.ArgumentParser:
@@ -199,6 +232,8 @@ def cli_parser() -> argparse.ArgumentParser:
                         help="outer iterations H")
     parser.add_argument("--recipe", default="C")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--native", action="store_true",
+                        help="the native GPU path (lpsim.casgd.native) on each rank's GPU")
     return parser
 
 
@@ -213,9 +248,13 @@ def main(argv=None):
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     A, y, _ = make_synth(args.rows, args.features, loss=args.loss, seed=0)
-    x, reducer = _rank_run(rank, P, A, y, dict(loss=args.loss, eta=args.eta, b=args.batch,
-                                               s=args.inner, H=args.outer, recipe=args.recipe,
-                                               seed=args.seed))
+    kwargs = dict(loss=args.loss, eta=args.eta, b=args.batch, s=args.inner, H=args.outer,
+                  recipe=args.recipe, seed=args.seed)
+    if args.native:
+        device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        x, reducer = native_rank_run(rank, P, A, y, dict(kwargs, device=device))
+    else:
+        x, reducer = _rank_run(rank, P, A, y, kwargs)
     gathered = [None] * P
     dist.all_gather_object(gathered, x)
     if rank == 0:

@@ -14,7 +14,7 @@ import numpy as np
 from .data import normalize_rows
 from .losses import get_loss
 from .recipes import as_recipe
-from .solvers import casgd, check_data, check_eta, check_int
+from .solvers import casgd, check_data, check_eta, check_int, diverged
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -58,14 +58,15 @@ class _CASGD(BaseEstimator):
     """Shared fit/predict: __init__ stores the parameters, fit validates them (Algorithm 1).
 
     progress: a tqdm bar over the outer iterations (None: on when n_iter >= 200); it does
-    not change the result.
+    not change the result.  device: None runs the simulator; a torch device ("cuda", "cuda:1")
+    runs the native GPU path (:mod:`lpsim.casgd.native`).
     """
 
     def __init__(self, *, eta=0.5, b=32, s=16, n_iter=100, recipe="A", P=1, normalize=True,
-                 random_state=0, progress=None):
+                 random_state=0, progress=None, device=None):
         self.eta, self.b, self.s, self.n_iter = eta, b, s, n_iter
         self.recipe, self.P, self.normalize = recipe, P, normalize
-        self.random_state, self.progress = random_state, progress
+        self.random_state, self.progress, self.device = random_state, progress, device
 
     def _validate(self, X, y=None, reset=True):
         """(X with rows normalised as configured, y) after scikit-learn's and our checks;
@@ -97,13 +98,12 @@ class _CASGD(BaseEstimator):
         with np.errstate(over="ignore", invalid="ignore"):
             res = casgd(X, y, loss=loss, eta=eta, b=self.b, s=self.s, H=self.n_iter,
                         recipe=as_recipe(self.recipe), P=self.P, seed=self.random_state,
-                        record=1, progress=progress)
+                        record=1, progress=progress,
+                        backend="cpu" if self.device is None else "cuda", device=self.device)
             curve = np.append(res.loss_curve, np.linalg.norm(res.x))
         if not np.isfinite(curve).all():
             h = min(int(np.argmax(~np.isfinite(curve))), self.n_iter)
-            raise ValueError(f"CA-SGD diverged with eta={self.eta!r}: F(x) or x is not finite "
-                             f"after outer iteration {h} of {self.n_iter}; accepted: a smaller "
-                             f"step size, e.g. eta={eta / 4:g}")
+            raise diverged(eta, h, self.n_iter, "F(x)")
         self.coef_ = np.asarray(res.x, np.float64)
         self.loss_curve_ = res.loss_curve
         self.n_iter_ = res.iterations

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .losses import Loss, get_loss
+from .inner import inner_args, inner_recurrence_cpu, jitted_recipe
+from .losses import LOSSES, Loss, get_loss
 from .recipes import Recipe, Rounder, _slot_matmul, as_recipe
 
 
@@ -25,6 +27,48 @@ def check_eta(eta) -> float:
             or not math.isfinite(eta) or eta <= 0:
         raise ValueError(f"eta={eta!r} is not accepted; accepted: a finite step size > 0")
     return float(eta)
+
+
+def check_seed(seed, name: str = "seed") -> int:
+    """``seed`` as an int in [0, 2**64) (the Philox key of the samples and slot roundings)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not 0 <= seed < 2 ** 64:
+        raise ValueError(f"{name}={seed!r} is not accepted; accepted: an integer "
+                         "0 <= seed < 2**64")
+    return int(seed)
+
+
+class DivergedError(ValueError):
+    """The iterate left the finite numbers: the step size is too large for the data."""
+
+
+def diverged(eta: float, h: int, H: int, what: str = "x") -> DivergedError:
+    """The error every CA-SGD entry raises when ``what`` is not finite after iteration h."""
+    return DivergedError(f"CA-SGD diverged with eta={eta!r}: {what} is not finite after outer "
+                         f"iteration {h} of {H}; accepted: a smaller step size, e.g. "
+                         f"eta={eta / 4:g}")
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (0 when the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_block_size(b: int, s: int, n: int, recipe: Recipe, memory: int | None = None):
+    """A ValueError when one outer iteration's s*b x s*b Gram matrix and s*b x n sampled rows
+    cannot fit in ``memory`` bytes (default: this machine's physical memory)."""
+    sb = s * b
+    gram = sb * sb * recipe.u_G.dtype.itemsize
+    rows = sb * n * recipe.u_A.dtype.itemsize
+    memory = physical_memory() if memory is None else memory
+    if memory and gram + rows > memory:
+        raise ValueError(f"b*s = {b}*{s} = {sb} rows per outer iteration: the s*b x s*b Gram "
+                         f"matrix needs {gram / 2 ** 30:.4g} GiB and the sampled rows "
+                         f"{rows / 2 ** 30:.4g} GiB, more than this machine's "
+                         f"{memory / 2 ** 30:.4g} GiB; accepted: smaller b or s")
 
 
 def real_array(name: str, value, accepted: str = "a real numeric (int or float) array"):
@@ -126,11 +170,37 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
     at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x.  ``blocks`` are the
     column slices held here; ``reduce(r_parts, G_parts, recipe, rnd)`` sums them over ranks.
     Returns the residual history delta.  s = 1 is one mini-batch SGD step (no Gram).
+    Lines 5-13 run the jitted steps of :mod:`lpsim.casgd.inner` (shared with the GPU kernels)
+    when u_c and u_sigma round to nearest in formats they model exactly; else numpy.
     """
     parts = [np.ascontiguousarray(Y[:, c]) for c in blocks]
     r_parts = [_slot_matmul(Yc, x[c], recipe.u_r, rnd) for Yc, c in zip(parts, blocks)]
     G_parts = [_slot_matmul(Yc, Yc.T, recipe.u_G, rnd) for Yc in parts] if s > 1 else []
     r, G = reduce(r_parts, G_parts, recipe, rnd)
+    if jitted_recipe(recipe) is None and LOSSES.get(loss.name) is loss:
+        delta = _jitted_inner(r, G, yI, recipe, alpha, b, s, loss)
+    else:
+        delta = _numpy_inner(r, G, yI, recipe, alpha, b, s, loss, rnd)
+    ux = recipe.u_x
+    for Yc, c in zip(parts, blocks):
+        g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
+        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
+    return delta
+
+
+def _jitted_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: Loss):
+    """Lines 5-13 through the shared jitted steps (:mod:`.inner`): the same bits as the GPU."""
+    alpha_c, code, pc, ps = inner_args(recipe, loss.name, alpha)
+    delta, delta_c = np.empty(s * b), np.empty(s * b)
+    G = np.zeros((1, 1), np.float32) if G is None else np.ascontiguousarray(G)
+    inner_recurrence_cpu(np.ascontiguousarray(r), G, np.ascontiguousarray(yI, np.float64), delta,
+                         delta_c, b, s, alpha_c, code, pc, ps)
+    return delta.astype(recipe.u_sigma.dtype)
+
+
+def _numpy_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: Loss,
+                 rnd: Rounder):
+    """Lines 5-13 with numpy and lpsim.quantize: any slot rounding or format, any loss."""
     uc, us = recipe.u_c, recipe.u_sigma
     cdt, sdt = uc.dtype, us.dtype
     y_sig = yI.astype(sdt)
@@ -143,10 +213,6 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
             corr = _slot_matmul(G[rows, :j * b], delta[:j * b], uc, rnd).astype(cdt)
             z = rnd.slot(r[rows].astype(cdt) + rnd.slot(cdt.type(alpha) * corr, uc), uc)
         delta[rows] = rnd.slot(loss.residual(z.astype(sdt), y_sig[rows]), us)
-    ux = recipe.u_x
-    for Yc, c in zip(parts, blocks):
-        g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
-        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
     return delta
 
 
@@ -158,12 +224,18 @@ def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
     """
     recipe, loss = as_recipe(recipe), get_loss(loss)
     b, s, eta = check_int("b", b), check_int("s", s), check_eta(eta)
+    seed = check_seed(seed)
     Y, yI = check_data(Y, yI, loss)
     if Y.shape[0] != s * b:
         raise ValueError(f"Y has {Y.shape[0]} rows; accepted: s*b = {s * b}")
+    x = real_array("x", x).astype(np.float64)
+    if x.shape != (Y.shape[1],):
+        raise ValueError(f"x has shape {x.shape}; accepted: ({Y.shape[1]},), one weight per "
+                         "column of Y")
+    check_finite("x", x, "finite weights")
     rnd = Rounder(seed)
     Yt = rnd.slot(Y, recipe.u_A)
-    xt = rnd.slot(np.asarray(x, np.float64), recipe.u_x).copy()
+    xt = rnd.slot(x, recipe.u_x).copy()
     outer_iteration(Yt, yI, xt, block_columns(Y.shape[1], P), recipe, eta / b, b, s, loss, rnd)
     return xt
 
@@ -179,38 +251,66 @@ class Result:
     iterations: int = 0
 
 
+def index_stream(sampler, m: int, seed: int):
+    """The row sampler named ``sampler``: "numpy" (:class:`IndexStream`) or "philox"
+    (:class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws)."""
+    if sampler in (None, "numpy"):
+        return IndexStream(m, seed)
+    if sampler == "philox":
+        from .sampling import PhiloxIndices
+        return PhiloxIndices(m, seed)
+    raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
+
+
+def check_x0(x0, n: int) -> np.ndarray:
+    """Initial weights as n finite float64 values (zeros when None)."""
+    x = np.zeros(n) if x0 is None else real_array("x0", x0).astype(np.float64)
+    if x.shape != (n,):
+        raise ValueError(f"x0 has shape {x.shape}; accepted: ({n},)")
+    check_finite("x0", x, "finite initial weights")
+    return x
+
+
+def record_points(record, H: int) -> list:
+    """The sorted iterations 0..H after which F(x) is recorded (an int k: every k)."""
+    if record is None:
+        return []
+    if isinstance(record, (int, np.integer)):
+        record = range(0, H + 1, check_int("record", record))
+    return sorted(set(int(h) for h in record if 0 <= h <= H))
+
+
 def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-         reduce=_simulated_reduce):
+         reduce=_simulated_reduce, sampler=None):
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
+    seed = check_seed(seed)
     A, y = check_data(A, y, loss)
     blocks = block_columns(A.shape[1], P)
+    check_block_size(b, s, A.shape[1], recipe)
     rnd = Rounder(seed)
     At = rnd.slot(A, recipe.u_A)
-    x = np.zeros(A.shape[1]) if x0 is None else real_array("x0", x0).astype(np.float64)
-    if x.shape != (A.shape[1],):
-        raise ValueError(f"x0 has shape {x.shape}; accepted: ({A.shape[1]},)")
-    check_finite("x0", x, "finite initial weights")
-    x = rnd.slot(x, recipe.u_x).copy()
-    if record is None:
-        record = ()
-    elif isinstance(record, (int, np.integer)):
-        record = range(0, H + 1, check_int("record", record))
-    record = sorted(set(int(h) for h in record if 0 <= h <= H))
+    x = rnd.slot(check_x0(x0, A.shape[1]), recipe.u_x).copy()
+    record = record_points(record, H)
     result = Result(x)
-    stream = IndexStream(A.shape[0], seed)
+    stream = index_stream(sampler, A.shape[0], seed)
 
     def note(h):
         if record and h == record[0]:
             record.pop(0)
-            result.loss_curve.append(loss.objective(A, y, x))
+            with np.errstate(over="ignore", invalid="ignore"):
+                result.loss_curve.append(loss.objective(A, y, x))
             result.recorded_at.append(h)
 
     note(0)
     for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name}",
                   leave=False):
         idx = stream.take(s * b)
-        outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd, reduce)
+        with np.errstate(over="ignore", invalid="ignore"):
+            outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd,
+                            reduce)
+        if not np.isfinite(x).all():
+            raise diverged(eta, h, H)
         note(h)
     result.iterations = H
     return result
@@ -218,7 +318,7 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
 
 def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, H: int = 100,
           recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
-          reduce=None) -> Result:
+          reduce=None, sampler=None, backend="cpu", device=None, graphs=False) -> Result:
     """CA-SGD: H outer iterations of Algorithm 1, each on s*b rows sampled with replacement.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
@@ -226,17 +326,56 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     after which F(x) is evaluated (an int k means every k).  reduce: the grouped AllReduce,
     ``reduce(r_parts, G_parts, recipe, rounder) -> (r, G)`` (default: each part cast to its
     collective slot, summed in rank order).  Equals H*s SGD steps in exact arithmetic
-    (Section 2.2).
+    (Section 2.2).  Raises :class:`DivergedError` (a ValueError naming eta) when x stops
+    being finite.
+
+    sampler: "numpy" (default) or "philox", the counter-based rows the GPU path draws.
+    backend="cuda" runs :func:`lpsim.casgd.native.casgd_native` on torch ``device`` (default
+    "cuda"; ``graphs=True`` replays each outer iteration as a CUDA graph); it draws the rows
+    of sampler="philox", so ``backend="cpu", sampler="philox"`` is its simulator.
     """
+    if backend == "cuda":
+        return _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce,
+                       sampler, device, graphs)
+    _check_backend(backend, device, graphs)
     return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-                reduce or _simulated_reduce)
+                reduce or _simulated_reduce, sampler)
+
+
+def _check_backend(backend, device, graphs):
+    if backend != "cpu":
+        raise ValueError(f"backend={backend!r} is not accepted; accepted: 'cpu' (the "
+                         "simulator) or 'cuda' (lpsim.casgd.native)")
+    if device is not None or graphs:
+        raise ValueError(f"device={device!r}, graphs={graphs!r} apply to backend='cuda' only")
+
+
+def _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce, sampler,
+            device, graphs):
+    from .native import casgd_native
+    if check_int("P", P) != 1 or reduce is not None:
+        raise ValueError(f"P={P}, reduce={reduce!r}: backend='cuda' runs one process; for "
+                         "several GPUs launch lpsim.casgd.native under torchrun")
+    if sampler not in (None, "philox"):
+        raise ValueError(f"sampler={sampler!r}: backend='cuda' draws its rows on the device; "
+                         "accepted: 'philox' (or None)")
+    return casgd_native(A, y, loss=loss, eta=eta, b=b, s=s, H=H, recipe=recipe, seed=seed,
+                        x0=x0, record=record, progress=progress,
+                        device="cuda" if device is None else device, graphs=graphs)
 
 
 def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 100,
-        recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False) -> Result:
+        recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
+        sampler=None, backend="cpu", device=None, graphs=False) -> Result:
     """Mini-batch SGD x += (eta/b) Y_I^T delta(Y_I x, y_I) (Section 2.1), b rows per step.
 
     Uses the slots u_A, u_r, u_AR_r, u_c, u_sigma, u_g, u_x of ``recipe``; the index stream
-    is the one of :func:`casgd` with the same seed.  record counts steps.
+    is the one of :func:`casgd` with the same seed.  record counts steps.  backend="cuda" is
+    the GPU baseline (data on the device, one CUDA graph per step with graphs=True).
     """
-    return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress)
+    if backend == "cuda":
+        return _native(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
+                       None, sampler, device, graphs)
+    _check_backend(backend, device, graphs)
+    return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
+                sampler=sampler)

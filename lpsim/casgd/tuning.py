@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .solvers import check_eta, check_int, sgd
+from .solvers import DivergedError, check_eta, check_int, sgd
 
 DEFAULT_ETAS = tuple(2.0 ** k for k in range(-4, 5))      # 1/16 ... 16
 
@@ -44,9 +44,12 @@ def sweep_eta(A, y, *, loss="logistic", etas=DEFAULT_ETAS, b: int = 32, steps: i
         losses = []
         with np.errstate(over="ignore", invalid="ignore"):
             for seed in seeds:
-                res = sgd(A, y, loss=loss, eta=eta, b=b, steps=steps, recipe=recipe, P=P,
-                          seed=seed, record=[steps])
-                losses.append(res.loss_curve[-1])
+                try:
+                    res = sgd(A, y, loss=loss, eta=eta, b=b, steps=steps, recipe=recipe, P=P,
+                              seed=seed, record=[steps])
+                    losses.append(res.loss_curve[-1])
+                except DivergedError:
+                    losses.append(float("inf"))
         mean = float(np.mean(losses))
         final[eta] = mean if np.isfinite(mean) else float("inf")
     best = min(etas, key=lambda eta: (final[eta], eta))

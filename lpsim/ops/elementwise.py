@@ -126,7 +126,7 @@ def _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi, stream, offset, cou
     return i2f(out), False, False
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)     # typed: sr_bits=True is not sr_bits=1
 def _route(name, fmt, rounding, dtype, sr_bits):
     """(fmt, mode, k, odd, pv, kernel) of one (op, fmt, rounding, dtype, sr_bits)."""
     fmt = parse_format(fmt)
@@ -163,7 +163,13 @@ def _check_stats(name, stats):
     if stats is not None and not isinstance(stats, RoundingStats):
         raise TypeError(f"{name}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
                         "lpsim.RoundingStats or None")
-    return stats.counts if stats is not None else np.zeros(cpu.NCOUNTS, np.int64)
+    return stats.counts if stats is not None else _DISCARD
+
+
+#: the counters of calls without stats (written, never read)
+_DISCARD = np.zeros(cpu.NCOUNTS, np.int64)
+#: _scalar's entry point, made on first use (see lpsim.cpu.entry_point)
+_SCALAR = []
 
 
 def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
@@ -175,9 +181,10 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         offset = check_offset(offset, 1)
         seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
         x, y, z = (tuple(operands) + (operands[0],) * 2)[:3]
-        with cpu.first_call(_scalar, "lpsim.ops' scalar kernel"):
-            value, unsafe, bad = _scalar(op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi,
-                                         stream64, offset, counts)
+        args = (op, x, y, z, odd, mode, k, pv, seed_lo, seed_hi, stream64, offset, counts)
+        if not _SCALAR:
+            _SCALAR.append(cpu.entry_point(_scalar, args, "lpsim.ops' scalar kernel"))
+        value, unsafe, bad = _SCALAR[0](*args)
         if not (unsafe or bad):
             return value
     names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)

@@ -124,8 +124,10 @@ NEG_ZERO = np.int64(-(1 << 63))
 def zero_sum_bits(bits, s, x, y, down):
     """``bits`` of the sum s = x + y, with IEEE 754's sign when the sum is exactly zero: +0,
     or -0 under rounding down, unless x and y are zeros of one sign (section 6.3)."""
-    flip = s == 0.0 and down and not (x == 0.0 and y == 0.0 and f2i(x) == f2i(y))
-    return NEG_ZERO if flip else bits
+    # branch-free (integer masks), so that the GEMM's lane loops still vectorise
+    same = np.int64(x == 0.0) & np.int64(y == 0.0) & np.int64(f2i(x) == f2i(y))
+    flip = -(np.int64(s == 0.0) & np.int64(down) & (1 - same))      # 0 or all ones
+    return (bits & ~flip) | (NEG_ZERO & flip)
 
 
 @register_jitable

@@ -1,0 +1,168 @@
+"""Optimizer step throughput: lpsim.optim AdamW against torch.optim.AdamW and torchao.
+
+One parameter of n elements (10**7 on the CPU, 10**8 on a GPU), one AdamW step per call, the
+median of several calls after a warm-up; prints parameters per second, bytes per parameter
+(weights + optimizer state) and the ratio to torch's foreach and fused FP32 AdamW, measured
+in the same run.  Peers: ``torch.optim.AdamW(foreach=True)`` and ``(fused=True)`` on FP32
+parameters, torchao's ``_AdamW(bf16_stochastic_round=True)`` on bf16 parameters (compiled
+by torch.compile on first use).  On a GPU it also measures the copy bandwidth and reports
+each step against the bound of 14 bytes per parameter (bf16 weight, gradient, two moments
+read; weight and moments written) moved at that bandwidth.
+
+    python benchmarks/bench_optim.py [--device cpu|cuda] [--n N] [--repeats 5]
+                                     [--no-torchao] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+#: the issue's targets: (case, peer, least ratio case / peer)
+TARGETS = {"cpu": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.5)],
+           "cuda": [("lpsim bf16 SR (fused)", "torch fused fp32", 1.8),
+                    ("lpsim bf16 SR (fused)", "torchao bf16 SR", 1.0)]}
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_seconds(step, device, repeats):
+    step()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def cases(n, device, torchao):
+    """name -> (make() -> (step, bytes per parameter))."""
+    from lpsim.optim import AdamW
+
+    def param(dtype):
+        gen = torch.Generator(device=device).manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(n, generator=gen, device=device).to(dtype))
+        p.grad = torch.randn(n, generator=gen, device=device).to(dtype) * 1e-2
+        return p
+
+    def torch_adamw(**kw):
+        p = param(torch.float32)
+        return torch.optim.AdamW([p], lr=1e-3, **kw).step, 12.0
+
+    def lpsim_adamw(dtype, **kw):
+        p = param(dtype)
+        opt = AdamW([p], lr=1e-3, seed=1, **kw)
+        return opt.step, opt.memory_bytes()
+
+    def torchao_adamw():
+        from torchao.optim import _AdamW
+        p = param(torch.bfloat16)
+        return _AdamW([p], lr=1e-3, bf16_stochastic_round=True).step, 6.0
+
+    out = {
+        "torch foreach fp32": lambda: torch_adamw(foreach=True),
+        "torch fused fp32": lambda: torch_adamw(fused=True),
+        "lpsim fp32 (fused)": lambda: lpsim_adamw(torch.float32),
+        "lpsim bf16 nearest (fused)": lambda: lpsim_adamw(torch.bfloat16),
+        "lpsim bf16 SR (fused)": lambda: lpsim_adamw(torch.bfloat16,
+                                                    update_rounding="stochastic"),
+        "lpsim bf16 SR + SR states (fused)": lambda: lpsim_adamw(
+            torch.bfloat16, update_rounding="stochastic", state_rounding="stochastic"),
+        "lpsim bf16 Kahan (fused)": lambda: lpsim_adamw(torch.bfloat16,
+                                                       update_rounding="kahan"),
+        "lpsim bf16 remainder (fused)": lambda: lpsim_adamw(torch.bfloat16,
+                                                           update_rounding="remainder"),
+    }
+    if torchao:
+        out["torchao bf16 SR"] = torchao_adamw
+    return out
+
+
+def copy_bandwidth(n, device, repeats):
+    """Bytes per second of a device-to-device copy of n float32 values (read + write)."""
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 8 * n / seconds
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--n", type=int, default=None, help="parameters (10**7 cpu, 10**8 cuda)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-torchao", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA build of torch and a GPU")
+    n = args.n or (10 ** 7 if args.device == "cpu" else 10 ** 8)
+    from tqdm import tqdm
+    rows = {}
+    todo = cases(n, args.device, not args.no_torchao)
+    for name, make in tqdm(todo.items(), desc="cases", file=sys.stderr):
+        step, per = make()
+        seconds = median_seconds(step, args.device, args.repeats)
+        rows[name] = dict(seconds=seconds, params_per_s=n / seconds, bytes_per_param=per)
+        del step
+    bandwidth = copy_bandwidth(n, args.device, args.repeats) if args.device == "cuda" else None
+    for row in rows.values():
+        for peer in ("torch foreach fp32", "torch fused fp32"):
+            row[f"vs {peer}"] = rows[peer]["seconds"] / row["seconds"]
+        if bandwidth:
+            row["of bandwidth bound"] = 14 * n / bandwidth / row["seconds"]
+    device = (torch.cuda.get_device_name() if args.device == "cuda"
+              else platform.processor() or platform.machine())
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(__file__)).stdout.strip()
+    except OSError:
+        commit = "?"
+    head = [f"# lpsim.optim AdamW step, {datetime.datetime.now().isoformat(timespec='seconds')}, "
+            f"{args.device} ({device}), {os.cpu_count()} cores, torch threads "
+            f"{torch.get_num_threads()}",
+            f"# torch {torch.__version__}, lpsim {commit}; n = {n} parameters, median of "
+            f"{args.repeats} steps after a warm-up; load average {os.getloadavg()}",
+            f"# command: python benchmarks/bench_optim.py {' '.join(sys.argv[1:])}"]
+    if bandwidth:
+        head.append(f"# copy bandwidth {bandwidth / 1e9:.0f} GB/s: 14 bytes/param bound "
+                    f"{14 * n / bandwidth * 1e3:.2f} ms")
+    lines = head + [f"{'case':36s} {'ms/step':>9s} {'Mparam/s':>9s} {'B/param':>8s} "
+                    f"{'vs foreach':>10s} {'vs fused':>9s}"
+                    + (f" {'of bound':>9s}" if bandwidth else "")]
+    for name, row in rows.items():
+        lines.append(f"{name:36s} {row['seconds'] * 1e3:9.1f} {row['params_per_s'] / 1e6:9.0f} "
+                     f"{row['bytes_per_param']:8.1f} {row['vs torch foreach fp32']:9.2f}x "
+                     f"{row['vs torch fused fp32']:8.2f}x"
+                     + (f" {row['of bandwidth bound']:9.2f}" if bandwidth else ""))
+    for case, peer, least in TARGETS[args.device]:
+        if case in rows and peer in rows:
+            ratio = rows[peer]["seconds"] / rows[case]["seconds"]
+            verdict = "met" if ratio >= least else "NOT met"
+            lines.append(f"target: {case} >= {least}x {peer}: {ratio:.2f}x ({verdict})")
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=args.device, name=device, n=n, rows=rows,
+                           bandwidth=bandwidth, header=head), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

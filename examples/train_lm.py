@@ -1,0 +1,217 @@
+"""A byte-level transformer on the Python standard library's sources, trained six ways.
+
+FP32; mixed precision (bf16 autocast, FP32 weights and states); and pure bf16 weights and
+states with lpsim.optim.AdamW updates rounded to nearest, stochastically, with Kahan
+compensation, or with a 16-bit remainder (the FP32 master held exactly).  Equal steps, each
+run at its own learning rate (``--tune`` tries 0.5x, 1x and 2x of the defaults and keeps the
+best validation loss).  Writes validation-loss curves (PNG) and a markdown table (final
+loss, tokens/s, weight + optimizer-state memory) to ``--out``.
+
+    python examples/train_lm.py --out examples/results [--steps 300] [--tune]
+    python examples/train_lm.py --device cuda --d-model 512 --layers 8 --context 256 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+import sys
+import sysconfig
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from lpsim.optim import AdamW  # noqa: E402
+
+#: run name -> (parameter dtype, autocast, update_rounding, default learning rate); SR runs
+#: get a larger rate, as the SR paper (Section 5) finds SR wants 2-4x the usual one
+RUNS = {
+    "FP32": (torch.float32, False, "nearest", 3e-3),
+    "mixed (bf16 autocast)": (torch.float32, True, "nearest", 3e-3),
+    "BF16 nearest": (torch.bfloat16, False, "nearest", 3e-3),
+    "BF16 + SR": (torch.bfloat16, False, "stochastic", 6e-3),
+    "BF16 + Kahan": (torch.bfloat16, False, "kahan", 3e-3),
+    "BF16 + remainder": (torch.bfloat16, False, "remainder", 3e-3),
+}
+
+
+def stdlib_bytes(limit: int) -> torch.Tensor:
+    """Up to ``limit`` bytes of the standard library's .py files, in a fixed order."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= limit:
+            break
+    if not chunks:
+        raise SystemExit(f"no Python sources found under {root}")
+    return torch.frombuffer(bytearray(b"".join(chunks)[:limit]), dtype=torch.uint8).long()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads) \
+            .permute(2, 0, 3, 1, 4)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class ByteLM(torch.nn.Module):
+    def __init__(self, d, layers, heads, context):
+        super().__init__()
+        self.embed = torch.nn.Embedding(256, d)
+        self.pos = torch.nn.Parameter(torch.randn(context, d) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, 256)
+
+    def forward(self, idx):
+        x = self.embed(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def batches(data, batch, context, gen):
+    starts = torch.randint(0, data.numel() - context - 1, (batch,), generator=gen)
+    idx = torch.stack([data[s:s + context + 1] for s in starts.tolist()])
+    return idx[:, :-1], idx[:, 1:]
+
+
+def train(name, lr, args, train_data, val_data, progress):
+    dtype, autocast, update, _ = RUNS[name]
+    torch.manual_seed(args.seed)
+    model = ByteLM(args.d_model, args.layers, args.heads, args.context).to(args.device, dtype)
+    opt = AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                update_rounding=update, seed=args.seed)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (
+        1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    gen = torch.Generator().manual_seed(args.seed)
+    val_gen = torch.Generator().manual_seed(12345)
+    val = [batches(val_data, args.batch, args.context, val_gen) for _ in range(args.val_batches)]
+    curve, tokens, seconds = [], 0, 0.0
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def loss_of(x, y):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x.to(args.device))
+        return F.cross_entropy(logits.float().reshape(-1, 256), y.to(args.device).reshape(-1))
+
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            with torch.no_grad():
+                curve.append((step, sum(loss_of(x, y).item() for x, y in val) / len(val)))
+        if step == args.steps:
+            break
+        x, y = batches(train_data, args.batch, args.context, gen)
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_of(x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - start
+        tokens += x.numel()
+        progress.update(1)
+        if not math.isfinite(loss.item()):
+            curve.append((step + 1, float("nan")))
+            break
+    params = sum(p.numel() for p in model.parameters())
+    memory = (torch.cuda.max_memory_allocated() if args.device == "cuda"
+              else opt.memory_bytes() * params)
+    return dict(curve=curve, final=curve[-1][1], tokens_per_s=tokens / max(seconds, 1e-9),
+                memory=memory, params=params, lr=lr,
+                cancelled=opt.cancelled_updates / max(1, params * args.steps))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for train_lm.png / .md")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=64)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--data-bytes", type=int, default=2_000_000)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--val-batches", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tune", action="store_true", help="try 0.5x, 1x, 2x of each LR")
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    args = parser.parse_args(argv)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = stdlib_bytes(args.data_bytes)
+    split = int(0.9 * data.numel())
+    train_data, val_data = data[:split], data[split:]
+    from tqdm import tqdm
+    factors = (0.5, 1.0, 2.0) if args.tune else (1.0,)
+    results = {}
+    with tqdm(total=len(args.runs) * len(factors) * args.steps, desc="steps") as progress:
+        for name in args.runs:
+            tried = [train(name, RUNS[name][3] * f, args, train_data, val_data, progress)
+                     for f in factors]
+            results[name] = min(tried, key=lambda r: r["final"] if math.isfinite(r["final"])
+                                else float("inf"))
+            progress.set_postfix_str(f"{name}: {results[name]['final']:.3f}")
+    write_outputs(results, args, out)
+
+
+def write_outputs(results, args, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, r in results.items():
+        steps, losses = zip(*r["curve"])
+        ax.plot(steps, losses, label=f"{name} (lr {r['lr']:.0e})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss (nats/byte)")
+    ax.set_title(f"byte-level LM on Python stdlib sources, {next(iter(results.values()))['params']}"
+                 f" parameters, {args.device}")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    finals = [r["final"] for r in results.values() if math.isfinite(r["final"])]
+    if finals:
+        ax.set_ylim(min(finals) - 0.1, max(c[0][1] for c in
+                                            [r["curve"] for r in results.values()]) + 0.1)
+    fig.tight_layout()
+    fig.savefig(out / "train_lm.png", dpi=120)
+    memory = "peak GPU memory (MB)" if args.device == "cuda" else "weights + states (KB)"
+    scale = 1e6 if args.device == "cuda" else 1e3
+    lines = [f"Byte-level LM, {args.steps} steps of {args.batch}x{args.context} bytes, d_model "
+             f"{args.d_model}, {args.layers} layers, {args.device}; AdamW (0.9, 0.95), wd 0.1, "
+             f"warm-up + cosine{', LR tuned over 0.5x/1x/2x' if args.tune else ''}.", "",
+             f"| run | lr | final val loss | tokens/s | {memory} | cancelled updates |",
+             "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['lr']:.1e} | {r['final']:.4f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['memory'] / scale:.1f} | {100 * r['cancelled']:.1f}% |")
+    (out / "train_lm.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Fixed-point formats ``lpsim.fixed(wl, fl)``: signed wl-bit integers scaled by 2**-fl.
+
+The values are ``k * 2**-fl`` with ``-2**(wl-1) <= k <= 2**(wl-1) - 1`` (symmetric: ``k >=
+-(2**(wl-1) - 1)``); finite values beyond the range saturate to its ends, inf saturates,
+NaN is kept.  Rounding reuses lpsim's scalar core: below its smallest normal number a float
+format has one quantum, so ``fp(2, wl-1, fl-wl+1, specials="saturate")`` (the *carrier*,
+quantum ``2**-fl`` on all of ``[-2**(wl-fl), 2**(wl-fl)]``) rounds exactly as the fixed
+grid does, in every mode and with the same random bits; the result is then clamped.
+
+Counters (``stats=``): overflow = finite values that saturated, underflow = nonzero finite
+values rounded to 0, inexact = results that differ from the input; subnormal is always 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .formats import Format, fp
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The fixed-point format of word length ``wl`` (sign included), ``fl`` fraction bits."""
+
+    wl: int
+    fl: int
+    symmetric: bool = False
+
+    def __post_init__(self):
+        for name in ("wl", "fl"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"fixed(): {name}={value!r} must be an integer")
+            object.__setattr__(self, name, int(value))
+        if not 1 <= self.wl <= 53:
+            raise ValueError(f"fixed(): wl={self.wl} is out of range; accepted: 1 <= wl <= 53 "
+                             "(24 in float32 containers)")
+        if self.symmetric and self.wl < 2:
+            raise ValueError("fixed(): symmetric=True needs wl >= 2")
+        object.__setattr__(self, "symmetric", bool(self.symmetric))
+
+    @property
+    def bits(self) -> int:
+        return self.wl
+
+    @property
+    def quantum(self) -> float:
+        return math.ldexp(1.0, -self.fl)
+
+    @property
+    def max_finite(self) -> float:
+        return math.ldexp(2 ** (self.wl - 1) - 1, -self.fl)
+
+    @property
+    def min_finite(self) -> float:
+        """The most negative value."""
+        return -self.max_finite if self.symmetric else -math.ldexp(2 ** (self.wl - 1), -self.fl)
+
+    @property
+    def carrier(self) -> Format:
+        """The float format whose rounding below min_normal is this grid's rounding."""
+        return fp(2, self.wl - 1, self.fl - self.wl + 1, specials="saturate")
+
+    def __repr__(self) -> str:
+        return f"fixed({self.wl},{self.fl}{', symmetric=True' if self.symmetric else ''})"
+
+    __str__ = __repr__
+
+
+def fixed(wl: int, fl: int, *, symmetric: bool = False) -> Fixed:
+    """The fixed-point format of ``wl`` bits with ``fl`` fraction bits (saturating)."""
+    return Fixed(wl, fl, symmetric)
+
+
+def _count(x, y, lo, hi, rounded):
+    """The six counters (lpsim.stats.COUNTERS order) of rounding ``x`` to ``y``."""
+    if isinstance(x, np.ndarray):
+        x, y, rounded = np.asarray(x, np.float64), np.asarray(y, np.float64), np.asarray(rounded)
+        fin, nan = np.isfinite(x), np.isnan(x)
+        inf = np.isinf(x)
+        s = lambda m: int(np.count_nonzero(m))  # noqa: E731
+    else:
+        import torch
+        x, y, rounded = x.detach().double(), y.detach().double(), rounded.detach()
+        fin, nan, inf = torch.isfinite(x), torch.isnan(x), torch.isinf(x)
+        s = lambda m: int(m.sum())  # noqa: E731
+    inexact = s(fin & (y != x)) + s(inf)
+    overflow = s(fin & ((rounded > hi) | (rounded < lo)))
+    underflow = s(fin & (x != 0) & (y == 0))
+    return [inexact, overflow, underflow, 0, s(nan), s(inf)]
+
+
+def _carrier_round(quantize, x, fmt, rounding, kwargs):
+    try:
+        return quantize(x, fmt.carrier, rounding, **kwargs)
+    except ValueError as error:
+        if "does not fit" not in str(error):
+            raise
+        raise ValueError(f"{fmt} does not fit the container of x (carrier {fmt.carrier}: "
+                         f"{error}); use float64 data (wl <= 53) or wl <= 24") from None
+
+
+def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr_bits=None,
+                   stats=None, out=None, offset=0, generator=None):
+    """Round ``x`` to the fixed-point format ``fmt``: :func:`lpsim.quantize`'s contract.
+
+    Torch tensors: the gradient is the straight-through one inside the range and 0 where a
+    value saturated (torch.clamp's).
+    """
+    from .quantize import quantize
+    lo, hi = fmt.min_finite, fmt.max_finite
+    kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, offset=offset, generator=generator)
+    if isinstance(x, (int, float, np.floating)) and not isinstance(x, bool):
+        if out is not None:
+            raise TypeError("out= applies to arrays; a scalar is returned rounded")
+        rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
+        y = type(rounded)(min(max(rounded, lo), hi)) if rounded == rounded else rounded
+        if stats is not None:
+            stats.add(1, _count(np.array([x]), np.array([y]), lo, hi, np.array([rounded])))
+        return y
+    if isinstance(x, np.ndarray):
+        rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
+        y = np.clip(rounded, lo, hi, out=out)
+        if stats is not None:
+            stats.add(x.size, _count(x, y, lo, hi, rounded))
+        return y
+    if type(x).__module__.startswith("torch"):
+        rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
+        y = rounded.clamp(lo, hi)
+        if stats is not None:
+            stats.add(x.numel(), _count(x, y, lo, hi, rounded))
+        if out is None:
+            return y
+        # write through lpsim.quantize's tensor rules (version counter, leaf refusal): the
+        # values are on the carrier's grid, so rounding them again is exact
+        return quantize(y, fmt.carrier, "nearest", out=out)
+    raise TypeError(f"cannot round a {type(x).__name__} to {fmt}; accepted: a float32/float64 "
+                    "numpy array, a Python int or float, a numpy float scalar, a torch tensor")
+
+
+__all__ = ["Fixed", "fixed", "quantize_fixed"]

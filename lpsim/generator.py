@@ -1,0 +1,117 @@
+"""``lpsim.Generator``: a seed plus a Philox block counter that every stochastic call advances.
+
+Why: a fixed integer ``seed`` replays the same random bits on every call (exact replay, for
+tests), so ``w = quantize(w + d, fmt, "stochastic", seed=0)`` in a loop rounds every step
+with the same uniforms and drifts.  A generator instead hands each call a fresh range of
+Philox counters, as ``torch.Generator`` hands out fresh state: call ``t`` of a loop draws
+the counters after those of calls ``0 .. t-1``, so no two calls share a random word.
+
+How a call maps to counters (:mod:`lpsim.philox`): the generator holds ``(seed, block)``;
+a stochastic call on ``n`` elements of a container with ``L`` lanes a block (4 for float32
+and narrower, 2 for float64) rounds with ``seed``, its own ``stream`` and element offset
+``block * L + offset``, then moves ``block`` past the last block it used.  Deterministic
+rounding modes draw nothing and leave the generator as it was.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from .philox import split_key
+from .rounding import STOCHASTIC, mode_code
+
+#: the block counter is a 64-bit Philox counter word pair; offsets are int64 in the kernels
+_MAX_BLOCK = 2 ** 62
+
+
+class Generator:
+    """Random-bit state for stochastic rounding: ``Generator(seed)``; seed=None draws one.
+
+    Pass it as ``quantize(..., generator=g)``.  ``get_state()`` / ``set_state(state)`` save
+    and restore it (a restored generator replays the same bits), ``manual_seed(seed)``
+    restarts it, ``initial_seed()`` returns its seed.
+    """
+
+    def __init__(self, seed: int | None = None):
+        self.manual_seed(secrets.randbits(64) if seed is None else seed)
+
+    def manual_seed(self, seed: int) -> "Generator":
+        """Restart at counter 0 with ``seed`` (an integer in [0, 2**64)); returns self."""
+        split_key(seed, "seed")                  # the same check quantize applies
+        self._seed = int(seed)
+        self._block = 0
+        return self
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_state(self) -> tuple[int, int]:
+        """The state ``(seed, block)``: seed and the next unused Philox block."""
+        return (self._seed, self._block)
+
+    def set_state(self, state) -> "Generator":
+        """Restore a state from :meth:`get_state`; returns self."""
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise TypeError(f"state={state!r} is not a (seed, block) tuple from get_state()")
+        seed, block = state
+        split_key(seed, "seed")
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)) \
+                or not 0 <= block < _MAX_BLOCK:
+            raise ValueError(f"state block={block!r} must be an integer in [0, 2**62)")
+        self._seed, self._block = int(seed), int(block)
+        return self
+
+    def take(self, n: int, lanes: int, offset: int = 0) -> tuple[int, int]:
+        """Reserve the blocks of ``offset + n`` elements at ``lanes`` a block; returns
+        (seed, element offset) for the call and advances past them."""
+        if lanes not in (2, 4):
+            raise ValueError(f"lanes={lanes!r}; accepted: 2 (float64) or 4 (float32)")
+        start = self._block * lanes + offset
+        blocks = (offset + n + lanes - 1) // lanes
+        if self._block + blocks >= _MAX_BLOCK:
+            raise OverflowError(f"{self!r} has used its 2**62 Philox blocks; manual_seed() it")
+        self._block += blocks
+        return self._seed, start
+
+    def __repr__(self) -> str:
+        return f"lpsim.Generator(seed={self._seed}, block={self._block})"
+
+
+def _size_and_lanes(x) -> tuple[int, int]:
+    """Element count of ``x`` and the Philox lanes of the container it is rounded in."""
+    if isinstance(x, (int, float)):
+        return 1, 2                              # rounded as float64
+    numel = getattr(x, "numel", None)
+    n = int(numel()) if callable(numel) else int(np.size(x))
+    itemsize = getattr(x, "itemsize", None)
+    if itemsize is None:
+        itemsize = np.dtype(getattr(x, "dtype", np.float64)).itemsize
+    return n, 2 if itemsize == 8 else 4         # bf16/fp16 round in float32 containers
+
+
+def resolve(generator, x, rounding, seed, stream, offset):
+    """The (seed, stream, offset) a quantize call rounds ``x`` with; advances ``generator``.
+
+    Without a generator, the arguments as given.  With one, ``seed`` must be None (the
+    generator is the seed); deterministic modes leave it untouched.
+    """
+    if generator is None:
+        return seed, stream, offset
+    if not isinstance(generator, Generator):
+        raise TypeError(f"generator={generator!r} is not an lpsim.Generator "
+                        "(a torch.Generator does not key lpsim's Philox bits)")
+    if seed is not None:
+        raise ValueError(f"seed={seed!r} and generator= were both given; pass one: an integer "
+                         "seed replays the same bits every call, a generator advances")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise ValueError(f"offset={offset!r} must be a non-negative integer")
+    if mode_code(rounding) < STOCHASTIC:
+        return generator.initial_seed(), stream, offset
+    n, lanes = _size_and_lanes(x)
+    seed, start = generator.take(n, lanes, int(offset))
+    return seed, stream, start
+
+
+__all__ = ["Generator", "resolve"]

@@ -1,0 +1,237 @@
+"""The fused CPU step: one pass over weight, gradient and states per parameter (numba).
+
+Two routes to the same bits, both through :mod:`lpsim.optim.step`:
+
+* the vectorised route (float32 / bfloat16 storage): per chunk of CHUNK elements held in
+  cache, one simple loop per line of the step (the functions of :mod:`lpsim.optim.step`),
+  and every rounding through lpsim.quantize's own vectorised pass
+  (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest), so each loop
+  vectorises and the data still crosses memory once;
+* the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage), which lpsim_cuda
+  runs too.
+
+Work is dealt out to numba's thread count with the GIL released; the bits do not depend on
+the split (counter-based random words).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from numba import get_num_threads, njit
+from numba.extending import register_jitable
+
+from lpsim.cpu import GROUP, PARALLEL_GRAIN, fast_pass, fill_words, slow_pass, thread_pool
+from lpsim.rounding import NEAREST, STOCHASTIC
+
+from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
+                   adamw_update, bits_f32, join_remainder, kahan_comp, kahan_y, sgd_buffer,
+                   sgd_gradient, sgd_update, split_remainder, step_quad)
+
+#: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
+CHUNK = 2048
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _optim_step_quads(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
+                      q0, q1):
+    """Step quads q0 .. q1-1 (global quad indices); returns the NCOUNTS counters."""
+    counts = np.zeros(NCOUNTS, np.int64)
+    n = wb.size
+    for q in range(q0, q1):
+        step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                  sp16, counts)
+    return counts
+
+
+@register_jitable
+def _decode(src, kind, dst):
+    """float32 container bits of stored codes (float32 or bfloat16)."""
+    if kind == STORE_BF16:
+        for j in range(src.size):
+            dst[j] = np.int64(src[j]) << 16
+    else:
+        for j in range(src.size):
+            dst[j] = src[j]
+
+
+@register_jitable
+def _encode(src, kind, dst):
+    """Stored codes of float32 container bits already rounded to the storage's format."""
+    if kind == STORE_BF16:
+        for j in range(src.size):
+            dst[j] = src[j] >> 16
+    else:
+        for j in range(src.size):
+            dst[j] = src[j]
+
+
+@register_jitable
+def _round(xb, yb, mode, k, p, rs, left, counts):
+    """yb = xb rounded (container bits), quantize's vectorised pass then its slow pass;
+    mode < 0: copied unrounded.  Returns the inexact count of the fast pass."""
+    if mode < 0:
+        yb[:] = xb
+        return 0
+    if mode == STOCHASTIC:
+        slow, inexact = fast_pass(xb, yb, rs, STOCHASTIC, k, p, left)
+    else:
+        slow, inexact = fast_pass(xb, yb, rs, NEAREST, k, p, left)
+    if slow:
+        slow_pass(yb, rs, mode, k, p, left, counts, 0)
+    return inexact
+
+
+@register_jitable
+def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, s32, s64,
+           words, left, counts, scratch_counts):
+    """Step local elements lo .. hi-1 (one chunk) by the vectorised route: simple loops over
+    the chunk in cache, each running a line of :mod:`lpsim.optim.step`."""
+    n = hi - lo
+    wkind, gkind, skind = kinds
+    algo, update, wmode, wk, smode, sk, nesterov, first = ints
+    seed_lo, seed_hi, stream_w, stream_m, stream_v = keys
+    hasm = algo == ADAMW or hp[10] != 0
+    w, g, m, v, x, y, u, c = (s32[0, :n], s32[1, :n], s32[2, :n], s32[3, :n], s32[4, :n],
+                              s32[5, :n], s32[6, :n], s32[7, :n])
+    wf, gf, mf, vf, xf, yf, uf, cf = (w.view(np.float32), g.view(np.float32),
+                                      m.view(np.float32), v.view(np.float32),
+                                      x.view(np.float32), y.view(np.float32),
+                                      u.view(np.float32), c.view(np.float32))
+    s, t = s64[0, :n], s64[1, :n]
+    sf, tf = s.view(np.float64), t.view(np.float64)
+    rw, rm, rv = words[0], words[1], words[2]
+    gw0, gs0 = (lo + offset) // 2, (lo + offset) // 4
+    if wmode == STOCHASTIC:
+        fill_words(rw, 62, gw0, (hi + offset + 1) // 2 - gw0, stream_w, seed_lo, seed_hi)
+    if smode == STOCHASTIC:
+        fill_words(rm, 32, gs0, (hi + offset + 3) // 4 - gs0, stream_m, seed_lo, seed_hi)
+        if algo == ADAMW:
+            fill_words(rv, 32, gs0, (hi + offset + 3) // 4 - gs0, stream_v, seed_lo, seed_hi)
+    rws, rms, rvs = rw[lo + offset - 2 * gw0:], rm[lo + offset - 4 * gs0:], \
+        rv[lo + offset - 4 * gs0:]
+    _decode(wb[lo:hi], wkind, w)
+    _decode(gb[lo:hi], gkind, g)
+    if hasm:
+        _decode(mb[lo:hi], skind, x)
+    if algo == ADAMW:
+        _decode(vb[lo:hi], skind, y)
+        for j in range(n):
+            mf[j], vf[j] = adamw_moments(gf[j], xf[j], yf[j], hp)
+        _round(m, x, smode, sk, ps, rms, left, scratch_counts)
+        _round(v, y, smode, sk, ps, rvs, left, scratch_counts)
+        for j in range(n):
+            uf[j] = adamw_update(xf[j], yf[j], wf[j], hp)
+        _encode(x, skind, mb[lo:hi])
+        _encode(y, skind, vb[lo:hi])
+    else:
+        for j in range(n):
+            gf[j] = sgd_gradient(gf[j], wf[j], hp)
+        if hasm:
+            for j in range(n):
+                mf[j] = sgd_buffer(gf[j], xf[j], hp, first)
+            _round(m, x, smode, sk, ps, rms, left, scratch_counts)
+            _encode(x, skind, mb[lo:hi])
+        for j in range(n):
+            uf[j] = sgd_update(gf[j], xf[j], hp, nesterov)
+    if update == KAHAN:
+        _decode(cb[lo:hi], skind, c)
+        for j in range(n):
+            cf[j] = kahan_y(uf[j], cf[j])                        # c now holds y
+            sf[j] = np.float64(wf[j]) + np.float64(cf[j])
+    elif update == REMAINDER:
+        for j in range(n):                                       # y: the float32 master
+            y[j] = join_remainder(wb[lo + j], rb[lo + j])
+            sf[j] = np.float64(yf[j]) - np.float64(uf[j])
+    else:
+        for j in range(n):
+            sf[j] = np.float64(wf[j]) - np.float64(uf[j])
+    counts[0] += _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left,
+                        counts)
+    if update == REMAINDER:
+        cancelled = 0
+        for j in range(n):
+            new = bits_f32(np.float32(tf[j]))
+            cancelled += np.int64((uf[j] != 0) & (new == y[j]))
+            code, rem = split_remainder(new)
+            wb[lo + j] = code
+            rb[lo + j] = rem
+        counts[6] += cancelled
+        return
+    if update == KAHAN:
+        for j in range(n):
+            sf[j] = kahan_comp(tf[j], wf[j], cf[j])
+        _round(s, s64[2, :n], NEAREST, wk, pc, rws, left, scratch_counts)
+        cc = s64[2, :n].view(np.float64)
+        for j in range(n):
+            cf[j] = np.float32(cc[j])
+        _encode(c, skind, cb[lo:hi])
+    cancelled = 0
+    for j in range(n):
+        new = np.float32(tf[j])
+        cancelled += np.int64((uf[j] != 0) & (new.view(np.int32) == w[j]))
+        xf[j] = new
+    counts[6] += cancelled
+    _encode(x, wkind, wb[lo:hi])
+
+
+@register_jitable
+def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1):
+    n = wb.size
+    counts = np.zeros(NCOUNTS, np.int64)
+    scratch_counts = np.zeros(NCOUNTS, np.int64)
+    s32 = np.empty((8, CHUNK), np.int32)
+    s64 = np.empty((3, CHUNK), np.int64)
+    words = np.empty((3, CHUNK + 8), np.int64)
+    left = np.empty(CHUNK // GROUP, np.int64)
+    for ch in range(c0, c1):
+        lo = max(ch * CHUNK - offset % CHUNK, 0)       # chunks aligned to global indices
+        hi = min((ch + 1) * CHUNK - offset % CHUNK, n)
+        if hi > lo:
+            _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
+                   s32, s64, words, left, counts, scratch_counts)
+    return counts
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _optim_step_vectorised(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc,
+                           ps, c0, c1):
+    """Step chunks c0 .. c1-1 by the vectorised route; returns the NCOUNTS counters."""
+    return _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1)
+
+
+def vectorised(kinds, ints) -> bool:
+    """Whether the vectorised route takes this configuration (else the quad route)."""
+    return STORE_F16 not in kinds
+
+
+def bits_view(t: torch.Tensor | None, like: np.ndarray | None = None) -> np.ndarray:
+    """The flat integer view of a contiguous CPU tensor's bits (a 1-element dummy for None)."""
+    if t is None:
+        return np.zeros(1, like.dtype if like is not None else np.int16)
+    t = t.detach()
+    itype = {4: torch.int32, 2: torch.int16}[t.element_size()]
+    return t.view(itype).reshape(-1).numpy()
+
+
+def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.ndarray:
+    """Run the kernel over a parameter's bits (numpy views, written in place)."""
+    n = wb.size
+    if vectorised(kinds, ints):
+        kernel, first, last = _optim_step_vectorised, 0, (offset % CHUNK + n + CHUNK - 1) // CHUNK
+        args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
+                setup.ps)
+    else:
+        kernel, first, last = _optim_step_quads, offset // 4, (offset + n + 3) // 4
+        args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
+                setup.ps, tuple(setup.sp16))
+    workers = min(get_num_threads(), max(1, n // PARALLEL_GRAIN))
+    if workers <= 1:
+        return kernel(*args, first, last)
+    bounds = np.linspace(first, last, 4 * workers + 1).astype(np.int64)
+    pool = thread_pool(workers, os.getpid())
+    pieces = [pool.submit(kernel, *args, int(a), int(b))
+              for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return sum(piece.result() for piece in pieces)

@@ -1,0 +1,321 @@
+"""SGD and AdamW as torch.optim.Optimizer subclasses that train in any weight/state format.
+
+The class validates and holds hyperparameters and state; the math of a step lives in
+:mod:`lpsim.optim.step` (fused kernels) and :mod:`lpsim.optim.reference` (torch ops), one
+``implementation`` flag apart.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+import torch
+
+from lpsim.formats import parse_format
+from lpsim.philox import split_key
+from lpsim.stats import RoundingStats
+
+from . import cpu, keys, reference
+from .setup import STATE_ROUNDINGS, Setup, resolve
+from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD, UPDATES
+
+IMPLEMENTATIONS = ("fused", "reference")
+
+
+def _check_number(name, value, low=0.0, high=None, open_high=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise TypeError(f"{name}={value!r} must be a real number")
+    if value < low or (high is not None and (value >= high if open_high else value > high)):
+        bound = f"< {high}" if open_high else f"<= {high}"
+        raise ValueError(f"{name}={value!r} is out of range; accepted: {low} <= {name}"
+                         + (f" {bound}" if high is not None else ""))
+
+
+class LowPrecisionOptimizer(torch.optim.Optimizer):
+    """What SGD and AdamW share: options, state layout, keys, kernels, counters.
+
+    update_rounding: "nearest", "stochastic", "kahan" (compensation buffer in the state
+    format) or "remainder" (bfloat16 parameter + int16 remainder = the float32 master,
+    exactly).  weight_format / state_format: any fp(e, m, b) (default: the parameter's
+    dtype); bfloat16/float16 states are stored as those dtypes, other formats in float32.
+    state_rounding: "nearest" or "stochastic" for the moments.  sr_bits: random bits per
+    stochastic decision (1..32; default all: 62 for the weight, 32 for states).  seed: the
+    Philox key (default: fresh from ``secrets``), see :mod:`lpsim.optim.keys`.
+    implementation: "fused" (numba CPU kernel, lpsim_cuda for CUDA tensors) or "reference".
+
+    A step makes one kernel call (CPU) or launch (CUDA) per parameter tensor; parameters are
+    not gathered into flat per-group buffers.
+
+    After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
+    (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
+    the weight unchanged: the stagnation of nearest rounding.
+    """
+
+    _algo = ADAMW
+
+    def __init__(self, params, defaults, *, update_rounding="nearest", weight_format=None,
+                 state_format=None, state_rounding="nearest", sr_bits=None, seed=None,
+                 implementation="fused"):
+        if update_rounding not in UPDATES:
+            raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
+                             f"{', '.join(UPDATES)}")
+        if state_rounding not in STATE_ROUNDINGS:
+            raise ValueError(f"unknown state_rounding {state_rounding!r}; accepted: "
+                             f"{', '.join(STATE_ROUNDINGS)}")
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown implementation {implementation!r}; accepted: "
+                             f"{', '.join(IMPLEMENTATIONS)}")
+        for name, fmt in (("weight_format", weight_format), ("state_format", state_format)):
+            if fmt is not None:
+                parse_format(fmt)          # a clear error now, not at the first step
+        if sr_bits is not None:
+            if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
+                raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
+            if not 1 <= sr_bits <= 32:
+                raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
+        if seed is None:
+            seed = secrets.randbits(64)
+        split_key(seed, "seed")
+        defaults.update(update_rounding=update_rounding, weight_format=weight_format,
+                        state_format=state_format, state_rounding=state_rounding,
+                        sr_bits=None if sr_bits is None else int(sr_bits), seed=int(seed),
+                        implementation=implementation)
+        super().__init__(params, defaults)
+        self._stats = RoundingStats()
+        self._cancelled = 0
+        self._gpu_counts = {}           # CUDA device -> its NCOUNTS counters, read when asked
+
+    @property
+    def update_stats(self) -> RoundingStats:
+        """Counters of the weight roundings of every step so far (lpsim.RoundingStats)."""
+        self._drain()
+        return self._stats
+
+    @property
+    def cancelled_updates(self) -> int:
+        """Elements whose nonzero update left the weight unchanged, over every step."""
+        self._drain()
+        return self._cancelled
+
+    def _drain(self) -> None:
+        for device, counts in self._gpu_counts.items():     # pragma: no cover (GPU only)
+            torch.cuda.synchronize(device)
+            host = counts.copy_to_host()
+            counts.copy_to_device(np.zeros_like(host))
+            self._stats.add(0, host[:6])
+            self._cancelled += int(host[6])
+
+    # -- per-algorithm pieces --------------------------------------------------------------
+    def _state_names(self, group) -> tuple:
+        raise NotImplementedError
+
+    def _hyper(self, group, step: int) -> tuple:
+        raise NotImplementedError
+
+    # -- state -----------------------------------------------------------------------------
+    def _init_state(self, p, local, group, setup: Setup) -> dict:
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = 0
+            for name in self._state_names(group):
+                state[name] = torch.zeros_like(local, dtype=setup.state_dtype)
+            if setup.update == KAHAN:
+                state["kahan_comp"] = torch.zeros_like(local, dtype=setup.state_dtype)
+            elif setup.update == REMAINDER:
+                state["remainder"] = torch.zeros_like(local, dtype=torch.int16)
+        return state
+
+    def memory_bytes(self) -> float:
+        """Bytes per parameter element of weights plus optimizer state, from the options.
+
+        bf16 + SR AdamW: 6; bf16 + Kahan: 8; bf16 + remainder: 8; FP32 weights and states: 12
+        (mixed precision adds autocast's bf16 copy of the weights, 2, which it does not hold).
+        """
+        total = count = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                setup = resolve(group, p, p.dtype)
+                per = p.element_size()
+                state_bytes = torch.empty(0, dtype=setup.state_dtype).element_size()
+                per += state_bytes * len(self._state_names(group))
+                per += state_bytes if setup.update == KAHAN else 0
+                per += 2 if setup.update == REMAINDER else 0
+                total += per * p.numel()
+                count += p.numel()
+        return total / max(count, 1)
+
+    @torch.no_grad()
+    def load_master_weights(self, weights) -> None:
+        """Set the parameters from float32 weights (an FP32 checkpoint) without losing them.
+
+        ``weights``: float32 tensors in the optimizer's parameter order.  remainder: the
+        bfloat16 parameter and its remainder hold each float32 weight exactly.  kahan: the
+        parameter is the weight rounded to nearest and the compensation c = Q_s(w - w32)
+        keeps its error (Kahan's w - c is the float32 weight to the state format's
+        precision).  Other modes: the parameter is set to the weight rounded to nearest.
+        """
+        from lpsim.quantize import quantize
+        params = [p for group in self.param_groups for p in group["params"]]
+        weights = list(weights)
+        if len(weights) != len(params):
+            raise ValueError(f"load_master_weights got {len(weights)} tensors for "
+                             f"{len(params)} parameters (one per parameter, in order)")
+        position = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                w32 = weights[position].detach().to(device=p.device, dtype=torch.float32)
+                position += 1
+                if w32.shape != p.shape:
+                    raise ValueError(f"a master weight has shape {tuple(w32.shape)}, its "
+                                     f"parameter {tuple(p.shape)}")
+                local = p.to_local() if hasattr(p, "to_local") else p
+                setup = resolve(group, local, local.dtype)
+                state = self._init_state(p, local, group, setup)
+                if setup.update == REMAINDER:
+                    code, rem = reference.split_remainder(w32.contiguous())
+                    local.copy_(code)
+                    state["remainder"].copy_(rem)
+                    continue
+                w = quantize(w32.cpu().contiguous(), setup.weight_format, "nearest")
+                local.copy_(w)
+                if setup.update == KAHAN:
+                    c = quantize((w.double() - w32.cpu().double()).contiguous(),
+                                 setup.state_format, "nearest")
+                    state["kahan_comp"].copy_(c.float())
+
+    # -- the step --------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = -1
+        for group in self.param_groups:
+            for p in group["params"]:
+                index += 1
+                if p.grad is None:
+                    continue
+                self._step_param(p, index, group)
+        return loss
+
+    def _step_param(self, p, index, group):
+        grad = p.grad
+        if grad.is_sparse:
+            raise TypeError("lpsim.optim does not take sparse gradients")
+        offset = keys.global_offset(p)
+        local = p.to_local() if hasattr(p, "to_local") else p
+        grad = grad.to_local() if hasattr(grad, "to_local") else grad
+        if not (local.is_contiguous() and grad.is_contiguous()):
+            raise ValueError(f"parameter {index} (shape {tuple(local.shape)}) or its gradient is "
+                             "not contiguous; lpsim.optim steps contiguous tensors")
+        setup = resolve(group, local, grad.dtype)
+        state = self._init_state(p, local, group, setup)
+        state["step"] += 1
+        t = state["step"]
+        hp = self._hyper(group, t)
+        nesterov = bool(group.get("nesterov", False))
+        first = t == 1
+        seed = group["seed"]
+        streams = tuple(keys.stream(t, index, slot) for slot in range(3))
+        names = self._state_names(group)
+        if group["implementation"] == "reference":
+            stats = RoundingStats()
+            cancelled = reference.step(self._algo, local, grad, state, setup, hp, nesterov,
+                                       first, seed, streams, offset, stats)
+            self._stats += stats
+            self._cancelled += cancelled
+            return
+        seed_lo, seed_hi = split_key(seed, "seed")
+        ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
+                int(nesterov), int(first))
+        kargs = (setup.kinds, hp, ints, (seed_lo, seed_hi) + streams, offset)
+        m = state[names[0]] if names else None
+        v = state[names[1]] if len(names) > 1 else None
+        c = state.get("kahan_comp")
+        r = state.get("remainder")
+        if local.is_cuda:                                     # pragma: no cover (GPU only)
+            from numba import cuda
+
+            from lpsim_cuda.optim import step as cuda_step
+            device = local.device.index
+            if device not in self._gpu_counts:
+                with cuda.gpus[device]:
+                    self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
+            cuda_step(local, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
+            self._stats.add(local.numel(), [0] * 6)
+            return
+        sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
+        wb = cpu.bits_view(local)
+        counts = cpu.step(wb, cpu.bits_view(grad), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
+                          cpu.bits_view(r), *kargs, setup)
+        self._stats.add(wb.size, counts[:6])
+        self._cancelled += int(counts[6])
+
+
+class AdamW(LowPrecisionOptimizer):
+    """AdamW (decoupled weight decay, bias correction) in any weight and state format.
+
+    BF16 paper Appendix B Algorithms 4 (stochastic) and 5 (Kahan), SR paper Algorithm 1
+    (stochastic, shared randomness): m, v in the state format; the update
+    u = lr (m / c1) / (sqrt(v / c2) + eps) + lr wd w is one float32 expression, so weight
+    decay is rounded with the update instead of vanishing in a separate bf16 multiply.
+    Options shared with SGD: :class:`LowPrecisionOptimizer`.
+    """
+
+    _algo = ADAMW
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kw):
+        _check_number("lr", lr)
+        _check_number("eps", eps)
+        _check_number("weight_decay", weight_decay)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas={betas!r} must be a pair (beta1, beta2)")
+        for i, beta in enumerate(betas):
+            _check_number(f"betas[{i}]", beta, 0.0, 1.0, open_high=True)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay), **kw)
+
+    def _state_names(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    def _hyper(self, group, step):
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        f = np.float32
+        return (f(lr), f(lr * wd), f(b1), f(1 - b1), f(b2), f(1 - b2), f(1 - b1 ** step),
+                f(1 - b2 ** step), f(eps), f(wd), f(0), f(1))
+
+
+class SGD(LowPrecisionOptimizer):
+    """SGD with momentum, dampening, Nesterov and (coupled) weight decay in any format.
+
+    torch.optim.SGD's rules; BF16 paper Appendix B Algorithms 2 (stochastic) and 3 (Kahan).
+    The momentum buffer is the state (state_format, state_rounding).  Options shared with
+    AdamW: :class:`LowPrecisionOptimizer`.
+    """
+
+    _algo = _SGD
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, **kw):
+        _check_number("lr", lr)
+        _check_number("momentum", momentum)
+        _check_number("dampening", dampening, 0.0, 1.0)
+        _check_number("weight_decay", weight_decay)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"nesterov=True needs momentum > 0 and dampening = 0, got "
+                             f"momentum={momentum}, dampening={dampening}")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=bool(nesterov)), **kw)
+
+    def _state_names(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _hyper(self, group, step):
+        f = np.float32
+        lr, mu, damp, wd = group["lr"], group["momentum"], group["dampening"], \
+            group["weight_decay"]
+        return (f(lr), f(0), f(0), f(0), f(0), f(0), f(1), f(1), f(0), f(wd), f(mu),
+                f(1 - damp))

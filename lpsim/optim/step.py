@@ -1,0 +1,346 @@
+"""One optimizer step of one element: the scalar core that the CPU and CUDA kernels share.
+
+Every function here is ``register_jitable``: numba compiles it into the fused CPU kernel
+(:mod:`lpsim.optim.cpu`) and into the CUDA kernel (:mod:`lpsim_cuda.optim`), so the two paths
+run one decision.  The reference (:mod:`lpsim.optim.reference`) writes the same lines with
+torch ops and :func:`lpsim.quantize`, and tests assert the three agree bit for bit.
+
+Working precision.  The update is computed in IEEE float32, one correctly rounded operation
+per line of the papers' algorithms (BF16 paper Appendix B, Algorithms 2-5; SR paper
+Algorithm 1); weight decay is part of the update ``u`` and is rounded with it.  The final
+``w - u`` (or ``w + y`` for Kahan) is formed in float64, where it is exact unless ``|u|`` is
+below ``2**-29 |w|``, and rounded once to the weight format (``lpsim.rounding``): nearest or
+stochastic, so small updates are not lost to an intermediate float32 rounding.
+
+Products go through :func:`fmul` so that the CUDA build can make them ``fmul_rn``: numba.cuda
+would otherwise contract ``a*b + c`` into an FMA and round differently from the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba.extending import register_jitable
+
+from lpsim.philox import block_words, lane_word
+from lpsim.rounding import NEAREST, STOCHASTIC, round_bits, round_fast
+from lpsim.storage import pack_bits
+
+#: update_rounding names -> codes
+UPDATES = {"nearest": 0, "stochastic": 1, "kahan": 2, "remainder": 3}
+NEAREST_UPDATE, STOCHASTIC_UPDATE, KAHAN, REMAINDER = range(4)
+#: how a tensor is stored: float32 bits (int32 view), bfloat16 or float16 codes (int16 view)
+STORE_F32, STORE_BF16, STORE_F16 = 0, 1, 2
+#: algorithms
+ADAMW, SGD = 0, 1
+#: counters a kernel returns: lpsim.stats.COUNTERS of the weight rounding, then cancelled
+#: updates (u != 0 but the weight did not change)
+NCOUNTS = 7
+
+
+@register_jitable
+def fmul(a, b):
+    """A product that is never fused with a following add (see the module docstring)."""
+    return a * b
+
+
+@register_jitable
+def as_f32(bits):
+    return np.int32(bits).view(np.float32)
+
+
+@register_jitable
+def bits_f32(x):
+    return np.int64(np.float32(x).view(np.int32))
+
+
+@register_jitable
+def as_f64(bits):
+    return np.int64(bits).view(np.float64)
+
+
+@register_jitable
+def bits_f64(x):
+    return np.float64(x).view(np.int64)
+
+
+@register_jitable
+def half_to_bits(code):
+    """float32 container bits of an IEEE binary16 code (int16, sign-extended)."""
+    h = np.int64(code) & 0xFFFF
+    sign = (h >> 15) << 31
+    e = (h >> 10) & 0x1F
+    f = h & 0x3FF
+    if e == 0x1F:
+        mag = (np.int64(0xFF) << 23) | (f << 13)
+    elif e == 0:
+        if f == 0:
+            mag = np.int64(0)
+        else:
+            shift = 0                       # normalise: f * 2**-24 = 1.x * 2**(-14 - shift)
+            while (f & 0x400) == 0:
+                f <<= 1
+                shift += 1
+            mag = ((np.int64(113) - shift) << 23) | ((f & 0x3FF) << 13)
+    else:
+        mag = ((e + 112) << 23) | (f << 13)
+    bits = sign | mag
+    return bits - (np.int64(1) << 32) if sign else bits
+
+
+@register_jitable
+def load(code, kind):
+    """float32 container bits (signed, int64) of a stored element."""
+    if kind == STORE_BF16:
+        return np.int64(code) << 16
+    if kind == STORE_F16:
+        return half_to_bits(code)
+    return np.int64(code)
+
+
+@register_jitable
+def store(bits, kind, sp16):
+    """The stored code of float32 container bits already rounded to the storage's format."""
+    if kind == STORE_BF16:
+        return np.int64(bits) >> 16
+    if kind == STORE_F16:
+        return pack_bits(bits, sp16)
+    return np.int64(bits)
+
+
+@register_jitable
+def round32(x, mode, r, k, p, fast):
+    """(x rounded to the format of ``p``, ok, flags); x float32, ``p`` float32-container params.
+
+    fast: :func:`lpsim.rounding.round_fast` (branch-free, so loops over it vectorise; flags
+    is then just INEXACT, and the result is valid only where ok = 1); else round_bits.
+    mode < 0: no rounding (the format is float32 itself, see lpsim.optim.setup).
+    """
+    if mode < 0:                                # the container's own format: exact
+        return x, np.int64(1), np.int64(0)
+    if fast:
+        bits, ok, inexact = round_fast(bits_f32(x), mode, r, k, p)
+        return as_f32(bits), ok, inexact
+    bits, flags = round_bits(bits_f32(x), mode, r, k, p)
+    return as_f32(bits), np.int64(1), np.int64(flags)
+
+
+@register_jitable
+def round64(x, mode, r, k, p, fast):
+    """As :func:`round32` for a float64 x and float64-container params."""
+    if fast:
+        bits, ok, inexact = round_fast(bits_f64(x), mode, r, k, p)
+        return as_f64(bits), ok, inexact
+    bits, flags = round_bits(bits_f64(x), mode, r, k, p)
+    return as_f64(bits), np.int64(1), np.int64(flags)
+
+
+@register_jitable
+def split_remainder(bits):
+    """(bfloat16 code, int16 remainder) holding float32 bits exactly (TransformerEngine's
+    ``store_param_remainders``): the code is the top half rounded half away from zero, the
+    remainder the low half as a signed integer, so join_remainder undoes it.  Branch-free."""
+    u = np.int64(bits) & 0xFFFFFFFF
+    lo = u & 0xFFFF
+    up = lo >> 15
+    hi = ((u >> 16) + up) & 0xFFFF
+    return hi - ((hi >> 15) << 16), lo - (up << 16)
+
+
+@register_jitable
+def join_remainder(code, rem):
+    """float32 container bits of a (bfloat16 code, int16 remainder) pair.  Branch-free."""
+    rem = np.int64(rem)
+    hi = ((np.int64(code) & 0xFFFF) - ((rem >> 63) & 1)) & 0xFFFF
+    u = (hi << 16) | (rem & 0xFFFF)
+    return u - ((u >> 31) << 32)
+
+
+@register_jitable
+def adamw_moments(g, m, v, hp):
+    """The moments before rounding: b1 m + (1 - b1) g and b2 v + (1 - b2) g g."""
+    return fmul(hp[2], m) + fmul(hp[3], g), fmul(hp[4], v) + fmul(hp[5], fmul(g, g))
+
+
+@register_jitable(error_model="numpy")
+def adamw_update(m, v, w, hp):
+    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments.
+
+    IEEE division (x / 0 is inf or nan, as in torch, not an exception) and math.sqrt (on
+    float32, correctly rounded like np.sqrt, and a loop over it vectorises).
+    """
+    return fmul(hp[0], (m / hp[6]) / (np.float32(math.sqrt(v / hp[7])) + hp[8])) \
+        + fmul(hp[1], w)
+
+
+@register_jitable
+def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
+    """(u, m, v, ok): AdamW's new moments (rounded to the state format) and its update u.
+
+    BF16 paper Algorithm 4 lines 5-11 (SR paper Algorithm 1 lines 5-10), with decoupled weight
+    decay inside u so that it is rounded with the update::
+
+        m = Q_s(b1 m + (1 - b1) g);  v = Q_s(b2 v + (1 - b2) g g)
+        u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w,   c_i = 1 - b_i**t
+
+    hp = (lr, lr*wd, b1, 1-b1, b2, 1-b2, c1, c2, eps, wd, momentum, 1-dampening), float32.
+    """
+    m, v = adamw_moments(g, m, v, hp)
+    m, okm, _ = round32(m, smode, rm, sk, ps, fast)
+    v, okv, _ = round32(v, smode, rv, sk, ps, fast)
+    return adamw_update(m, v, w, hp), m, v, okm & okv
+
+
+@register_jitable
+def sgd_gradient(g, w, hp):
+    """g + wd w (coupled weight decay)."""
+    return g + fmul(hp[9], w)
+
+
+@register_jitable
+def sgd_buffer(g, buf, hp, first):
+    """The momentum buffer before rounding: g on the first step, else mu buf + (1 - damp) g."""
+    return g if first else fmul(hp[10], buf) + fmul(hp[11], g)
+
+
+@register_jitable
+def sgd_update(g, buf, hp, nesterov):
+    """u = lr (g + mu buf) with Nesterov, else lr buf (momentum) or lr g (none)."""
+    if hp[10] == 0:
+        return fmul(hp[0], g)
+    return fmul(hp[0], g + fmul(hp[10], buf) if nesterov else buf)
+
+
+@register_jitable
+def sgd_direction(g, w, buf, hp, nesterov, first, smode, sk, rb, ps, fast):
+    """(u, buf, ok): SGD's update u and momentum buffer (torch.optim.SGD's rules).
+
+    BF16 paper Algorithm 2 lines 3-5 with torch's dampening and Nesterov::
+
+        g = g + wd w;  buf = g (first step) or Q_s(mu buf + (1 - dampening) g)
+        u = lr (g + mu buf if nesterov else buf)       (u = lr g without momentum)
+    """
+    g = sgd_gradient(g, w, hp)
+    ok = np.int64(1)
+    if hp[10] != 0:
+        buf, ok, _ = round32(sgd_buffer(g, buf, hp, first), smode, rb, sk, ps, fast)
+    return sgd_update(g, buf, hp, nesterov), buf, ok
+
+
+@register_jitable
+def kahan_y(u, c):
+    """The compensated update y = -u - c (BF16 paper Algorithm 5 lines 12-13)."""
+    return -u - c
+
+
+@register_jitable
+def kahan_comp(w2, w, y):
+    """The new compensation before rounding, (s - w) - y, exact in float64."""
+    return (w2 - np.float64(w)) - np.float64(y)
+
+
+@register_jitable
+def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
+    """Apply the update u to the weight with float32 bits wb;
+    (wb, c, rem, flags, cancelled, ok).
+
+    nearest / stochastic: w = Q_w(w - u) (SR paper Algorithm 1 line 10, BF16 paper Algorithms
+    2 and 4).  kahan (BF16 paper Algorithms 3 and 5, compensation c in the state format):
+    y = -u - c; s = Q_w(w + y) nearest; c = Q_c((s - w) - y); w = s.  remainder: the float32
+    master held by the bfloat16 code and the int16 remainder gets w32 = fl32(w32 - u).
+    ``pw``: params of the format the weight (or, for remainder, the float32 master) is rounded
+    to, in a float64 container; ``pc``: the compensation format's, float64 container.
+    """
+    w = as_f32(wb)
+    if update == REMAINDER:
+        master = join_remainder(wb >> 16, rem)
+        s, ok, flags = round64(np.float64(as_f32(master)) - np.float64(u), NEAREST, 0, wk, pw,
+                               fast)
+        new = bits_f32(np.float32(s))                      # exact: s is a float32 value
+        code, rem = split_remainder(new)
+        return code << 16, c, rem, flags, (u != 0) & (new == master), ok
+    if update == KAHAN:
+        y = kahan_y(u, c)
+        w2, ok, flags = round64(np.float64(w) + np.float64(y), NEAREST, 0, wk, pw, fast)
+        cc, okc, _ = round64(kahan_comp(w2, w, y), NEAREST, 0, wk, pc, fast)
+        c = np.float32(cc)
+        ok &= okc
+    else:
+        w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
+    new = bits_f32(np.float32(w2))
+    return new, c, rem, flags, (u != 0) & (new == wb), ok
+
+
+@register_jitable
+def step_element(i, rw, rm, rv, wb, gb, mb, vb, cb, rb, kinds, hp, ints, pw, pc, ps, sp16,
+                 counts):
+    """Step local element i given its random words (weight, first and second moment);
+    round_bits throughout (every case), counters added to ``counts``."""
+    wkind, gkind, skind = kinds
+    algo, update, wmode, wk, smode, sk, nesterov, first = ints
+    wbits = load(wb[i], wkind)
+    w = as_f32(wbits)
+    g = as_f32(load(gb[i], gkind))
+    hasm = algo == ADAMW or hp[10] != 0         # SGD without momentum has no buffer
+    m = as_f32(load(mb[i], skind)) if hasm else np.float32(0)
+    c = as_f32(load(cb[i], skind)) if update == KAHAN else np.float32(0)
+    rem = np.int64(rb[i]) if update == REMAINDER else np.int64(0)
+    if algo == ADAMW:
+        u, m, v, _ = adamw_direction(g, w, m, as_f32(load(vb[i], skind)), hp, smode, sk, rm,
+                                     rv, ps, False)
+        vb[i] = store(bits_f32(v), skind, sp16)
+    else:
+        u, m, _ = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps, False)
+    if hasm:
+        mb[i] = store(bits_f32(m), skind, sp16)
+    nb, c, rem, flags, cancelled, _ = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
+                                                   pw, pc, False)
+    wb[i] = store(nb, wkind, sp16)
+    if update == KAHAN:
+        cb[i] = store(bits_f32(c), skind, sp16)
+    elif update == REMAINDER:
+        rb[i] = rem
+    for f in range(6):
+        counts[f] += (flags >> f) & 1
+    counts[6] += np.int64(cancelled)
+
+
+@register_jitable
+def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps, sp16,
+              counts):
+    """Step the elements of global indices 4q .. 4q+3 that lie in this (local) tensor.
+
+    The unit of work of both kernels.  Element i (global) of the tensor (``offset`` is the
+    global index of its local element 0) draws its weight bits from Philox block i // 2 of
+    stream keys[2] (float64 container, 62 bits) and its state bits from block i // 4 of
+    streams keys[3] (first moment / momentum) and keys[4] (second moment), key (keys[0],
+    keys[1]) = the seed: see :mod:`lpsim.optim.keys`.
+    kinds = (weight, grad, state) storage; ints = (algorithm, update, weight mode, weight
+    sr bits, state mode, state sr bits, nesterov, first step).
+    """
+    algo, wmode, smode = ints[0], ints[2], ints[4]
+    seed_lo, seed_hi, stream_w, stream_m, stream_v = keys
+    zero = np.int64(0)
+    w0 = w1 = w2 = w3 = zero
+    if wmode == STOCHASTIC:
+        w0, w1, w2, w3 = block_words(2 * q, stream_w, seed_lo, seed_hi)
+        w4, w5, w6, w7 = block_words(2 * q + 1, stream_w, seed_lo, seed_hi)
+    else:
+        w4 = w5 = w6 = w7 = zero
+    m0 = m1 = m2 = m3 = v0 = v1 = v2 = v3 = zero
+    if smode == STOCHASTIC:
+        m0, m1, m2, m3 = block_words(q, stream_m, seed_lo, seed_hi)
+        if algo == ADAMW:
+            v0, v1, v2, v3 = block_words(q, stream_v, seed_lo, seed_hi)
+    for lane in range(4):
+        i = 4 * q + lane - offset
+        if i < 0 or i >= n:
+            continue
+        if lane < 2:
+            rw = lane_word((w0, w1, w2, w3), lane, 2)
+        else:
+            rw = lane_word((w4, w5, w6, w7), lane - 2, 2)
+        step_element(i, rw, lane_word((m0, m1, m2, m3), lane, 4),
+                     lane_word((v0, v1, v2, v3), lane, 4), wb, gb, mb, vb, cb, rb, kinds, hp,
+                     ints, pw, pc, ps, sp16, counts)

@@ -1,0 +1,111 @@
+"""Autograd quantizers: round activations forward and their incoming gradients backward.
+
+``quantizer(forward_fmt, backward_fmt, forward_rounding, backward_rounding)`` returns a
+function ``y = q(x)`` with ``y = round_f(x)`` and ``dL/dx = round_b(dL/dy)``, qtorch's
+``quantizer()`` contract with lpsim formats, modes and random bits; ``Quantizer`` is the same
+as a module.  A side whose format is None is the identity.  The formats live in mutable
+:class:`Rounding` objects, so a precision assignment can promote a tensor between steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..formats import Format, parse_format
+from ..generator import Generator, resolve
+from ..rounding import mode_code
+from ..stats import RoundingStats
+from .tensors import round_detached
+
+
+@dataclass(eq=False)
+class Rounding:
+    """One rounding site: format (None = identity), mode, random bits and counters."""
+
+    fmt: Format | str | None = None
+    rounding: str = "nearest"
+    generator: Generator | None = None
+    stats: RoundingStats | None = None
+    sr_bits: int | None = None
+
+    def __post_init__(self):
+        if self.fmt is not None:
+            self.fmt = parse_format(self.fmt)
+        mode_code(self.rounding)                       # unknown names fail here, not in use
+        if self.generator is not None and not isinstance(self.generator, Generator):
+            raise TypeError(f"generator={self.generator!r} is not an lpsim.Generator")
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        """The rounded values of ``t`` (no autograd); ``t`` itself when fmt is None."""
+        if self.fmt is None:
+            return t
+        seed, stream, offset = resolve(self.generator, t, self.rounding, None, 0, 0)
+        return round_detached(t, self.fmt, self.rounding, seed=seed, stream=stream,
+                              sr_bits=self.sr_bits, stats=self.stats, offset=offset)
+
+
+class _Round(torch.autograd.Function):
+    """Forward ``fwd(x)``, backward ``bwd(grad)``; gradients come back in x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, fwd: Rounding, bwd: Rounding):
+        ctx.bwd, ctx.dtype = bwd, x.dtype
+        y = fwd(x)
+        return x.view_as(x) if y is x else y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.bwd(grad).to(ctx.dtype), None, None
+
+
+def _side(fmt, rounding, generator, stats, sr_bits) -> Rounding:
+    if isinstance(fmt, Rounding):
+        return fmt
+    return Rounding(fmt, rounding, generator, stats, sr_bits)
+
+
+def quantizer(forward_fmt=None, backward_fmt=None, forward_rounding: str = "nearest",
+              backward_rounding: str = "nearest", *, generator: Generator | None = None,
+              forward_stats: RoundingStats | None = None,
+              backward_stats: RoundingStats | None = None, sr_bits: int | None = None):
+    """A function q(x): forward rounds x to ``forward_fmt``, backward rounds the incoming
+    gradient to ``backward_fmt`` (None: identity on that side).
+
+    Either format may also be a :class:`Rounding` (its own mode, generator and stats).
+    ``generator`` keys the stochastic modes of both sides (fresh bits every call).
+    """
+    fwd = _side(forward_fmt, forward_rounding, generator, forward_stats, sr_bits)
+    bwd = _side(backward_fmt, backward_rounding, generator, backward_stats, sr_bits)
+
+    def q(x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"quantizer input is a {type(x).__name__}; accepted: a torch tensor")
+        return _Round.apply(x, fwd, bwd)
+
+    q.forward, q.backward = fwd, bwd
+    return q
+
+
+class Quantizer(torch.nn.Module):
+    """:func:`quantizer` as a module: ``Quantizer(forward_fmt, backward_fmt, forward_rounding,
+    backward_rounding)``; its ``forward`` and ``backward`` attributes are the two sides."""
+
+    def __init__(self, forward_fmt=None, backward_fmt=None, forward_rounding: str = "nearest",
+                 backward_rounding: str = "nearest", **kwargs):
+        super().__init__()
+        self.quantize = quantizer(forward_fmt, backward_fmt, forward_rounding,
+                                  backward_rounding, **kwargs)
+        self.forward_rounding, self.backward_rounding = (self.quantize.forward,
+                                                         self.quantize.backward)
+
+    def forward(self, x):
+        return self.quantize(x)
+
+    def extra_repr(self) -> str:
+        f, b = self.forward_rounding, self.backward_rounding
+        return f"forward={f.fmt} {f.rounding}, backward={b.fmt} {b.rounding}"
+
+
+__all__ = ["quantizer", "Quantizer", "Rounding"]

@@ -1,0 +1,304 @@
+"""Native CA-SGD (backend="cuda") under numba's CUDA simulator: shared jitted steps, kernels
+bit-identical to the CPU simulator, device sampling, the driver end to end on CPU tensors."""
+
+import math
+
+import numpy as np
+import pytest
+from numba import config
+
+import lpsim
+from lpsim.casgd import RECIPES, CASGDClassifier, casgd, local_error_bound, make_synth, sgd
+from lpsim.casgd import inner
+from lpsim.casgd.sampling import SAMPLE_STREAM, PhiloxIndices
+from lpsim.casgd.solvers import _numpy_inner
+from lpsim.casgd.recipes import Rounder
+
+torch = pytest.importorskip("torch")
+SIM = bool(config.ENABLE_CUDASIM)
+needs_sim = pytest.mark.skipif(not SIM, reason="runs the kernels in numba's CUDA simulator "
+                               "(NUMBA_ENABLE_CUDASIM=1, set by conftest without LPSIM_TEST_GPU)")
+DEVICE = "cpu"      # the simulated kernels take CPU tensors
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_synth(240, 24, seed=1)[:2]
+
+
+def _inputs(b, s, seed=0, loss="logistic"):
+    """Margins and Gram of s*b bf16 rows (as the kernels get them) and labels."""
+    rng = np.random.default_rng(seed)
+    Y = lpsim.quantize(rng.standard_normal((s * b, 9)).astype(np.float32), "bf16")
+    r = lpsim.quantize((Y @ rng.standard_normal(9).astype(np.float32)) * 0.3, "bf16")
+    G = (Y @ Y.T).astype(np.float32)
+    y = {"logistic": np.where(rng.random(s * b) < 0.5, -1.0, 1.0),
+         "linear": rng.standard_normal(s * b),
+         "poisson": rng.poisson(1.0, s * b).astype(np.float64)}[loss]
+    return r, G, y
+
+
+def test_exp_fma_within_one_ulp_and_python_equals_njit():
+    from numba import njit
+
+    @njit
+    def many(xs, out):
+        for i in range(xs.size):
+            out[i] = inner.exp_fma(xs[i])
+
+    xs = np.concatenate([np.linspace(-700.0, 700.0, 40001),
+                         np.random.default_rng(0).standard_normal(4000) * 4])
+    got = np.empty_like(xs)
+    many(xs, got)
+    ref = np.exp(xs)
+    assert (np.abs(got - ref) <= np.spacing(ref)).all()      # |error| <= 1 ulp of exp(x)
+    assert inner.exp_fma(800.0) == math.inf and inner.exp_fma(-800.0) == 0.0
+    assert math.isnan(inner.exp_fma(math.nan))
+    # the simulator runs the Python bodies (exact FMA by fractions, numpy bitcasts)
+    py = np.array([inner.exp_fma(x) for x in xs[::40]])
+    np.testing.assert_array_equal(py, got[::40])
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "tf32", "fp16", "fp64"])
+def test_round_nearest_equals_quantize(fmt):
+    # the shared steps' rounding (fp32: the hardware conversion) against lpsim.quantize
+    from numba import njit
+
+    @njit
+    def many(v, out, p):
+        for i in range(v.size):
+            out[i] = inner.round_nearest(v[i], p)
+
+    rng = np.random.default_rng(1)
+    v = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-48, 48, 20000),
+                        [3.4028235677973366e38, np.nextafter(3.4028235677973366e38, 0), 1e39,
+                         -1e39, 1e-46, 7.1e-46, -0.0, 0.0, np.inf, -np.inf, 65520.0, 65519.0],
+                        rng.standard_normal(2000).astype(np.float32) * (1 + 2.0 ** -24)])
+    p = inner.slot_params(lpsim.parse_format(fmt))
+    got = np.empty_like(v)
+    many(v, got, p)
+    np.testing.assert_array_equal(got.view(np.int64), lpsim.quantize(v, fmt).view(np.int64))
+    py = np.array([inner.round_nearest(x, p) for x in v[::20]])      # the simulator's path
+    np.testing.assert_array_equal(py.view(np.int64), got[::20].view(np.int64))
+
+
+def test_round_to_rounds_once():
+    # torch takes float64 -> bf16 through float32: 1 + 2^-8 + 2^-30 would tie and go to 1
+    from lpsim.casgd.native import round_to
+    x = torch.tensor([1 + 2.0 ** -8 + 2.0 ** -30, 1 + 2.0 ** -8, -3.0, 1 + 2.0 ** -11 + 2.0 ** -40],
+                     dtype=torch.float64)
+    for fmt in ("bf16", "fp16", "tf32", "fp(5,2,0)"):
+        want = lpsim.quantize(x.numpy(), fmt)
+        np.testing.assert_array_equal(round_to(x, fmt).double().numpy(), want)
+        np.testing.assert_array_equal(round_to(x.float(), fmt).double().numpy(),
+                                      lpsim.quantize(x.float().numpy(), fmt))
+    assert round_to(x, "bf16").dtype == torch.bfloat16
+    assert round_to(x, "tf32").dtype == torch.float32
+
+
+def test_python_fma_is_exact():
+    assert inner.fma(1.0 + 2.0 ** -30, 1.0 - 2.0 ** -30, -1.0) == -(2.0 ** -60)   # a*b inexact
+    assert math.copysign(1, inner.fma(-0.0, 1.0, -0.0)) == -1.0
+    assert math.copysign(1, inner.fma(1.0, 1.0, -1.0)) == 1.0
+    assert inner.fma(1e308, 10.0, 0.0) == math.inf
+
+
+@pytest.mark.parametrize("key", ["A", "C", "D", "G", "I"])
+@pytest.mark.parametrize("loss", ["logistic", "linear", "poisson"])
+def test_jitted_steps_track_the_numpy_recurrence(key, loss):
+    # the fp64 recipe: both evaluate the same recurrence nearly exactly (within 1e-12); for
+    # the others the two differ only by the correction dot's order and the residual's exp:
+    # Theorem 5.7 bounds both, here checked as u_c/u_sigma-sized gaps
+    b, s = 3, 4
+    r, G, y = _inputs(b, s, loss=loss)
+    recipe = RECIPES[key]
+    delta = np.empty(s * b)
+    alpha_c, code, pc, ps = inner.inner_args(recipe, loss, 0.05)
+    inner.inner_recurrence_cpu(r, G, y, delta, np.empty(s * b), b, s, alpha_c, code, pc, ps)
+    ref = _numpy_inner(r, G, y, recipe, alpha_c, b, s, lpsim.casgd.get_loss(loss), Rounder())
+    tol = 64 * max(recipe.u_c.u, recipe.u_sigma.u) * (1 + np.abs(ref))
+    assert (np.abs(delta - ref) <= tol).all()
+    assert np.array_equal(lpsim.quantize(delta, recipe.u_sigma.fmt), delta)   # on the grid
+    r64 = RECIPES["fp64"]
+    a64, code, pc, ps = inner.inner_args(r64, loss, 0.05)
+    inner.inner_recurrence_cpu(r, G, y, delta, np.empty(s * b), b, s, a64, code, pc, ps)
+    ref = _numpy_inner(r.astype(np.float64), G.astype(np.float64), y, r64, 0.05, b, s,
+                       lpsim.casgd.get_loss(loss), Rounder())
+    np.testing.assert_allclose(delta, ref, rtol=1e-12, atol=1e-14)
+
+
+@needs_sim
+@pytest.mark.parametrize("key,loss,b,s", [("A", "logistic", 3, 4), ("C", "logistic", 5, 2),
+                                          ("D", "poisson", 2, 3), ("G", "linear", 3, 3),
+                                          ("I", "logistic", 1, 5)])
+def test_inner_kernel_bit_identical_to_cpu(key, loss, b, s):
+    from lpsim_cuda.casgd import inner_recurrence
+    r, G, y = _inputs(b, s, seed=b * s, loss=loss)
+    alpha_c, code, pc, ps = inner.inner_args(RECIPES[key], loss, 0.07)
+    want, want_c = np.empty(s * b), np.empty(s * b)
+    inner.inner_recurrence_cpu(r, G, y, want, want_c, b, s, alpha_c, code, pc, ps)
+    got, got_c = torch.zeros(s * b, dtype=torch.float64), torch.zeros(s * b, dtype=torch.float64)
+    inner_recurrence(torch.from_numpy(r), torch.from_numpy(G), torch.from_numpy(y), got, got_c,
+                     b, s, alpha_c, code, pc, ps)
+    np.testing.assert_array_equal(got.numpy().view(np.int64), want.view(np.int64))
+    np.testing.assert_array_equal(got_c.numpy().view(np.int64), want_c.view(np.int64))
+    assert np.abs(want).min() > 0          # every row was written
+
+
+def test_philox_sampler_uniform_and_replayable():
+    rows = PhiloxIndices(10, seed=3)
+    first, second = rows.take(20000), rows.take(5)
+    again = PhiloxIndices(10, seed=3).take(20005)
+    np.testing.assert_array_equal(np.r_[first, second], again)    # draw t depends on (seed, t)
+    counts = np.bincount(first, minlength=10)
+    chi2 = ((counts - 2000) ** 2 / 2000).sum()
+    assert chi2 < 44.3          # chi-square, 9 dof: false alarm 1e-6 (fixed seed: deterministic)
+    assert not np.array_equal(PhiloxIndices(10, seed=4).take(50), first[:50])
+
+
+@needs_sim
+def test_device_sampler_equals_host_replay():
+    from lpsim_cuda.casgd import sample_rows
+    idx = torch.empty(70, dtype=torch.int64)
+    first = torch.tensor([33], dtype=torch.int64)
+    lo, hi = 7, 1
+    sample_rows(idx, first, 1000, lo, hi, SAMPLE_STREAM)
+    host = PhiloxIndices(1000, seed=lo | (hi << 32))
+    host.take(33)
+    np.testing.assert_array_equal(idx.numpy(), host.take(70))
+
+
+@needs_sim
+@pytest.mark.parametrize("key", ["A", "C", "D", "G"])
+def test_native_outer_iteration_within_local_error_bound(data, key):
+    # one outer iteration from x = 0 on the same rows: native and simulator are both within
+    # the bound of the exact iterate, so within twice the bound of each other
+    A, y = data
+    b, s, eta = 4, 3, 0.5
+    nat = casgd(A, y, eta=eta, b=b, s=s, H=1, recipe=key, seed=9, backend="cuda", device=DEVICE)
+    sim = casgd(A, y, eta=eta, b=b, s=s, H=1, recipe=key, seed=9, sampler="philox")
+    idx = PhiloxIndices(A.shape[0], 9).take(s * b)
+    bound = local_error_bound(A[idx], np.zeros(A.shape[1]), y[idx], eta, b, s, 1, key)
+    gap = np.linalg.norm(nat.x - sim.x)
+    assert gap <= 2 * bound.total and np.linalg.norm(sim.x) > 0.01
+
+
+@needs_sim
+def test_native_driver_end_to_end(data):
+    A, y = data
+    kw = dict(eta=0.5, b=4, s=4, H=6, recipe="C", seed=2, record=6)
+    nat = casgd(A, y, backend="cuda", device=DEVICE, **kw)
+    sim = casgd(A, y, sampler="philox", **kw)
+    assert nat.loss_curve[-1] < nat.loss_curve[0]
+    assert abs(nat.loss_curve[-1] - sim.loss_curve[-1]) <= 5e-3 * sim.loss_curve[-1]  # 0.5%
+    # CSR data: the sampled rows densified on the device, the same bits as dense storage
+    import scipy.sparse as sp
+    As = np.where(np.abs(A) > 0.15, A, 0.0)
+    dense = casgd(As, y, backend="cuda", device=DEVICE, **kw)
+    csr = casgd(sp.csr_matrix(As), y, backend="cuda", device=DEVICE, **kw)
+    np.testing.assert_array_equal(csr.x, dense.x)
+    assert csr.loss_curve == dense.loss_curve
+    # the FP32 SGD baseline on the same path: s = 1, no Gram
+    base = sgd(A, y, eta=0.5, b=8, steps=3, seed=2, backend="cuda", device=DEVICE)
+    ref = sgd(A, y, eta=0.5, b=8, steps=3, seed=2, sampler="philox")
+    np.testing.assert_allclose(base.x, ref.x, rtol=0, atol=1e-6)
+
+
+@needs_sim
+def test_estimator_device(data):
+    A, y = data
+    clf = CASGDClassifier(b=4, s=2, n_iter=3, device=DEVICE, normalize=False).fit(A, y)
+    res = casgd(A, y, eta=0.5, b=4, s=2, H=3, seed=0, backend="cuda", device=DEVICE)
+    np.testing.assert_array_equal(clf.coef_, res.x)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(recipe="F"), r"recipe 'F': u_G=.*accepted: recipes A-D, G"),
+    (dict(recipe=RECIPES["C"].replace(u_x=lpsim.casgd.Slot("bf16", "stochastic"))),
+     r"u_x=.*rounds 'stochastic'"),
+    (dict(P=2), r"P=2, reduce=None: backend='cuda' runs one process"),
+    (dict(sampler="numpy"), r"sampler='numpy': backend='cuda' draws its rows on the device"),
+    (dict(backend="tpu"), r"backend='tpu' is not accepted; accepted: 'cpu'"),
+    (dict(backend="cpu", device="cuda"), r"device='cuda', graphs=False apply to backend='cuda'"),
+    (dict(loss="hinge"), r"unknown loss 'hinge'"),
+    (dict(seed=-1), r"seed=-1 is not accepted"),
+])
+def test_native_bad_input(data, kwargs, match):
+    A, y = data
+    kwargs = {"backend": "cuda", "device": DEVICE, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        casgd(A, y, H=1, **kwargs)
+
+
+@needs_sim
+def test_native_device_checks(data):
+    A, y = data
+    with pytest.raises(ValueError, match=r"device='cuda' with NUMBA_ENABLE_CUDASIM=1"):
+        casgd(A, y, H=1, backend="cuda", device="cuda")
+    with pytest.raises(ValueError, match=r"graphs=True needs a CUDA device"):
+        casgd(A, y, H=1, backend="cuda", device=DEVICE, graphs=True)
+    with pytest.raises(ValueError, match=r"diverged with eta=1000000.0"):
+        casgd(A, y, loss="linear", eta=1e6, b=4, s=2, H=8, backend="cuda", device=DEVICE)
+
+
+@needs_sim
+@pytest.mark.parametrize("key,calls", [("C", 2), ("D", 1)])
+def test_native_grouped_allreduce_on_gloo(data, key, calls):
+    # two gloo ranks (threads, CPU tensors): one all_reduce per datatype of [r; G] per outer
+    # iteration (C: bf16 r + fp32 G, D: both bf16), within the P = 2 bound of the simulator
+    from lpsim.casgd.distributed import run_native_threads
+    A, y = data
+    b, s, eta = 3, 3, 0.5
+    run = run_native_threads(A, y, 2, eta=eta, b=b, s=s, H=1, recipe=key, seed=5,
+                             device=DEVICE)
+    sim = casgd(A, y, eta=eta, b=b, s=s, H=1, recipe=key, seed=5, P=2, sampler="philox")
+    assert run.calls == [calls, calls] and run.outer == 1
+    idx = PhiloxIndices(A.shape[0], 5).take(s * b)
+    bound = local_error_bound(A[idx], np.zeros(A.shape[1]), y[idx], eta, b, s, 2, key)
+    assert np.linalg.norm(run.x - sim.x) <= 2 * bound.total and np.linalg.norm(sim.x) > 0.01
+
+
+_PTX_CHECK = r"""
+import sys, types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+try:
+    cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
+except Exception as err:                    # no NVVM/NVRTC on this machine
+    print("no CUDA compiler:", type(err).__name__, str(err)[:200])
+    sys.exit(3)
+import lpsim_cuda.casgd as K
+pc = T.UniTuple(T.int64, 18)
+kernels = {
+    "inner": (K._inner_kernel, (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1],
+                                T.float64[::1], T.int64, T.int64, T.float64, T.int64, pc, pc)),
+    "gather_csr": (K._gather_csr_kernel, (T.int64[::1], T.int64[::1], T.int16[::1],
+                                          T.int64[::1], T.int16[:, ::1])),
+}
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for name, (kernel, sig) in kernels.items():
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        # the residual's exp: 16 explicit FMAs, inlined for the logistic and Poisson losses;
+        # any other fma.rn.f64 would be a contraction the CPU does not make
+        if name == "inner":
+            assert ptx.count("fma.rn.f64") == 32, ptx.count("fma.rn.f64")
+        print(name, "ok", len(ptx))
+"""
+
+
+def test_kernels_compile_for_the_gpu_without_contractions():
+    # the CUDA target's typing and code generation (no GPU needed, only NVVM): the kernels
+    # CI runs in the simulator also compile for sm_90, with no FMA the CPU steps lack
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    proc = subprocess.run([sys.executable, "-c", _PTX_CHECK], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    if proc.returncode == 3:
+        pytest.skip("no NVVM/NVRTC here (pip install nvidia-cuda-nvcc-cu12 "
+                    f"nvidia-cuda-nvrtc-cu12 to run it): {proc.stdout.strip()[:120]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "inner ok" in proc.stdout and "gather_csr ok" in proc.stdout

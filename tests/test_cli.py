@@ -1,0 +1,175 @@
+"""The ``lpsim`` command at real terminal widths: layout, exact values, inputs, errors, help."""
+
+import argparse
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import reference
+from lpsim.cli import bit_fields, build_parser, main, parse_value
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def lpsim_cmd(*args, columns=80):
+    """Run ``python -m lpsim ARGS`` in a terminal ``columns`` wide (rich reads COLUMNS)."""
+    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "lpsim", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+
+
+def assert_fits(text, columns):
+    lines = text.splitlines()
+    assert lines and max(len(line) for line in lines) <= columns, text
+    assert "…" not in text, text                                  # no cell cut short
+
+
+# --- formats --------------------------------------------------------------------------------
+@pytest.mark.parametrize("columns", [80, 200])
+def test_formats_fit_the_terminal_and_show_every_property(columns):
+    done = lpsim_cmd("formats", columns=columns)
+    assert done.returncode == 0 and done.stderr == ""
+    assert_fits(done.stdout, columns)
+    cells = set(re.split(r"[\s│┃]+", done.stdout))
+    for name, fmt in lpsim.PRESETS.items():
+        assert name in cells
+        for value in (fmt.bits, fmt.bias, fmt.emin, fmt.emax):
+            assert str(value) in cells
+        for value in (f"{fmt.max_finite:.6g}", f"{fmt.min_normal:.6g}",
+                      f"{fmt.min_subnormal:.6g}", f"{fmt.unit_roundoff:.3g}"):
+            assert value in cells, (name, value)
+    tables = done.stdout.count("lpsim formats")
+    assert (tables == 1) == (columns == 200)                  # one wide table only where it fits
+
+
+def test_formats_of_given_specs():
+    done = lpsim_cmd("formats", "bf16", "fp(3,2,1)")
+    assert done.returncode == 0
+    assert "fp(3,2,1)" in done.stdout and "fp16" not in done.stdout
+
+
+# --- round: exact values --------------------------------------------------------------------
+def test_round_shows_exact_distinct_values_at_80_columns():
+    done = lpsim_cmd("round", "0.1", "-f", "fp(11,40)", "-r", "up", "-r", "down")
+    assert done.returncode == 0, done.stderr
+    assert_fits(done.stdout, 80)
+    fmt = lpsim.fp(11, 40)
+    up, down = (float(reference.round_exact(0.1, fmt, mode).value) for mode in ("up", "down"))
+    assert up != down
+    for value in (up, down):
+        assert repr(value) in done.stdout and value.hex() in done.stdout
+        assert bit_fields(value, fmt) in done.stdout
+
+
+def test_round_wide_terminal_puts_value_hex_and_bits_in_columns():
+    done = lpsim_cmd("round", "0.1", "-f", "bf16", "-r", "nearest", columns=200)
+    value = float(reference.round_exact(0.1, "bf16", "nearest").value)
+    row = [line for line in done.stdout.splitlines() if "nearest" in line]
+    assert len(row) == 1
+    assert repr(value) in row[0] and value.hex() in row[0] and "0|01111011|1001101" in row[0]
+
+
+@pytest.mark.parametrize("spec", ["e4m3", "e4m3fn", "fp(4,3,4)", "e5m2", "fp(3,2,1)",
+                                  "fp(4,3,0,saturate)"])
+def test_bit_fields_walk_every_code(spec):
+    """Code i of the format is the i-th value of reference.enumerate_values (built from codes)."""
+    fmt = lpsim.parse_format(spec)
+    for code, value in enumerate(reference.enumerate_values(fmt)):
+        exp_bits, man_bits = format(code >> fmt.m, f"0{fmt.e}b"), format(code % 2 ** fmt.m,
+                                                                        f"0{fmt.m}b")
+        assert bit_fields(float(value), fmt) == f"0|{exp_bits}|{man_bits}"
+        assert bit_fields(-float(value), fmt) == f"1|{exp_bits}|{man_bits}"
+
+
+def test_bit_fields_match_ml_dtypes_codes():
+    x = np.random.default_rng(0).standard_normal(500) * 10.0 ** np.random.default_rng(1).integers(
+        -40, 38, 500)
+    for spec, dtype in [("bf16", ml_dtypes.bfloat16), ("fp16", np.float16),
+                        ("e4m3fn", ml_dtypes.float8_e4m3fn), ("e5m2", ml_dtypes.float8_e5m2)]:
+        fmt = lpsim.parse_format(spec)
+        with np.errstate(over="ignore"):
+            values = np.concatenate([x, [np.inf, -np.inf, np.nan, 0.0, -0.0]]).astype(dtype)
+        codes = values.view(np.uint8 if fmt.bits == 8 else np.uint16)
+        for value, code in zip(values.astype(np.float64), codes):
+            if fmt.specials == "fn" and math.isinf(value):
+                continue                                   # ml_dtypes casts inf to NaN here too
+            want = format(int(code), f"0{fmt.bits}b")
+            want = f"{want[0]}|{want[1:1 + fmt.e]}|{want[1 + fmt.e:]}"
+            assert bit_fields(float(value), fmt) == want, (spec, value)
+
+
+# --- inputs ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, value", [("0x1.8p-3", 0.1875), ("-0x1p-3", -0.125),
+                                         ("-1e-30", -1e-30), ("1E5", 1e5), ("-inf", -math.inf)])
+def test_values_in_exponent_and_hex_form(text, value):
+    assert parse_value(text) == value
+    done = lpsim_cmd("round", text, "-f", "fp64", "-r", "nearest", columns=200)
+    assert done.returncode == 0, done.stderr
+    assert repr(value) in done.stdout
+
+
+def test_negative_values_next_to_options():
+    done = lpsim_cmd("round", "-f", "bf16", "-1e-30", "-r", "toward_zero", "--seed", "3",
+                     columns=200)
+    assert done.returncode == 0, done.stderr
+    want = float(reference.round_exact(-1e-30, "bf16", "toward_zero").value)
+    assert want.hex() in done.stdout
+
+
+# --- errors, version, help ------------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["round", "1", "-f", "fp(2)"], "unknown format 'fp(2)'"),
+    (["round", "abc"], "'abc' is not a number"),
+    (["round", "0x1p5000"], "beyond float64's range"),
+    (["round", "1", "-r", "sideways"], "invalid choice: 'sideways'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_errors_go_to_stderr_with_a_nonzero_exit(args, message):
+    done = lpsim_cmd(*args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version():
+    done = lpsim_cmd("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"lpsim {lpsim.__version__}"
+
+
+def _subparsers(parser):
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_every_argument_has_help_and_help_has_no_markup():
+    parser = build_parser()
+    for command in [parser, *_subparsers(parser).values()]:
+        for action in command._actions:
+            assert action.help and action.help != argparse.SUPPRESS, (command.prog, action.dest)
+    for args in [["--help"]] + [[name, "--help"] for name in _subparsers(parser)]:
+        done = lpsim_cmd(*args)
+        assert done.returncode == 0 and done.stderr == ""
+        assert_fits(done.stdout, 80)
+        assert not re.search(r"\[/?(red|bold|green|yellow|dim|italic)[^\]]*\]", done.stdout)
+        assert "\x1b[" not in done.stdout
+
+
+def test_warmup_calls_lpsim_warmup(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(lpsim, "warmup", lambda: calls.append(1), raising=False)
+    assert main(["warmup"]) == 0
+    assert calls == [1] and "ready" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_warmup_without_lpsim_warmup_compiles_every_mode(monkeypatch, capsys):
+    monkeypatch.delattr(lpsim, "warmup", raising=False)
+    assert main(["warmup"]) == 0
+    assert "ready" in capsys.readouterr().out

@@ -1,0 +1,99 @@
+"""Every lpsim_cuda kernel compiles for a real GPU (sm_90), with no GPU: numba-cuda's typing
+and code generation run through NVVM, which the CUDA simulator used elsewhere in CI skips.
+
+It needs NVVM/NVRTC (the ``ptx`` extra: nvidia-cuda-nvcc-cu12, nvidia-cuda-nvrtc-cu12), which
+CI installs; without them the test says so and skips.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHECK = r"""
+import sys, types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+try:
+    cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
+except Exception as err:                    # no NVVM/NVRTC on this machine
+    print("no CUDA compiler:", type(err).__name__, str(err)[:200])
+    sys.exit(3)
+from lpsim.rounding import Params
+from lpsim.storage import NO_PACKING
+import importlib
+Q = importlib.import_module("lpsim_cuda.quantize")   # the package exports a function of that name
+
+params = T.UniTuple(T.int64, len(Params._fields))
+packing = T.UniTuple(T.int64, len(NO_PACKING))
+kernels = []
+for bits in (T.int32, T.int64):
+    for out in sorted({bits, T.int16, T.uint8}, key=str):
+        kernels.append((f"quantize {bits} -> {out}", Q._round_kernel,
+                        (bits[::1], out[::1], T.int64, T.int64, params, T.int64, T.int64,
+                         T.int64, T.int64, T.int64, packing, T.int64[::1], T.boolean)))
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for name, kernel, signature in kernels:
+        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
+        print(name, "ok", len(ptx))
+"""
+
+
+OPTIM = r"""
+import importlib, sys, types
+from unittest import mock
+import numba, numpy as np
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda
+sys.path.insert(0, "tests")
+from test_optim_cuda import CONFIGS, inputs        # the CUDA-simulator test's arguments
+O = importlib.import_module("lpsim_cuda.optim")
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for cls, dtype, kw in CONFIGS:
+        arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0)
+        args = (*arrays, *kargs, setup.pw, setup.pc, setup.ps, tuple(setup.sp16),
+                np.zeros(7, np.int64))
+        ptx, _ = cuda.compile_ptx(O._optim_kernel.py_func,
+                                  tuple(numba.typeof(a) for a in args), cc=(9, 0))
+        # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
+        print(cls.__name__, dtype, "ok", len(ptx), "fma", ptx.count("fma.rn"))
+"""
+
+
+def _compile(script):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=ROOT)
+    if done.returncode == 3:
+        pytest.skip("no NVVM/NVRTC here (pip install nvidia-cuda-nvcc-cu12 "
+                    f"nvidia-cuda-nvrtc-cu12): {done.stdout.strip()[:120]}")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_quantize_kernels_compile_for_sm90():
+    assert _compile(CHECK).count(" ok ") == 6
+
+
+def test_optimizer_kernel_compiles_for_sm90_without_contractions():
+    lines = _compile(_PREAMBLE + OPTIM).splitlines()
+    assert len([x for x in lines if " ok " in x]) == 4, lines
+    assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
+
+
+#: exits 3 when this machine has no NVVM/NVRTC
+_PREAMBLE = r"""
+import sys
+from numba import cuda
+try:
+    cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
+except Exception as err:
+    print("no CUDA compiler:", type(err).__name__, str(err)[:200])
+    sys.exit(3)
+"""

@@ -1,0 +1,310 @@
+"""lpsim.optim: fused kernel == reference bit for bit, the papers' lines against exact
+arithmetic, weight decay, state dicts, master weights, memory, counters and input errors."""
+
+import copy
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from lpsim.optim import SGD, AdamW, stream
+from lpsim.philox import random_words
+from lpsim.reference import round_exact
+
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def bits(t):
+    return t.detach().view(BITS.get(t.dtype, t.dtype)) if t.dtype in BITS else t.detach()
+
+
+def run(make, dtype, steps=4, n=23, seed=3, grads=None):
+    """Train one parameter of n elements for ``steps`` steps; returns (param, opt)."""
+    torch.manual_seed(seed)
+    p = torch.nn.Parameter(torch.randn(n).to(dtype))
+    opt = make([p])
+    gen = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        p.grad = (torch.randn(n, generator=gen) if grads is None else grads()).to(dtype)
+        opt.step()
+    return p, opt
+
+
+def assert_same(a, b):
+    (pa, oa), (pb, ob) = a, b
+    assert torch.equal(bits(pa), bits(pb))
+    sa, sb = oa.state[pa], ob.state[pb]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        if torch.is_tensor(sa[key]):
+            assert torch.equal(bits(sa[key]), bits(sb[key])), key
+        else:
+            assert sa[key] == sb[key], key
+    assert oa.update_stats == ob.update_stats
+    assert oa.cancelled_updates == ob.cancelled_updates
+
+
+CASES = [(dtype, update, srnd)
+         for dtype in (torch.float32, torch.bfloat16, torch.float16)
+         for update in ("nearest", "stochastic", "kahan", "remainder")
+         for srnd in ("nearest", "stochastic")
+         if update != "remainder" or dtype == torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype,update,srnd", CASES)
+@pytest.mark.parametrize("algo", ["adamw", "sgd"])
+def test_fused_equals_reference(dtype, update, srnd, algo):
+    def make(impl):
+        kw = dict(update_rounding=update, state_rounding=srnd, seed=11, implementation=impl)
+        if algo == "adamw":
+            return lambda ps: AdamW(ps, lr=3e-2, weight_decay=0.1, **kw)
+        return lambda ps: SGD(ps, lr=3e-2, momentum=0.9, nesterov=True, weight_decay=0.1, **kw)
+    assert_same(run(make("reference"), dtype), run(make("fused"), dtype))
+
+
+@pytest.mark.parametrize("kw", [dict(sr_bits=4), dict(weight_format="fp(5,4)",
+                                                         state_format="fp(6,5)"),
+                                dict(momentum=0.0), dict(momentum=0.5, dampening=0.25)])
+def test_fused_equals_reference_options(kw):
+    algo = SGD if "momentum" in kw else AdamW
+    def make(impl):
+        return lambda ps: algo(ps, lr=1e-1, update_rounding="stochastic",
+                               state_rounding="stochastic", seed=5, implementation=impl, **kw)
+    assert_same(run(make("reference"), torch.float32, steps=3),
+                run(make("fused"), torch.float32, steps=3))
+
+
+# -- the papers' lines against exact arithmetic ------------------------------------------
+
+def f32(x):
+    """The IEEE float32 rounding of an exact value (each line of the algorithms)."""
+    return round_exact(Fraction(x), "fp32").value if x != 0 else Fraction(0)
+
+
+def uniform_w(seed, step, index, i):
+    """The uniform of element i's weight update (lpsim.optim.keys: float64 container)."""
+    return Fraction(random_words(1, 8, seed, stream(step, index, 0), i)[0], 2 ** 62)
+
+
+def sqrt32(x):
+    # float64 sqrt rounded to float32 is the correctly rounded float32 sqrt (53 >= 2*24+2)
+    return Fraction(float(np.float32(math.sqrt(float(x)))))
+
+
+def test_adamw_stochastic_lines_exact():
+    """SR paper Algorithm 1 / BF16 paper Algorithm 4 on 6 scalars for 3 steps, every line
+    evaluated exactly and rounded (float32 ops, bf16 nearest states, exact SR of w - u)."""
+    n, seed, lr, wd, b1, b2, eps = 6, 9, 0.05, 0.1, 0.9, 0.999, 1e-8
+    w0 = torch.tensor([1.0, -0.3, 2.5, 1e-3, -7.0, 0.125]).to(torch.bfloat16)
+    p = torch.nn.Parameter(w0.clone())
+    opt = AdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd,
+                update_rounding="stochastic", seed=seed)
+    g_all = torch.randn(3, n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    F = lambda x: Fraction(float(np.float32(x)))      # the float32 scalars the step takes
+    w = [Fraction(float(x)) for x in w0]
+    m = [Fraction(0)] * n
+    v = [Fraction(0)] * n
+    for t in range(1, 4):
+        p.grad = g_all[t - 1].clone()
+        opt.step()
+        c1, c2 = F(1 - b1 ** t), F(1 - b2 ** t)
+        for i in range(n):
+            g = Fraction(float(g_all[t - 1, i]))
+            m[i] = Fraction(round_exact(f32(f32(F(b1) * m[i]) + f32(F(1 - b1) * g)),
+                                        "bf16").value)
+            v[i] = Fraction(round_exact(f32(f32(F(b2) * v[i]) + f32(F(1 - b2) * f32(g * g))),
+                                        "bf16").value)
+            mh = f32(m[i] / c1)
+            vh = sqrt32(f32(v[i] / c2))
+            u = f32(f32(F(lr) * f32(mh / f32(vh + F(eps)))) + f32(F(lr * wd) * w[i]))
+            w[i] = Fraction(round_exact(w[i] - u, "bf16", "stochastic",
+                                        uniform=uniform_w(seed, t, 0, i)).value)
+    assert [Fraction(float(x)) for x in p.detach()] == w
+
+
+def test_sgd_kahan_lines_exact():
+    """BF16 paper Algorithm 3 (SGD, momentum, Kahan) on 5 scalars for 4 steps, exactly."""
+    n, lr, mu, wd = 5, 0.01, 0.9, 0.01
+    w0 = torch.tensor([1.0, 3.0, -0.5, 100.0, 0.01]).to(torch.bfloat16)
+    p = torch.nn.Parameter(w0.clone())
+    opt = SGD([p], lr=lr, momentum=mu, weight_decay=wd, update_rounding="kahan", seed=1)
+    gen = torch.Generator().manual_seed(2)
+    F = lambda x: Fraction(float(np.float32(x)))
+    bf = lambda x: Fraction(round_exact(x, "bf16").value) if x != 0 else Fraction(0)
+    w = [Fraction(float(x)) for x in w0]
+    buf, c = [Fraction(0)] * n, [Fraction(0)] * n
+    for t in range(1, 5):
+        grad = (torch.randn(n, generator=gen) * 0.1).to(torch.bfloat16)
+        p.grad = grad.clone()
+        opt.step()
+        for i in range(n):
+            g = f32(Fraction(float(grad[i])) + f32(F(wd) * w[i]))          # line 4
+            buf[i] = bf(g if t == 1 else f32(f32(F(mu) * buf[i]) + f32(F(1) * g)))  # line 5
+            u = -f32(F(lr) * buf[i])                                         # line 6
+            y = f32(u - c[i])                                                # line 7
+            s = bf(w[i] + y)                                                 # line 8
+            c[i] = bf((s - w[i]) - y)                                        # line 9
+            w[i] = s                                                         # line 10
+    assert [Fraction(float(x)) for x in p.detach()] == w
+    assert [Fraction(float(x)) for x in opt.state[p]["kahan_comp"]] == c
+
+
+# -- behaviour ---------------------------------------------------------------------------
+
+def test_bf16_weight_decay_is_not_a_no_op():
+    """Zero gradients, lr*wd = 1e-4: nearest cancels every decay (counted), SR decays.
+
+    E[w_N] = w_0 (1 - lr wd)^N; the SR errors are martingale increments bounded by one
+    quantum q = 2**-8, so by Azuma-Hoeffding the mean of 2000 elements after N = 100 steps
+    is within 1.1 q of it except with probability 2 exp(-2 (1.1)^2 2000 / 100) < 1e-10.
+    """
+    n, steps = 2000, 100
+    out = {}
+    for mode in ("nearest", "stochastic"):
+        p = torch.nn.Parameter(torch.full((n,), 0.9921875, dtype=torch.bfloat16))  # 1 - 2**-7
+        opt = AdamW([p], lr=1e-3, weight_decay=0.1, update_rounding=mode, seed=4)
+        for _ in range(steps):
+            p.grad = torch.zeros_like(p)
+            opt.step()
+        out[mode] = (p.detach().float().mean().item(), opt.cancelled_updates)
+    assert out["nearest"] == (0.9921875, n * steps)
+    expect = 0.9921875 * (1 - 1e-4) ** steps
+    assert abs(out["stochastic"][0] - expect) < 1.1 * 2 ** -8
+    assert 0.9921875 - out["stochastic"][0] > 0.5 * (0.9921875 - expect)
+
+
+def test_state_dict_round_trip_resumes_bit_identically():
+    make = lambda ps: AdamW(ps, lr=1e-2, update_rounding="stochastic",
+                            state_rounding="stochastic", seed=21)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(40, generator=gen).to(torch.bfloat16) for _ in range(6)]
+    p = torch.nn.Parameter(torch.randn(40, generator=gen).to(torch.bfloat16))
+    q = torch.nn.Parameter(p.detach().clone())
+    a = make([p])
+    for g in grads[:3]:
+        p.grad = g.clone()
+        a.step()
+    saved = copy.deepcopy(a.state_dict())       # as torch.save / torch.load would
+    q.data.copy_(p.detach())
+    b = AdamW([q], lr=0.5, seed=999)             # options come back from the state dict
+    b.load_state_dict(saved)
+    for g in grads[3:]:
+        p.grad, q.grad = g.clone(), g.clone()
+        a.step()
+        b.step()
+    assert torch.equal(bits(p), bits(q))
+    assert torch.equal(bits(a.state[p]["exp_avg_sq"]), bits(b.state[q]["exp_avg_sq"]))
+
+
+def test_load_master_weights_keeps_the_fp32_master():
+    w32 = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    p = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))
+    opt = AdamW([p], update_rounding="remainder")
+    opt.load_master_weights([w32])
+    from lpsim.optim.reference import join_remainder
+    assert torch.equal(join_remainder(p.detach(), opt.state[p]["remainder"]), w32)
+    assert torch.equal(p.detach(), w32.to(torch.bfloat16))
+    q, r = (torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16)) for _ in range(2))
+    kahan = AdamW([{"params": [q]}, {"params": [r]}], update_rounding="kahan",
+                  state_format="fp32")
+    kahan.load_master_weights([w32, -w32])
+    assert torch.equal(q.detach().float() - kahan.state[q]["kahan_comp"], w32)
+    assert torch.equal(r.detach().float() - kahan.state[r]["kahan_comp"], -w32)
+
+
+@pytest.mark.parametrize("dtype,kw,expect", [
+    (torch.bfloat16, dict(update_rounding="stochastic"), 6),
+    (torch.bfloat16, dict(update_rounding="kahan"), 8),
+    (torch.bfloat16, dict(update_rounding="remainder"), 8),
+    (torch.float32, dict(), 12),
+    (torch.bfloat16, dict(state_format="fp32", update_rounding="stochastic"), 10),
+])
+def test_memory_bytes(dtype, kw, expect):
+    p = torch.nn.Parameter(torch.zeros(10, dtype=dtype))
+    opt = AdamW([p], **kw)
+    assert opt.memory_bytes() == expect
+    p.grad = torch.ones_like(p)
+    opt.step()
+    held = p.element_size() + sum(s.element_size() for s in opt.state[p].values()
+                                  if torch.is_tensor(s))
+    assert held == expect
+
+
+def test_close_to_torch_in_fp32():
+    """FP32 weights and states with nearest rounding are torch.optim's algorithms up to the
+    order of float32 operations (torch's AdamW: lerp and w *= 1 - lr wd)."""
+    for ours, theirs, kw in [(AdamW, torch.optim.AdamW, dict(weight_decay=0.1)),
+                             (SGD, torch.optim.SGD, dict(momentum=0.9, nesterov=True,
+                                                         weight_decay=0.1))]:
+        p = torch.nn.Parameter(torch.randn(100, generator=torch.Generator().manual_seed(1)))
+        q = torch.nn.Parameter(p.detach().clone())
+        a, b = ours([p], lr=1e-2, **kw), theirs([q], lr=1e-2, **kw)
+        gen = torch.Generator().manual_seed(2)
+        for _ in range(20):
+            g = torch.randn(100, generator=gen)
+            p.grad, q.grad = g.clone(), g.clone()
+            a.step()
+            b.step()
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_lr_scheduler_and_param_groups():
+    p = torch.nn.Parameter(torch.ones(4))
+    q = torch.nn.Parameter(torch.ones(4))
+    opt = SGD([{"params": [p]}, {"params": [q], "lr": 0.0}], lr=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for expect in (0.5, 0.75):
+        p.grad, q.grad = torch.ones(4), torch.ones(4)
+        opt.step()
+        sched.step()
+        assert torch.equal(p.detach(), torch.full((4,), 1 - expect))
+    assert torch.equal(q.detach(), torch.ones(4))
+    opt.zero_grad()
+    assert p.grad is None
+
+
+def test_randomness_is_keyed_by_step_and_position():
+    """Two parameters with equal values and gradients round differently (position), and
+    one parameter's bits change from step to step (no key reused)."""
+    p, q = (torch.nn.Parameter(torch.ones(256, dtype=torch.bfloat16)) for _ in range(2))
+    opt = SGD([p, q], lr=2 ** -10, update_rounding="stochastic", seed=0)
+    changed = []
+    for _ in range(2):
+        p.grad, q.grad = torch.ones_like(p), torch.ones_like(q)
+        before = p.detach().clone()
+        opt.step()
+        changed.append(p.detach() != before)
+    assert not torch.equal(p.detach(), q.detach())
+    assert not torch.equal(changed[0], changed[1])
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(update_rounding="sr"), ValueError, "update_rounding"),
+    (dict(state_rounding="up"), ValueError, "state_rounding"),
+    (dict(weight_format="fp(9,x)"), ValueError, "fp"),
+    (dict(sr_bits=0), ValueError, "sr_bits"),
+    (dict(sr_bits=2.5), TypeError, "sr_bits"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(lr=-1.0), ValueError, "lr"),
+    (dict(betas=(0.9, 1.0)), ValueError, "betas"),
+    (dict(implementation="cuda"), ValueError, "implementation"),
+])
+def test_bad_options(kw, error, match):
+    with pytest.raises(error, match=match):
+        AdamW([torch.nn.Parameter(torch.zeros(2))], **kw)
+
+
+def test_bad_parameters():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = AdamW([p], update_rounding="remainder")
+    p.grad = torch.zeros(2)
+    with pytest.raises(ValueError, match="remainder"):
+        opt.step()
+    r = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    r.grad = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float64"):
+        SGD([r]).step()
+    with pytest.raises(ValueError, match="nesterov"):
+        SGD([p], nesterov=True)

@@ -1,0 +1,209 @@
+"""lpsim.torch.qtorch_compat against the installed qtorch, bit for bit where qtorch is
+deterministic ("nearest"); stochastic modes checked for staying on the two neighbours.
+
+Select with ``-m qtorch``.  qtorch JIT-compiles a C++ extension on its first import (~30 s).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.qtorch
+torch = pytest.importorskip("torch")
+quant = pytest.importorskip("qtorch.quant")
+qnumber = pytest.importorskip("qtorch")
+qoptim = pytest.importorskip("qtorch.optim")
+
+import lpsim  # noqa: E402
+from lpsim.torch import qtorch_compat as qc  # noqa: E402
+
+
+def bits(t):
+    return t.contiguous().view(torch.int32).numpy()
+
+
+def f32(a):
+    with np.errstate(over="ignore"):          # values beyond float32 become inf on purpose
+        return np.asarray(a, np.float64).astype(np.float32)
+
+
+def nudged(v):
+    """v and its float32 neighbours on both sides."""
+    v = f32(v)
+    return np.concatenate([v, np.nextafter(v, np.float32(np.inf)),
+                           np.nextafter(v, np.float32(-np.inf))])
+
+
+def float_inputs(exp, man, rng):
+    min_exp, emax = 2 - 2 ** (exp - 1), 2 ** (exp - 1)
+    n = 600
+    es = rng.integers(max(min_exp - man - 3, -149), min(emax + 3, 128), n)
+    k = rng.integers(0, 2 ** man, n) if man else np.zeros(n, np.int64)
+    mids = (1 + (k + 0.5) / 2.0 ** man) * np.exp2(es.astype(np.float64))     # normal midpoints
+    ksub = rng.integers(0, 2 ** man + 1, 200) if man else rng.integers(0, 2, 200)
+    sub_mids = (ksub + 0.5) * 2.0 ** (min_exp - man)                          # subnormal ones
+    top = (2 - 2.0 ** -man) * 2.0 ** emax
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 2.0 ** -149, -2.0 ** -149,
+               2.0 ** -126, 2.0 ** min_exp, 2.0 ** (min_exp - man), 3.4028234663852886e38,
+               top, top * (1 + 2.0 ** -(man + 2)), top * (1 + 2.0 ** -(man + 1)), 2 * top]
+    wide = rng.uniform(1, 3.4, 3000) * 10.0 ** rng.uniform(-45, 38, 3000)
+    x = np.concatenate([nudged(mids[mids < 3.4e38]), nudged(sub_mids), f32(special),
+                        f32(wide)])
+    x = np.concatenate([x, -x])
+    return torch.from_numpy(f32(x))
+
+
+@pytest.mark.parametrize("exp", range(2, 9))
+def test_float_quantize_nearest_bit_for_bit(exp):
+    rng = np.random.default_rng(exp)
+    for man in range(0, 23):
+        x = float_inputs(exp, man, rng)
+        theirs = quant.float_quantize(x, exp, man, rounding="nearest")
+        ours = qc.float_quantize(x, exp, man, rounding="nearest")
+        diff = np.flatnonzero(bits(theirs) != bits(ours))
+        assert diff.size == 0, (exp, man, x[diff[:5]], theirs[diff[:5]], ours[diff[:5]])
+
+
+def test_float_quantize_pinned_differences_from_lpsim_quantize():
+    # ties away from zero, where lpsim's "nearest" ties to even
+    x = torch.tensor([1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8])       # bf16 ties
+    assert qc.float_quantize(x, 8, 7, "nearest").tolist() == [1.0078125, 1.015625]
+    assert lpsim.quantize(x, "bf16").tolist() == [1.0, 1.015625]
+    # the top exponent code is finite and overflow saturates (exp < 8): e5m2's max 114688
+    big = torch.tensor([1e6, float("inf"), -1e6])
+    assert qc.float_quantize(big, 5, 2, "nearest").tolist() == [114688.0, 114688.0, -114688.0]
+    assert quant.float_quantize(big, 5, 2, "nearest").tolist() == [114688.0, 114688.0,
+                                                                   -114688.0]
+    assert lpsim.quantize(big, "e5m2").tolist() == [math.inf, math.inf, -math.inf]
+    # negative values that round to zero and -0 come back as +0
+    neg = torch.tensor([-0.0, -2.0 ** -30])
+    assert bits(qc.float_quantize(neg, 5, 2, "nearest")).tolist() == [0, 0]
+    assert bits(lpsim.quantize(neg, "e5m2")).tolist() == bits(torch.tensor([-0.0, -0.0])).tolist()
+    # NaN saturates for exp < 8
+    nan = torch.tensor([float("nan")])
+    assert qc.float_quantize(nan, 4, 3, "nearest").item() == 480.0
+    assert quant.float_quantize(nan, 4, 3, "nearest").item() == 480.0
+
+
+def fixed_inputs(wl, fl, rng):
+    q = 2.0 ** -fl
+    k = rng.integers(-(2 ** (wl - 1)) - 4, 2 ** (wl - 1) + 4, 2000)
+    edge = np.concatenate([(k + 0.5) * q, k * q,
+                           rng.uniform(-1, 1, 2000) * 2.0 ** (wl - fl),
+                           (np.arange(2 ** 23 - 6, 2 ** 23 + 6) * q),
+                           (np.arange(2 ** 24 - 6, 2 ** 24 + 6) * q),
+                           [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30]])
+    x = np.concatenate([nudged(edge), -nudged(edge)])
+    return torch.from_numpy(f32(x))
+
+
+@pytest.mark.parametrize("wl, fl", [(8, 4), (4, 2), (16, 8), (24, 12), (26, 4), (32, 16),
+                                    (8, 0), (12, 20), (2, 1)])
+@pytest.mark.parametrize("clamp, symmetric", [(True, False), (True, True), (False, False)])
+def test_fixed_point_quantize_nearest_bit_for_bit(wl, fl, clamp, symmetric):
+    rng = np.random.default_rng(wl * 64 + fl)
+    x = fixed_inputs(wl, fl, rng)
+    theirs = quant.fixed_point_quantize(x, wl, fl, clamp=clamp, symmetric=symmetric,
+                                        rounding="nearest")
+    ours = qc.fixed_point_quantize(x, wl, fl, clamp=clamp, symmetric=symmetric,
+                                   rounding="nearest")
+    diff = np.flatnonzero(bits(theirs) != bits(ours))
+    assert diff.size == 0, (x[diff[:5]], theirs[diff[:5]], ours[diff[:5]])
+
+
+def test_fixed_point_pinned_differences():
+    # an odd multiple of the quantum in [2^23, 2^24) quanta comes back one quantum up, and
+    # a value just above the midpoint 0.5 quanta rounds down (float32 a + 0.5 rounds to 1)
+    for a, qt, exact in [(2.0 ** 23 + 1, 2.0 ** 23 + 2, 2.0 ** 23 + 1), (0.5 + 2 ** -24, 0, 1)]:
+        x = torch.tensor([a / 16])
+        assert quant.fixed_point_quantize(x, 32, 4, rounding="nearest").item() == qt / 16
+        assert qc.fixed_point_quantize(x, 32, 4, rounding="nearest").item() == qt / 16
+        assert lpsim.quantize(x.double(), lpsim.fixed(32, 4)).item() == exact / 16
+    # elsewhere lpsim.fixed's nearest equals qtorch's (here: a has at most 22 bits)
+    rng = np.random.default_rng(5)
+    xs = torch.from_numpy(f32(rng.integers(-2 ** 12, 2 ** 12, 5000) / 2.0 ** 8))
+    assert np.array_equal(bits(quant.fixed_point_quantize(xs, 8, 3, rounding="nearest")),
+                          bits(lpsim.quantize(xs, lpsim.fixed(8, 3))))
+
+
+@pytest.mark.parametrize("wl", [1, 2, 4, 8, 12, 22])
+@pytest.mark.parametrize("dim, shape", [(-1, (300,)), (0, (6, 50)), (1, (5, 7, 9))])
+def test_block_quantize_nearest_bit_for_bit(wl, dim, shape):
+    rng = np.random.default_rng(wl)
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-3, 3, shape)
+    x.reshape(-1)[:3] = [0.0, -0.0, 1e-42]
+    xt = torch.from_numpy(f32(x))
+    theirs = quant.block_quantize(xt, wl, dim=dim, rounding="nearest")
+    ours = qc.block_quantize(xt, wl, dim=dim, rounding="nearest")
+    assert np.array_equal(bits(theirs), bits(ours))
+    sub = torch.from_numpy(f32(rng.standard_normal(40) * 1e-40))       # a subnormal block
+    assert np.array_equal(bits(quant.block_quantize(sub, wl, rounding="nearest")),
+                          bits(qc.block_quantize(sub, wl, rounding="nearest")))
+
+
+def test_stochastic_modes_stay_on_the_two_neighbours_and_replay():
+    g = lpsim.Generator(0)
+    x = torch.linspace(-3, 3, 1001)
+    lo = qc.float_quantize(x, 5, 2, "nearest")
+    st = g.get_state()
+    y = qc.float_quantize(x, 5, 2, "stochastic", generator=g)
+    down = lpsim.quantize(x, "fp(5,2,0,saturate)", "down")
+    up = lpsim.quantize(x, "fp(5,2,0,saturate)", "up")
+    assert bool(((y == down) | (y == up)).all()) and not torch.equal(y, lo)
+    g.set_state(st)
+    assert torch.equal(y, qc.float_quantize(x, 5, 2, "stochastic", generator=g))
+    f = qc.fixed_point_quantize(x, 8, 4, rounding="stochastic", generator=g)
+    assert bool(((f * 16 - torch.floor(x * 16)).abs() <= 1).all())
+    b = qc.block_quantize(x, 6, rounding="stochastic", generator=g)
+    bn = qc.block_quantize(x, 6, rounding="nearest")
+    assert bool(((b - bn).abs() <= 2.0 ** (2 - 6 + 2)).all())
+
+
+def test_quantizer_module_and_optim_match_qtorch():
+    fwd, bwd = qnumber.FloatingPoint(4, 3), qnumber.FixedPoint(8, 4)
+    x = torch.linspace(-9, 9, 97, requires_grad=True)
+    c = torch.linspace(-2, 2, 97)
+    grads = []
+    for q in (quant.quantizer(fwd, bwd, "nearest", "nearest"),
+              qc.quantizer(fwd, bwd, "nearest", "nearest"),
+              qc.Quantizer(qc.FloatingPoint(4, 3), qc.FixedPoint(8, 4), "nearest", "nearest")):
+        x.grad = None
+        y = q(x)
+        (y * c).sum().backward()
+        grads.append((bits(y.detach()), bits(x.grad)))
+    for g in grads[1:]:
+        assert np.array_equal(g[0], grads[0][0]) and np.array_equal(g[1], grads[0][1])
+    # clamping_grad_zero: gradient zeroed where the forward clamped
+    for make in (quant.quantizer, qc.quantizer):
+        x.grad = None
+        make(qnumber.FixedPoint(6, 2), qnumber.FloatingPoint(8, 7), "nearest", "nearest",
+             clamping_grad_zero=True)(x).sum().backward()
+        grads.append(bits(x.grad))
+    assert np.array_equal(grads[-1], grads[-2]) and (grads[-1] == 0).any()
+
+    def train(optlp_cls, quantizer_fn):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.linspace(-1, 1, 33))
+        base = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+        q = quantizer_fn(qnumber.FloatingPoint(5, 4), None, "nearest", "nearest")
+        opt = optlp_cls(base, weight_quant=q, grad_quant=q, momentum_quant=q, acc_quant=q,
+                        grad_scaling=2.0)
+        for step in range(5):
+            opt.zero_grad()
+            ((w - 0.3 * step) ** 2).sum().backward()
+            opt.step()
+        return bits(w.detach())
+
+    assert np.array_equal(train(qoptim.OptimLP, quant.quantizer), train(qc.OptimLP, qc.quantizer))
+
+
+def test_compat_errors():
+    with pytest.raises(TypeError, match="torch.float64"):
+        qc.float_quantize(torch.ones(2, dtype=torch.float64), 5, 2)
+    with pytest.raises(ValueError, match="invalid rounding mode 'up'"):
+        qc.float_quantize(torch.ones(2), 5, 2, "up")
+    with pytest.raises(ValueError, match="man=23"):
+        qc.float_quantize(torch.ones(2), 5, 23)
+    with pytest.raises(TypeError, match="SGD or Adam"):
+        qc.OptimLP(torch.optim.RMSprop([torch.nn.Parameter(torch.ones(1))]))

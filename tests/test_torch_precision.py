@@ -1,0 +1,199 @@
+"""Precision assignment (Lee, Sharma and Aiken 2023, Sections 3-4) on tiny CNNs."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+import lpsim
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from lpsim.torch.precision import (Candidates, DynamicLossScaler, PrecisionModel,  # noqa: E402
+                                   assign, group_tensors)
+
+
+def tiny_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(36, 10))
+
+
+def three_gemm_cnn():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(128, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+def train_step(pm, opt, scaler, x, y):
+    opt.zero_grad()
+    loss = pm.loss(pm(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    pm.end_step()
+    return loss.item()
+
+
+def test_hooks_see_exactly_the_papers_tensor_set():
+    net = tiny_cnn()
+    x = torch.randn(2, 1, 8, 8)
+    pm = PrecisionModel(net, x, assignment="uniform")
+    # n = 5 operators + the loss (m = 6): v_1..v_7, dv_1..dv_7, theta/dtheta of conv, linear
+    expected = {
+        "v1": [(2, 1, 8, 8)], "v2": [(2, 4, 6, 6)], "v3": [(2, 4, 6, 6)], "v4": [(2, 4, 3, 3)],
+        "v5": [(2, 36)], "v6": [(2, 10)], "v7": [()],
+        "theta1": [(4, 1, 3, 3), (4,)], "theta5": [(10, 36), (10,)],
+    }
+    expected.update({"d" + k: v for k, v in list(expected.items())})
+    assert {s.name: list(s.shapes) for s in pm.tensors} == expected
+    assert len(pm.tensors) == 18
+    # one training step with an input that requires grad: every site rounds its tensor once
+    xg = x.clone().requires_grad_()
+    loss = pm.loss(pm(xg), torch.tensor([3, 7]))
+    loss.backward()
+    for slot in pm.tensors:
+        assert pm.site_stats(slot.name).elements == slot.size, slot.name
+    # the operators saw rounded values: the output and the weights are low-format values
+    lo = pm.assignment.candidates.lo_forward
+    out = pm(x).detach().numpy()
+    assert np.array_equal(lpsim.quantize(out, lo), out)
+    w = net[0].parametrizations.weight.original.detach().numpy()
+    assert np.array_equal(net[0].weight.detach().numpy(), lpsim.quantize(w, lo))
+    # the gradient reaching the input is a fp(5,2,0) value
+    g = xg.grad.numpy()
+    assert np.array_equal(lpsim.quantize(g, "fp(5,2,0)"), g)
+
+
+def test_grouping_follows_algorithm_1():
+    pm = PrecisionModel(three_gemm_cnn(), torch.randn(3, 1, 8, 8), assignment="fp32")
+    names = [[s.name for s in g] for g in group_tensors(pm.tensors, pm.ops)]
+    # GEMMs are operators 1, 4, 8, 10; a group closes after each, the loss group is last
+    assert names[0] == ["v1", "dv1", "theta1", "dtheta1"]
+    assert names[1][:4] == ["v2", "dv2", "theta2", "dtheta2"] and names[1][-2:] == ["theta4",
+                                                                                  "dtheta4"]
+    assert names[-1] == ["v11", "dv11", "v12", "dv12"]
+    flat = [n for g in names for n in g]
+    assert sorted(flat) == sorted(s.name for s in pm.tensors)    # a partition of TS
+
+
+@pytest.mark.parametrize("r", [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0])
+def test_demotion_respects_r_and_demotes_largest_groups_first(r):
+    pm = PrecisionModel(three_gemm_cnn(), torch.randn(3, 1, 8, 8), assignment="ours", r=r)
+    pi = pm.assignment
+    assert pi.ratio_lo() >= r
+    groups = sorted(group_tensors(pm.tensors, pm.ops), key=lambda g: -sum(s.size for s in g))
+    low = [all(pi.levels[s.name] == "lo" for s in g) for g in groups]
+    mixed = [any(pi.levels[s.name] == "lo" for s in g) for g in groups]
+    assert low == mixed                               # whole groups only
+    k = sum(low)
+    assert low == [True] * k + [False] * (len(groups) - k)   # a prefix of the size order
+    if k:                                             # and no more than needed
+        total = sum(s.size for s in pm.tensors)
+        before = sum(s.size for g in groups[:k - 1] for s in g) / total
+        assert before < r
+    bits = sum(s.size * (pi.candidates.lo_forward.bits if pi.levels[s.name] == "lo" else 16)
+               for s in pm.tensors)
+    assert pi.aggregate_bits() == bits
+
+
+def test_baselines():
+    pm = PrecisionModel(three_gemm_cnn(), torch.randn(3, 1, 8, 8), assignment="fp32")
+    ts, ops = pm.tensors, pm.ops
+    assert assign("fp32", ts, ops).aggregate_bits() == 32 * sum(s.size for s in ts)
+    assert assign("uniform", ts, ops).ratio_lo() == 1.0
+    assert assign("ours", ts, ops, r=1.0).levels == assign("uniform", ts, ops).levels
+    assert assign("ours", ts, ops, r=0.0).ratio_lo() == 0.0
+    # Eq. (2): v_i, theta_i, dv_{i+1} of the GEMMs but the first and last (ops 4 and 8)
+    assert sorted(assign("operator", ts, ops).low()) == sorted(
+        ["v4", "theta4", "dv5", "v8", "theta8", "dv9"])
+    with pytest.raises(ValueError, match="unknown assignment 'op'"):
+        assign("op", ts, ops)
+    with pytest.raises(ValueError, match="r=1.5"):
+        assign("ours", ts, ops, r=1.5)
+    with pytest.raises(ValueError, match="one low bit width"):
+        Candidates(hi="fp(6,9,0)", lo_forward="e4m3", lo_backward="fp16")
+
+
+def _overflow_run(promote, steps=12):
+    torch.manual_seed(2)
+    pm = PrecisionModel(three_gemm_cnn(), torch.randn(8, 1, 8, 8), assignment="uniform",
+                        promote=promote)
+    opt = torch.optim.SGD(pm.parameters(), lr=0.01)
+    scaler = DynamicLossScaler()
+    x = torch.randn(8, 1, 8, 8) * 100          # far beyond fp(4,3,4)'s max of 15
+    y = torch.arange(8) % 10
+    losses = [train_step(pm, opt, scaler, x, y) for _ in range(steps)]
+    return pm, losses
+
+
+def test_promotion_fires_and_keeps_training_finite_where_no_promotion_diverges():
+    pm, losses = _overflow_run(promote=True)
+    assert pm.promotions and pm.promotions[0][0] == 0 and pm.promotions[0][1] == "v1"
+    assert all(name.startswith(("v", "theta")) for _, name, _ in pm.promotions)
+    assert all(ratio > 0.01 for _, _, ratio in pm.promotions)
+    assert all(math.isfinite(v) for v in losses[-4:])
+    assert all(bool(torch.isfinite(p).all()) for p in pm.parameters())
+    report = pm.report()
+    assert report["ratio_lo"] < report["ratio_lo_start"] == 1.0
+    assert report["aggregate_bits"] > report["aggregate_bits_start"]
+    rows = pm.stats_rows(0)
+    assert {r["tensor"] for r in rows} == {s.name for s in pm.tensors}
+    assert next(r for r in rows if r["tensor"] == "v1")["overflow_ratio"] > 0.5
+    assert "| v1 |" in pm.stats_table(0)
+
+    plain, losses = _overflow_run(promote=False)
+    assert not plain.promotions
+    assert not any(math.isfinite(v) for v in losses)
+
+
+def test_loss_scaler():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    s = DynamicLossScaler(init_scale=4.0, growth_interval=2)
+    p.grad = torch.tensor([8.0, 4.0])
+    assert s.step(opt) and torch.equal(p.detach(), torch.tensor([-1.0, 0.0])) and s.value == 4
+    p.grad = torch.tensor([4.0, 4.0])
+    assert s.step(opt) and s.value == 8
+    p.grad = torch.tensor([float("inf"), 1.0])
+    assert not s.step(opt) and s.value == 4 and torch.equal(p.detach(), torch.tensor([-2., -1.]))
+    with pytest.raises(ValueError, match="growth_interval=0"):
+        DynamicLossScaler(growth_interval=0)
+
+
+def test_remove_restores_the_plain_model():
+    net = tiny_cnn()
+    x = torch.randn(2, 1, 8, 8)
+    ref = net(x)
+    pm = PrecisionModel(net, x, assignment="uniform")
+    assert not torch.equal(pm(x), ref)
+    plain = pm.remove()
+    assert torch.equal(plain(x), ref)
+
+
+@pytest.mark.skipif(os.environ.get("LPSIM_TEST_GPU") != "1" or not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU and LPSIM_TEST_GPU=1 (sites round in lpsim_cuda)")
+def test_precision_model_on_cuda():
+    net = three_gemm_cnn().cuda()
+    x = torch.randn(8, 1, 8, 8, device="cuda")
+    pm = PrecisionModel(net, x, assignment="ours", r=0.75)
+    opt = torch.optim.SGD(pm.parameters(), lr=0.01)
+    loss = train_step(pm, opt, DynamicLossScaler(), x, torch.arange(8, device="cuda") % 10)
+    assert math.isfinite(loss)
+    rows = pm.stats_rows(0)
+    assert all(r["elements"] == s.size for r, s in zip(rows, pm.tensors) if s.name != "dv1")
+    lo = pm.assignment.candidates.lo_forward
+    w = net[0].parametrizations.weight.original.detach()
+    seen = net[0].weight.detach()
+    expected = lpsim.quantize(w.cpu().numpy(), pm.assignment.format("theta1"))
+    assert np.array_equal(seen.cpu().numpy(), expected) and lo is not None
+
+
+def test_wrapping_leaves_batch_norm_statistics_alone():
+    net = three_gemm_cnn()
+    before = net[1].running_mean.clone(), int(net[1].num_batches_tracked)
+    pm = PrecisionModel(net, torch.randn(4, 1, 8, 8) + 3, assignment="fp32")
+    assert torch.equal(net[1].running_mean, before[0])
+    assert int(net[1].num_batches_tracked) == before[1] and pm.model.training

@@ -1,0 +1,137 @@
+"""lpsim.quantize / lpsim.torch.quantize on torch tensors: autograd, version counter, dtypes."""
+
+import os
+
+import numpy as np
+import pytest
+
+import lpsim
+
+torch = pytest.importorskip("torch")
+import lpsim.torch as lt  # noqa: E402
+
+
+def _np(t):
+    return t.detach().cpu().numpy()
+
+
+def test_issue_repro_in_place_on_a_leaf_that_requires_grad_raises():
+    w = torch.tensor([1.1, 2.3, 3.7], requires_grad=True)
+    y = (w * w).sum()
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        lpsim.quantize(w, "e4m3fn", out=w)
+    y.backward()                                 # nothing was written: the true gradient
+    assert torch.equal(w.grad, torch.tensor([2.2, 4.6, 7.4]))
+
+
+def test_in_place_under_no_grad_bumps_the_version_so_backward_refuses_stale_values():
+    w = torch.tensor([1.1, 2.3, 3.7], requires_grad=True)
+    y = (w * w).sum()
+    before = w._version
+    with torch.no_grad():
+        assert lpsim.quantize(w, "e4m3fn", out=w) is w
+    assert w._version > before
+    assert np.array_equal(_np(w), lpsim.quantize(np.array([1.1, 2.3, 3.7], np.float32),
+                                                 "e4m3fn"))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_requires_grad_input_keeps_a_straight_through_graph():
+    x = torch.tensor([0.3, -1.7, 5.01], dtype=torch.float64, requires_grad=True)
+    y = lt.quantize(x, "e5m2")
+    assert y.requires_grad and y.grad_fn is not None
+    assert np.array_equal(_np(y), lpsim.quantize(_np(x), "e5m2"))
+    c = torch.tensor([0.5, -2.0, 3.25], dtype=torch.float64)
+    (y * c).sum().backward()
+    assert torch.equal(x.grad, c)                 # d round(x)/dx := 1, documented
+    with torch.no_grad():
+        assert not lt.quantize(x, "e5m2").requires_grad
+    assert not lt.quantize(x.detach(), "e5m2").requires_grad
+
+
+def test_in_place_on_a_non_leaf_goes_through_autograd():
+    w = torch.tensor([1.1, 2.3, 3.7], requires_grad=True)
+    a = w * 2
+    version = a._version
+    lpsim.quantize(a, "bf16", "nearest", out=a)
+    assert a._version > version
+    assert np.array_equal(_np(a), lpsim.quantize(_np(w * 2), "bf16"))
+    c = torch.tensor([1.0, -1.0, 0.5])
+    (a * c).sum().backward()
+    assert torch.equal(w.grad, 2 * c)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_upcast_exactly(dtype):
+    x = (torch.randn(257, generator=torch.Generator().manual_seed(0)) * 30).to(dtype)
+    y = lt.quantize(x, "e4m3", "stochastic", seed=5)
+    assert y.dtype == torch.float32
+    ref = lpsim.quantize(x.float().numpy(), "e4m3", "stochastic", seed=5)
+    assert np.array_equal(y.numpy(), ref)
+
+
+def test_half_precision_out_takes_exact_values_only():
+    x = torch.tensor([1.1, -3.3, 300.0], dtype=torch.bfloat16)
+    lpsim.quantize(x, "e4m3", out=x)
+    assert x.dtype == torch.bfloat16
+    assert np.array_equal(x.float().numpy(), lpsim.quantize(
+        torch.tensor([1.1, -3.3, 300.0], dtype=torch.bfloat16).float().numpy(), "e4m3"))
+    h = torch.tensor([65504.0], dtype=torch.float16)      # bf16 rounds it up to 65536
+    with pytest.raises(ValueError, match="do not all fit out's dtype torch.float16"):
+        lpsim.quantize(h, "bf16", out=h)
+    assert h.item() == 65504.0
+
+
+def test_out_kinds_must_match():
+    t = torch.ones(3)
+    with pytest.raises(TypeError, match="x is a torch tensor but out is a ndarray"):
+        lpsim.quantize(t, "bf16", out=np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="out is a torch tensor but x is a ndarray"):
+        lpsim.quantize(np.ones(3, np.float32), "bf16", out=t)
+    with pytest.raises(TypeError, match="dtype torch.int32"):
+        lpsim.quantize(torch.ones(3, dtype=torch.int32), "bf16")
+    with pytest.raises(ValueError, match="shape"):
+        lpsim.quantize(t, "bf16", out=torch.ones(4))
+    with pytest.raises(TypeError, match="rounds torch tensors"):
+        lt.quantize(np.ones(3), "bf16")
+
+
+def test_strided_tensors_and_stats():
+    x = torch.arange(24, dtype=torch.float32).reshape(4, 6).t() * 0.37
+    stats = lpsim.RoundingStats()
+    y = lt.quantize(x, "e4m3", stats=stats)
+    assert np.array_equal(y.numpy(), lpsim.quantize(np.ascontiguousarray(x.numpy()), "e4m3"))
+    assert stats.elements == 24 and stats.inexact > 0
+    out = torch.empty(6, 4)
+    lpsim.quantize(x, "e4m3", out=out)
+    assert torch.equal(out, y)
+
+
+def test_generator_with_tensors_matches_numpy_bits():
+    g = lpsim.Generator(11)
+    x = torch.linspace(1, 2, 50)
+    a = lt.quantize(x, "e4m3", "stochastic", generator=g)
+    b = lt.quantize(x, "e4m3", "stochastic", generator=g)
+    assert np.array_equal(a.numpy(), lpsim.quantize(x.numpy(), "e4m3", "stochastic", seed=11))
+    assert np.array_equal(b.numpy(), lpsim.quantize(x.numpy(), "e4m3", "stochastic", seed=11,
+                                                    offset=52))
+
+
+@pytest.mark.skipif(os.environ.get("LPSIM_TEST_GPU") != "1" or not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU and LPSIM_TEST_GPU=1 (torch CUDA tensors)")
+def test_cuda_tensors_match_the_cpu_path():
+    x = torch.randn(4099, generator=torch.Generator().manual_seed(1)) * 100
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        xc = x.to(dtype)
+        cpu = lt.quantize(xc, "e4m3", "stochastic", seed=3)
+        gpu = lt.quantize(xc.cuda(), "e4m3", "stochastic", seed=3)
+        assert torch.equal(gpu.cpu(), cpu)
+    w = x.cuda().requires_grad_()
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        lpsim.quantize(w, "bf16", out=w)
+    v = w._version
+    with torch.no_grad():
+        lpsim.quantize(w, "bf16", out=w)
+    assert w._version > v
+    assert torch.equal(w.detach().cpu(), lt.quantize(x, "bf16"))
