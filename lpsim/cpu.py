@@ -74,7 +74,7 @@ def _as_bits(x):
 def params_of(v):
     """The :class:`lpsim.rounding.Params` held in the int64 vector ``v`` (tuple(params))."""
     return Params(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
-                  v[12], v[13], v[14], v[15], v[16], v[17])
+                  v[12], v[13], v[14], v[15], v[16], v[17], v[18], v[19])
 
 
 #: the generator inlined into the block loops, so that they vectorise

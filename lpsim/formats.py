@@ -10,11 +10,23 @@ policy        top exponent code                           inf input / NaN input
 ``ieee``      inf (mantissa 0) and NaN                    kept / kept
 ``saturate``  ordinary finite numbers (no inf, no NaN)    +-max_finite / kept, counted
 ``fn``        finite, except all-ones mantissa = NaN      NaN (+-max if saturate) / kept
+``fnuz``      finite; NaN is the code of -0 (0x80)        NaN (+-max if saturate) / kept
+``fnu``       finite; unsigned, no zero, NaN its own code NaN (max if saturate) / kept
 ============  ==========================================  =============================
+
+``fnuz`` (ml_dtypes' ``float8_e4m3fnuz``, ``float8_e5m2fnuz``) has one unsigned zero: zero
+results are +0.  ``fnu`` (``float8_e8m0fnu``, the MX scale) holds positive values only: zero
+and negative inputs become NaN, and a positive value below the smallest one rounds up to it
+(counted as underflow).  ml_dtypes' ``e2m1fn``, ``e2m3fn``, ``e3m2fn`` ("finite") are the
+``saturate`` policy: every code is a number.
 
 ``saturate=True`` makes finite overflow clamp to +-max_finite in every rounding mode (it is
 implied by the ``saturate`` policy).  ``subnormals=False`` removes the subnormal numbers:
 below the smallest normal the representable values are 0 and +-min_normal.
+
+Strings: a preset or ml_dtypes name (``"bf16"``, ``"float4_e2m1fn"``), ``"eXmY"`` /
+``"eXmYfn"`` / ``"eXmYfnuz"``, or ``fp(e, m[, b][, policy][, subnormals=..][, specials=..]
+[, saturate=..])`` -- what ``repr`` prints, so ``parse_format(repr(fmt)) == fmt``.
 """
 
 from __future__ import annotations
@@ -25,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: the signed policies (what lpsim.testing's strategies draw by default)
 SPECIALS = ("ieee", "saturate", "fn")
+#: every policy: the signed ones, unsigned-zero ``fnuz`` and unsigned ``fnu``
+POLICIES = SPECIALS + ("fnuz", "fnu")
 
 # (mantissa bits, exponent bias, min normal exponent, max exponent field) of each container.
 CONTAINERS = {
@@ -58,9 +73,14 @@ class Format:
         if not 0 <= self.m <= 52:
             raise ValueError(
                 f"fp(): m={self.m} mantissa bits is out of range; accepted: 0 <= m <= 52")
-        if self.specials not in SPECIALS:
+        if self.specials not in POLICIES:
             raise ValueError(
-                f"fp(): specials={self.specials!r} is unknown; accepted: {', '.join(SPECIALS)}")
+                f"fp(): specials={self.specials!r} is unknown; accepted: {', '.join(POLICIES)}")
+        for name in ("subnormals", "saturate"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"fp(): {name}={value!r} must be True or False, not a "
+                                f"{type(value).__name__}")
         object.__setattr__(self, "subnormals", bool(self.subnormals))
         object.__setattr__(self, "saturate", bool(self.saturate) or self.specials == "saturate")
         if self.top_finite_code < 1:
@@ -76,8 +96,8 @@ class Format:
 
     @property
     def bits(self) -> int:
-        """Storage width: 1 + e + m."""
-        return 1 + self.e + self.m
+        """Storage width: sign (unless ``fnu``) + e + m."""
+        return int(self.signed) + self.e + self.m
 
     @property
     def top_finite_code(self) -> int:
@@ -138,6 +158,15 @@ class Format:
         return self.specials != "saturate"
 
     @property
+    def signed(self) -> bool:
+        """Whether the format has negative numbers (all but ``fnu``)."""
+        return self.specials != "fnu"
+
+    @property
+    def has_negative_zero(self) -> bool:
+        return self.specials in SPECIALS
+
+    @property
     def preset_name(self) -> str | None:
         """The preset this format equals, if any ("bf16", "e4m3fn", ...)."""
         for name, fmt in PRESETS.items():
@@ -171,6 +200,7 @@ class Format:
                              f"{reason}; use a float64 container or a narrower format")
 
     def __repr__(self) -> str:
+        """``fp(e,m,b[, options])``; :func:`parse_format` reads it back."""
         extra = []
         if not self.subnormals:
             extra.append("subnormals=False")
@@ -198,6 +228,13 @@ PRESETS: dict[str, Format] = {
     "e5m2": fp(5, 2),
     "e4m3": fp(4, 3),
     "e4m3fn": fp(4, 3, specials="fn"),
+    # ml_dtypes' small formats, with its semantics (checked code point by code point)
+    "e4m3fnuz": fp(4, 3, 1, specials="fnuz"),
+    "e5m2fnuz": fp(5, 2, 1, specials="fnuz"),
+    "e3m2fn": fp(3, 2, specials="saturate"),
+    "e2m3fn": fp(2, 3, specials="saturate"),
+    "e2m1fn": fp(2, 1, specials="saturate"),
+    "e8m0fnu": fp(8, 0, 1, specials="fnu"),     # 2**-127 .. 2**127 (codes 0x00..0xFE)
     "fp(6,9,0)": fp(6, 9),
     "fp(4,3,4)": fp(4, 3, 4),
     "fp(5,2,0)": fp(5, 2),
@@ -208,15 +245,54 @@ ALIASES = {
     "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
     "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2", "float8_e4m3": "e4m3", "fp8_e4m3": "e4m3",
     "float8_e4m3fn": "e4m3fn", "fp8_e4m3fn": "e4m3fn",
+    "float8_e4m3fnuz": "e4m3fnuz", "float8_e5m2fnuz": "e5m2fnuz",
+    "float6_e3m2fn": "e3m2fn", "float6_e2m3fn": "e2m3fn", "float4_e2m1fn": "e2m1fn",
+    "fp6_e3m2": "e3m2fn", "fp6_e2m3": "e2m3fn", "fp4_e2m1": "e2m1fn", "fp4": "e2m1fn",
+    "float8_e8m0fnu": "e8m0fnu", "e8m0": "e8m0fnu", "ue8m0": "e8m0fnu",
+    # block scales are positive: NVFP4's UE4M3 takes e4m3fn's values (sign bit clear), and
+    # UE5M3 those of an fn-style fp(5,3)
+    "ue4m3": "e4m3fn", "ue5m3": "fp(5,3,0,fn)",
 }
 
-_FP_PATTERN = re.compile(
-    r"fp\(\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(-?\d+)\s*)?(?:,\s*(ieee|saturate|fn)\s*)?\)")
-_EM_PATTERN = re.compile(r"e(\d+)m(\d+)(fn)?")
+_FP_CALL = re.compile(r"fp\((.*)\)")
+_EM_PATTERN = re.compile(r"e(\d+)m(\d+)(fnuz|fn)?")
+_INT = re.compile(r"[+-]?\d+")
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _parse_call(spec: str, body: str) -> Format:
+    """fp(e, m[, b][, policy][, key=value ...]) -> Format; errors name the bad part."""
+    positional, keywords = [], {}
+    for part in [p for p in body.split(",")] if body else []:
+        if "=" in part:
+            name, _, value = part.partition("=")
+            value = value.strip("'\"")
+            if name in ("subnormals", "saturate"):
+                if value not in _BOOLS:
+                    raise ValueError(f"format {spec!r}: {name}={value} must be True or False")
+                keywords[name] = _BOOLS[value]
+            elif name == "specials":
+                keywords[name] = value
+            else:
+                raise ValueError(f"format {spec!r}: unknown option {name!r}; accepted: "
+                                 "subnormals=, specials=, saturate=")
+        elif keywords:
+            raise ValueError(f"format {spec!r}: positional {part!r} after an option")
+        else:
+            positional.append(part)
+    if positional and not _INT.fullmatch(positional[-1]):
+        if "specials" in keywords:
+            raise ValueError(f"format {spec!r} names the policy twice")
+        keywords["specials"] = positional.pop()
+    if not 2 <= len(positional) <= 3 or not all(_INT.fullmatch(p) for p in positional):
+        raise ValueError(f"format {spec!r} is not understood; accepted: fp(e, m[, b][, "
+                         f"policy][, option=value]) with integers e, m, b")
+    return fp(*(int(p) for p in positional), **keywords)
 
 
 def parse_format(spec) -> Format:
-    """A format from a preset name ("bf16"), "fp(4,3,4)", "fp(4,3,0,fn)" or "e4m3fn"."""
+    """A format from a preset or ml_dtypes name ("bf16", "float4_e2m1fn"), "e4m3fn" or the
+    ``fp(...)`` syntax that ``repr`` prints ("fp(4,3,4)", "fp(4,3,0, specials='fn')")."""
     if isinstance(spec, Format):
         return spec
     if not isinstance(spec, str):
@@ -226,15 +302,17 @@ def parse_format(spec) -> Format:
     key = ALIASES.get(key, key)
     if key in PRESETS:
         return PRESETS[key]
-    match = _FP_PATTERN.fullmatch(key)
+    match = _FP_CALL.fullmatch(key)
     if match:
-        e, m, b, specials = match.groups()
-        return fp(int(e), int(m), int(b or 0), specials=specials or "ieee")
+        return _parse_call(spec, match.group(1))
     match = _EM_PATTERN.fullmatch(key)
     if match:
-        e, m, fn = match.groups()
-        return fp(int(e), int(m), specials="fn" if fn else "ieee")
+        e, m, suffix = match.groups()
+        if suffix == "fnuz":
+            return fp(int(e), int(m), 1, specials="fnuz")
+        return fp(int(e), int(m), specials="fn" if suffix else "ieee")
     raise ValueError(
         f"unknown format {spec!r}; accepted: a preset ({', '.join(PRESETS)}), an alias "
-        f"({', '.join(ALIASES)}), 'fp(e,m)', 'fp(e,m,b)', 'fp(e,m,b,ieee|saturate|fn)' or "
-        "'eXmY' / 'eXmYfn'")
+        f"({', '.join(ALIASES)}), 'fp(e,m)', 'fp(e,m,b)', 'fp(e,m,b,policy)' with a policy in "
+        f"{', '.join(POLICIES)}, options 'fp(e,m,b, subnormals=False, saturate=True)', or "
+        "'eXmY' / 'eXmYfn' / 'eXmYfnuz'")

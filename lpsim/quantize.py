@@ -224,7 +224,8 @@ def _is_torch(x) -> bool:
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
-             stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None):
+             stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None,
+             axis: int = -1):
     """Round ``x`` to the format ``fmt`` in mode ``rounding``; returns the container values.
 
     x: a numpy array or any array-like (lists, tuples, scalars).  float32 and float64 arrays
@@ -251,6 +252,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     Raises ValueError/TypeError naming the bad value: unknown format or rounding, a format
     that does not fit the container, object/complex/bool data, sr_bits, seed, stream or
     offset out of range, a wrong ``out`` or ``stats``; nothing is written then.
+    A block-scaled format ("mxfp4", "nvfp4", lpsim.blocks.BlockFormat) fake-quantizes in
+    blocks along ``axis``: :func:`lpsim.blocks.quantize`.
     """
     if type(x) is _ndarray and generator is None:
         dtype = x.dtype
@@ -262,12 +265,26 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
             else:
                 return _round_array(x, route, seed, stream, stats, out, offset)
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
-                           generator)
+                           generator, axis)
 
 
-def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator):
+def _block_format(fmt):
+    """The block format ``fmt`` names (lpsim.blocks), or None."""
+    from .blocks import as_block_format
+    return as_block_format(fmt)
+
+
+def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
+                    axis=-1):
     """Everything but a cached request on a float32/float64 numpy array: other formats,
     generators, tensors, scalars, array-likes, and first calls (validated here)."""
+    bfmt = _block_format(fmt)
+    if bfmt is not None:            # block-scaled formats (MX, NVFP4): lpsim.blocks
+        mode_code(rounding)
+        seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
+        from .blocks import quantize as quantize_blocked
+        return quantize_blocked(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     if isinstance(fmt, Fixed):
         return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                               stats=stats, out=out, offset=offset, generator=generator)

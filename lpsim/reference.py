@@ -62,7 +62,7 @@ def enumerate_values(fmt) -> list[Fraction]:
     if count > MAX_ENUMERATED:
         raise ValueError(f"{fmt!r} has about {count} nonnegative values; enumerate_values "
                          f"accepts formats with at most {MAX_ENUMERATED} (e.g. 8- to 16-bit)")
-    values = [Fraction(0)]
+    values = [Fraction(0)] if fmt.specials != "fnu" else []     # fnu has no zero
     if fmt.subnormals:
         values += [mant * _pow2(fmt.emin - fmt.m) for mant in range(1, 2 ** fmt.m)]
     for code in range(1, fmt.top_finite_code + 1):
@@ -132,7 +132,7 @@ def _overflow_result(fmt: Format, rounding: str, negative: bool) -> Fraction | f
                    "down": negative}.get(rounding, True)
     if fmt.saturate or not to_infinity:
         return -max_finite(fmt) if negative else max_finite(fmt)
-    if fmt.specials == "fn":
+    if fmt.specials != "ieee":
         return math.nan
     return -math.inf if negative else math.inf
 
@@ -167,8 +167,10 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
     if isinstance(value, float):
         if math.isnan(value):
             return Rounded(value, frozenset({"nan"}))
+        if value == 0 and fmt.specials == "fnu":
+            return Rounded(math.nan, frozenset({"inexact"}))    # no zero in fnu
         if value == 0:
-            return Rounded(value, frozenset())
+            return Rounded(value if fmt.has_negative_zero else 0.0, frozenset())
         negative = value < 0
         if fmt.specials == "ieee":
             return Rounded(value, frozenset({"inf"}))
@@ -176,6 +178,8 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
         return Rounded(out, frozenset({"inf", "inexact"}))   # the result differs from x
 
     negative = value < 0
+    if negative and not fmt.signed:
+        return Rounded(math.nan, frozenset({"inexact"}))        # no negatives in fnu
     a = abs(value)
     ex = _floor_log2(a)
     if ex >= fmt.emin:
@@ -193,9 +197,14 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
     if magnitude > max_finite(fmt):
         flags.add("overflow")
         out = _overflow_result(fmt, rounding, negative)
+    elif magnitude == 0 and fmt.specials == "fnu":
+        flags.add("underflow")              # no zero: the smallest value
+        out = _pow2(q)
+        if out < _pow2(fmt.emin):
+            flags.add("subnormal")
     elif magnitude == 0:
         flags.add("underflow")
-        out = -0.0 if negative else 0.0
+        out = -0.0 if negative and fmt.has_negative_zero else 0.0
     else:
         if magnitude < _pow2(fmt.emin):
             flags.add("subnormal")
@@ -255,3 +264,126 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0,
 
 
 __all__ = ["round_exact", "quantize", "enumerate_values", "max_finite", "Rounded"]
+
+
+def _ceil_log2(a: Fraction) -> int:
+    k = _floor_log2(a)
+    return k if a == _pow2(k) else k + 1
+
+
+def _round_value(x, fmt, rounding="nearest"):
+    """round_exact's value as a Fraction (0 for zeros)."""
+    value = round_exact(x, fmt, rounding).value
+    return Fraction(0) if value == 0 else value
+
+
+def block_scale_exact(amax: Fraction, bfmt, pts: Fraction = Fraction(1)):
+    """(scale, clipped) of a block with largest magnitude ``amax`` under ``bfmt``'s rule.
+
+    Written from the table in :mod:`lpsim.blocks` with Fractions: exponents by exact
+    floor/ceil of log2, float32 steps by :func:`round_exact` to fp32.
+    """
+    from .blocks import parse_block_format
+    bfmt = parse_block_format(bfmt)
+    el, sc = bfmt.saturating_element, bfmt.scale
+    fp32 = parse_format("fp32")
+    smin, smax = Fraction(sc.min_subnormal), max_finite(sc)
+    if bfmt.pow2:
+        if amax == 0:
+            return smin, False
+        if bfmt.rule == "rceil":
+            d = _round_value(amax / max_finite(el), fp32)
+            if d == 0:
+                return smin, True
+            ex = _ceil_log2(d)
+        elif bfmt.rule == "even":
+            q = _pow2(_floor_log2(amax) - el.m)
+            ex = _floor_log2(math.floor(amax / q + Fraction(1, 2)) * q) - el.emax
+        elif bfmt.rule == "ceil":
+            ex = _ceil_log2(amax) - el.emax
+        else:
+            ex = _floor_log2(amax) - el.emax
+        scale = _pow2(ex)
+        if scale < smin:
+            return smin, True
+        if scale > smax:
+            return smax, True
+        return scale, False
+    t = _round_value(amax / max_finite(el), fp32)
+    if bfmt.tensor_scale:
+        t = _round_value(t / pts, fp32)
+    if t < smin:
+        return smin, amax != 0
+    if t > smax:
+        return smax, True
+    mode = {"floor": "down", "even": "nearest"}.get(bfmt.rule, "up")
+    return _round_value(t, sc, mode), False
+
+
+def quantize_blocks(x, bfmt, rounding: str = "nearest", *, uniforms=None, sr_bits=None,
+                    tensor_scale=None):
+    """Block-quantize the rows of a 2-D float32/float64 array exactly (blocks along axis 1).
+
+    Returns (values, elements q, scales, counts) as :func:`lpsim.blocks.quantize_blocks`
+    does, counts per block in :data:`lpsim.blocks.BLOCK_COUNTERS` order.  Stochastic modes
+    take element (row, i)'s uniform from ``uniforms[row, i]``.
+    """
+    from .blocks import BLOCK_COUNTERS, parse_block_format
+    bfmt = parse_block_format(bfmt)
+    x = np.asarray(x)
+    el = bfmt.saturating_element
+    fp32 = parse_format("fp32")
+    container = parse_format("fp32" if x.dtype == np.float32 else "fp64")
+    rows, length = x.shape
+    nblk = -(-length // bfmt.block)
+    values = np.empty_like(x)
+    elements = np.empty(x.shape, np.float64)
+    scales = np.empty((rows, nblk), np.float64)
+    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
+    pts = Fraction(1) if tensor_scale is None else Fraction(tensor_scale)
+    for row in range(rows):
+        for j in range(nblk):
+            idx = range(j * bfmt.block, min((j + 1) * bfmt.block, length))
+            block = [float(x[row, i]) for i in idx]
+            c = counts[row, j]
+            finite = [abs(Fraction(v)) for v in block if math.isfinite(v)]
+            if len(finite) < len(block) and bfmt.nonfinite == "nan":
+                c[8] = 1
+                c[4] = sum(math.isnan(v) for v in block)
+                c[5] = sum(math.isinf(v) for v in block)
+                values[row, idx.start:idx.stop] = np.nan
+                elements[row, idx.start:idx.stop] = np.nan
+                scales[row, j] = np.nan
+                continue
+            amax = max(finite, default=Fraction(0))
+            s, clipped = block_scale_exact(amax, bfmt, pts)
+            c[6] = clipped
+            scales[row, j] = float(s)
+            if not bfmt.pow2:
+                one = Fraction(1) if not bfmt.tensor_scale else \
+                    _round_value(1 / pts, fp32)
+                recip = _round_value(one / s, fp32)
+            nonzero = 0
+            for i, v in zip(idx, block):
+                if bfmt.pow2 or not math.isfinite(v):
+                    y = v if not math.isfinite(v) or v == 0 else Fraction(v) / s
+                else:
+                    y = v if v == 0 else _round_value(Fraction(v) * recip, fp32)
+                if isinstance(y, Fraction) and y == 0:
+                    y = math.copysign(0.0, v)
+                u = None if uniforms is None else uniforms[row][i]
+                if isinstance(y, float) and math.isnan(y):
+                    q, flags = y, frozenset({"nan"})
+                else:
+                    q, flags = round_exact(y, el, rounding, uniform=u, sr_bits=sr_bits)
+                for f, name in enumerate(COUNTERS):
+                    c[f] += name in flags
+                elements[row, i] = float(q)
+                if isinstance(q, Fraction):
+                    nonzero += 1
+                    scaled = q * s * (pts if bfmt.tensor_scale else 1)
+                    values[row, i] = float(_round_value(scaled, container))
+                else:
+                    values[row, i] = q * float(s) if math.isfinite(q) else q
+            c[7] = int(amax != 0 and nonzero == 0)
+    return values, elements, scales, counts

@@ -36,7 +36,10 @@ for ``up`` above zero and ``down`` below zero; +-max_finite for toward_zero, odd
 directed cases.  A format with ``saturate`` always gives +-max_finite; an ``fn`` format gives
 NaN where ieee gives inf.  inf inputs are kept (ieee), become +-max_finite (saturate, fn with
 saturate=True) or NaN (fn).  NaN inputs are returned unchanged.  Zeros keep their sign, and a
-result that underflows to zero keeps the sign of x.
+result that underflows to zero keeps the sign of x.  Policy ``fnuz`` (one unsigned zero)
+overflows and takes inf to NaN as ``fn`` does, and gives +0 for every zero result.  Policy
+``fnu`` (unsigned, no zero: E8M0) takes zero, negative and inf inputs to NaN, and a positive
+result that would be 0 to the smallest value (flagged UNDERFLOW and INEXACT).
 
 Flags per element: INEXACT (result differs from x), OVERFLOW, UNDERFLOW (nonzero finite x
 rounded to zero), SUBNORMAL (nonzero result below min_normal), NAN_IN, INF_IN.
@@ -95,6 +98,8 @@ class Params(NamedTuple):
     nanb: int       # container bits of the quiet NaN
     fast_lo: int    # container exponent fields where round_fast applies: fast_lo..fast_hi
     fast_hi: int
+    uzero: int      # 1: zero results are +0 (fnuz, fnu)
+    unsigned: int   # 1: no zero, no negatives (fnu)
 
 
 def _bits_of(value: float, dtype) -> int:
@@ -127,12 +132,13 @@ def _kernel_params(fmt: Format, dtype: np.dtype) -> Params:
     # round_fast covers container normals in the format's normal range below its top binade
     # (no overflow, no subnormal, constant shift M - m); empty when m == M.
     fast_lo, fast_hi = max(fmt.emin + EB, 1), fmt.emax - 1 + EB
-    if fmt.m == M:
-        fast_lo, fast_hi = 1, 0
+    if fmt.m == M or not fmt.signed:
+        fast_lo, fast_hi = 1, 0     # fnu: negatives become NaN, which round_fast cannot say
     return Params(M, EB, CEMIN, EMAXF, -(1 << (width - 1)), (1 << (width - 1)) - 1,
                   WORD_BITS[dtype.itemsize], fmt.emin, fmt.m, qsub,
                   _bits_of(np.ldexp(1.0, qsub), dtype), maxb,
-                  _bits_of(fmt.min_normal, dtype), ovf_inf, inf_out, nanb, fast_lo, fast_hi)
+                  _bits_of(fmt.min_normal, dtype), ovf_inf, inf_out, nanb, fast_lo, fast_hi,
+                  int(not fmt.has_negative_zero), int(not fmt.signed))
 
 
 @register_jitable
@@ -225,6 +231,69 @@ def round_fast(bits, mode, r, k, p):
 
 
 @register_jitable
+def round_fast_sub(bits, mode, r, k, p):
+    """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
+
+    One straight-line path: the shift grows by one per binade below min_normal, so the
+    format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
+    result is 0 or min_subnormal by :func:`_increment`; a saturating format clamps overflow
+    to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf, container
+    subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.  ``flags``
+    are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this range: most
+    of them are small against their block's scale, and a branch per element costs more than
+    the rounding.
+    """
+    M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
+    parity = (1 - emin - EB) & 1 if m == 0 else 0
+    bits = np.int64(bits)
+    sign = bits >> 63
+    a = bits & p.MAG
+    biased = a >> M
+    ex = biased - EB
+    s = min(M - m + max(emin - ex, 0), M)
+    mask = (np.int64(1) << s) - 1
+    rem = a & mask
+    # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
+    lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (ex < emin))
+    add = np.int64(0)
+    if mode == NEAREST:
+        add = (mask >> 1) + lsb
+    elif mode == NEAREST_AWAY:
+        add = (mask >> 1) + 1
+    elif mode == UP:
+        add = mask & ~sign
+    elif mode == DOWN:
+        add = mask & sign
+    elif mode == STOCHASTIC_EQUAL:
+        add = mask & -(r >> (W - 1))
+    elif mode == STOCHASTIC:
+        j = min(s, k)
+        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+    out = (a + add) & ~mask
+    if mode == ODD:
+        out += np.int64((rem != 0) & (lsb == 0)) << s
+    # below min_subnormal: 0 or the smallest value, as round_bits decides it
+    small = np.int64(a < p.tiny)
+    sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)
+    s_small = min(p.qsub - (ex - M), 2 * M + 2)
+    inc = _increment(np.int64(0), sig, s_small, mode, sign != 0, r, W, k)
+    out = out * (1 - small) + small * inc * p.tiny * np.int64(a != 0)
+    # saturating formats: every finite x above is in range (overflow clamps to max_finite)
+    top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
+    ok = (np.int64(a < top) & np.int64((biased >= 1) | (a == 0))
+          & np.int64(p.unsigned == 0))
+    over = np.int64(out > p.maxb)
+    out = min(out, p.maxb)
+    zero = np.int64(out == 0)
+    flags = (np.int64(out != a) * INEXACT | over * OVERFLOW
+             | (zero & np.int64(a != 0)) * UNDERFLOW
+             | ((1 - zero) & np.int64(out < p.minnorm)) * SUBNORMAL)
+    okm = -ok
+    signed = bits & SIGN & -(1 - (zero & p.uzero))
+    return ((out | signed) & okm) | (bits & ~okm), ok, flags & okm
+
+
+@register_jitable
 def round_bits(bits, mode, r, k, p):
     """Round one container value given as signed-integer bits; returns (bits, flags).
 
@@ -232,7 +301,7 @@ def round_bits(bits, mode, r, k, p):
     stochastic bits used (W for full SR), ``p`` the :class:`Params` tuple.
     """
     (M, EB, CEMIN, EMAXF, SIGN, MAG, W, emin, m, qsub, tiny, maxb, minnorm, ovf_inf,
-     inf_out, nanb, _, _) = p
+     inf_out, nanb, _, _, uzero, unsigned) = p
     bits = np.int64(bits)
     negative = bits < 0
     a = bits & MAG
@@ -244,7 +313,11 @@ def round_bits(bits, mode, r, k, p):
         out = inf_out
         flags = INF_IN if out == a else INF_IN | INEXACT   # saturate / fn change an inf
     elif a == 0:
-        return bits, 0
+        if unsigned:
+            return nanb, INEXACT                            # fnu has no zero
+        return (np.int64(0) if uzero else bits), 0
+    elif unsigned and negative:
+        return nanb, INEXACT                                # fnu has no negatives
     else:
         if biased > 0:
             ex = biased - EB
@@ -276,14 +349,17 @@ def round_bits(bits, mode, r, k, p):
         if out > maxb:
             flags = OVERFLOW
             out = ovf_inf if _overflows_to_inf(mode, negative) else maxb
+        if out == 0 and unsigned:
+            out = tiny
+            flags |= UNDERFLOW
         if out != a:
             flags |= INEXACT
         if out == 0:
             flags |= UNDERFLOW
         elif out < minnorm:
             flags |= SUBNORMAL
-    if out == nanb:
-        return nanb, flags
+    if out == nanb or (out == 0 and uzero):
+        return out, flags
     return (out + SIGN if negative else out), flags
 
 

@@ -140,3 +140,92 @@ def pack(rounded: np.ndarray, storage, fmt) -> np.ndarray:
     out = np.empty(flat.size, np.int16 if sp.width == 16 else np.int8)
     _pack_array(flat.view(np.int32 if flat.dtype == np.float32 else np.int64), out, sp)
     return out.reshape(rounded.shape)
+
+
+# --- codes of any small format (block elements and scales) --------------------------------
+
+def _code_layout(fmt: Format):
+    if fmt.specials == "fnu" and fmt.m:
+        raise ValueError(f"codes of {fmt!r}: unsigned formats without zero are encoded with "
+                         "m = 0 only (E8M0)")
+    if fmt.bits > 16:
+        raise ValueError(f"codes of {fmt!r}: formats of at most 16 bits have codes here")
+    return fmt.e + fmt.m, (1 << fmt.m) - 1
+
+
+def encode_values(values, fmt) -> np.ndarray:
+    """The bit patterns (uint16) of values of ``fmt`` (already rounded to it), as ml_dtypes
+    lays them out: sign, exponent code, mantissa; NaN as the format's NaN code (fn: all ones,
+    fnuz: 0x80, fnu: all ones, saturate: 0, which a NaN block scale marks), E8M0 as
+    exponent + 127.  Use ``.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)`` etc."""
+    fmt = parse_format(fmt)
+    shift, mmask = _code_layout(fmt)
+    v = np.asarray(values, np.float64)
+    a = np.abs(v)
+    nan = np.isnan(v)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _, e2 = np.frexp(np.where(a > 0, a, 1.0))
+        ex = e2.astype(np.int64) - 1
+        normal = ex >= fmt.emin
+        expcode = np.where(normal, ex + fmt.bias, 0)
+        quantum = np.ldexp(1.0, np.where(normal, ex, fmt.emin) - fmt.m)
+        mant = (a / quantum).astype(np.int64) - np.where(normal, 1 << fmt.m, 0)
+    mant = np.where(a > 0, mant, 0)
+    expcode = np.where(a > 0, expcode, 0)
+    code = (expcode << fmt.m) | (mant & mmask)
+    if fmt.specials == "fnu":
+        code = code - 1
+    sign = np.signbit(v) & fmt.signed & ~((a == 0) & (not fmt.has_negative_zero))
+    code = code | (sign.astype(np.int64) << shift)
+    if fmt.has_inf:
+        code = np.where(np.isinf(v), (np.signbit(v).astype(np.int64) << shift)
+                        | (((1 << fmt.e) - 1) << fmt.m), code)
+    nan_code = {"ieee": (((1 << fmt.e) - 1) << fmt.m) | (1 << max(fmt.m - 1, 0)),
+                "fn": (1 << shift) - 1, "fnuz": 1 << shift, "fnu": (1 << shift) - 1,
+                "saturate": 0}[fmt.specials]
+    return np.where(nan, nan_code, code).astype(np.uint16)
+
+
+def decode_codes(codes, fmt) -> np.ndarray:
+    """float64 values of the bit patterns ``codes`` of ``fmt`` (the inverse of encode_values)."""
+    fmt = parse_format(fmt)
+    shift, mmask = _code_layout(fmt)
+    c = np.asarray(codes).astype(np.int64)
+    if fmt.specials == "fnu":
+        mag = c + 1
+        sign = np.zeros_like(c, bool)
+    else:
+        mag = c & ((1 << shift) - 1)
+        sign = (c >> shift) & 1 == 1
+    expcode, mant = mag >> fmt.m, mag & mmask
+    value = np.where(expcode == 0, np.ldexp(mant.astype(np.float64), fmt.emin - fmt.m),
+                     np.ldexp((mant | (1 << fmt.m)).astype(np.float64),
+                              expcode - fmt.bias - fmt.m))
+    value = np.where(sign, -value, value)
+    top = (1 << fmt.e) - 1
+    if fmt.specials == "ieee":
+        value = np.where(expcode == top, np.where(mant == 0, np.copysign(np.inf, value),
+                                                  np.nan), value)
+    elif fmt.specials in ("fn", "fnu"):
+        value = np.where(c == (1 << shift) - 1 if fmt.specials == "fnu" else
+                         (expcode == top) & (mant == mmask), np.nan, value)
+    elif fmt.specials == "fnuz":
+        value = np.where(c == 1 << shift, np.nan, value)
+    return value
+
+
+def pack_nibbles(codes) -> np.ndarray:
+    """Two 4-bit codes per byte along the last axis, the first in the low nibble (torchao's
+    float4_e2m1fn_x2 layout); the last axis must be even."""
+    codes = np.asarray(codes, np.uint8)
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_nibbles needs an even last axis, not {codes.shape[-1]}")
+    return (codes[..., ::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
+
+
+def unpack_nibbles(packed) -> np.ndarray:
+    """The inverse of :func:`pack_nibbles`."""
+    packed = np.asarray(packed, np.uint8)
+    out = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.uint8)
+    out[..., ::2], out[..., 1::2] = packed & 0xF, packed >> 4
+    return out

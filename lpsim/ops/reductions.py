@@ -244,6 +244,10 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     """
     op = "matmul"
     like_torch = is_torch(a) or is_torch(b)
+    from .hardware import dispatch   # tensor-core models (lpsim.ops.hardware), block in_fmt
+    done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
+    if done is not None:
+        return _finish(done, like_torch, out, op)
     a, b = as_array(a, "a", op), as_array(b, "b", op)
     m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)

@@ -1,0 +1,239 @@
+"""Block-scaled fake-quantize throughput: lpsim against the copy ceiling, gfloat and torchao.
+
+Fake-quantizes n float32 values (rows of 4096, blocks along the last axis) to MXFP8 (E4M3),
+MXFP4 and NVFP4, nearest and stochastic, and prints million elements per second next to,
+measured in the same run: a copy (``np.copyto``; on the GPU ``torch.clone``), gfloat's
+``quantize_block`` (OCP floor rule; timed on a slice, it runs in Python per element) and
+torchao's cast plus dequantize (``to_mx`` + ``to_dtype``, ``nvfp4_quantize`` and unpacking:
+the fake-quantize torchao users run).  Median of several runs after a warm-up.
+
+    python benchmarks/bench_blocks.py [--log2n 22] [--repeats 5] [--device cpu|cuda]
+                                      [--json out.json]
+    python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CASES = [("mxfp8_e4m3", "nearest"), ("mxfp8_e4m3", "stochastic"), ("mxfp4", "nearest"),
+         ("mxfp4", "stochastic"), ("nvfp4", "nearest"), ("nvfp4", "stochastic")]
+#: the issue's targets: (peer, least ratio lpsim / peer) on the CPU
+TARGETS = {"copy": 0.5, "gfloat": 20.0}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def median_seconds(fn, repeats: int, sync=None) -> float:
+    fn()
+    sync and sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync and sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def revision() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "lpsim",
+                                "lpsim_cuda"], capture_output=True, text=True).stdout.strip()
+        return rev + (" + local changes" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def machine(device: str) -> str:
+    import numba
+    import torch
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle
+                         if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if device == "cuda":
+        model = torch.cuda.get_device_name() + f" (host {model})"
+    return (f"{model}, {os.cpu_count()} cores (numba threads {numba.get_num_threads()}); "
+            f"numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
+
+
+def torchao_fake_quantize(name):
+    """torchao's cast and dequantize for a preset, or None where torchao has none."""
+    import torch
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+    if name == "nvfp4":
+        from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
+
+        def run(t):
+            scales, data = nvfp4_quantize(t, 16)
+            q = f4_unpacked_to_f32(unpack_uint4(data)).reshape(t.shape[0], -1, 16)
+            return (q * scales.float().reshape(t.shape[0], -1, 1)).reshape(t.shape)
+        return run
+    dtype = {"mxfp8_e4m3": torch.float8_e4m3fn, "mxfp4": torch.float4_e2m1fn_x2}[name]
+
+    def run(t):
+        scale, data = to_mx(t, dtype, 32, ScaleCalculationMode.FLOOR)
+        return to_dtype(data, scale, dtype, 32, torch.float32)
+    return run
+
+
+def gfloat_fake_quantize(name):
+    from gfloat.block import compute_scale_amax, quantize_block
+    from gfloat import formats
+    info = {"mxfp8_e4m3": formats.format_info_mxfp8_e4m3,
+            "mxfp4": formats.format_info_mxfp4_e2m1}.get(name)
+    if info is None:
+        return None
+
+    def run(x):
+        flat = x.reshape(-1, 32).astype(np.float64)
+        return np.concatenate([quantize_block(info, b, compute_scale_amax) for b in flat])
+    return run
+
+
+def cpu_rows(log2n: int, repeats: int):
+    import lpsim
+    import torch
+    from tqdm import tqdm
+    n = 1 << log2n
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32).reshape(-1, 4096)
+    t = torch.from_numpy(x)
+    out = np.empty_like(x)
+    rows = []
+    copy = n / median_seconds(lambda: np.copyto(out, x), repeats) / 1e6
+    rows.append(dict(case="np.copyto(out, x)", format="-", mode="-", melems=copy))
+    small = x[:2, :].copy()                      # gfloat: 8192 elements, Python per element
+    for name, mode in tqdm(CASES, desc="cases", file=sys.stderr):
+        ours = n / median_seconds(lambda: lpsim.quantize(x, name, mode, seed=1, out=out),
+                                  repeats) / 1e6
+        rows.append(dict(case="lpsim.quantize(x, out=...)", format=name, mode=mode,
+                         melems=ours, vs_copy=ours / copy))
+        if mode != "nearest":
+            continue
+        run = gfloat_fake_quantize(name)
+        if run is not None:
+            g = small.size / median_seconds(lambda: run(small), 1) / 1e6
+            rows.append(dict(case="gfloat quantize_block (floor)", format=name, mode=mode,
+                             melems=g, vs_copy=g / copy, ratio=ours / g, peer="gfloat"))
+        run = torchao_fake_quantize(name)
+        ta = n / median_seconds(lambda: run(t), repeats) / 1e6
+        rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
+                         melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
+    return rows, f"n = 2**{log2n} float32 (rows of 4096), median of {repeats} runs"
+
+
+def cuda_rows(log2n: int, repeats: int):
+    import torch
+    import lpsim
+    from tqdm import tqdm
+    n = 1 << log2n
+    t = torch.randn(n // 4096, 4096, device="cuda")
+    sync = torch.cuda.synchronize
+    copy = n / median_seconds(lambda: t.clone(), repeats, sync) / 1e6
+    rows = [dict(case="torch clone (device copy)", format="-", mode="-", melems=copy)]
+    for name, mode in tqdm(CASES, desc="cases", file=sys.stderr):
+        ours = n / median_seconds(lambda: lpsim.quantize(t, name, mode, seed=1), repeats,
+                                  sync) / 1e6
+        rows.append(dict(case="lpsim.quantize (lpsim_cuda)", format=name, mode=mode,
+                         melems=ours, vs_copy=ours / copy))
+        if mode == "nearest":
+            run = torchao_fake_quantize(name)
+            ta = n / median_seconds(lambda: run(t), repeats, sync) / 1e6
+            rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
+                             melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
+    return rows, f"n = 2**{log2n} float32 on the GPU, median of {repeats} runs"
+
+
+def scaled_mm_rows():
+    """hopper-fp8 against torch._scaled_mm: outputs equal bit for bit, per K."""
+    import torch
+    import lpsim
+    rows = []
+    for k in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
+        rng = np.random.default_rng(k)
+        a = lpsim.quantize(rng.standard_normal((64, k)).astype(np.float32), "e4m3fn")
+        b = lpsim.quantize(rng.standard_normal((k, 64)).astype(np.float32), "e4m3fn")
+        ta = torch.from_numpy(a).cuda().to(torch.float8_e4m3fn)
+        tb = torch.from_numpy(b).cuda().to(torch.float8_e4m3fn).t().contiguous().t()
+        one = torch.ones((), device="cuda")
+        got = torch._scaled_mm(ta, tb, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        got = got.cpu().numpy().astype(np.float64)
+        for name in ("hopper-fp8", "hopper-fp8-promote128", "fp32"):
+            want = lpsim.ops.matmul(a, b, model=name)
+            rows.append(dict(k=k, model=name, outputs=got.size,
+                             equal=int(np.sum(got == want)),
+                             max_rel=float(np.max(np.abs(got - want) / np.maximum(
+                                 np.abs(want), 1e-30)))))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log2n", type=int, default=22)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--scaled-mm", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    stamp = datetime.datetime.now().isoformat(timespec="seconds")
+    header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
+              f"# lpsim {revision()}; command: python benchmarks/bench_blocks.py "
+              + " ".join(sys.argv[1:])]
+    if args.scaled_mm:
+        rows = scaled_mm_rows()
+        print("\n".join(header))
+        print(f"{'K':>6} {'model':<24} {'equal/outputs':>14} {'max rel diff':>13}")
+        for r in rows:
+            print(f"{r['k']:>6} {r['model']:<24} {r['equal']:>7}/{r['outputs']:<6} "
+                  f"{r['max_rel']:>13.3g}")
+    else:
+        rows, what = (cuda_rows if args.device == "cuda" else cpu_rows)(args.log2n,
+                                                                       args.repeats)
+        load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+        print("\n".join(header + [f"# {what}; load average at the end: {load}"]))
+        print(f"{'case':<32} {'format':<11} {'mode':<11} {'Melem/s':>9} {'vs copy':>8} "
+              f"{'lpsim/peer':>11}")
+        for r in rows:
+            ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
+            vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
+            print(f"{r['case']:<32} {r['format']:<11} {r['mode']:<11} {r['melems']:>9.4g} "
+                  f"{vs:>8} {ratio:>11}")
+        if args.device == "cpu":
+            print("# targets (issue 14): lpsim >= 0.5x copy and >= 20x gfloat")
+            for r in rows:
+                if r["case"].startswith("lpsim") and r["mode"] == "nearest":
+                    g = next((q for q in rows if q.get("peer") == "gfloat"
+                              and q["format"] == r["format"]), None)
+                    verdict = [f"vs copy {r['vs_copy']:.2f} "
+                               f"({'met' if r['vs_copy'] >= TARGETS['copy'] else 'NOT met'})"]
+                    if g:
+                        verdict.append(f"vs gfloat {g['ratio']:.0f}x ("
+                                       f"{'met' if g['ratio'] >= TARGETS['gfloat'] else 'NOT met'})")
+                    print(f"#   {r['format']}: " + ", ".join(verdict))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"header": header, "rows": rows}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

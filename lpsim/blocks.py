@@ -1,0 +1,750 @@
+"""Block-scaled formats (OCP MX, NVFP4): elements of a small format sharing one scale per block.
+
+A :class:`BlockFormat` is an element format, a block size along an axis, a scale format and a
+scale rule.  For a block with largest magnitude ``amax`` the scale is ``s`` and each element
+is ``s * round(x / s)``, rounded in the element format with saturation (OCP MX v1.0, Sec. 6.3).
+Power-of-two scale formats (``e8m0fnu``: MX) take the exponent from ``amax``
+(``emax`` is the element format's largest exponent, ``max`` its largest value):
+
+=========  ================================================================  ================
+rule       scale exponent                                                    as in
+=========  ================================================================  ================
+``floor``  floor(log2 amax) - emax                                           OCP MX, gfloat
+``ceil``   ceil(log2 amax) - emax                                            torchao CEIL
+``even``   floor(log2 amax') - emax, amax' = amax rounded to the element's    torchao EVEN
+           mantissa bits, ties away
+``rceil``  ceil(log2 d), d = amax / max rounded to float32                   cuBLAS, TE,
+                                                                             torchao RCEIL
+=========  ================================================================  ================
+
+clamped to the scale format's exponents (a *clipped scale*).  An all-zero block takes the
+smallest scale.  Scale formats with mantissa bits (NVFP4's ``e4m3fn``) take
+``t = fp32(amax / max)`` (divided by the per-tensor scale ``fp32(tensor_amax / (scale max *
+max))`` when ``tensor_scale``), clamped to the scale format's range and rounded to it: to
+nearest (``even``), up (``ceil``, ``rceil``) or down (``floor``); the elements are then
+``fp32(x * r)`` with the float32 reciprocal ``r = fp32(fp32(1/pts) / s)``, as torchao's NVFP4
+and TransformerEngine compute them.  The fake-quantized value is ``q * s`` (``* pts``) rounded
+once to the container.
+
+A block holding a NaN or inf gets a NaN scale and decodes to NaN (``nonfinite="nan"``, OCP),
+or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays NaN, inf
+saturates).  Element rounding is any lpsim mode with the random bits of
+:func:`lpsim.quantize` (element ``i`` of the blocked layout, C order with the block axis last,
+uses counter ``offset + i``), ``sr_bits`` included.  The scale decision
+(:func:`block_scale`) and the element step (:func:`scaled_bits`, then
+:func:`lpsim.rounding.round_fast_sub`, else :func:`lpsim.rounding.round_bits`) in
+:func:`quantize_one_block` are the shared scalar core of the CPU kernel here and of
+``lpsim_cuda.blocks``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit, prange
+from numba.extending import overload, register_jitable
+
+from .formats import Format, parse_format
+from .philox import LANES, block_words, lane_word
+from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
+                       TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
+from .stats import RoundingStats
+
+RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+NONFINITE = ("nan", "finite")
+FLOOR, CEIL, EVEN, RCEIL = range(4)
+
+#: per-block counter columns of the kernels
+BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
+                  "clipped_scale", "flushed", "nan_block")
+
+
+class BlockStats(RoundingStats):
+    """RoundingStats of the elements plus per-call block counters.
+
+    overflow counts saturated elements (x / s beyond the element format's largest value);
+    blocks: blocks quantized; clipped_scales: scales clamped to the scale format's range;
+    flushed_blocks: blocks with a nonzero element whose elements all became zero;
+    nan_blocks: blocks given a NaN scale (a NaN or inf element, ``nonfinite="nan"``).
+    """
+
+    __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
+
+    def __init__(self, **counts):
+        block = {name: int(counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
+        super().__init__(**counts)
+        for name, value in block.items():
+            setattr(self, name, value)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), **{name: getattr(self, name) for name in self.BLOCK_FIELDS}}
+
+    def reset(self) -> None:
+        super().reset()
+        for name in self.BLOCK_FIELDS:
+            setattr(self, name, 0)
+
+    def __repr__(self) -> str:
+        return "BlockStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+    def __getstate__(self):
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __copy__(self) -> "BlockStats":
+        return BlockStats(**self.as_dict())
+
+    def __deepcopy__(self, memo) -> "BlockStats":
+        return self.__copy__()
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """Element format, block size, scale format, scale rule, optional FP32 tensor scale."""
+
+    element: Format
+    block: int = 32
+    scale: Format = field(default_factory=lambda: parse_format("e8m0fnu"))
+    rule: str = "floor"
+    tensor_scale: bool = False
+    nonfinite: str = "nan"
+
+    def __post_init__(self):
+        object.__setattr__(self, "element", parse_format(self.element))
+        object.__setattr__(self, "scale", parse_format(self.scale))
+        if isinstance(self.block, bool) or not isinstance(self.block, (int, np.integer)) \
+                or self.block < 1:
+            raise ValueError(f"block={self.block!r} is not accepted; accepted: an integer >= 1")
+        object.__setattr__(self, "block", int(self.block))
+        if self.rule not in RULES:
+            raise ValueError(f"rule={self.rule!r} is unknown; accepted: {', '.join(RULES)}")
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite={self.nonfinite!r} is unknown; accepted: "
+                             f"{', '.join(NONFINITE)}")
+        if not isinstance(self.tensor_scale, (bool, np.bool_)):
+            raise TypeError(f"tensor_scale={self.tensor_scale!r} must be True or False")
+        if self.tensor_scale and self.pow2:
+            raise ValueError(f"tensor_scale=True needs a scale format with mantissa bits (as "
+                             f"NVFP4's e4m3fn), not {self.scale!r}")
+        for fmt, what in ((self.element, "element"), (self.scale, "scale")):
+            ok, reason = fmt.fits(np.float64)
+            if not ok:
+                raise ValueError(f"{what} format {fmt!r} is too wide: {reason}")
+
+    @property
+    def pow2(self) -> bool:
+        """Whether every scale is a power of two (scale format without mantissa bits)."""
+        return self.scale.m == 0
+
+    @property
+    def saturating_element(self) -> Format:
+        """The element format with saturation: MX and NVFP4 clamp elements to +-max."""
+        return replace(self.element, saturate=True)
+
+    @property
+    def name(self) -> str | None:
+        for key, value in PRESETS.items():
+            if value == self:
+                return key
+        return None
+
+    def __repr__(self) -> str:
+        extra = "".join([", tensor_scale=True" if self.tensor_scale else "",
+                         f", nonfinite={self.nonfinite!r}" if self.nonfinite != "nan" else ""])
+        return (f"block({self.element!r}, {self.block}, {self.scale!r}, {self.rule!r}"
+                f"{extra})")
+
+    __str__ = __repr__
+
+
+def block(element, block: int = 32, scale="e8m0fnu", rule: str = "floor", *,
+          tensor_scale: bool = False, nonfinite: str = "nan") -> BlockFormat:
+    """The block format with these parts (any element format, any scale format and rule)."""
+    return BlockFormat(element, block, scale, rule, tensor_scale, nonfinite)
+
+
+#: MXINT8's element: k/64 for |k| <= 127, one zero (OCP's two's complement INT8 with scale
+#: 2**-6, symmetric: lpsim does not produce the -2.0 code)
+INT8_MX = Format(1, 6, 1, specials="fnuz", saturate=True)
+
+PRESETS: dict[str, BlockFormat] = {
+    "mxfp8_e4m3": block("e4m3fn"),
+    "mxfp8_e5m2": block("e5m2"),
+    "mxfp6_e3m2": block("e3m2fn"),
+    "mxfp6_e2m3": block("e2m3fn"),
+    "mxfp4": block("e2m1fn"),
+    "mxint8": block(INT8_MX),
+    "nvfp4": block("e2m1fn", 16, "e4m3fn", "even", tensor_scale=True),
+}
+ALIASES = {"mxfp8": "mxfp8_e4m3", "mxfp6": "mxfp6_e3m2", "mxfp4_e2m1": "mxfp4"}
+
+_BLOCK_CALL = re.compile(r"block\((.*)\)")
+
+
+def as_block_format(spec) -> BlockFormat | None:
+    """The BlockFormat that ``spec`` names (a preset, ``repr`` syntax), or None if ``spec``
+    is not a block format (an element format or anything else)."""
+    if isinstance(spec, BlockFormat):
+        return spec
+    if not isinstance(spec, str):
+        return None
+    key = spec.strip().lower()
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return PRESETS[key]
+    match = _BLOCK_CALL.fullmatch(key.replace(" ", ""))
+    if not match:
+        return None
+    parts = re.split(r",(?![^()]*\))", match.group(1))       # commas outside fp(...)
+    args, kwargs = [], {}
+    for part in parts:
+        if re.fullmatch(r"(tensor_scale|nonfinite)=.*", part):
+            name, _, value = part.partition("=")
+            value = value.strip("'\"")
+            kwargs[name] = {"true": True, "false": False}.get(value, value)
+        else:
+            args.append(part.strip("'\""))
+    if len(args) >= 2:
+        if not re.fullmatch(r"\d+", args[1]):
+            raise ValueError(f"block format {spec!r}: block size {args[1]!r} is not an integer")
+        args[1] = int(args[1])
+    return block(*args, **kwargs)
+
+
+def parse_block_format(spec) -> BlockFormat:
+    """A block format from a preset name ("mxfp4", "nvfp4") or ``repr`` syntax."""
+    bfmt = as_block_format(spec)
+    if bfmt is None:
+        raise ValueError(f"unknown block format {spec!r}; accepted: a preset "
+                         f"({', '.join(PRESETS)}) or 'block(element, size, scale, rule)'")
+    return bfmt
+
+
+# --- the shared scalar core ---------------------------------------------------------------
+
+class BlockParams(NamedTuple):
+    """What the block kernels need besides the element and scale Params; floats are float64."""
+
+    block: int
+    rule: int
+    pow2: int
+    emax_e: int      # element format's largest exponent
+    m_e: int         # element mantissa bits
+    max_e: float     # element format's largest value
+    smin_exp: int    # power-of-two scales: exponent range
+    smax_exp: int
+    smin: float      # smallest and largest scale values
+    smax: float
+    nonfinite_nan: int
+    pts: float       # per-tensor scale (1.0 without)
+    pts_inv: float   # fp32(1 / pts)
+
+
+def f2i(v):
+    """The int64 bit pattern of float64 ``v`` (compiled: a register bitcast; Python, as the
+    CUDA simulator runs it: a numpy view)."""
+    return np.float64(v).view(np.int64)
+
+
+def i2f(b):
+    """The float64 whose bit pattern is the int64 ``b``."""
+    return np.int64(b).view(np.float64)
+
+
+@overload(f2i)
+def _f2i_compiled(v):
+    from .ops.exact import f2i as bitcast     # here: lpsim.ops imports this module
+    return lambda v: bitcast(np.float64(v))
+
+
+@overload(i2f)
+def _i2f_compiled(b):
+    from .ops.exact import i2f as bitcast
+    return lambda b: bitcast(np.int64(b))
+
+
+@register_jitable
+def ilog2(v):
+    """floor(log2 v) of a positive finite float64, and whether v is a power of two."""
+    b = f2i(v)
+    field_ = b >> 52
+    frac = b & ((np.int64(1) << 52) - 1)
+    if field_ == 0:                               # float64 subnormal
+        top = 0
+        while (frac >> (top + 1)) != 0:
+            top += 1
+        return top - 1074, frac == (np.int64(1) << top)
+    return field_ - 1023, frac == 0
+
+
+@register_jitable
+def block_scale(amax, bp, sp):
+    """(scale s, clipped) for a block of largest magnitude ``amax`` (finite, >= 0).
+
+    The one scale decision of both kernels (the table in the module docstring).
+    """
+    if bp.pow2:
+        if amax == 0:
+            return bp.smin, 0
+        if bp.rule == RCEIL:
+            d = np.float64(np.float32(amax / bp.max_e))
+            if d == 0:
+                return bp.smin, 1
+            ex, exact = ilog2(d)
+            ex += 1 - np.int64(exact)
+        else:
+            a = amax
+            if bp.rule == EVEN:                    # round to the element's mantissa bits
+                a = i2f((f2i(amax) + (np.int64(1) << (51 - bp.m_e)))
+                        & ~((np.int64(1) << 52) - 1))
+            ex, exact = ilog2(a)
+            if bp.rule == CEIL:
+                ex += 1 - np.int64(exact)
+            ex -= bp.emax_e
+        if ex < bp.smin_exp:
+            return bp.smin, 1
+        if ex > bp.smax_exp:
+            return bp.smax, 1
+        return i2f((ex + 1023) << 52), 0
+    t = np.float64(np.float32(amax / bp.max_e))
+    if bp.pts != 1.0:
+        t = np.float64(np.float32(t / bp.pts))
+    if t < bp.smin:
+        return bp.smin, np.int64(amax != 0)
+    if t > bp.smax:
+        return bp.smax, 1
+    bits, _ = round_scale(f2i(t), _scale_mode(bp.rule), sp)
+    return i2f(bits), 0
+
+
+@register_jitable
+def _scale_mode(rule):
+    if rule == FLOOR:
+        return DOWN
+    if rule == EVEN:
+        return NEAREST
+    return UP
+
+
+@register_jitable
+def round_scale(bits, mode, sp):
+    return round_bits(bits, mode, 0, 64, sp)
+
+
+@register_jitable
+def scale_recip(s, bp):
+    """fp32 reciprocal that multiplies the elements under a non-power-of-two scale."""
+    if bp.pts != 1.0:
+        return np.float64(np.float32(bp.pts_inv / s))
+    return np.float64(np.float32(1.0 / s))
+
+
+@register_jitable
+def scaled_bits(xv, s, recip, bp):
+    """float64 bits of x / s: x * (1/s), exact for power-of-two scales; else fp32(x * recip)
+    with recip the float32 reciprocal (torchao, TransformerEngine)."""
+    if bp.pow2:
+        return f2i(np.float64(xv) * recip)     # recip = 1/s exactly: x / s, exact
+    return f2i(np.float64(np.float32(np.float64(xv) * recip)))
+
+
+@register_jitable
+def dequantize_element(q, s, bp):
+    """q * s (* pts) in float64: exact for the small formats (one rounding to the container)."""
+    if bp.pts != 1.0:
+        return q * s * bp.pts
+    return q * s
+
+
+@register_jitable(inline="always")
+def quantize_one_block(x, out, qout, sout, counts, row, j, length, mode, k, p, sp, bp,
+                       seed_lo, seed_hi, stream, offset, lanes, want_q):
+    """Quantize block ``j`` of row ``row`` of the 2-D ``x`` into ``out`` (and q, scale)."""
+    lo = j * bp.block
+    hi = min(lo + bp.block, length)
+    amax = 0.0
+    bad = False
+    for i in range(lo, hi):
+        v = abs(np.float64(x[row, i]))
+        if v != v or v == np.inf:
+            if bp.nonfinite_nan:
+                bad = True
+        elif v > amax:
+            amax = v
+    c = counts[row, j]
+    if bad:
+        c[8] = 1
+        for i in range(lo, hi):
+            v = np.float64(x[row, i])
+            c[4] += np.int64(v != v)
+            c[5] += np.int64(v == np.inf or v == -np.inf)
+            out[row, i] = np.nan
+            if want_q:
+                qout[row, i] = np.nan
+        sout[row, j] = np.nan
+        return
+    s, clipped = block_scale(amax, bp, sp)
+    c[6] = clipped
+    sout[row, j] = s
+    recip = 1.0 / s if bp.pow2 else scale_recip(s, bp)
+    base = np.int64(row) * length + offset
+    nonzero = 0
+    slow = 0
+    f0 = f1 = f2 = f3 = f4 = f5 = 0
+    # pass 1: the straight-line fast step on every element (the NaN/inf it leaves are
+    # written as they came and finished by pass 2)
+    words = (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    have = np.int64(-1)
+    for i in range(lo, hi):
+        r = np.int64(0)
+        if mode >= STOCHASTIC:          # one Philox block per `lanes` elements
+            g = base + i
+            blk = g // lanes
+            if blk != have:
+                words = block_words(blk, stream, seed_lo, seed_hi)
+                have = blk
+            r = lane_word(words, g - blk * lanes, lanes)
+        b, ok, flags = round_fast_sub(scaled_bits(x[row, i], s, recip, bp), mode, r, k, p)
+        q = i2f(b)
+        if want_q:
+            qout[row, i] = q
+        out[row, i] = dequantize_element(q, s, bp)
+        nonzero += np.int64(q != 0)
+        slow += 1 - ok
+        f0 += flags & 1
+        f1 += (flags >> 1) & 1
+        f2 += (flags >> 2) & 1
+        f3 += (flags >> 3) & 1
+    if slow:
+        for i in range(lo, hi):
+            r = _element_word(mode, base + i, lanes, stream, seed_lo, seed_hi)
+            yb = scaled_bits(x[row, i], s, recip, bp)
+            _, ok, _ = round_fast_sub(yb, mode, r, k, p)
+            if not ok:
+                b, flags = round_bits(yb, mode, r, k, p)
+                q = i2f(b)
+                if want_q:
+                    qout[row, i] = q
+                out[row, i] = dequantize_element(q, s, bp)
+                nonzero += np.int64(q != 0) - np.int64(i2f(yb) != 0)
+                f0 += flags & 1
+                f1 += (flags >> 1) & 1
+                f2 += (flags >> 2) & 1
+                f3 += (flags >> 3) & 1
+                f4 += (flags >> 4) & 1
+                f5 += (flags >> 5) & 1
+    c[0] = f0
+    c[1] = f1
+    c[2] = f2
+    c[3] = f3
+    c[4] = f4
+    c[5] = f5
+    c[7] = np.int64(amax != 0 and nonzero == 0)
+
+
+@register_jitable
+def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
+    """The random word of element ``g`` (lpsim.philox's lanes; 0 for deterministic modes)."""
+    if mode < STOCHASTIC:
+        return np.int64(0)
+    blk = g // lanes
+    return lane_word(block_words(blk, stream, seed_lo, seed_hi), g - blk * lanes, lanes)
+
+
+
+# One CPU kernel per rounding mode, the mode a literal of its body: the element step then
+# compiles to straight-line code (a run-time mode costs ~4x).  Module-level functions with
+# their own names, as numba's on-disk cache needs.
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                    stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           0, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                         stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           1, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                        stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           2, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+               stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           3, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                 stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           4, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           5, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                       stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           6, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _blocks_stochastic_equal(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
+                             stream, offset, lanes, want_q):
+    nblk = sout.shape[1]
+    for t in prange(x.shape[0] * nblk):
+        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                           7, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+
+
+_KERNELS = {
+    NEAREST: _blocks_nearest,
+    NEAREST_AWAY: _blocks_nearest_away,
+    TOWARD_ZERO: _blocks_toward_zero,
+    UP: _blocks_up,
+    DOWN: _blocks_down,
+    ODD: _blocks_odd,
+    STOCHASTIC: _blocks_stochastic,
+    STOCHASTIC_EQUAL: _blocks_stochastic_equal,
+}
+
+
+# --- host side ------------------------------------------------------------------------------
+
+def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
+    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts``."""
+    el, sc = bfmt.saturating_element, bfmt.scale
+    smin, smax = sc.min_subnormal, sc.max_finite
+    return BlockParams(bfmt.block, RULES[bfmt.rule], int(bfmt.pow2), el.emax, el.m,
+                       float(el.max_finite), int(np.log2(smin)) if bfmt.pow2 else 0,
+                       sc.emax if bfmt.pow2 else 0, float(smin), float(smax),
+                       int(bfmt.nonfinite == "nan"), float(pts),
+                       float(np.float32(1.0 / np.float32(pts))))
+
+
+@functools.lru_cache(maxsize=256)
+def _element_params(element: Format, word_bits: int) -> Params:
+    # the element rounds in a float64 register with the container's random words
+    return kernel_params(element, np.float64)._replace(W=word_bits)
+
+
+def tensor_scale_of(x, bfmt: BlockFormat) -> float:
+    """NVFP4's per-tensor FP32 scale: fp32(amax / (scale max * element max)); 1 if amax 0."""
+    finite = np.abs(x[np.isfinite(x)])
+    amax = float(finite.max()) if finite.size else 0.0
+    if amax == 0:
+        return 1.0
+    return float(np.float32(np.float32(amax) / np.float32(bfmt.scale.max_finite *
+                                                          bfmt.element.max_finite)))
+
+
+class Blocked(NamedTuple):
+    """The result of :func:`quantize_blocks`: fake-quantized values, element values, scales."""
+
+    values: np.ndarray      # x's shape and dtype: q * s
+    elements: np.ndarray    # float64 element values q, blocked layout (rows, length)
+    scales: np.ndarray      # float64 scales (rows, blocks per row)
+    tensor_scale: float     # per-tensor scale (1.0 without)
+    counts: np.ndarray      # int64 (rows, blocks per row, len(BLOCK_COUNTERS))
+
+
+def _blocked_view(x, axis):
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
+    moved = np.moveaxis(x, axis, -1)
+    length = moved.shape[-1] if moved.ndim else 1
+    return np.ascontiguousarray(moved).reshape(-1, length), moved.shape
+
+
+def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
+                    stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
+                    want_elements: bool = True) -> Blocked:
+    """Block-quantize a float32/float64 numpy array along ``axis`` (blocks of bfmt.block).
+
+    A row whose length is not a multiple of the block size ends in a shorter block.
+    tensor_scale: the per-tensor scale to use (default: computed from x when bfmt has one).
+    """
+    from .quantize import plan
+    bfmt = parse_block_format(bfmt)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
+                        "float64 numpy array (lpsim.quantize also takes torch tensors)")
+    request = plan(bfmt.saturating_element, rounding, x.dtype, seed=seed, stream=stream,
+                   sr_bits=sr_bits, offset=offset)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis={axis!r} must be an integer")
+    x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \
+        if x.ndim else (x.reshape(1, 1), (1,))
+    pts = 1.0
+    if bfmt.tensor_scale:
+        pts = tensor_scale_of(x, bfmt) if tensor_scale is None else float(tensor_scale)
+        if not (np.isfinite(pts) and pts > 0):
+            raise ValueError(f"tensor_scale={tensor_scale!r} must be a positive finite number")
+    bp = block_params(bfmt, pts)
+    p = _element_params(bfmt.saturating_element, request.params.W)
+    sp = kernel_params(bfmt.scale, np.float64)
+    rows, length = x2.shape
+    nblk = -(-length // bfmt.block) if length else 0
+    out2 = np.empty_like(x2)
+    q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
+    s2 = np.empty((rows, nblk), np.float64)
+    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
+    if x2.size:
+        _KERNELS[request.mode](x2, out2, q2, s2, counts, request.k, p, sp, bp,
+                    request.seed_lo, request.seed_hi, request.stream, request.offset,
+                    LANES[x.dtype.itemsize], want_elements)
+    values = np.moveaxis(out2.reshape(moved_shape), -1, axis) if x.ndim else out2.reshape(())
+    return Blocked(values, q2 if want_elements else None, s2, pts, counts)
+
+
+def add_counts(stats, counts, elements) -> None:
+    """Add a call's per-block counts to a RoundingStats (and the block fields of BlockStats)."""
+    if stats is None:
+        return
+    totals = counts.reshape(-1, len(BLOCK_COUNTERS)).sum(axis=0)
+    stats.add(elements, totals[:6])
+    if isinstance(stats, BlockStats):
+        stats.blocks += counts.shape[0] * counts.shape[1]
+        stats.clipped_scales += int(totals[6])
+        stats.flushed_blocks += int(totals[7])
+        stats.nan_blocks += int(totals[8])
+
+
+def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
+             stream: int = 0, sr_bits=None, stats=None, out=None, offset: int = 0,
+             tensor_scale=None):
+    """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
+    with a block format lands here).  stats: a RoundingStats (element counters) or a
+    :class:`BlockStats` (also block counters)."""
+    bfmt = parse_block_format(bfmt)
+    module = type(x).__module__
+    if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
+                                          or "numba" in module and "cuda" in module):
+        import lpsim_cuda.blocks
+        return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
+                                          stream=stream, sr_bits=sr_bits, stats=stats,
+                                          out=out, offset=offset, tensor_scale=tensor_scale)
+    if module.startswith("torch"):
+        if x.is_cuda:
+            import lpsim_cuda.blocks
+            return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
+                                              stream=stream, sr_bits=sr_bits, stats=stats,
+                                              out=out, offset=offset,
+                                              tensor_scale=tensor_scale)
+        import torch
+        result = quantize(x.detach().numpy(), bfmt, rounding, axis=axis, seed=seed,
+                          stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
+                          tensor_scale=tensor_scale)
+        if out is not None:
+            out.copy_(torch.from_numpy(result))
+            return out
+        return torch.from_numpy(result)
+    if isinstance(x, (int, float, np.floating)) and not isinstance(x, bool):
+        return type(x)(quantize(np.array([x], np.float64 if isinstance(x, (int, float))
+                                         else x.dtype), bfmt, rounding, seed=seed,
+                                stream=stream, sr_bits=sr_bits, stats=stats,
+                                offset=offset, tensor_scale=tensor_scale)[0])
+    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
+        raise TypeError(f"cannot block-quantize {type(x).__name__} "
+                        f"{getattr(x, 'dtype', '')}; accepted: a float32/float64 numpy array, "
+                        "a Python float or a torch tensor")
+    result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                             sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
+                             want_elements=False)
+    add_counts(stats, result.counts, x.size)
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype "
+                             f"{x.dtype}")
+        out[...] = result.values
+        return out
+    return result.values
+
+
+class Encoded(NamedTuple):
+    """Element codes and scale codes of a block-quantized array (ml_dtypes bit layouts).
+
+    codes: uint8 (uint16 above 8 bits) element codes in the blocked layout (rows, length):
+    ``codes.view(ml_dtypes.float4_e2m1fn)`` etc. where ml_dtypes has the dtype, and
+    :func:`lpsim.storage.pack_nibbles` packs 4-bit codes two a byte.  scales: codes of the
+    scale format (rows, blocks per row), e.g. ``float8_e8m0fnu``.  NaN blocks carry a NaN
+    scale code.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    tensor_scale: float
+    format: BlockFormat
+    shape: tuple        # x's shape with the block axis moved last
+    axis: int
+
+
+def _code_dtype(fmt: Format):
+    return np.uint8 if fmt.bits <= 8 else np.uint16
+
+
+def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
+           sr_bits=None, offset: int = 0, tensor_scale=None) -> Encoded:
+    """Block-quantize ``x`` (as :func:`quantize`) and return the codes and scale codes."""
+    from .storage import encode_values
+    bfmt = parse_block_format(bfmt)
+    x = np.asarray(x)
+    r = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                        sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale)
+    codes = encode_values(r.elements, bfmt.element).astype(_code_dtype(bfmt.element))
+    scales = encode_values(r.scales, bfmt.scale).astype(_code_dtype(bfmt.scale))
+    shape = np.moveaxis(x, axis, -1).shape if x.ndim else (1,)
+    return Encoded(codes, scales, r.tensor_scale, bfmt, shape, axis)
+
+
+def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
+    """The values q * s (* tensor scale) of :func:`encode`'s codes, in x's layout."""
+    from .storage import decode_codes
+    bfmt = encoded.format
+    q = decode_codes(encoded.codes, bfmt.element)
+    s = np.repeat(decode_codes(encoded.scales, bfmt.scale), bfmt.block, axis=1)[:, :q.shape[1]]
+    values = q * s * (encoded.tensor_scale if bfmt.tensor_scale else 1.0)
+    values = np.where(np.isnan(s), np.nan, values).astype(dtype)
+    return np.moveaxis(values.reshape(encoded.shape), -1, encoded.axis)
+
+
+__all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
+           "as_block_format", "parse_block_format", "quantize", "quantize_blocks", "block_scale",
+           "scaled_bits", "Blocked", "RULES"]

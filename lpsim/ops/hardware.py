@@ -1,0 +1,260 @@
+"""Tensor-core accumulation models: aligned, truncated chunk sums and FP32 promotion.
+
+A matrix unit does not run an ideal FMA chain.  The model here (the one reported for Hopper
+FP8 tensor cores: about 14 significant bits kept; DeepSeek-V3, Sec. 3.3.2, promotes to FP32
+CUDA-core sums every 128 products) computes each output c_ij as follows, with the products
+p_k = a_ik b_kj exact (inputs rounded to ``in_fmt``, which may be a block format: then a is
+block-quantized along K (its last axis) and b along K (its first), and each p_k carries both
+blocks' scales exactly, as block-scaled MMA applies them):
+
+1. K is cut into promotion intervals of ``promote`` products (None: one interval), each into
+   chunks of ``chunk`` products.
+2. Per chunk, the terms are the interval's partial sum t_0 and the chunk's products; with
+   E = max floor(log2 |t|) over the nonzero terms, every term is truncated toward zero to a
+   multiple of 2**(E - align_bits + 1) (``align_bits`` bits from the top of the largest),
+   the truncated terms are added exactly, and the sum is rounded to ``partial_fmt``
+   toward zero: the new partial sum.
+3. At the end of each interval the partial sum is added to the FP32 accumulator, rounded to
+   nearest (``acc_fmt``; without promotion the partial sum is the accumulator).
+4. The output is the accumulator rounded to ``out_fmt``.
+
+:func:`reference_matmul` repeats these steps with Fractions (:mod:`lpsim.reference`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+from numba import njit, prange
+
+from ..formats import Format, parse_format
+from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits
+from .exact import f2i, i2f, sum_to_odd
+
+
+@dataclass(frozen=True)
+class TensorCoreModel:
+    """Inputs, chunk alignment, promotion interval and formats of a tensor-core GEMM."""
+
+    in_fmt: object = None               # Format, block format (lpsim.blocks) or None
+    chunk: int = 32                     # products aligned together
+    align_bits: int = 14                # bits kept from the top of the largest term
+    promote: int | None = None          # products per promotion to acc_fmt (None: never)
+    partial_fmt: Format = parse_format("fp32")
+    acc_fmt: Format = parse_format("fp32")
+    out_fmt: Format = parse_format("fp32")
+    out_rounding: str = "nearest"
+    description: str = ""
+
+    def __post_init__(self):
+        from ..blocks import as_block_format
+        if self.in_fmt is not None:
+            block = as_block_format(self.in_fmt)
+            object.__setattr__(self, "in_fmt", block if block is not None
+                               else parse_format(self.in_fmt))
+        for name in ("partial_fmt", "acc_fmt", "out_fmt"):
+            object.__setattr__(self, name, parse_format(getattr(self, name)))
+        for name, low in (("chunk", 1), ("align_bits", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+                    or value < low:
+                raise ValueError(f"{name}={value!r} is not accepted; accepted: an integer "
+                                 f">= {low}")
+        if self.align_bits > 50:
+            raise ValueError(f"align_bits={self.align_bits} is not accepted; accepted: 1..50 "
+                             "(chunk sums are exact in float64)")
+        if self.promote is not None and (isinstance(self.promote, bool) or not isinstance(
+                self.promote, (int, np.integer)) or self.promote < 1
+                or self.promote % self.chunk):
+            raise ValueError(f"promote={self.promote!r} is not accepted; accepted: None or a "
+                             f"positive multiple of chunk={self.chunk}")
+        mode_code(self.out_rounding)
+
+    def with_(self, **changes) -> "TensorCoreModel":
+        return replace(self, **changes)
+
+
+HARDWARE_MODELS: dict[str, TensorCoreModel] = {
+    "hopper-fp8": TensorCoreModel(
+        "e4m3fn", 32, 14, None,
+        description="FP8 E4M3 inputs, products aligned to the largest term and truncated to "
+                    "14 bits per 32-product chunk, no promotion (H100/H800 FP8 tensor cores)"),
+    "hopper-fp8-promote128": TensorCoreModel(
+        "e4m3fn", 32, 14, 128,
+        description="hopper-fp8 with the partial sum promoted to an FP32 accumulator every "
+                    "128 products (DeepSeek-V3's FP8 GEMM)"),
+    "mxfp8-fp32": TensorCoreModel(
+        "mxfp8_e4m3", 32, 25, None,
+        description="MXFP8 (E4M3, E8M0 scale per 32) inputs, chunks of 32 aligned to 25 "
+                    "bits: an FP32-wide block-scaled MMA"),
+    "nvfp4-fp32": TensorCoreModel(
+        "nvfp4", 16, 25, None,
+        description="NVFP4 inputs (E2M1, E4M3 scale per 16, FP32 tensor scale), chunks of "
+                    "16 aligned to 25 bits"),
+}
+
+
+def hardware_model(model) -> TensorCoreModel | None:
+    """The TensorCoreModel that ``model`` names or is; None for anything else."""
+    if isinstance(model, TensorCoreModel):
+        return model
+    if isinstance(model, str):
+        return HARDWARE_MODELS.get(model)
+    return None
+
+
+def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0):
+    """a and b block-quantized along K (a's last axis, b's first): the exact values q * s."""
+    from ..blocks import quantize as quantize_blocks
+    a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream)
+    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1)
+    return np.ascontiguousarray(a), np.ascontiguousarray(b)
+
+
+@njit(cache=True)
+def _trunc_to(t, q):
+    """t truncated toward zero to a multiple of 2**q (exact in float64: |t| < 2**(q+51))."""
+    s = math.ldexp(1.0, -q)
+    return float(math.trunc(t * s)) / s
+
+
+@njit(cache=True)
+def _exponent(t):
+    m, e = math.frexp(abs(t))
+    return e - 1
+
+
+@njit(parallel=True, cache=True)
+def _tc_gemm(a, b, out, chunk, align_bits, promote, pp, ap, op, omode):
+    M, K = a.shape
+    N = b.shape[1]
+    for ij in prange(M * N):
+        i, j = ij // N, ij % N
+        acc = 0.0
+        partial = 0.0
+        terms = np.empty(chunk + 1)
+        for k0 in range(0, K, chunk):
+            n = min(chunk, K - k0)
+            terms[0] = partial
+            top = -100000
+            for t in range(n):
+                terms[t + 1] = np.float64(a[i, k0 + t]) * np.float64(b[k0 + t, j])
+            for t in range(n + 1):
+                if terms[t] != 0.0:
+                    top = max(top, _exponent(terms[t]))
+            s = 0.0
+            if top > -100000:
+                q = top - align_bits + 1
+                for t in range(n + 1):
+                    s += _trunc_to(terms[t], q)
+            bits, _ = round_bits(f2i(s), TOWARD_ZERO, 0, 64, pp)
+            partial = i2f(bits)
+            if promote > 0 and ((k0 + n) % promote == 0 or k0 + n == K):
+                bits, _ = round_bits(sum_to_odd(acc, partial), NEAREST, 0, 64, ap)
+                acc = i2f(bits)
+                partial = 0.0
+        if promote == 0:
+            acc = partial
+        bits, _ = round_bits(f2i(acc), omode, 0, 64, op)
+        out[i, j] = i2f(bits)
+
+
+def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0):
+    """a @ b (2-D, or 1-D as numpy.matmul) under a TensorCoreModel; float64 result holding
+    out_fmt values (inputs rounded to the model's in_fmt with ``rounding``)."""
+    from ..blocks import BlockFormat
+    from ..quantize import quantize
+    from .operands import as_array
+    model = hardware_model(model)
+    a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
+    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+    a = a[None, :] if squeeze_a else a
+    b = b[:, None] if squeeze_b else b
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul with a tensor-core model: shapes {a.shape} and {b.shape}; "
+                         "accepted: (M, K) and (K, N) (or 1-D)")
+    if isinstance(model.in_fmt, BlockFormat):
+        a, b = block_inputs(a, b, model.in_fmt, rounding, seed=seed, stream=stream)
+    elif model.in_fmt is not None:
+        a = quantize(a, model.in_fmt, rounding, seed=seed, stream=stream)
+        b = quantize(b, model.in_fmt, rounding, seed=seed, stream=stream + 1)
+    out = np.empty((a.shape[0], b.shape[1]))
+    f64 = np.float64
+    _tc_gemm(np.ascontiguousarray(a, f64), np.ascontiguousarray(b, f64), out, model.chunk,
+             model.align_bits, model.promote or 0, kernel_params(model.partial_fmt, f64),
+             kernel_params(model.acc_fmt, f64), kernel_params(model.out_fmt, f64),
+             mode_code(model.out_rounding))
+    if squeeze_a:
+        out = out[0]
+    if squeeze_b:
+        out = out[..., 0]
+    return out
+
+
+def reference_matmul(a, b, model):
+    """The steps of this module's docstring with Fractions, on inputs already rounded to the
+    model's in_fmt (exact values, e.g. :func:`block_inputs`' results); float64 array."""
+    from .. import reference as ref
+    model = hardware_model(model)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    M, K = a.shape
+    N = b.shape[1]
+    out = np.empty((M, N))
+
+    def value(r):
+        return Fraction(0) if r.value == 0 else r.value
+
+    for i in range(M):
+        for j in range(N):
+            acc, partial = Fraction(0), Fraction(0)
+            for k0 in range(0, K, model.chunk):
+                ks = range(k0, min(k0 + model.chunk, K))
+                terms = [partial] + [Fraction(float(a[i, k])) * Fraction(float(b[k, j]))
+                                     for k in ks]
+                nonzero = [abs(t) for t in terms if t]
+                total = Fraction(0)
+                if nonzero:
+                    q = max(ref._floor_log2(t) for t in nonzero) - model.align_bits + 1
+                    unit = ref._pow2(q)
+                    total = sum((math.trunc(t / unit) * unit for t in terms), Fraction(0))
+                partial = value(ref.round_exact(total, model.partial_fmt, "toward_zero"))
+                end = ks.stop
+                if model.promote and (end % model.promote == 0 or end == K):
+                    acc = value(ref.round_exact(acc + partial, model.acc_fmt, "nearest"))
+                    partial = Fraction(0)
+            if not model.promote:
+                acc = partial
+            out[i, j] = float(ref.round_exact(acc, model.out_fmt, model.out_rounding).value)
+    return out
+
+
+def dispatch(a, b, model, in_fmt, seed, stream):
+    """lpsim.ops.matmul's hook: (result, a, b, model, in_fmt).
+
+    A tensor-core model computes the result here; a block in_fmt block-quantizes a and b
+    along K and hands them back with in_fmt None and the model's input rounding removed (the
+    block values are the inputs); anything else passes through with result None.
+    """
+    from ..blocks import as_block_format
+    from .models import get_model
+    hw = hardware_model(model)
+    if hw is not None:
+        if in_fmt is not None:
+            hw = hw.with_(in_fmt=in_fmt)
+        return tc_matmul(a, b, hw, seed=seed, stream=stream), a, b, model, in_fmt
+    bfmt = as_block_format(in_fmt)
+    if bfmt is None:
+        return None, a, b, model, in_fmt
+    from .operands import as_array
+    a, b = block_inputs(as_array(a, "a", "matmul"), as_array(b, "b", "matmul"), bfmt,
+                        seed=seed, stream=stream)
+    if model is not None:
+        model = replace(get_model(model), in_fmt=None)
+    return None, a, b, model, None
+
+
+__all__ = ["TensorCoreModel", "HARDWARE_MODELS", "hardware_model", "tc_matmul",
+           "reference_matmul", "block_inputs"]

@@ -1,0 +1,350 @@
+"""Block-scaled formats: bit-exact against gfloat (OCP floor rule), torchao's MX and NVFP4
+casts (their scale rules) and lpsim.reference (every rule and rounding mode); SR unbiased
+given the scale; counters; errors."""
+
+import math
+
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim import blocks, reference
+from lpsim.blocks import BLOCK_COUNTERS, BlockStats, block, parse_block_format
+from lpsim.rounding import DETERMINISTIC_MODES
+
+
+def block_data(rows, length, seed, dtype=np.float32, lo=-20, hi=20):
+    """Normal values with a random magnitude per block of 8, plus edge rows."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, length)) * 2.0 ** rng.integers(lo, hi, (rows, length // 8, 1)
+                                                                  ).repeat(8, 1).reshape(rows, -1)
+    x[0, :] = 0.0                                             # an all-zero row
+    x[1, : length // 2] = 2.0 ** np.arange(length // 2) % 7.0  # exact small values
+    x[1, 0] = -6.0 * 2.0 ** 3                                # amax exactly max * 2**k
+    return x.astype(dtype)
+
+
+def same(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.array_equal(a, b, equal_nan=True) and np.array_equal(np.signbit(a), np.signbit(b))
+
+
+# --- gfloat: OCP floor rule -----------------------------------------------------------------
+
+GFLOAT = {"mxfp8_e4m3": "format_info_mxfp8_e4m3", "mxfp8_e5m2": "format_info_mxfp8_e5m2",
+          "mxfp6_e3m2": "format_info_mxfp6_e3m2", "mxfp6_e2m3": "format_info_mxfp6_e2m3",
+          "mxfp4": "format_info_mxfp4_e2m1", "mxint8": "format_info_mxint8"}
+
+
+@pytest.mark.parametrize("name", list(GFLOAT))
+def test_floor_rule_equals_gfloat_quantize_block(name):
+    formats = pytest.importorskip("gfloat.formats")
+    from gfloat.block import compute_scale_amax, quantize_block
+    fi = getattr(formats, GFLOAT[name])
+    x = block_data(4, 64, seed=1)
+    got = lpsim.quantize(x, name)
+    want = np.stack([np.concatenate([quantize_block(fi, row[i:i + 32].astype(np.float64),
+                                                    compute_scale_amax)
+                                     for i in range(0, 64, 32)]) for row in x])
+    if name == "mxint8":
+        # gfloat's INT8 is two's complement (-2.0 = -128/64); lpsim's is symmetric (+-127/64)
+        scales = np.repeat(lpsim.blocks.quantize_blocks(x, name).scales, 32, axis=1)
+        low = want == -2.0 * scales
+        assert np.array_equal(got[low], -127 / 64 * scales[low])
+        got, want = got[~low], want[~low]
+    assert same(got, want.astype(np.float32))
+
+
+# --- torchao: its scale rules ---------------------------------------------------------------
+
+def torchao_mx(x, elem, rule):
+    torch = pytest.importorskip("torch")
+    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    dtype = {"e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+             "e2m3fn": "fp6_e2m3", "e3m2fn": "fp6_e3m2", "e2m1fn": torch.float4_e2m1fn_x2}[elem]
+    if isinstance(dtype, str):
+        from torchao.prototype.mx_formats import constants
+        dtype = getattr(constants, f"DTYPE_FP6_{dtype[4:].upper()}")
+    t = torch.from_numpy(x)
+    scale, data = mx.to_mx(t, dtype, 32, getattr(ScaleCalculationMode, rule.upper()))
+    values = mx.to_dtype(data, scale, dtype, 32, torch.float32).numpy()
+    return values, scale.view(torch.uint8).numpy().astype(np.int64)
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+@pytest.mark.parametrize("elem", ["e4m3fn", "e5m2", "e2m3fn", "e3m2fn", "e2m1fn"])
+def test_scale_rules_equal_torchao_to_mx(elem, rule):
+    x = block_data(16, 128, seed=2, lo=-12, hi=12)      # scales well inside float32 normals
+    x[0, :] = 1.0                                        # torchao fp32 scales need amax != 0
+    want, want_codes = torchao_mx(x, elem, rule)
+    bfmt = block(elem, 32, "e8m0fnu", rule)
+    result = lpsim.blocks.quantize_blocks(x, bfmt)
+    assert np.array_equal(np.log2(result.scales).astype(np.int64) + 127, want_codes.reshape(16, 4))
+    assert same(result.values, want)
+
+
+@pytest.mark.parametrize("with_tensor_scale", [True, False])
+def test_nvfp4_equals_torchao_nvfp4_quantize(with_tensor_scale):
+    torch = pytest.importorskip("torch")
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+    x = block_data(8, 64, seed=3, lo=-6, hi=6)
+    x[0, :] = 0.5
+    t = torch.from_numpy(x)
+    pts = nv.per_tensor_amax_to_scale(t.abs().max()) if with_tensor_scale else None
+    scales, data = nv.nvfp4_quantize(t, 16, pts)
+    q = f4_unpacked_to_f32(unpack_uint4(data)).numpy().reshape(8, 64)
+    bfmt = lpsim.blocks.PRESETS["nvfp4"] if with_tensor_scale else block("e2m1fn", 16, "e4m3fn",
+                                                                          "even")
+    result = lpsim.blocks.quantize_blocks(x, bfmt)
+    assert result.tensor_scale == (float(pts) if with_tensor_scale else 1.0)
+    assert same(result.scales, scales.float().numpy().reshape(8, 4))
+    assert same(result.elements, q)
+
+
+# --- lpsim.reference: every rule and mode ----------------------------------------------------
+
+RULE_FORMATS = [block("e2m1fn", 32, "e8m0fnu", rule) for rule in blocks.RULES] + [
+    block("e4m3fn", 16, "e8m0fnu", "floor", nonfinite="finite"),
+    block("e5m2", 8, "fp(5,0,0)", "ceil"),                          # a narrow scale: clipping
+    block("e2m3fn", 16, "e4m3fn", "floor"), block("e3m2fn", 16, "ue4m3", "rceil"),
+    block("e2m1fn", 16, "ue5m3", "ceil"),
+    lpsim.blocks.PRESETS["nvfp4"], lpsim.blocks.PRESETS["mxint8"]]
+
+
+def edge_data(dtype, seed=4):
+    x = block_data(6, 48, seed, dtype, lo=-30, hi=30)
+    x[2, :8] = [np.nan, 1.0, -np.inf, 3.0, 0.0, -0.0, 2.0, 1e-3]   # non-finite block
+    x[3, :16] = np.float32(3e-39)                                  # subnormal block: clipped
+    x[4, 40:] = [1e30, 1e-30, -1e-20, 5.0, 2.5, 0.0, -1.0, 7.0]    # flushed elements
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("bfmt", RULE_FORMATS, ids=str)
+def test_every_rule_and_deterministic_mode_equals_the_reference(bfmt, dtype):
+    x = edge_data(dtype)
+    for rounding in DETERMINISTIC_MODES:
+        got = lpsim.blocks.quantize_blocks(x, bfmt, rounding)
+        values, elements, scales, counts = reference.quantize_blocks(
+            x, bfmt, rounding, tensor_scale=got.tensor_scale if bfmt.tensor_scale else None)
+        assert same(got.scales, scales), (rounding, np.argwhere(got.scales != scales)[:3])
+        assert same(got.elements, elements), rounding
+        assert same(got.values, values), rounding
+        assert np.array_equal(got.counts, counts), rounding
+
+
+@pytest.mark.parametrize("sr_bits", [None, 4])
+@pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4", "mxfp8_e5m2"])
+def test_stochastic_equals_the_reference_with_lpsim_random_bits(bfmt, sr_bits):
+    x = block_data(6, 48, 4, lo=-4, hi=4)         # one range: NVFP4's tensor scale keeps them
+    x[2, :8] = [np.nan, 1.0, -np.inf, 3.0, 0.0, -0.0, 2.0, 1e-3]
+    seed, stream, offset = 99, 3, 7
+    got = lpsim.blocks.quantize_blocks(x, bfmt, "stochastic", seed=seed, stream=stream,
+                                       offset=offset, sr_bits=sr_bits)
+    words = np.array(lpsim.philox.random_words(x.size, 4, seed, stream, offset),
+                     dtype=object).reshape(x.shape)
+    uniforms = [[reference.Fraction(int(r), 2 ** 32) for r in row] for row in words]
+    values, elements, scales, counts = reference.quantize_blocks(
+        x, bfmt, "stochastic", uniforms=uniforms, sr_bits=sr_bits,
+        tensor_scale=got.tensor_scale if parse_block_format(bfmt).tensor_scale else None)
+    assert same(got.values, values) and np.array_equal(got.counts, counts)
+    again = lpsim.quantize(x, bfmt, "stochastic", seed=seed, stream=stream, offset=offset,
+                           sr_bits=sr_bits)
+    assert same(again, got.values)
+    other = lpsim.quantize(x, bfmt, "stochastic", seed=seed + 1, stream=stream, offset=offset,
+                           sr_bits=sr_bits)
+    assert not same(other, got.values)
+
+
+def test_stochastic_is_unbiased_per_element_given_the_scale():
+    """4096 copies of one block (same amax, so the same scale), independent random bits.
+
+    Per element, up-count ~ Binomial(4096, frac); Hoeffding: P(|mean - frac| >= 0.06) <=
+    2 exp(-2 * 4096 * 0.06**2) < 2e-12, so the 32 checks together false-alarm below 1e-10.
+    """
+    rng = np.random.default_rng(5)
+    row = (rng.standard_normal(32) * 3).astype(np.float32)
+    x = np.tile(row, (4096, 1))
+    got = lpsim.blocks.quantize_blocks(x, "mxfp4", "stochastic", seed=2024)
+    s = got.scales[0, 0]
+    assert np.all(got.scales == s)
+    y = row.astype(np.float64) / s
+    lo = lpsim.quantize(y, "e2m1fn", "down").astype(np.float64)
+    lo = np.where(y < 0, -lpsim.quantize(-y, "e2m1fn", "down"), lo)        # toward zero
+    hi = np.where(y < 0, -lpsim.quantize(-y, "e2m1fn", "up"), lpsim.quantize(y, "e2m1fn", "up"))
+    inside = (np.abs(y) < 6) & (hi != lo)
+    frac = np.abs(y - lo) / np.abs(hi - lo)
+    up = (got.elements == hi).mean(axis=0)
+    assert np.all((got.elements == hi) | (got.elements == lo))
+    assert inside.sum() >= 20
+    assert np.all(np.abs(up[inside] - frac[inside]) < 0.06), np.abs(up - frac)[inside].max()
+
+
+# --- API, counters, errors ------------------------------------------------------------------
+
+def test_quantize_routes_block_formats_and_axis():
+    x = block_data(64, 96, seed=6).T.copy()              # blocks along axis 0
+    got = lpsim.quantize(x, "mxfp8_e4m3", axis=0)
+    want = lpsim.quantize(np.ascontiguousarray(x.T), "mxfp8_e4m3").T
+    assert same(got, want)
+    import torch
+    assert same(lpsim.quantize(torch.from_numpy(x), "mxfp4", axis=0).numpy(),
+                lpsim.quantize(x, "mxfp4", axis=0))
+    assert lpsim.quantize(6.5, "mxfp4") == 6.0
+    odd = block_data(3, 40, seed=7)                     # 40 = 32 + a block of 8
+    r = lpsim.blocks.quantize_blocks(odd, "mxfp4")
+    assert r.scales.shape == (3, 2) and same(r.values[:, 32:],
+                                             lpsim.blocks.quantize_blocks(odd[:, 32:], "mxfp4").values)
+
+
+def test_block_counters():
+    x = np.zeros((1, 128), np.float32)
+    x[0, :32] = np.linspace(-1, 1, 32)      # scale 2**-2: +-1/31 underflow (|x/s| < 1/4)
+    x[0, 32:64] = [1e3] + [1e-6] * 31       # scale 2**7: 1e3/128 = 7.8 saturates to 6
+    x[0, 64] = np.nan                       # NaN block
+    x[0, 96:] = 1e-40                       # scale clipped at 2**-127; every element flushed
+    stats = BlockStats()
+    lpsim.quantize(x, "mxfp4", stats=stats)
+    assert stats.blocks == 4 and stats.nan_blocks == 1 and stats.clipped_scales == 1
+    assert stats.elements == 128 and stats.nan == 1 and stats.overflow == 1
+    assert stats.underflow == 2 + 31 + 32 and stats.flushed_blocks == 1
+    per_block = lpsim.blocks.quantize_blocks(x, "mxfp4").counts[0]
+    assert per_block[:, BLOCK_COUNTERS.index("underflow")].tolist() == [2, 31, 0, 32]
+    ceil = BlockStats()
+    lpsim.quantize(np.array([[7.9] + [1.0] * 31], np.float32), block("e2m1fn", rule="ceil"),
+                   stats=ceil)
+    assert ceil.overflow == 0                # ceil: scale 2**1, 7.9 / 2 = 3.95 -> 4
+    flushed = BlockStats()
+    lpsim.quantize(np.array([[1e-40] * 32], np.float32), "mxfp4", stats=flushed)
+    assert flushed.flushed_blocks == 1 and flushed.clipped_scales == 1
+    plain = lpsim.RoundingStats()
+    lpsim.quantize(x, "mxfp4", stats=plain)
+    assert plain.as_dict() == {k: getattr(stats, k) for k in plain.as_dict()}
+
+
+def test_presets_and_repr_round_trip():
+    for name, bfmt in lpsim.blocks.PRESETS.items():
+        assert parse_block_format(repr(bfmt)) == bfmt, repr(bfmt)
+        assert bfmt.name == name
+    assert lpsim.blocks.PRESETS["nvfp4"] == block("e2m1fn", 16, "ue4m3", "even",
+                                                  tensor_scale=True)
+    assert lpsim.blocks.PRESETS["mxint8"].element.max_finite == 127 / 64
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"element": "e2m1fn", "block": 0}, ValueError, "block=0"),
+    ({"element": "e2m1fn", "rule": "round"}, ValueError, "rule='round'.*floor"),
+    ({"element": "e2m1fn", "nonfinite": "zero"}, ValueError, "nonfinite='zero'"),
+    ({"element": "e2m1fn", "tensor_scale": True}, ValueError, "mantissa bits"),
+    ({"element": "e2m1fn", "tensor_scale": 1}, TypeError, "tensor_scale=1"),
+    ({"element": "e12m9"}, ValueError, "e=12"),
+    ({"element": "float4"}, ValueError, "unknown format"),
+])
+def test_bad_block_formats_name_the_value(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        lpsim.blocks.BlockFormat(**kwargs)
+
+
+def test_bad_calls_name_the_value():
+    with pytest.raises(ValueError, match="unknown block format 'mxfp5'"):
+        parse_block_format("mxfp5")
+    with pytest.raises(ValueError, match="axis=2 is out of range"):
+        lpsim.quantize(np.zeros((2, 2), np.float32), "mxfp4", axis=2)
+    with pytest.raises(TypeError, match="int64"):
+        lpsim.quantize(np.zeros(4, np.int64), "mxfp4")
+    with pytest.raises(ValueError, match="unknown rounding"):
+        lpsim.quantize(np.zeros(4, np.float32), "mxfp4", "nearest_even")
+
+
+# --- codes ----------------------------------------------------------------------------------
+
+ML_DTYPES = {"e2m1fn": "float4_e2m1fn", "e2m3fn": "float6_e2m3fn", "e3m2fn": "float6_e3m2fn",
+             "e4m3fnuz": "float8_e4m3fnuz", "e5m2fnuz": "float8_e5m2fnuz",
+             "e8m0fnu": "float8_e8m0fnu", "e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2",
+             "bf16": "bfloat16"}
+
+
+@pytest.mark.parametrize("name", list(ML_DTYPES))
+def test_codes_are_ml_dtypes_bit_patterns(name):
+    import ml_dtypes
+    from lpsim.storage import decode_codes, encode_values
+    dtype = getattr(ml_dtypes, ML_DTYPES[name])
+    bits = ml_dtypes.finfo(dtype).bits
+    codes = np.arange(2 ** bits, dtype=np.uint16 if bits == 16 else np.uint8)
+    with np.errstate(invalid="ignore"):
+        want = codes.view(dtype).astype(np.float64)
+    got = decode_codes(codes, name)
+    finite = ~np.isnan(want)
+    assert np.array_equal(np.isnan(got), ~finite)
+    assert same(got[finite], want[finite])
+    assert np.array_equal(encode_values(want[finite], name), codes[finite])
+    nan = encode_values(np.array([np.nan]), name).astype(codes.dtype)
+    if parse_block_format(block(name)).element.has_nan:
+        with np.errstate(invalid="ignore"):
+            assert np.isnan(nan.view(dtype).astype(np.float64))[0]
+
+
+@pytest.mark.parametrize("name", list(lpsim.blocks.PRESETS))
+def test_encode_decode_round_trip(name):
+    x = edge_data(np.float32)[:, :32].T.copy()           # blocks along axis 0
+    enc = lpsim.blocks.encode(x, name, axis=0)
+    assert same(lpsim.blocks.decode(enc), lpsim.quantize(x, name, axis=0))
+    bfmt = enc.format
+    if bfmt.element.bits == 4:
+        from lpsim.storage import pack_nibbles, unpack_nibbles
+        packed = pack_nibbles(enc.codes)
+        assert packed.shape[-1] == enc.codes.shape[-1] // 2
+        assert np.array_equal(unpack_nibbles(packed), enc.codes)
+
+
+def test_mxfp4_codes_view_as_ml_dtypes():
+    import ml_dtypes
+    x = block_data(2, 64, seed=8)
+    enc = lpsim.blocks.encode(x, "mxfp4")
+    q = enc.codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    s = enc.scales.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    assert same(q * np.repeat(s, 32, axis=1), lpsim.quantize(x, "mxfp4"))
+
+
+# --- the element fast path -----------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["e2m1fn", "e4m3fn", "e5m2", "e3m2fn", "fp(4,3,0, subnormals=False)",
+                                 "fp(1,6,1, specials='fnuz', saturate=True)", "e4m3fnuz",
+                                 "fp(3,0,0, saturate=True)", "bf16"])
+def test_round_fast_sub_equals_round_bits_wherever_it_applies(fmt):
+    """Random float64 bit patterns and every code point, midpoint and neighbour of fmt, in
+    every mode (stochastic with random words, few-bit too): bits and flags identical."""
+    from numba import njit
+    from lpsim.rounding import MODES, kernel_params, round_bits, round_fast_sub
+
+    @njit
+    def both(xb, mode, rs, k, p, fast, slow, fflags, sflags, oks):
+        for i in range(xb.size):
+            fast[i], oks[i], fflags[i] = round_fast_sub(xb[i], mode, rs[i], k, p)
+            slow[i], sflags[i] = round_bits(xb[i], mode, rs[i], k, p)
+
+    fmt = lpsim.parse_format(fmt)
+    p = kernel_params(fmt, np.float64)._replace(W=32)
+    rng = np.random.default_rng(9)
+    values = np.array([float(v) for v in reference.enumerate_values(fmt)
+                       if fmt.bits <= 9], np.float64)
+    mids = (values[1:] + values[:-1]) / 2 if values.size else values
+    wide = rng.standard_normal(4000) * 2.0 ** rng.integers(-30, 30, 4000)
+    x = np.concatenate([values, mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf), wide,
+                        [0.0, fmt.max_finite * 3, fmt.min_subnormal / 3, np.inf, np.nan]])
+    x = np.concatenate([x, -x])
+    xb = x.view(np.int64)
+    rs = rng.integers(0, 2 ** 32, x.size).astype(np.int64)
+    n = x.size
+    for mode in MODES.values():
+        for k in (32, 3):
+            out = [np.empty(n, np.int64) for _ in range(5)]
+            both(xb, mode, rs, k, p, *out)
+            fast, slow, fflags, sflags, oks = out
+            ok = oks == 1
+            assert ok.mean() > 0.5
+            assert np.array_equal(fast[ok], slow[ok]), (mode, k, x[ok][fast[ok] != slow[ok]][:4])
+            assert np.array_equal(fflags[ok], sflags[ok]), (mode, k)
+            assert np.array_equal(fast[~ok], xb[~ok])          # left as they came

@@ -1,0 +1,44 @@
+"""lpsim_cuda.blocks against the CPU kernel: the same values, scales and counters, bit for bit.
+
+Runs under NUMBA_ENABLE_CUDASIM=1 (conftest) on a few blocks; with LPSIM_TEST_GPU=1 on a GPU
+machine the same tests run on the device.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import lpsim
+import lpsim_cuda.blocks
+from lpsim.blocks import BlockStats, block
+
+from test_blocks import block_data, same
+
+CASES = [("mxfp4", "nearest", None), ("mxfp4", "stochastic", None), ("nvfp4", "stochastic", 5),
+         ("mxfp8_e4m3", "toward_zero", None), (block("e3m2fn", 8, "e8m0fnu", "rceil"), "up", None),
+         ("mxint8", "nearest_away", None)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("bfmt, rounding, sr_bits", CASES, ids=lambda c: str(c))
+def test_cuda_blocks_equal_the_cpu_kernel(bfmt, rounding, sr_bits, dtype):
+    x = block_data(3, 48, seed=11, dtype=dtype, lo=-6, hi=6)
+    x[2, :8] = [np.nan, 1.0, -np.inf, 3.0, 0.0, -0.0, 2.0, 1e-3]
+    kw = dict(seed=77, stream=2, offset=3, sr_bits=sr_bits)
+    want = lpsim.blocks.quantize_blocks(x, bfmt, rounding, **kw)
+    got, shape = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt, rounding, **kw)
+    assert shape == x.shape
+    assert same(got.values.copy_to_host(), want.values)
+    assert same(got.elements.copy_to_host(), want.elements)
+    assert same(got.scales.copy_to_host(), want.scales)
+    assert np.array_equal(got.counts, want.counts)
+
+
+def test_cuda_quantize_counts_into_stats():
+    x = block_data(2, 32, seed=12)
+    cpu, gpu = BlockStats(), BlockStats()
+    want = lpsim.quantize(x, "mxfp4", "stochastic", seed=5, stats=cpu)
+    got = lpsim.quantize(cuda.to_device(x), "mxfp4", "stochastic", seed=5, stats=gpu)
+    assert same(got.copy_to_host(), want) and cpu == gpu and gpu.blocks == 2
+    with pytest.raises(ValueError, match="axis=0"):
+        lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4", axis=0)
