@@ -362,7 +362,7 @@ def dequantize_element(q, s, bp):
     return q * s
 
 
-@register_jitable(inline="always")
+@register_jitable
 def quantize_one_block(x, out, qout, sout, counts, row, j, length, mode, k, p, sp, bp,
                        seed_lo, seed_hi, stream, offset, lanes, want_q):
     """Quantize block ``j`` of row ``row`` of the 2-D ``x`` into ``out`` (and q, scale)."""

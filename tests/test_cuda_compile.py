@@ -1,5 +1,7 @@
 """Every lpsim_cuda kernel compiles for a real GPU (sm_90), with no GPU: numba-cuda's typing
-and code generation run through NVVM, which the CUDA simulator used elsewhere in CI skips.
+and code generation run through NVVM, which the CUDA simulator used elsewhere in CI skips
+(the CA-SGD kernels: tests/test_casgd_native.py).  It caught two kernels that ran under the
+simulator but could not be typed for a GPU (a call forced inline in philox and in blocks).
 
 It needs NVVM/NVRTC (the ``ptx`` extra: nvidia-cuda-nvcc-cu12, nvidia-cuda-nvrtc-cu12), which
 CI installs; without them the test says so and skips.
@@ -66,6 +68,36 @@ with mock.patch.object(dispatcher, "get_current_device",
 """
 
 
+BLOCKS = r"""
+import importlib, types
+from unittest import mock
+import numba, numpy as np
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda
+from lpsim.blocks import BLOCK_COUNTERS, _element_params, block_params, parse_block_format
+from lpsim.philox import LANES
+from lpsim.quantize import plan
+from lpsim.rounding import kernel_params
+B = importlib.import_module("lpsim_cuda.blocks")
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
+        for dtype in (np.float32, np.float64):
+            bfmt = parse_block_format(name)
+            request = plan(bfmt.saturating_element, "stochastic", dtype, seed=1)
+            x = np.zeros((2, 64), dtype)
+            args = (x, x.copy(), np.zeros((2, 64)), np.zeros((2, 4)),
+                    np.zeros((2, 4, len(BLOCK_COUNTERS)), np.int64), request.mode, request.k,
+                    _element_params(bfmt.saturating_element, request.params.W),
+                    kernel_params(bfmt.scale, np.float64), block_params(bfmt, 1.0),
+                    request.seed_lo, request.seed_hi, request.stream, request.offset,
+                    LANES[np.dtype(dtype).itemsize], True)
+            ptx, _ = cuda.compile_ptx(B._blocks_kernel.py_func,
+                                      tuple(numba.typeof(a) for a in args), cc=(9, 0))
+            print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
+"""
+
+
 def _compile(script):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -84,6 +116,13 @@ def test_quantize_kernels_compile_for_sm90():
 def test_optimizer_kernel_compiles_for_sm90_without_contractions():
     lines = _compile(_PREAMBLE + OPTIM).splitlines()
     assert len([x for x in lines if " ok " in x]) == 4, lines
+    assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
+
+
+def test_block_kernel_compiles_for_sm90():
+    lines = _compile(_PREAMBLE + BLOCKS).splitlines()
+    assert len([x for x in lines if " ok " in x]) == 6, lines
+    # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
 
 
