@@ -307,8 +307,9 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     """Round the 1-D C-contiguous writable float array ``x`` into ``out`` (same dtype and
     size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
 
-    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones
-    are dealt out in a few pieces per thread of ``numba.get_num_threads()`` (the bits do not
+    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones are
+    split into one contiguous range per thread of ``numba.get_num_threads()`` (at least
+    PARALLEL_GRAIN elements each), the calling thread taking the first (the bits do not
     depend on the split: the random words are counter-based).
     """
     n = x.size
@@ -322,13 +323,14 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     xa, oa = x.__array_interface__["data"][0], out.__array_interface__["data"][0]
     if xa != oa and xa < oa + x.nbytes and oa < xa + x.nbytes:
         return OVERLAP
-    bounds = np.linspace(0, tasks, min(tasks, 4 * workers) + 1).astype(np.int64)
-    pool = thread_pool(workers, os.getpid())
-    pieces = [(np.zeros(NCOUNTS, np.int64), int(t0), int(t1))
-              for t0, t1 in zip(bounds[:-1], bounds[1:]) if t1 > t0]
-    futures = [pool.submit(kernel, x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, c)
-               for c, t0, t1 in pieces]
+    # one contiguous range per thread; the calling thread rounds the first one itself
+    bounds = [tasks * w // workers for w in range(workers + 1)]
+    pool = thread_pool(workers - 1, os.getpid())
+    pieces = [np.zeros(NCOUNTS, np.int64) for _ in range(workers)]
+    futures = [pool.submit(kernel, x, out, pv, k, seed_lo, seed_hi, stream, offset,
+                           bounds[w], bounds[w + 1], pieces[w]) for w in range(1, workers)]
+    kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, bounds[0], bounds[1], pieces[0])
     for future in futures:
         future.result()
-    counts += sum(c for c, _, _ in pieces)
+    counts += sum(pieces)
     return 0
