@@ -269,7 +269,8 @@ except Exception as err:                    # no NVVM/NVRTC on this machine
     print("no CUDA compiler:", type(err).__name__, str(err)[:200])
     sys.exit(3)
 import lpsim_cuda.casgd as K
-pc = T.UniTuple(T.int64, 18)
+from lpsim.rounding import Params
+pc = T.UniTuple(T.int64, len(Params._fields))
 kernels = {
     "inner": (K._inner_kernel, (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1],
                                 T.float64[::1], T.int64, T.int64, T.float64, T.int64, pc, pc)),

@@ -126,7 +126,7 @@ def test_negative_values_next_to_options():
 
 # --- errors, version, help ------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
-    (["round", "1", "-f", "fp(2)"], "unknown format 'fp(2)'"),
+    (["round", "1", "-f", "fp(2)"], "format 'fp(2)' is not understood"),
     (["round", "abc"], "'abc' is not a number"),
     (["round", "0x1p5000"], "beyond float64's range"),
     (["round", "1", "-r", "sideways"], "invalid choice: 'sideways'"),

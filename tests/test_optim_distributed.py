@@ -65,8 +65,10 @@ def _worker(rank, world, port, mode, out):
 
 def _run(mode, tmp_path):
     import torch.multiprocessing as mp
+    # spawn, not fork: a fork of a process whose thread pools (torch's, numba's, lpsim's)
+    # have run can deadlock in the child
     mp.start_processes(_worker, args=(2, _free_port(), mode, str(tmp_path)), nprocs=2,
-                       start_method="fork")
+                       start_method="spawn")
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
 
 
