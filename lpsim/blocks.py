@@ -50,8 +50,8 @@ from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
 from .philox import LANES, block_words, lane_word
-from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
-                       TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
+from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
+                       round_fast_sub)
 from .stats import RoundingStats
 
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
@@ -458,92 +458,24 @@ def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
 
 
 
-# One CPU kernel per rounding mode, the mode a literal of its body: the element step then
-# compiles to straight-line code (a run-time mode costs ~4x).  Module-level functions with
-# their own names, as numba's on-disk cache needs.
+def _blocks_kernel(mode: int):
+    """The CPU kernel of rounding mode ``mode``, a constant of its body, so that the element
+    step compiles to straight-line code (a run-time mode costs ~4x); each kernel has a name
+    of its own, as numba's on-disk cache needs (see :mod:`lpsim.cpu`)."""
+    def kernel(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset,
+               lanes, want_q):
+        nblk = sout.shape[1]
+        for t in prange(x.shape[0] * nblk):
+            quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
+                               mode, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
+                               want_q)
 
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_nearest(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                    stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           0, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_nearest_away(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                         stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           1, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
+    name = next(name for name, code in MODES.items() if code == mode)
+    kernel.__name__ = kernel.__qualname__ = f"blocks_{name}"
+    return njit(parallel=True, cache=True, nogil=True)(kernel)
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_toward_zero(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                        stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           2, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_up(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-               stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           3, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_down(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                 stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           4, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_odd(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           5, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_stochastic(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                       stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           6, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _blocks_stochastic_equal(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi,
-                             stream, offset, lanes, want_q):
-    nblk = sout.shape[1]
-    for t in prange(x.shape[0] * nblk):
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                           7, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-
-
-_KERNELS = {
-    NEAREST: _blocks_nearest,
-    NEAREST_AWAY: _blocks_nearest_away,
-    TOWARD_ZERO: _blocks_toward_zero,
-    UP: _blocks_up,
-    DOWN: _blocks_down,
-    ODD: _blocks_odd,
-    STOCHASTIC: _blocks_stochastic,
-    STOCHASTIC_EQUAL: _blocks_stochastic_equal,
-}
+_KERNELS = {mode: _blocks_kernel(mode) for mode in MODES.values()}
 
 
 # --- host side ------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ SCRIPT = textwrap.dedent("""
         elif what == "dot":
             y = ops.dot(x[:6], x[:6][::-1], acc_fmt="bf16", order="sequential",
                         acc_rounding=mode, seed=7)
+        elif what == "blocks":
+            y = lpsim.quantize(x[:6], "mxfp4", mode, seed=7)
         else:
             y = ops.add(x, x[::-1], "bf16", mode, seed=7)
         results[spec] = np.asarray(y, np.float64).tobytes().hex()
@@ -58,7 +60,7 @@ def test_kernels_compiled_after_cache_loads_stay_correct(tmp_path):
     first = "quantize:nearest:float32"
     every = [f"quantize:{mode}:{dtype}" for mode in MODES for dtype in ("float32", "float64")]
     every += ["dot:nearest:float32", "dot:stochastic:float32", "add:down:float64",
-              "add:stochastic:float32"]
+              "add:stochastic:float32", "blocks:nearest:float32", "blocks:stochastic:float64"]
     _run(tmp_path, first)
     second = _run(tmp_path, first, *every)
     third = _run(tmp_path, first, *every)
