@@ -207,6 +207,9 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
 
 def _check_out(out, x):
     """out, if it can take the result for ``x``; otherwise a clear error."""
+    if _is_torch(out):
+        raise TypeError(f"out is a torch tensor but x is a {type(x).__name__}; pass a torch "
+                        "tensor x with a torch out (or numpy arrays for both)")
     if not isinstance(out, np.ndarray):
         raise TypeError(f"out is a {type(out).__name__}; accepted: a numpy array of shape "
                         f"{x.shape} and dtype {x.dtype} (or x itself, to round in place)")

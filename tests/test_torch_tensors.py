@@ -135,3 +135,11 @@ def test_cuda_tensors_match_the_cpu_path():
         lpsim.quantize(w, "bf16", out=w)
     assert w._version > v
     assert torch.equal(w.detach().cpu(), lt.quantize(x, "bf16"))
+
+
+def test_a_torch_out_is_refused_on_the_cached_path_too():
+    """The same error whether or not the numpy request was cached by an earlier call."""
+    x = np.ones(3, np.float32)
+    lpsim.quantize(x, "e5m2")                      # caches the route
+    with pytest.raises(TypeError, match="out is a torch tensor but x is a ndarray"):
+        lpsim.quantize(x, "e5m2", out=torch.ones(3))
