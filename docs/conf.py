@@ -1,5 +1,6 @@
 """Sphinx configuration: lpsim's API reference, generated from the docstrings."""
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -22,8 +23,10 @@ autosummary_ignore_module_all = True
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-# optional packages document without being installed
-autodoc_mock_imports = ["torch", "qtorch", "torchao", "gfloat"]
+# optional packages document without being installed; an installed one is never mocked (a
+# mocked torch breaks scipy, which checks for torch arrays; qtorch compiles at import)
+autodoc_mock_imports = ["qtorch"] + [name for name in ("torch", "torchao", "gfloat")
+                                     if importlib.util.find_spec(name) is None]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = True
 exclude_patterns = ["_build"]

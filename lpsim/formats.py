@@ -11,7 +11,7 @@ policy        top exponent code                           inf input / NaN input
 ``saturate``  ordinary finite numbers (no inf, no NaN)    +-max_finite / kept, counted
 ``fn``        finite, except all-ones mantissa = NaN      NaN (+-max if saturate) / kept
 ``fnuz``      finite; NaN is the code of -0 (0x80)        NaN (+-max if saturate) / kept
-``fnu``       finite; unsigned, no zero, NaN its own code NaN (max if saturate) / kept
+``fnu``       finite; unsigned, no zero, own NaN code     NaN (max if saturate) / kept
 ============  ==========================================  =============================
 
 ``fnuz`` (ml_dtypes' ``float8_e4m3fnuz``, ``float8_e5m2fnuz``) has one unsigned zero: zero
