@@ -18,12 +18,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
 
 CASES = [("mxfp8_e4m3", "nearest"), ("mxfp8_e4m3", "stochastic"), ("mxfp4", "nearest"),
          ("mxfp4", "stochastic"), ("nvfp4", "nearest"), ("nvfp4", "stochastic")]
@@ -62,13 +63,8 @@ def revision() -> str:
 def machine(device: str) -> str:
     import numba
     import torch
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next(line.split(":", 1)[1].strip() for line in handle
-                         if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from timing import cpu_model
+    model = cpu_model()
     if device == "cuda":
         model = torch.cuda.get_device_name() + f" (host {model})"
     return (f"{model}, {os.cpu_count()} cores (numba threads {numba.get_num_threads()}); "

@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
+
 #: format name -> (exponent bits, mantissa bits, ml_dtypes type, torch dtype) of the peers
 FORMATS = {"bf16": (8, 7, "bfloat16", "bfloat16"), "e5m2": (5, 2, "float8_e5m2", "float8_e5m2"),
            "fp(6,9,0)": (6, 9, None, None)}
@@ -73,13 +75,8 @@ def machine() -> dict:
     import ml_dtypes
     import numba
     import torch
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next(line.split(":", 1)[1].strip() for line in handle
-                         if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from timing import cpu_model
+    model = cpu_model()
     try:
         qtorch_version = __import__("importlib.metadata").metadata.version("qtorch")
     except Exception:
@@ -215,7 +212,6 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
     args = parser.parse_args(argv)
     if args.sweep:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         return sweep(args, machine())
 
     import ml_dtypes

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 import numpy as np
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next(line.split(":", 1)[1].strip() for line in handle
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def per_call(fn, *, budget: float = 0.2, repeats: int = 5) -> float:

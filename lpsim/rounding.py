@@ -187,6 +187,32 @@ def _overflows_to_inf(mode, negative):
 
 
 @register_jitable
+def _carry(a, mask, s, lsb, sign, mode, r, W, k):
+    """The magnitude ``a`` rounded at bit ``s`` (``mask`` = 2**s - 1) by adding a per-mode
+    amount and truncating, so a round-up is the carry: the decision of :func:`round_fast`
+    and :func:`round_fast_sub` (``lsb``: the last bit of the format's code, ``sign``: -1 for
+    negative x), making exactly the choices of :func:`_increment`."""
+    add = np.int64(0)                           # toward_zero; odd is settled below
+    if mode == NEAREST:
+        add = (mask >> 1) + lsb
+    elif mode == NEAREST_AWAY:
+        add = (mask >> 1) + 1
+    elif mode == UP:
+        add = mask & ~sign
+    elif mode == DOWN:
+        add = mask & sign
+    elif mode == STOCHASTIC_EQUAL:
+        add = mask & -(r >> (W - 1))
+    elif mode == STOCHASTIC:
+        j = min(s, k)                           # decision bits: R_j < rem's top j bits
+        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+    out = (a + add) & ~mask
+    if mode == ODD:
+        out += np.int64(((a & mask) != 0) & (lsb == 0)) << s
+    return out
+
+
+@register_jitable
 def round_fast(bits, mode, r, k, p):
     """The common case of :func:`round_bits` without branches on the data: (bits, ok, inexact).
 
@@ -208,23 +234,7 @@ def round_fast(bits, mode, r, k, p):
     sign = bits >> 63                           # -1 for negative x, else 0
     a = bits & p.MAG
     rem = a & mask
-    add = np.int64(0)                           # toward_zero; odd is settled below
-    if mode == NEAREST:
-        add = (mask >> 1) + (((a >> s) ^ parity) & 1)
-    elif mode == NEAREST_AWAY:
-        add = (mask >> 1) + 1
-    elif mode == UP:
-        add = mask & ~sign
-    elif mode == DOWN:
-        add = mask & sign
-    elif mode == STOCHASTIC_EQUAL:
-        add = mask & -(r >> (W - 1))
-    elif mode == STOCHASTIC:
-        j = min(s, k)                           # decision bits: R_j < rem's top j bits
-        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
-    out = (a + add) & ~mask
-    if mode == ODD:
-        out += np.int64((rem != 0) & ((((a >> s) ^ parity) & 1) == 0)) << s
+    out = _carry(a, mask, s, ((a >> s) ^ parity) & 1, sign, mode, r, W, k)
     ok = np.int64(a >= a_lo) & np.int64(a < a_hi)     # 0/1 integers: they sum in vectors
     okm = -ok
     return ((out | (bits & SIGN)) & okm) | (bits & ~okm), ok, ok & np.int64(rem != 0)
@@ -252,26 +262,9 @@ def round_fast_sub(bits, mode, r, k, p):
     ex = biased - EB
     s = min(M - m + max(emin - ex, 0), M)
     mask = (np.int64(1) << s) - 1
-    rem = a & mask
     # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
     lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (ex < emin))
-    add = np.int64(0)
-    if mode == NEAREST:
-        add = (mask >> 1) + lsb
-    elif mode == NEAREST_AWAY:
-        add = (mask >> 1) + 1
-    elif mode == UP:
-        add = mask & ~sign
-    elif mode == DOWN:
-        add = mask & sign
-    elif mode == STOCHASTIC_EQUAL:
-        add = mask & -(r >> (W - 1))
-    elif mode == STOCHASTIC:
-        j = min(s, k)
-        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
-    out = (a + add) & ~mask
-    if mode == ODD:
-        out += np.int64((rem != 0) & (lsb == 0)) << s
+    out = _carry(a, mask, s, lsb, sign, mode, r, W, k)
     # below min_subnormal: 0 or the smallest value, as round_bits decides it
     small = np.int64(a < p.tiny)
     sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)

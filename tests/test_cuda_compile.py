@@ -1,7 +1,8 @@
 """Every lpsim_cuda kernel compiles for a real GPU (sm_90), with no GPU: numba-cuda's typing
-and code generation run through NVVM, which the CUDA simulator used elsewhere in CI skips
-(the CA-SGD kernels: tests/test_casgd_native.py).  It caught two kernels that ran under the
-simulator but could not be typed for a GPU (a call forced inline in philox and in blocks).
+and code generation run through NVVM, which the CUDA simulator used elsewhere in CI skips.
+The PTX also shows any a*b+c contracted into an FMA the CPU path lacks.  This caught two
+kernels that ran under the simulator but could not be typed for a GPU (a call forced
+inline in philox and in blocks).
 
 It needs NVVM/NVRTC (the ``ptx`` extra: nvidia-cuda-nvcc-cu12, nvidia-cuda-nvrtc-cu12), which
 CI installs; without them the test says so and skips.
@@ -98,6 +99,32 @@ with mock.patch.object(dispatcher, "get_current_device",
 """
 
 
+CASGD = r"""
+import importlib, types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+from lpsim.rounding import Params
+K = importlib.import_module("lpsim_cuda.casgd")
+pc = T.UniTuple(T.int64, len(Params._fields))
+kernels = {
+    "inner": (K._inner_kernel, (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1],
+                                T.float64[::1], T.int64, T.int64, T.float64, T.int64, pc, pc)),
+    "gather_csr": (K._gather_csr_kernel, (T.int64[::1], T.int64[::1], T.int16[::1],
+                                          T.int64[::1], T.int16[:, ::1])),
+}
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for name, (kernel, sig) in kernels.items():
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        # the residual's exp: 16 explicit FMAs, inlined for the logistic and Poisson losses;
+        # any other fma.rn.f64 would be a contraction the CPU does not make
+        if name == "inner":
+            assert ptx.count("fma.rn.f64") == 32, ptx.count("fma.rn.f64")
+        print(name, "ok", len(ptx))
+"""
+
+
 def _compile(script):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -124,6 +151,11 @@ def test_block_kernel_compiles_for_sm90():
     assert len([x for x in lines if " ok " in x]) == 6, lines
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
+
+
+def test_casgd_kernels_compile_for_sm90_without_contractions():
+    out = _compile(_PREAMBLE + CASGD)
+    assert "inner ok" in out and "gather_csr ok" in out
 
 
 #: exits 3 when this machine has no NVVM/NVRTC
