@@ -608,23 +608,21 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
             out.copy_(torch.from_numpy(result))
             return out
         return torch.from_numpy(result)
-    if isinstance(x, (int, float, np.floating)) and not isinstance(x, bool):
-        return type(x)(quantize(np.array([x], np.float64 if isinstance(x, (int, float))
-                                         else x.dtype), bfmt, rounding, seed=seed,
-                                stream=stream, sr_bits=sr_bits, stats=stats,
-                                offset=offset, tensor_scale=tensor_scale)[0])
-    if not isinstance(x, np.ndarray) or x.dtype not in (np.float32, np.float64):
-        raise TypeError(f"cannot block-quantize {type(x).__name__} "
-                        f"{getattr(x, 'dtype', '')}; accepted: a float32/float64 numpy array, "
-                        "a Python float or a torch tensor")
+    from .quantize import _check_out, as_container_array
+    if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
+        value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
+                         stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
+                         tensor_scale=tensor_scale)[0]
+        return value if isinstance(x, np.floating) else float(value)
+    # any array-like, upcast exactly as lpsim.quantize does (float16, lists, integers)
+    x = as_container_array(x)
+    if out is not None:
+        _check_out(out, x)                  # before anything is counted or written
     result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                              sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
                              want_elements=False)
     add_counts(stats, result.counts, x.size)
     if out is not None:
-        if not isinstance(out, np.ndarray) or out.shape != x.shape or out.dtype != x.dtype:
-            raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype "
-                             f"{x.dtype}")
         out[...] = result.values
         return out
     return result.values

@@ -348,3 +348,20 @@ def test_round_fast_sub_equals_round_bits_wherever_it_applies(fmt):
             assert np.array_equal(fast[ok], slow[ok]), (mode, k, x[ok][fast[ok] != slow[ok]][:4])
             assert np.array_equal(fflags[ok], sflags[ok]), (mode, k)
             assert np.array_equal(fast[~ok], xb[~ok])          # left as they came
+
+
+def test_block_formats_take_array_likes_and_check_out_first():
+    """As lpsim.quantize: lists, integers and float16 upcast exactly; a read-only out is
+    refused before anything is written; Python numbers come back as floats."""
+    x = np.linspace(-3, 3, 40)
+    want = lpsim.quantize(x, "mxfp4")
+    assert np.array_equal(lpsim.quantize(x.tolist(), "mxfp4"), want)
+    assert np.array_equal(lpsim.quantize(x.astype(np.float16), "mxfp4"),
+                          lpsim.quantize(x.astype(np.float16).astype(np.float32), "mxfp4"))
+    assert lpsim.quantize(7, "mxfp4") == 6.0 and type(lpsim.quantize(7, "mxfp4")) is float
+    readonly = x.copy()
+    readonly.setflags(write=False)
+    with pytest.raises(ValueError, match="out is read-only"):
+        lpsim.quantize(readonly, "mxfp4", out=readonly)
+    with pytest.raises(TypeError, match="dtype object"):
+        lpsim.quantize(np.array([1, "a"], object), "mxfp4")
