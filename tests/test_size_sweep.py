@@ -145,3 +145,37 @@ def test_thread_pool_products_equal_the_serial_ones(mode, monkeypatch):
                         ops.sum(v, -1, order=("blocked", 64), stats=stats, **kw).tobytes(),
                         stats.as_dict()))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("M, N, K", [
+    (1, kernels.LANES_MAX - 1, 2),          # one item, one row
+    (3, 86, 5),                             # 258 outputs: an item ends inside row 2
+    (kernels.LANES_MAX + 1, 1, 4),          # one column: each item spans many rows
+    (2, 129, 300),                          # K = 300: fewer lanes (gemm_lanes(300) = 218)
+    (5, 7, 2049),                           # K > 2048: the fewest lanes (TILE)
+])
+@pytest.mark.parametrize("order", ["sequential", "pairwise", ("blocked", 2)], ids=str)
+def test_gemm_work_items_across_rows_and_lane_counts(M, N, K, order):
+    """Every output of the GEMM kernel, whose items are runs of gemm_lanes(K) outputs in C
+    order, equals the exact per-step reference (tests/test_ops_reductions.py), stochastic
+    accumulator included, at item ends inside rows, single columns and every lane count."""
+    from test_ops_reductions import reference_dot
+    rng = np.random.default_rng(zlib.crc32(repr((M, N, K, order)).encode()))
+    a = lpsim.quantize(rng.standard_normal((M, K)), "bf16")
+    b = lpsim.quantize(rng.standard_normal((K, N)), "bf16")
+    for mode in ("nearest", "stochastic"):
+        stats = RoundingStats()
+        got = ops.matmul(a, b, in_fmt="bf16", acc_fmt="fp(5,6,0)", out_fmt="bf16",
+                         acc_rounding=mode, order=order, fused=order != "pairwise", seed=3,
+                         stats=stats)
+        assert stats.elements > 0
+        # the first and last outputs of every item, and a few inside
+        L = kernels.gemm_lanes(K)
+        checks = sorted({o for s in range(0, M * N, L) for o in (s, s + 1, s + L - 1)
+                         if o < M * N} | {M * N - 1})
+        for o in checks[:2] if K > 1000 else checks:
+            i, j = divmod(o, N)
+            want = reference_dot(a[i], b[:, j], acc="fp(5,6,0)", out="bf16", acc_mode=mode,
+                                 out_mode="nearest", fused=order != "pairwise", order=order,
+                                 seed=3, stream=0, o=o)
+            assert got[i, j] == float(want), (mode, o)

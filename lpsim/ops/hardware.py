@@ -23,6 +23,7 @@ blocks' scales exactly, as block-scaled MMA applies them):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -231,6 +232,21 @@ def reference_matmul(a, b, model):
     return out
 
 
+def _passes_through(model, in_fmt) -> bool:
+    """True when :func:`dispatch` has nothing to do for (model, in_fmt): cached per pair, as
+    parsing a block-format string costs more than a small product."""
+    try:
+        return _passes_through_cached(model, in_fmt)
+    except TypeError:       # unhashable: dispatch looks at it
+        return False
+
+
+@functools.lru_cache(maxsize=256)
+def _passes_through_cached(model, in_fmt) -> bool:
+    from ..blocks import as_block_format
+    return hardware_model(model) is None and as_block_format(in_fmt) is None
+
+
 def dispatch(a, b, model, in_fmt, seed, stream):
     """lpsim.ops.matmul's hook: (result, a, b, model, in_fmt).
 
@@ -238,6 +254,8 @@ def dispatch(a, b, model, in_fmt, seed, stream):
     along K and hands them back with in_fmt None and the model's input rounding removed (the
     block values are the inputs); anything else passes through with result None.
     """
+    if _passes_through(model, in_fmt):
+        return None, a, b, model, in_fmt
     from ..blocks import as_block_format
     from .models import get_model
     hw = hardware_model(model)

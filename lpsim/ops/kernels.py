@@ -1,8 +1,9 @@
 """The per-step GEMM kernel: every accumulation step rounded to the accumulator format.
 
-Work is split over output tiles (one row of A against TILE columns of B); a call runs a
-range of them, and large products deal ranges out to a thread pool (:func:`run`).  The TILE
-lanes advance in lockstep so each step is one vectorisable loop.  Inner products with one
+Work is split over items of consecutive outputs (:func:`gemm_lanes` of them, in C order); a
+call runs a range of them, and large products deal ranges out to a thread pool
+(:func:`run`).  The lanes of an item advance in lockstep, so each step is one vectorisable
+loop, however small N is.  Inner products with one
 output column (``dot``, ``sum``) in sequential or blocked order run :func:`chain`, which
 keeps the accumulator in a register (a few integer operations a step).
 Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`; an exact zero sum is -0
@@ -28,13 +29,31 @@ from ..philox import block_words, lane_word
 from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
 from .exact import f2i, i2f, step_sum_to_odd
 
-#: output columns per work item (lanes that step together)
+#: fewest and most outputs per work item of the GEMM (lanes that step together)
 TILE = 32
+LANES_MAX = 256
 #: deepest pairwise stack (K < 2**62)
 STACK = 64
 ORDER_BLOCKED, ORDER_PAIRWISE = 0, 1
 #: counts: the six rounding counters (lpsim.stats.COUNTERS), then the number of roundings
 NCOUNTS = 7
+
+
+@register_jitable
+def _nearby(acc, v, mode, k, p):
+    """(bits of fl(acc + v), ok) for a deterministic mode, from s = RN64(acc + v) alone.
+
+    ok when s is in the format's fast range and strictly between two neighbouring points of
+    its grid and their midpoints.  Those points are float64 numbers and RN64 is monotone,
+    so acc + v lies strictly between the same two points, where every deterministic mode
+    decides alike (and the result is inexact): the same bits as rounding RO(acc + v), without
+    the TwoSum on the accumulator's dependency chain.  Otherwise the caller rounds RO.
+    """
+    sb = f2i(acc + v)
+    nb, ok, inx = round_fast(sb, mode, 0, k, p)
+    s = p.M - p.m
+    rem = sb & ((np.int64(1) << s) - 1)
+    return nb, ok & np.int64(rem != 0) & np.int64(rem != (np.int64(1) << (s - 1)))
 
 
 def _make_steps(accumulate, mode):
@@ -45,11 +64,38 @@ def _make_steps(accumulate, mode):
     """
     generic = mode is None
     fixed = 0 if generic else mode
+    nearby = accumulate and not generic and mode < STOCHASTIC
 
     def steps(dst, scale, y, w, any_mode, r, k, p, cnt, tmp):
         m = any_mode if generic else fixed
         bad = 0
         inexact = 0
+        if nearby:
+            # deterministic: RN64(dst + v) settles most lanes (_nearby); tmp[w + j] = 0
+            # marks the others, whose old value waits in tmp[j] for the exact step below
+            for j in range(w):
+                x = f2i(dst[j])
+                nb, ok = _nearby(dst[j], scale * y[j], m, k, p)
+                okm = -ok
+                tmp[j] = x
+                tmp[w + j] = ok
+                dst[j] = i2f((nb & okm) | (x & ~okm))
+                bad += 1 - ok
+                inexact += ok
+            cnt[0] += inexact
+            if bad:
+                for j in range(w):
+                    if not tmp[w + j]:
+                        sb = step_sum_to_odd(i2f(tmp[j]), scale * y[j], m == DOWN)
+                        nb, ok, inx = round_fast(sb, m, 0, k, p)
+                        if ok:
+                            cnt[0] += inx
+                        else:
+                            nb, flags = round_bits(sb, m, 0, k, p)
+                            for f in range(6):
+                                cnt[f] += (flags >> f) & 1
+                        dst[j] = i2f(nb)
+            return
         for j in range(w):
             # the product alone is exact: its own bits (so -0 stays -0)
             sb = step_sum_to_odd(dst[j], scale * y[j], m == DOWN) if accumulate else \
@@ -123,36 +169,69 @@ def _fill(R, jj, base, lo, hi, stream, seed_lo, seed_hi):
         g = block * 4 + 4
 
 
+@register_jitable
+def gemm_lanes(K):
+    """Outputs per work item of :func:`gemm` (its lanes): many, so that the step loops run
+    long even for small N, but few enough that an item's random words (2K per lane) stay
+    near the cache."""
+    return max(TILE, min(LANES_MAX, (1 << 16) // max(K, 1)))
+
+
+def gemm_items(nbatch: int, M: int, N: int, K: int) -> int:
+    """The number of work items :func:`gemm` splits an (nbatch, M, N) output into."""
+    return nbatch * -(-(M * N) // gemm_lanes(K))
+
+
+@register_jitable
+def _products(prod, Ab, Bb, t, o0, w, N):
+    """prod[l] = Ab[i, t] * Bb[t, j] (exact) for the outputs o0 + l = i*N + j, l < w: one
+    contiguous loop per row the lanes span."""
+    l = 0
+    o = o0
+    while l < w:
+        i = o // N
+        j = o - i * N
+        n = min(N - j, w - l)
+        a = Ab[i, t]
+        brow = Bb[t]
+        for q in range(n):
+            prod[l + q] = a * brow[j + q]
+        l += n
+        o += n
+
+
 @njit(nogil=True, cache=True)
 def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
          blk, fused, hw, item_lo, item_hi, cnt):
     """out[b] = fl(A[ia[b]] @ B[ib[b]]) step by step for work items item_lo .. item_hi-1
-    (an item: one row against TILE columns); adds the NCOUNTS counters to ``cnt``."""
+    (an item: gemm_lanes(K) consecutive outputs of one batch element in C order, the lanes
+    that step together); adds the NCOUNTS counters to ``cnt``."""
     nbatch, M, N = out.shape
     K = A.shape[2]
-    ntiles = (N + TILE - 1) // TILE
+    L = gemm_lanes(K)
+    per_batch = (M * N + L - 1) // L
     pa, po = params_of(pva), params_of(pvo)
     stoch = mode >= STOCHASTIC
     ostoch = omode >= STOCHASTIC
     products_rounded = (not fused) or order == ORDER_PAIRWISE
-    R = np.zeros((2 * K if (stoch or ostoch) else 1, TILE), np.int64)
-    acc = np.zeros(TILE)
-    part = np.zeros(TILE)
-    prod = np.zeros(TILE)
-    tmp = np.zeros(TILE, np.int64)
-    vals = np.zeros((STACK if order == ORDER_PAIRWISE else 1, TILE))
+    R = np.zeros((2 * K if (stoch or ostoch) else 1, L), np.int64)
+    acc = np.zeros(L)
+    part = np.zeros(L)
+    prod = np.zeros(L)
+    pt = np.zeros(L)
+    tmp = np.zeros(2 * L, np.int64)
+    vals = np.zeros((STACK if order == ORDER_PAIRWISE else 1, L))
     starts = np.zeros(STACK, np.int64)
     levels = np.zeros(STACK, np.int64)
     pending = np.zeros(STACK, np.bool_)
     for item in range(item_lo, item_hi):
-        jt = item % ntiles
-        i = (item // ntiles) % M
-        bt = item // (ntiles * M)
-        j0 = jt * TILE
-        w = min(TILE, N - j0)
-        arow = A[ia[bt], i]
-        Bm = B[ib[bt]]
-        base0 = ((bt * M + i) * N + j0) * 2 * K
+        bt = item // per_batch
+        o0 = (item - bt * per_batch) * L
+        w = min(L, M * N - o0)
+        Ab = A[ia[bt]]
+        Bb = B[ib[bt]]
+        outb = out[bt]
+        base0 = (bt * M * N + o0) * 2 * K
         for jj in range(w):
             base = base0 + jj * 2 * K
             if stoch and products_rounded:
@@ -168,15 +247,16 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
             for h in range(0, K, blk):
                 dst = acc if h == 0 else part
                 # first term of the chunk: its product, rounded (slot h)
-                _round_add(dst, arow[h], Bm[h, j0:j0 + w], w, False, mode,
-                           R[h] if stoch else r0, k, pa, hw, cnt, tmp)
+                _products(pt, Ab, Bb, h, o0, w, N)
+                _round_add(dst, 1.0, pt, w, False, mode, R[h] if stoch else r0, k, pa, hw,
+                           cnt, tmp)
                 for t in range(h + 1, min(h + blk, K)):
-                    brow = Bm[t, j0:j0 + w]
+                    _products(pt, Ab, Bb, t, o0, w, N)
                     if fused:   # FMA into the accumulator (slot K+t)
-                        _round_add(dst, arow[t], brow, w, True, mode,
+                        _round_add(dst, 1.0, pt, w, True, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
                     else:       # product (slot t), then the add (slot K+t)
-                        _round_add(prod, arow[t], brow, w, False, mode,
+                        _round_add(prod, 1.0, pt, w, False, mode,
                                    R[t] if stoch else r0, k, pa, hw, cnt, tmp)
                         _round_add(dst, 1.0, prod, w, True, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
@@ -191,7 +271,8 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
                     levels[sp] = 0
                     pending[sp] = fused
                     if not fused:
-                        _round_add(vals[sp], arow[t], Bm[t, j0:j0 + w], w, False, mode,
+                        _products(pt, Ab, Bb, t, o0, w, N)
+                        _round_add(vals[sp], 1.0, pt, w, False, mode,
                                    R[t] if stoch else r0, k, pa, hw, cnt, tmp)
                     sp += 1
                 # combine equal levels while pushing; everything, right to left, at the end
@@ -199,30 +280,40 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
                     left, right = sp - 2, sp - 1
                     if pending[left]:
                         s = starts[left]
-                        _round_add(vals[left], arow[s], Bm[s, j0:j0 + w], w, False, mode,
+                        _products(pt, Ab, Bb, s, o0, w, N)
+                        _round_add(vals[left], 1.0, pt, w, False, mode,
                                    R[s] if stoch else r0, k, pa, hw, cnt, tmp)
                         pending[left] = False
                     h = starts[right]
                     rr = R[K + h] if stoch else r0
                     if pending[right]:
-                        _round_add(vals[left], arow[h], Bm[h, j0:j0 + w], w, True, mode,
-                                   rr, k, pa, hw, cnt, tmp)
+                        _products(pt, Ab, Bb, h, o0, w, N)
+                        _round_add(vals[left], 1.0, pt, w, True, mode, rr, k, pa, hw, cnt,
+                                   tmp)
                     else:
                         _round_add(vals[left], 1.0, vals[right], w, True, mode, rr, k, pa,
                                    hw, cnt, tmp)
                     levels[left] += 1
                     sp -= 1
             if pending[0]:
-                _round_add(vals[0], arow[0], Bm[0, j0:j0 + w], w, False, mode,
-                           R[0] if stoch else r0, k, pa, hw, cnt, tmp)
+                _products(pt, Ab, Bb, 0, o0, w, N)
+                _round_add(vals[0], 1.0, pt, w, False, mode, R[0] if stoch else r0, k, pa,
+                           hw, cnt, tmp)
             for jj in range(w):
                 acc[jj] = vals[0, jj]
         # output rounding (slot K)
         for jj in range(w):
-            nb, flags = round_bits(f2i(acc[jj]), omode, R[K, jj] if ostoch else 0, ko, po)
-            out[bt, i, j0 + jj] = i2f(nb)
-            for f in range(6):
-                cnt[f] += (flags >> f) & 1
+            ab, ro = f2i(acc[jj]), R[K, jj] if ostoch else 0
+            nb, ok, inx = round_fast(ab, omode, ro, ko, po)
+            if ok:
+                cnt[0] += inx
+            else:
+                nb, flags = round_bits(ab, omode, ro, ko, po)
+                for f in range(6):
+                    cnt[f] += (flags >> f) & 1
+            o = o0 + jj
+            i = o // N
+            outb[i, o - i * N] = i2f(nb)
         cnt[6] += w
 
 
@@ -255,23 +346,6 @@ def _step(acc, v, accumulate, mode, r, k, p, hw, cnt):
     for f in range(1, 6):
         cnt[f] += (flags >> f) & 1
     return i2f(nb), flags & 1
-
-
-@register_jitable
-def _nearby(acc, v, mode, k, p):
-    """(bits of fl(acc + v), ok) for a deterministic mode, from s = RN64(acc + v) alone.
-
-    ok when s is in the format's fast range and strictly between two neighbouring points of
-    its grid and their midpoints.  Those points are float64 numbers and RN64 is monotone,
-    so acc + v lies strictly between the same two points, where every deterministic mode
-    decides alike (and the result is inexact): the same bits as rounding RO(acc + v), without
-    the TwoSum on the accumulator's dependency chain.  Otherwise the caller rounds RO.
-    """
-    sb = f2i(acc + v)
-    nb, ok, inx = round_fast(sb, mode, 0, k, p)
-    s = p.M - p.m
-    rem = sb & ((np.int64(1) << s) - 1)
-    return nb, ok & np.int64(rem != 0) & np.int64(rem != (np.int64(1) << (s - 1)))
 
 
 @njit(nogil=True, cache=True)

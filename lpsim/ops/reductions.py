@@ -44,8 +44,9 @@ from ..quantize import keys, plan, quantize
 from ..rounding import kernel_params
 from ..stats import RoundingStats
 from .exact import check_exact
-from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, TILE, chain, gemm
+from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm, gemm_items
 from .kernels import run
+from .hardware import _passes_through, dispatch
 from .models import AccumulationModel, get_model
 from .operands import as_array, container_format, deliver, is_torch, round_inputs
 
@@ -156,6 +157,17 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
     return _Setup(in_fmt, dtype, blas, hw, acc_plan.mode, out_plan.mode, pva, pvo)
 
 
+def _kernel_array(x):
+    """x as a C-contiguous writable float64 array (numba compiles read-only or non-C arrays
+    as other signatures), copying only when needed."""
+    if x.dtype is _F64 and x.flags.c_contiguous and x.flags.writeable:
+        return x
+    return np.array(x, np.float64, order="C")
+
+
+_F64 = np.dtype(np.float64)
+
+
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product."""
     a2, b2, batch = _promote(a, b, op)
@@ -192,8 +204,7 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     else:
         order, blk = ORDER_BLOCKED, m.order[1]
     # C-contiguous and writable (numba compiles read-only arrays as another signature)
-    A = np.require(a2.reshape((-1, M, K)), np.float64, ["C", "W"])
-    B = np.require(b2.reshape((-1, K, N)), np.float64, ["C", "W"])
+    A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
     ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
     keys_ = (seed_lo, seed_hi, stream64)
     common = (setup.mode, setup.omode, 32, 32, setup.pva, setup.pvo) + keys_
@@ -207,8 +218,8 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
         counts = run(chain, X.shape[0], K, threads, X, Y, out.reshape(-1), *common, blk,
                      bool(m.fused), setup.hw)
     else:
-        nitems = out.size // N * -(-N // TILE)
-        counts = run(gemm, nitems, K * TILE, threads, A, B, ia, ib,
+        nitems = gemm_items(out.size // (M * N), M, N, K)
+        counts = run(gemm, nitems, K * out.size // nitems, threads, A, B, ia, ib,
                      out.reshape((-1, M, N)), *common, order, blk, bool(m.fused), setup.hw)
     if stats is not None:
         stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
@@ -244,10 +255,10 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     """
     op = "matmul"
     like_torch = is_torch(a) or is_torch(b)
-    from .hardware import dispatch   # tensor-core models (lpsim.ops.hardware), block in_fmt
-    done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
-    if done is not None:
-        return _finish(done, like_torch, out, op)
+    if not _passes_through(model, in_fmt):   # tensor-core models, block in_fmt
+        done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
+        if done is not None:
+            return _finish(done, like_torch, out, op)
     a, b = as_array(a, "a", op), as_array(b, "b", op)
     m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)
