@@ -88,6 +88,16 @@ class Format:
                 f"{self!r} has no normal numbers (with e={self.e} the only exponent code "
                 f"below the specials is 0); use e >= 2 or specials='saturate'")
 
+    def __hash__(self) -> int:
+        # cached: formats key lpsim's per-call caches (a generated dataclass hash costs more
+        # than the rest of a small call's lookups); ints only, so it survives pickling
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.e, self.m, self.b, self.subnormals, POLICIES.index(self.specials),
+                      self.saturate))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     # --- the layout -------------------------------------------------------------------
     @property
     def bias(self) -> int:

@@ -62,6 +62,18 @@ class AccumulationModel:
         mode_code(self.acc_rounding)
         mode_code(self.out_rounding)
 
+    def __hash__(self) -> int:
+        # cached: a model keys the per-call caches of lpsim.ops (not pickled: its strings'
+        # hashes differ between processes)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def with_(self, **changes) -> "AccumulationModel":
         """A copy with the given fields replaced; None values keep the model's."""
         names = {f.name for f in fields(self)}

@@ -110,10 +110,15 @@ def _promote(a, b, op):
     return a2, b2, batch
 
 
+#: the batch index of an unbatched product (writable, as the kernels' signature has it;
+#: they never write it)
+_NO_BATCH = np.zeros(1, np.int64)
+
+
 def _batch_index(shape, batch):
     """For each batch element (C order), the index of the operand's own batch slice."""
     if not batch:
-        return np.zeros(1, np.int64)
+        return _NO_BATCH
     idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape) if shape else \
         np.zeros((), np.int64)
     return np.broadcast_to(idx, batch).flatten()    # a writable copy: one kernel signature
@@ -171,10 +176,9 @@ _F64 = np.dtype(np.float64)
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product."""
     a2, b2, batch = _promote(a, b, op)
-    dtype = np.result_type(a2, b2)
+    dtype = a2.dtype if a2.dtype is b2.dtype else np.result_type(a2, b2)
     setup = _setup(m, dtype, a.dtype == b.dtype, op)
     dtype = setup.dtype
-    _check_stats(stats, op)
     M, K, N = a2.shape[-2], a2.shape[-1], b2.shape[-1]
     shape = batch + (M, N)
     # seed=None: a fresh seed when either rounding is stochastic
