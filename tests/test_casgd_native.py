@@ -207,7 +207,8 @@ def test_native_driver_end_to_end(data):
 @needs_sim
 def test_estimator_device(data):
     A, y = data
-    clf = CASGDClassifier(b=4, s=2, n_iter=3, device=DEVICE, normalize=False).fit(A, y)
+    clf = CASGDClassifier(b=4, s=2, n_iter=3, device=DEVICE, normalize=False,
+                          fit_intercept=False).fit(A, y)
     res = casgd(A, y, eta=0.5, b=4, s=2, H=3, seed=0, backend="cuda", device=DEVICE)
     np.testing.assert_array_equal(clf.coef_, res.x)
 

@@ -216,7 +216,8 @@ def test_real_weights_sample_in_proportion():
     (np.ones((200, 1)), r"sample_weight has shape \(200, 1\)"),
     (np.r_[np.ones(199), np.nan], r"sample_weight\[199\] = nan: NaN/inf; accepted: finite"),
     (np.r_[np.inf, np.ones(199)], r"sample_weight\[0\] = inf"),
-    (np.zeros(200), r"sample_weight sums to 0\.0; accepted: weights >= 0 with at least one"),
+    (np.zeros(200), r"sample_weight is zero for every row; accepted: weights >= 0 with at"),
+    (np.full(200, 1e308), r"sample_weight sums to inf; accepted: weights with a finite sum"),
     (np.full(200, "a"), r"sample_weight has dtype <U1"),
 ])
 def test_bad_sample_weight_is_named(data, weights, match):

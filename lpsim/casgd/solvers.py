@@ -161,9 +161,11 @@ def check_sample_weight(sample_weight, m: int):
         raise ValueError(f"sample_weight[{i}] = {float(w[i])!r} is negative; accepted: "
                          "weights >= 0")
     total = float(w.sum())
-    if not 0 < total < math.inf:
-        raise ValueError(f"sample_weight sums to {total!r}; accepted: weights >= 0 with at "
-                         "least one positive and a finite sum")
+    if total == 0:
+        raise ValueError("sample_weight is zero for every row; accepted: weights >= 0 with at "
+                         "least one positive")
+    if total == math.inf:
+        raise ValueError("sample_weight sums to inf; accepted: weights with a finite sum")
     return w
 
 
