@@ -225,6 +225,8 @@ def test_partial_fit_continues(offset):
     with pytest.raises(ValueError, match="classes must be passed on the first call to "
                                          "partial_fit"):
         CASGDClassifier(**kw).partial_fit(X, labels)
+    with pytest.raises(ValueError, match=r"y has labels array\(\['yes'\].*outside classes"):
+        CASGDClassifier(**kw).partial_fit(X, labels, classes=["no", "other"])
     clf = CASGDClassifier(**kw).partial_fit(X[:500], labels[:500], classes=["no", "yes"])
     assert clf.n_iter_ == 8 and len(clf.loss_curve_) == 9          # ceil(500 / 64) = 8
     # the first call is fit with n_iter = one pass, bit for bit

@@ -110,6 +110,16 @@ def test_sparse_equals_dense(data, recipe, fmt):
     np.testing.assert_array_equal(sgd(S, y, **step).x, sgd(A, y, **step).x)
 
 
+def test_casgd_step_takes_sparse_rows(data):
+    from lpsim.casgd import casgd_step
+    A, y = data
+    x0 = np.linspace(-1, 1, A.shape[1])
+    for recipe in ("C", STOCHASTIC_A):
+        np.testing.assert_array_equal(
+            casgd_step(sp.csr_matrix(A[:12]), y[:12], x0, 0.5, 4, 3, recipe, seed=3),
+            casgd_step(A[:12], y[:12], x0, 0.5, 4, 3, recipe, seed=3))
+
+
 def test_sparse_input_is_never_densified_whole(data):
     A, y = data
     b, s = 4, 4

@@ -73,7 +73,7 @@ def _base_seed(random_state) -> int:
     """An integer seed from scikit-learn's ``random_state`` conventions: an int is the seed
     itself; None, a RandomState or a Generator draw one."""
     if random_state is None:
-        return int(np.random.mtrand._rand.randint(0, 2 ** 31))
+        return int(np.random.randint(0, 2 ** 31))     # numpy's global RandomState
     if isinstance(random_state, np.random.RandomState):
         return int(random_state.randint(0, 2 ** 31))
     if isinstance(random_state, np.random.Generator):
@@ -248,11 +248,12 @@ class CASGDClassifier(ClassifierMixin, _CASGD):
             if not first and not np.array_equal(classes, self.classes_):
                 raise ValueError(f"classes={classes!r} is not the same as on the first call "
                                  f"to partial_fit ({self.classes_!r})")
-            self.classes_ = classes
-        unknown = np.setdiff1d(np.asarray(y), self.classes_)
+        classes = classes if first else self.classes_
+        unknown = np.setdiff1d(np.asarray(y), classes)
         if unknown.size:
-            raise ValueError(f"y has labels {unknown[:5]!r} outside classes="
-                             f"{self.classes_!r}; accepted: the classes of the first call")
+            raise ValueError(f"y has labels {unknown[:5]!r} outside classes={classes!r}; "
+                             "accepted: the classes of the first call")
+        self.classes_ = classes
         return self._fit(X, self._signs(y), "logistic", sample_weight,
                          self._pass_length(X.shape[0]), partial=not first)
 

@@ -160,7 +160,8 @@ def check_sample_weight(sample_weight, m: int):
         i = int(np.argmax(w < 0))
         raise ValueError(f"sample_weight[{i}] = {float(w[i])!r} is negative; accepted: "
                          "weights >= 0")
-    total = float(w.sum())
+    with np.errstate(over="ignore"):
+        total = float(w.sum())
     if total == 0:
         raise ValueError("sample_weight is zero for every row; accepted: weights >= 0 with at "
                          "least one positive")
@@ -312,11 +313,15 @@ def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
                loss="logistic", seed: int = 0):
     """One outer iteration (Algorithm 1) from weights x on the sampled rows Y: x^(s).
 
-    Y (s*b x n) and x are rounded to u_A and u_x first; P ranks are simulated in process.
+    Y (s*b x n, dense or scipy.sparse) and x are rounded to u_A and u_x first; P ranks are
+    simulated in process.
     """
     recipe, loss = as_recipe(recipe), get_loss(loss)
     b, s, eta = check_int("b", b), check_int("s", s), check_eta(eta)
     seed = check_seed(seed)
+    if is_sparse(Y):                  # s*b sampled rows: densified (a block, never all of A)
+        Y, yI = check_sparse(Y, yI, loss)
+        Y = Y.toarray()
     Y, yI = check_data(Y, yI, loss)
     if Y.shape[0] != s * b:
         raise ValueError(f"Y has {Y.shape[0]} rows; accepted: s*b = {s * b}")
