@@ -185,9 +185,8 @@ class SampledRows:
             self.At = rnd.slot(A, slot)
         elif slot.rounding in STOCHASTIC_MODES:
             self.At, self.stream = A, rnd.next_stream()    # the stream the dense run takes
-        else:
-            self.At = A.copy()
-            self.At.data = rnd.slot(A.data, slot)
+        else:                                            # new values, the same structure
+            self.At = type(A)((rnd.slot(A.data, slot), A.indices, A.indptr), shape=A.shape)
 
     def __call__(self, idx) -> np.ndarray:
         if not self.sparse:
