@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lpsim
-from lpsim.casgd import (RECIPES, SLOTS, Recipe, Slot, casgd, cost_model, load_libsvm, make_synth,
+from lpsim.casgd import (RECIPES, SLOTS, Recipe, Slot, casgd, cost_model, make_synth,
                          normalize_rows, sgd)
 from lpsim.casgd.recipes import Rounder, _slot_matmul
 
@@ -189,34 +189,6 @@ def test_empty_and_non_numeric_input(data):
         casgd(A, words, H=1)
     with pytest.raises(ValueError, match=r"A has dtype <U1 .*accepted: a real numeric"):
         casgd(np.full((3, 2), "a"), np.ones(3), H=1)
-
-
-def test_libsvm_loader(tmp_path):
-    good = tmp_path / "good.svm"
-    good.write_text("# comment\n+1 1:0.5 3:-2\n-1 2:1e-1  # tail\n\n1 4:3\n")
-    A, y = load_libsvm(good)
-    np.testing.assert_array_equal(y, [1, -1, 1])
-    np.testing.assert_array_equal(A, np.array([[0.5, 0, -2, 0], [0, 0.1, 0, 0], [0, 0, 0, 3]],
-                                              np.float32))
-    assert load_libsvm(good, n_features=6)[0].shape == (3, 6)
-    for text, token in [("1 1:0.5\n-1 2:x\n", "'2:x'"), ("1 0:1\n", "'0:1'"),
-                        ("yes 1:1\n", "'yes'"), ("1 1-3\n", "'1-3'")]:
-        bad = tmp_path / "bad.svm"
-        bad.write_text(text)
-        with pytest.raises(ValueError, match=token) as err:
-            load_libsvm(bad)
-        assert str(bad) in str(err.value) and ":" + str(text.count("\n")) in str(err.value)
-    with pytest.raises(FileNotFoundError, match="missing.svm"):
-        load_libsvm(tmp_path / "missing.svm")
-    for text, match in [("1 1:nan\n", r"svm:1: cannot parse '1:nan'.*finite"),
-                        ("1 1:0.5\n1 2:inf\n", r"svm:2: cannot parse '2:inf'"),
-                        ("nan 1:1\n", r"svm:1: label 'nan' is not a finite number"),
-                        ("1 3:1 1:2 3:4\n", r"svm:1: index 3 given twice \('3:4'"),
-                        ("# only a comment\n\n", r"has no data lines.*accepted: lines")]:
-        bad = tmp_path / "bad.svm"
-        bad.write_text(text)
-        with pytest.raises(ValueError, match=match):
-            load_libsvm(bad)
 
 
 def test_synth_and_normalisation():

@@ -207,7 +207,8 @@ def test_native_driver_end_to_end(data):
 @needs_sim
 def test_estimator_device(data):
     A, y = data
-    clf = CASGDClassifier(b=4, s=2, n_iter=3, device=DEVICE, normalize=False).fit(A, y)
+    clf = CASGDClassifier(b=4, s=2, n_iter=3, device=DEVICE, normalize=False,
+                          fit_intercept=False).fit(A, y)
     res = casgd(A, y, eta=0.5, b=4, s=2, H=3, seed=0, backend="cuda", device=DEVICE)
     np.testing.assert_array_equal(clf.coef_, res.x)
 
@@ -256,3 +257,35 @@ def test_native_grouped_allreduce_on_gloo(data, key, calls):
     idx = PhiloxIndices(A.shape[0], 5).take(s * b)
     bound = local_error_bound(A[idx], np.zeros(A.shape[1]), y[idx], eta, b, s, 2, key)
     assert np.linalg.norm(run.x - sim.x) <= 2 * bound.total and np.linalg.norm(sim.x) > 0.01
+
+
+@needs_sim
+def test_native_weights_sparse_and_intercept(data):
+    # the device inverts the cumulative weights as WeightedIndices does: all-ones weights are
+    # the unweighted run and integer weights the run on repeated rows, bit for bit
+    A, y = data
+    kw = dict(eta=0.5, b=4, s=2, H=3, recipe="C", seed=4, backend="cuda", device=DEVICE)
+    plain = casgd(A, y, **kw).x
+    np.testing.assert_array_equal(casgd(A, y, sample_weight=np.ones(len(y)), **kw).x, plain)
+    w = np.random.default_rng(2).integers(0, 3, len(y))
+    weighted = casgd(A, y, sample_weight=w, **kw).x
+    np.testing.assert_array_equal(weighted, casgd(np.repeat(A, w, axis=0), np.repeat(y, w),
+                                                  **kw).x)
+    # real weights (draws below 2**53 scaled by W / 2**53): the rows the simulator replays
+    from lpsim.casgd.native import DeviceData, NativeRun
+    from lpsim.casgd.sampling import WeightedIndices
+    real = w / 3 + 0.125 * (np.arange(len(w)) % 2)
+    run = NativeRun(DeviceData(A, y, RECIPES["C"], DEVICE), lpsim.casgd.get_loss("logistic"),
+                    RECIPES["C"], 0.5, 4, 2, 4, np.zeros(A.shape[1]), sample_weight=real)
+    host = WeightedIndices(real, lambda k: PhiloxIndices(k, 4))
+    for _ in range(2):
+        run.pre()
+        np.testing.assert_array_equal(run.idx.numpy(), host.take(8))
+    # the estimators' device path: sparse rows with the intercept column, the same bits as dense
+    import scipy.sparse as sp
+    As = np.where(np.abs(A) > 0.15, A, 0.0)
+    est = dict(b=4, s=2, n_iter=2, device=DEVICE)
+    dense = CASGDClassifier(**est).fit(As, y, sample_weight=w)
+    sparse = CASGDClassifier(**est).fit(sp.csr_matrix(As), y, sample_weight=w)
+    np.testing.assert_array_equal(sparse.coef_, dense.coef_)
+    assert sparse.intercept_ == dense.intercept_ != 0

@@ -1,4 +1,4 @@
-"""Data for the GLMs: Table 4 synthetic generators, LIBSVM files, scikit-learn datasets."""
+"""Data for the GLMs: Table 4 synthetic generators, LIBSVM files (sparse), scikit-learn datasets."""
 
 from __future__ import annotations
 
@@ -6,16 +6,21 @@ import os
 
 import numpy as np
 
+from .._extras import require
 from .losses import get_loss
-from .solvers import check_finite, check_int, real_array
+from .solvers import check_finite, check_int, check_sparse, is_sparse, real_array
 
 
-def normalize_rows(A, copy: bool = True) -> np.ndarray:
+def normalize_rows(A, copy: bool = True):
     """Rows scaled to unit l2 norm (zero rows kept): Assumption 5.1, Section 7.1.
 
     copy=True returns a new array (float64 for integer input); copy=False scales a
-    float32/float64 array in place.
+    float32/float64 array in place.  A scipy.sparse A gives a CSR matrix with the same
+    values as the dense result, bit for bit, and is never densified whole (its norms are
+    summed over dense blocks of rows in the dense order).
     """
+    if is_sparse(A):
+        return _normalize_sparse(A, copy)
     X = real_array("A", A)
     if X.ndim != 2:
         raise ValueError(f"A has shape {X.shape}; accepted: a 2-D array (rows to normalise)")
@@ -26,10 +31,36 @@ def normalize_rows(A, copy: bool = True) -> np.ndarray:
         X = X.astype(np.float64)
     check_finite("A", X, "finite values")
     X = np.array(X, copy=True) if copy and X is A else X
+    X /= _row_norms(X)[:, None].astype(X.dtype)
+    return X
+
+
+def _row_norms(X) -> np.ndarray:
+    """l2 norms of the rows of a dense float array, 1 for zero rows (summed in C order, so a
+    row's norm does not depend on the array's layout or on the rows around it)."""
+    X = np.ascontiguousarray(X)
     norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
     norms[norms == 0] = 1.0
-    X /= norms[:, None].astype(X.dtype)
-    return X
+    return norms
+
+
+#: entries of one dense block of rows while a sparse matrix's norms are summed
+_NORM_BLOCK = 1 << 20
+
+
+def _normalize_sparse(A, copy: bool):
+    if not copy and (A.format != "csr" or A.dtype not in (np.float32, np.float64)):
+        raise TypeError(f"normalize_rows(copy=False) cannot scale a {A.format} {A.dtype} matrix "
+                        "in place; accepted: a float32/float64 CSR matrix, or copy=True")
+    csr, _ = check_sparse(A, np.zeros(A.shape[0]), get_loss("linear"))
+    if copy and csr is A:
+        csr = csr.copy()
+    step = max(1, _NORM_BLOCK // max(1, csr.shape[1]))
+    norms = np.empty(csr.shape[0])
+    for lo in range(0, csr.shape[0], step):
+        norms[lo:lo + step] = _row_norms(csr[lo:lo + step].toarray())
+    csr.data /= np.repeat(norms, np.diff(csr.indptr)).astype(csr.dtype)
+    return csr
 
 
 def make_synth(m: int, n: int, *, loss="logistic", seed: int = 0, margin_std: float = 1.0,
@@ -61,61 +92,45 @@ def make_synth(m: int, n: int, *, loss="logistic", seed: int = 0, margin_std: fl
     return A, y.astype(np.float32).astype(np.float64), x_true
 
 
-def load_libsvm(path, n_features: int | None = None, *, zero_based: bool = False,
-                dtype=np.float32):
-    """(A, y) from a LIBSVM/svmlight text file ``label index:value ...`` (dense A).
+def load_libsvm(path, n_features: int | None = None, *, zero_based=False, dtype=np.float32,
+                dense: bool = False, query_id: bool = False):
+    """(A, y) from a LIBSVM/svmlight file ``label [qid:q] index:value ...``: scikit-learn's
+    :func:`~sklearn.datasets.load_svmlight_file`, which reads ``.gz``/``.bz2`` files too.
 
-    Indices are 1-based unless ``zero_based``; '#' starts a comment.  A line that does not
-    parse (non-finite value or label, an index given twice) raises ValueError naming the file,
-    the line number and the token; so does a file without data lines.
+    A is a scipy CSR matrix (``dense=True``: a numpy array) of ``dtype``; y is float64.
+    Indices are 1-based unless ``zero_based`` (True, or "auto" to infer as scikit-learn does);
+    '#' starts a comment.  ``query_id=True`` returns (A, y, qid).  A file the library cannot
+    parse, a NaN/inf value or label, or a file without data lines raises ValueError naming
+    the file; a missing file raises FileNotFoundError.  (CA-SGD takes the sparse A as it is.)
     """
+    require("sklearn", extra="casgd", feature="lpsim.casgd.load_libsvm")
+    from sklearn.datasets import load_svmlight_file
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"LIBSVM file {path!r} does not exist")
-    labels, rows, width = [], [], 0
-    first = 0 if zero_based else 1
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.split("#", 1)[0].strip()
-            if not line:
-                continue
-            tokens = line.split()
-            try:
-                label = float(tokens[0])
-                if not np.isfinite(label):
-                    raise ValueError
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: label {tokens[0]!r} is not a finite "
-                                 "number; accepted: 'label index:value ...'") from None
-            row = {}
-            for token in tokens[1:]:
-                key, sep, value = token.partition(":")
-                try:
-                    index, val = int(key), float(value)
-                    if not sep or index < first or not np.isfinite(val):
-                        raise ValueError
-                except ValueError:
-                    raise ValueError(
-                        f"{path}:{lineno}: cannot parse {token!r}; accepted: index:value with "
-                        f"an integer index >= {first} and a finite numeric value") from None
-                if n_features is not None and index - first >= n_features:
-                    raise ValueError(f"{path}:{lineno}: index {index} exceeds "
-                                     f"n_features={n_features}")
-                if index - first in row:
-                    raise ValueError(f"{path}:{lineno}: index {index} given twice ({token!r} "
-                                     "repeats it); accepted: each index at most once per line")
-                row[index - first] = val
-                width = max(width, index - first + 1)
-            labels.append(label)
-            rows.append(row)
-    if not rows:
+    if zero_based not in (True, False, "auto"):
+        raise ValueError(f"zero_based={zero_based!r} is not accepted; accepted: True, False, "
+                         "'auto'")
+    try:
+        A, y, *qid = load_svmlight_file(path, n_features=n_features, dtype=dtype,
+                                        zero_based=zero_based, query_id=query_id)
+    except ValueError as err:
+        raise ValueError(f"LIBSVM file {path!r}: {err}; accepted: lines 'label [qid:q] "
+                         f"index:value ...' with {'0' if zero_based is True else '1'}-based "
+                         "indices, sorted and unique") from None
+    if A.shape[0] == 0:
         raise ValueError(f"LIBSVM file {path!r} has no data lines (only blank lines or "
                          "comments); accepted: lines 'label index:value ...'")
-    A = np.zeros((len(rows), n_features or width), dtype)
-    for i, row in enumerate(rows):
-        if row:
-            A[i, list(row)] = list(row.values())
-    return A, np.asarray(labels, np.float64)
+    if not np.isfinite(y).all():
+        i = int(np.argmax(~np.isfinite(y)))
+        raise ValueError(f"LIBSVM file {path!r}: label {float(y[i])!r} of row {i} is not a finite "
+                         "number; accepted: finite labels")
+    try:
+        check_sparse(A, y, get_loss("linear"))
+    except ValueError as err:
+        raise ValueError(f"LIBSVM file {path!r}: {err}") from None
+    A = A.toarray() if dense else A
+    return (A, y, qid[0]) if query_id else (A, y)
 
 
 def load_dataset(name: str, *, m: int = 65536, n: int = 4096, seed: int = 0):

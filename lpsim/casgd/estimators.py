@@ -1,4 +1,5 @@
-"""scikit-learn estimators over CA-SGD: CASGDClassifier (logistic), CASGDRegressor.
+"""scikit-learn estimators over CA-SGD: CASGDClassifier (logistic), CASGDRegressor, with
+scikit-learn's conventions: fit_intercept, sample_weight, partial_fit, verbose, sparse X.
 
 With scikit-learn installed they are ``BaseEstimator`` subclasses (clone, pipelines,
 cross-validation, ``check_estimator``); scikit-learn is optional, and without it they keep
@@ -8,13 +9,15 @@ the same get_params / set_params / fit / predict / score interface.
 from __future__ import annotations
 
 import inspect
+import math
 
 import numpy as np
 
 from .data import normalize_rows
 from .losses import get_loss
 from .recipes import as_recipe
-from .solvers import casgd, check_data, check_eta, check_int, diverged
+from .solvers import (casgd, check_data, check_eta, check_int, check_sample_weight, check_seed,
+                      check_sparse, diverged, is_sparse)
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -54,34 +57,88 @@ except ImportError:        # scikit-learn is an optional dependency (the "test" 
             return float(1 - ((y - self.predict(X)) ** 2).sum() / ((y - y.mean()) ** 2).sum())
 
 
-class _CASGD(BaseEstimator):
-    """Shared fit/predict: __init__ stores the parameters, fit validates them (Algorithm 1).
+#: _validate's y when there is none (predict): fit passes its y, None included
+_NO_Y = object()
 
-    progress: a tqdm bar over the outer iterations (None: on when n_iter >= 200); it does
-    not change the result.  device: None runs the simulator; a torch device ("cuda", "cuda:1")
-    runs the native GPU path (:mod:`lpsim.casgd.native`).
+
+def _call_seed(base: int, call: int) -> int:
+    """The Philox/numpy seed of fit call ``call`` (0: ``base`` itself; later partial_fit calls
+    a seed derived from (base, call), so each call draws fresh rows and rounding bits)."""
+    if call == 0:
+        return base
+    return int(np.random.SeedSequence([base, call]).generate_state(1, np.uint64)[0])
+
+
+def _base_seed(random_state) -> int:
+    """An integer seed from scikit-learn's ``random_state`` conventions: an int is the seed
+    itself; None, a RandomState or a Generator draw one."""
+    if random_state is None:
+        return int(np.random.randint(0, 2 ** 31))     # numpy's global RandomState
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2 ** 31))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2 ** 63))
+    return check_seed(random_state, "random_state")
+
+
+class _CASGD(BaseEstimator):
+    """Shared fit/partial_fit/predict: __init__ stores the parameters, fit validates them.
+
+    Each fit runs :func:`lpsim.casgd.casgd` (Algorithm 1) on the rows of X, l2-normalised
+    when ``normalize`` (Assumption 5.1), and keeps ``coef_``, ``intercept_``, ``loss_curve_``
+    (F(x) after every outer iteration) and ``n_iter_`` (outer iterations of the last call).
+
+    fit_intercept: the intercept is the weight of a constant feature appended to every row,
+    as liblinear's ``intercept_scaling`` does, so it is trained by the same recurrence and
+    precision slots as every other weight.  With ``normalize`` the rows [a_i / ||a_i||, c] are
+    scaled by t = 1/sqrt(1 + c^2) to stay unit vectors (c = intercept_scaling); without it
+    the rows are [a_i, c].  With weights w of those rows, ``coef_ = t w[:n]`` and
+    ``intercept_ = c t w[n]``, so ``decision_function(X) = X' coef_ + intercept_`` with X'
+    the (normalised) rows.  Default True, as scikit-learn's SGD estimators have it.
+
+    sample_weight: rows are sampled with probability w_i / sum(w) (see :func:`casgd`), which
+    minimises the weighted loss sum_i w_i L_i / sum(w); integer weights give exactly the run
+    on repeated rows laid out consecutively, all-ones weights the unweighted run.
+
+    X may be a scipy.sparse matrix (CSR, CSC, COO, or any format scikit-learn converts):
+    only each sampled block of s*b rows is densified, and coef_ is bit-identical to the
+    fit on the same matrix dense.
+
+    partial_fit: one pass over the given rows, ceil(m / (s*b)) outer iterations (one epoch
+    in expectation, as SGDClassifier.partial_fit runs one epoch), continuing from the
+    current weights; call k draws its rows from a seed derived from (random_state, k).
+    verbose: 0 prints nothing; > 0 prints F(x) after each outer iteration (stdout).
+    progress: a tqdm bar over the outer iterations (stderr; off by default).  device: None
+    runs the simulator; a torch device ("cuda", "cuda:1") runs the native GPU path
+    (:mod:`lpsim.casgd.native`).  random_state: an int seed, None, or a numpy RandomState
+    or Generator to draw one.
     """
 
     def __init__(self, *, eta=0.5, b=32, s=16, n_iter=100, recipe="A", P=1, normalize=True,
-                 random_state=0, progress=None, device=None):
+                 fit_intercept=True, intercept_scaling=1.0, random_state=0, verbose=0,
+                 progress=False, device=None):
         self.eta, self.b, self.s, self.n_iter = eta, b, s, n_iter
         self.recipe, self.P, self.normalize = recipe, P, normalize
-        self.random_state, self.progress, self.device = random_state, progress, device
+        self.fit_intercept, self.intercept_scaling = fit_intercept, intercept_scaling
+        self.random_state, self.verbose = random_state, verbose
+        self.progress, self.device = progress, device
 
-    def _validate(self, X, y=None, reset=True):
+    def _validate(self, X, y=_NO_Y, reset=True):
         """(X with rows normalised as configured, y) after scikit-learn's and our checks;
-        reset=True in fit (X and y), False in predict (X only, fitted width)."""
+        reset=True in fit (X and y), False in predict and later partial_fit calls."""
         if validate_data is not None:     # scikit-learn's messages, n_features_in_
-            kwargs = dict(reset=reset, dtype=(np.float64, np.float32))
-            if reset:
+            kwargs = dict(reset=reset, dtype=(np.float64, np.float32),
+                          accept_sparse=("csr", "csc", "coo"))
+            if y is not _NO_Y:
                 X, y = validate_data(self, X, y, y_numeric=not isinstance(
                     self, ClassifierMixin), **kwargs)
             else:
                 X = validate_data(self, X, **kwargs)
         elif not reset and not hasattr(self, "coef_"):
             raise ValueError(f"this {type(self).__name__} is not fitted; call fit(X, y) first")
-        X, _ = check_data(X, np.zeros(np.shape(X)[0] if np.ndim(X) == 2 else 0),
-                          get_loss("linear"))
+        m = X.shape[0] if is_sparse(X) or np.ndim(X) == 2 else 0
+        X, _ = (check_sparse if is_sparse(X) else check_data)(X, np.zeros(m),
+                                                              get_loss("linear"))
         if reset:
             self.n_features_in_ = X.shape[1]
         elif X.shape[1] != self.n_features_in_:
@@ -89,42 +146,121 @@ class _CASGD(BaseEstimator):
                              f"expecting {self.n_features_in_} features as input")
         return (normalize_rows(X) if self.normalize else X), y
 
-    def _fit(self, X, y, loss):
+    def _intercept_terms(self):
+        """(t, c): rows are [t a_i, c t] (t = 1 without normalize); see the class docstring."""
+        c = self.intercept_scaling
+        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) \
+                or not 0 < c < math.inf:
+            raise ValueError(f"intercept_scaling={c!r} is not accepted; accepted: a finite "
+                             "number > 0")
+        c = float(c)
+        return (1.0 / math.sqrt(1.0 + c * c) if self.normalize else 1.0), c
+
+    def _design(self, X):
+        """The rows CA-SGD trains on: X, or X with the intercept's constant feature."""
+        if not self.fit_intercept:
+            return X
+        t, c = self._intercept_terms()
+        if is_sparse(X):
+            import scipy.sparse as sp
+            X = X.copy() if t != 1.0 else X
+            if t != 1.0:
+                X.data *= X.dtype.type(t)
+            ones = sp.csr_matrix(np.full((X.shape[0], 1), c * t, X.dtype))
+            return sp.hstack([X, ones], format="csr")
+        Z = np.empty((X.shape[0], X.shape[1] + 1), X.dtype)
+        Z[:, :-1] = X if t == 1.0 else X * X.dtype.type(t)
+        Z[:, -1] = c * t
+        return Z
+
+    def _fit(self, X, y, loss, sample_weight, H, partial=False):
         """Run :func:`casgd` on validated X; raise if it diverged instead of storing NaN."""
         loss, eta = get_loss(loss), check_eta(self.eta)
         check_int("b", self.b), check_int("s", self.s), check_int("n_iter", self.n_iter)
-        X, y = check_data(X, y, loss)
-        progress = self.progress if self.progress is not None else self.n_iter >= 200
+        X, y = (check_sparse if is_sparse(X) else check_data)(X, y, loss)
+        weights = check_sample_weight(sample_weight, X.shape[0])
+        Z = self._design(X)
+        if not partial or getattr(self, "_w", None) is None or self._w.size != Z.shape[1]:
+            self._w, self._calls, self._seed = None, 0, _base_seed(self.random_state)
         with np.errstate(over="ignore", invalid="ignore"):
-            res = casgd(X, y, loss=loss, eta=eta, b=self.b, s=self.s, H=self.n_iter,
-                        recipe=as_recipe(self.recipe), P=self.P, seed=self.random_state,
-                        record=1, progress=progress,
+            res = casgd(Z, y, loss=loss, eta=eta, b=self.b, s=self.s, H=H,
+                        recipe=as_recipe(self.recipe), P=self.P,
+                        seed=_call_seed(self._seed, self._calls), x0=self._w, record=1,
+                        progress=bool(self.progress), sample_weight=weights,
+                        verbose=self.verbose,
                         backend="cpu" if self.device is None else "cuda", device=self.device)
             curve = np.append(res.loss_curve, np.linalg.norm(res.x))
         if not np.isfinite(curve).all():
-            h = min(int(np.argmax(~np.isfinite(curve))), self.n_iter)
-            raise diverged(eta, h, self.n_iter, "F(x)")
-        self.coef_ = np.asarray(res.x, np.float64)
+            h = min(int(np.argmax(~np.isfinite(curve))), H)
+            raise diverged(eta, h, H, "F(x)")
+        w = np.asarray(res.x, np.float64)
+        self._w, self._calls = w, self._calls + 1
+        if self.fit_intercept:
+            t, c = self._intercept_terms()
+            self.coef_, self.intercept_ = w[:-1] * t, float(w[-1] * (c * t))
+        else:
+            self.coef_, self.intercept_ = w, 0.0
         self.loss_curve_ = res.loss_curve
         self.n_iter_ = res.iterations
         return self
 
+    def _pass_length(self, m: int) -> int:
+        """Outer iterations of one partial_fit pass over m rows: ceil(m / (s*b))."""
+        sb = check_int("s", self.s) * check_int("b", self.b)
+        return -(-m // sb)
+
     def _margins(self, X):
-        """Margins X coef_ (rows normalised as in fit)."""
+        """Margins X' coef_ + intercept_ (X' = rows normalised as in fit)."""
         if validate_data is not None:
             check_is_fitted(self, "coef_")
         X, _ = self._validate(X, reset=False)
-        return np.asarray(X, np.float64) @ self.coef_
+        if is_sparse(X):
+            return np.asarray(X @ self.coef_, np.float64).reshape(-1) + self.intercept_
+        return np.asarray(X, np.float64) @ self.coef_ + self.intercept_
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
 
 
 class CASGDClassifier(ClassifierMixin, _CASGD):
     """Binary logistic regression trained by CA-SGD; any two class labels."""
 
-    def fit(self, X, y):
-        """Fit on features X (m x n) and two-class labels y."""
+    def fit(self, X, y, sample_weight=None):
+        """Fit on features X (m x n, dense or scipy.sparse) and two-class labels y, n_iter
+        outer iterations from zero weights; sample_weight: one weight >= 0 per row."""
         X, y = self._validate(X, y)
+        self.classes_ = self._classes(y)
+        return self._fit(X, self._signs(y), "logistic", sample_weight, self.n_iter)
+
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One pass over the rows of X (ceil(m / (s*b)) outer iterations), continuing from
+        the current weights; ``classes`` (both labels) is required on the first call, as
+        scikit-learn's partial_fit requires it."""
+        first = not hasattr(self, "classes_")
+        if first and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit; "
+                             "accepted: both class labels, e.g. classes=np.unique(y)")
+        X, y = self._validate(X, y, reset=first)
+        if classes is not None:
+            classes = self._classes(np.asarray(classes), "classes")
+            if not first and not np.array_equal(classes, self.classes_):
+                raise ValueError(f"classes={classes!r} is not the same as on the first call "
+                                 f"to partial_fit ({self.classes_!r})")
+        classes = classes if first else self.classes_
+        unknown = np.setdiff1d(np.asarray(y), classes)
+        if unknown.size:
+            raise ValueError(f"y has labels {unknown[:5]!r} outside classes={classes!r}; "
+                             "accepted: the classes of the first call")
+        self.classes_ = classes
+        return self._fit(X, self._signs(y), "logistic", sample_weight,
+                         self._pass_length(X.shape[0]), partial=not first)
+
+    @staticmethod
+    def _classes(y, name="y"):
         y = np.asarray(y)
-        if validate_data is not None:
+        if validate_data is not None and name == "y":
             check_classification_targets(y)
             kind = type_of_target(y, input_name="y")
             if kind != "binary":
@@ -133,13 +269,16 @@ class CASGDClassifier(ClassifierMixin, _CASGD):
                                  "exactly two classes")
         classes = np.unique(y)
         if classes.size != 2:
-            raise ValueError(f"y has {classes.size} classes ({classes[:5]!r}); accepted: "
+            raise ValueError(f"{name} has {classes.size} classes ({classes[:5]!r}); accepted: "
                              "exactly two classes")
-        self.classes_ = classes
-        return self._fit(X, np.where(y == classes[1], 1.0, -1.0), "logistic")
+        return classes
+
+    def _signs(self, y):
+        return np.where(np.asarray(y) == self.classes_[1], 1.0, -1.0)
 
     def decision_function(self, X):
-        """Margins X coef_ (rows normalised as in fit); positive means classes_[1]."""
+        """Margins X' coef_ + intercept_ (X' = rows normalised as in fit); positive means
+        classes_[1]."""
         return self._margins(X)
 
     def predict(self, X):
@@ -162,18 +301,34 @@ class CASGDRegressor(RegressorMixin, _CASGD):
     """Linear (loss="linear") or Poisson (loss="poisson") regression trained by CA-SGD."""
 
     def __init__(self, *, loss="linear", eta=0.5, b=32, s=16, n_iter=100, recipe="A", P=1,
-                 normalize=True, random_state=0, progress=None):
+                 normalize=True, fit_intercept=True, intercept_scaling=1.0, random_state=0,
+                 verbose=0, progress=False, device=None):
         super().__init__(eta=eta, b=b, s=s, n_iter=n_iter, recipe=recipe, P=P,
-                         normalize=normalize, random_state=random_state, progress=progress)
+                         normalize=normalize, fit_intercept=fit_intercept,
+                         intercept_scaling=intercept_scaling, random_state=random_state,
+                         verbose=verbose, progress=progress, device=device)
         self.loss = loss
 
-    def fit(self, X, y):
-        """Fit on features X (m x n) and real (linear) or count (Poisson) targets y."""
+    def _check_loss(self):
         if self.loss not in ("linear", "poisson"):
             raise ValueError(f"loss={self.loss!r} is not accepted; accepted: 'linear', "
                              "'poisson' (use CASGDClassifier for logistic)")
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit on features X (m x n, dense or scipy.sparse) and real (linear) or count
+        (Poisson) targets y, n_iter outer iterations from zero weights."""
+        self._check_loss()
         X, y = self._validate(X, y)
-        return self._fit(X, y, self.loss)
+        return self._fit(X, y, self.loss, sample_weight, self.n_iter)
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """One pass over the rows of X (ceil(m / (s*b)) outer iterations), continuing from
+        the current weights."""
+        self._check_loss()
+        first = not hasattr(self, "coef_")
+        X, y = self._validate(X, y, reset=first)
+        return self._fit(X, y, self.loss, sample_weight, self._pass_length(X.shape[0]),
+                         partial=not first)
 
     def predict(self, X):
         """Predicted mean: the margin (linear) or exp(margin) (Poisson)."""

@@ -39,14 +39,25 @@ class Loss:
     lipschitz: float         # L_sigma (inf: unbounded, outside Theorem 5.7)
     check_labels: Callable   # raises ValueError for labels outside the domain
 
-    def objective(self, A, y, x, chunk: int = 8192) -> float:
-        """F(x) = m^-1 sum_i L(a_i^T x, y_i) in float64 (Section 2.1)."""
+    def objective(self, A, y, x, chunk: int = 8192, weights=None) -> float:
+        """F(x) = m^-1 sum_i L(a_i^T x, y_i) in float64 (Section 2.1); with ``weights``,
+        W^-1 sum_i w_i L(a_i^T x, y_i) (W = sum w).
+
+        A may be scipy.sparse (its margins are sparse products: they agree with the dense
+        ones to float64 rounding, not bit for bit).
+        """
         x64 = np.asarray(x, np.float64)
         total = 0.0
         for lo in range(0, A.shape[0], chunk):
-            r = np.asarray(A[lo:lo + chunk], np.float64) @ x64
-            total += float(self.value(r, np.asarray(y[lo:lo + chunk], np.float64)).sum())
-        return total / A.shape[0]
+            block = A[lo:lo + chunk]
+            r = np.asarray(block @ x64 if hasattr(block, "tocsr") else
+                           np.asarray(block, np.float64) @ x64, np.float64).reshape(-1)
+            value = self.value(r, np.asarray(y[lo:lo + chunk], np.float64))
+            if weights is not None:
+                w = weights[lo:lo + chunk]
+                value = np.where(w > 0, value * w, 0.0)     # a zero weight drops the row
+            total += float(value.sum())
+        return total / (A.shape[0] if weights is None else float(np.sum(weights)))
 
 
 LOSSES = {

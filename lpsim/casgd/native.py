@@ -19,6 +19,7 @@ kernels in numba's simulator: the path CI runs end to end.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -28,8 +29,9 @@ from .inner import inner_args, jitted_recipe
 from .losses import LOSSES, get_loss
 from .recipes import Recipe, as_recipe
 from .sampling import SAMPLE_STREAM
-from .solvers import (Result, check_block_size, check_data, check_eta, check_finite, check_int,
-                      check_seed, check_x0, diverged, real_array, record_points)
+from .solvers import (Result, check_block_size, check_data, check_eta, check_int,
+                      check_sample_weight, check_seed, check_sparse, check_x0, diverged,
+                      is_sparse, record_points, report)
 from ..philox import split_key
 
 _TORCH = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -155,7 +157,7 @@ class DeviceData:
         self.device = torch.device(device)
         self.m, self.n = A.shape
         store = _dtype(recipe.u_A.fmt)
-        self.sparse = _is_sparse(A)
+        self.sparse = is_sparse(A)
         if self.sparse:
             csr = A.tocsr()
             self.crow = torch.as_tensor(csr.indptr.astype(np.int64), device=self.device)
@@ -187,38 +189,16 @@ class DeviceData:
         return out
 
 
-def _is_sparse(A) -> bool:
-    try:
-        import scipy.sparse as sp
-    except ImportError:                      # pragma: no cover - scipy is a dependency
-        return False
-    return sp.issparse(A)
-
-
-def check_sparse(A, y, loss):
-    """A scipy sparse matrix with finite entries and its labels, checked like dense data."""
-    csr = A.tocsr()
-    if csr.ndim != 2 or 0 in csr.shape:
-        raise ValueError(f"A has shape {csr.shape}; accepted: a 2-D array (m samples x n "
-                         "features) with m >= 1 and n >= 1")
-    data = real_array("A", csr.data)
-    check_finite("A.data", data, "finite values (drop or impute missing entries first)")
-    _, y = check_data(np.zeros((csr.shape[0], 1)), y, loss)
-    return csr, y
-
-
-def objective(loss, A, y, x) -> float:
-    """F(x) in float64 for dense or sparse A."""
-    if _is_sparse(A):
-        return float(loss.value(np.asarray(A @ np.asarray(x, np.float64)).ravel(), y).mean())
-    return loss.objective(A, y, x)
+def objective(loss, A, y, x, weights=None) -> float:
+    """F(x) in float64 for dense or sparse A (weighted with ``weights``)."""
+    return loss.objective(A, y, x, weights=weights)
 
 
 class NativeRun:
     """The buffers and steps of one native run; ``step()`` is one outer iteration."""
 
     def __init__(self, data: DeviceData, loss, recipe: Recipe, eta: float, b: int, s: int,
-                 seed: int, x0, reduce=None):
+                 seed: int, x0, reduce=None, sample_weight=None):
         torch = _torch()
         dev = data.device
         self.data, self.loss, self.recipe, self.b, self.s = data, loss, recipe, b, s
@@ -238,14 +218,26 @@ class NativeRun:
             .to(ux).to(dev).reshape(-1, 1).contiguous()
         self.fused = ux == torch.float32 and _name(recipe.u_g.out_fmt) == "fp32"
         self.graph = None
+        # weighted rows: the inversion of lpsim.casgd.sampling.WeightedIndices, on the device
+        self.span, self.cum = data.m, None
+        if sample_weight is not None:
+            from .sampling import WeightedIndices
+            rows = WeightedIndices(sample_weight, lambda k: None)
+            self.span, self.scale, self.last = rows.span, rows.scale, rows.last
+            self.cum = torch.as_tensor(rows.cum, device=dev)
 
     # the two halves around the grouped AllReduce
     def pre(self):
         """Sample, gather, margins and Gram: the local [r; G] at their collective formats."""
         from lpsim_cuda.casgd import sample_rows
         rc = self.recipe
-        sample_rows(self.idx, self.counter, self.data.m, self.seed_lo, self.seed_hi,
+        sample_rows(self.idx, self.counter, self.span, self.seed_lo, self.seed_hi,
                     SAMPLE_STREAM)
+        if self.cum is not None:
+            t = self.idx.to(_torch().float64)
+            t = t if self.scale is None else t * self.scale
+            _torch().searchsorted(self.cum, t, right=True, out=self.idx)
+            self.idx.clamp_(max=self.last)
         self.counter.add_(self.s * self.b)
         Y = self.data.gather(self.idx, self.Y)
         Yr = round_to(Y, rc.u_r.fmt)
@@ -366,13 +358,15 @@ class NativeAllReduce:
 
 def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C", seed=0,
                  x0=None, record=None, progress=False, device="cuda", graphs=False,
-                 reduce=None) -> Result:
+                 reduce=None, sample_weight=None, verbose=0) -> Result:
     """:func:`lpsim.casgd.casgd` on the GPU (see the module docstring); same result type.
 
     A: dense array or scipy.sparse matrix; device: a torch CUDA device ("cpu" only under
     NUMBA_ENABLE_CUDASIM=1).  The simulator replays its samples with
     ``casgd(..., sampler="philox")``.  reduce: a :class:`NativeAllReduce` when A holds this
     rank's block columns of a torch.distributed run (every rank draws the same rows).
+    sample_weight, verbose: as in :func:`lpsim.casgd.casgd` (the weighted rows are the
+    simulator's ``sampler="philox"`` rows with the same weights).
     """
     from tqdm.auto import tqdm
     from numba import config
@@ -399,22 +393,25 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
         raise ValueError("graphs=True needs a CUDA device (CUDA graphs)")
     if graphs and reduce is not None and not isinstance(reduce, NativeAllReduce):
         raise ValueError("graphs=True with a custom reduce: accepted: a NativeAllReduce")
-    if _is_sparse(A):
-        A, y = check_sparse(A, y, loss)
-    else:
-        A, y = check_data(A, y, loss)
+    A, y = check_sparse(A, y, loss) if is_sparse(A) else check_data(A, y, loss)
+    weights = check_sample_weight(sample_weight, A.shape[0])
     check_block_size(b, s, A.shape[1], recipe)
     x0 = check_x0(x0, A.shape[1])
     record = record_points(record, H)
-    run = NativeRun(DeviceData(A, y, recipe, device), loss, recipe, eta, b, s, seed, x0, reduce)
+    run = NativeRun(DeviceData(A, y, recipe, device), loss, recipe, eta, b, s, seed, x0, reduce,
+                    weights)
     result = Result(run.weights())
+    start = time.perf_counter()
 
     def note(h):
         if record and h == record[0]:
             record.pop(0)
+            x = run.weights()
             with np.errstate(over="ignore", invalid="ignore"):
-                result.loss_curve.append(objective(loss, A, y, run.weights()))
+                result.loss_curve.append(objective(loss, A, y, x, weights))
             result.recorded_at.append(h)
+            if verbose:
+                report(h, H, result.loss_curve[-1], x, start)
 
     note(0)
     for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name} gpu",

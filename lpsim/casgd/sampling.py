@@ -4,6 +4,7 @@ Row of draw t: the 62-bit word R of lane t % 2 of Philox block t // 2 in stream
 ``SAMPLE_STREAM`` (the float64 mapping of :mod:`lpsim.philox`), taken modulo m (bias at most
 m / 2**62).  The GPU draws on the device (:mod:`lpsim_cuda.casgd`) and the CPU simulator
 replays the same rows with :class:`PhiloxIndices`, so both run on the same samples.
+:class:`WeightedIndices` turns either into draws with probability proportional to weights.
 """
 
 from __future__ import annotations
@@ -46,3 +47,33 @@ class PhiloxIndices:
         sample_rows_cpu(idx, self.drawn, self.m, self.seed_lo, self.seed_hi, SAMPLE_STREAM)
         self.drawn += k
         return idx
+
+
+class WeightedIndices:
+    """Rows drawn with probability w_i / W (W = sum w) by inverting the cumulative weights.
+
+    Each draw takes one draw j of a uniform sampler (``uniform(k)``: rows 0..k-1, e.g.
+    :class:`PhiloxIndices`) and returns the row i with cum_{i-1} <= t < cum_i.  Integer weights
+    (W <= 2**53) take t = j, uniform over the W integers, so weight k is the same draw as k
+    consecutive copies of the row, and all-ones weights give exactly the unweighted rows;
+    other weights take j < 2**53 and t = j W / 2**53.  Zero-weight rows are never drawn.
+    """
+
+    def __init__(self, weights, uniform):
+        w = np.asarray(weights, np.float64)
+        self.cum = np.cumsum(w)
+        total = float(self.cum[-1])
+        integral = bool((w == np.floor(w)).all()) and total <= 2.0 ** 53
+        self.scale = None if integral else total / 2.0 ** 53
+        self.last = int(np.flatnonzero(w > 0)[-1])
+        #: the uniform draws' range: rows 0..span-1 of ``uniform``
+        self.span = int(total) if integral else 2 ** 53
+        self.base = uniform(self.span)
+
+    def rows(self, j: np.ndarray) -> np.ndarray:
+        """The rows of uniform draws j."""
+        t = j.astype(np.float64) if self.scale is None else j * self.scale
+        return np.minimum(np.searchsorted(self.cum, t, side="right"), self.last)
+
+    def take(self, k: int) -> np.ndarray:
+        return self.rows(self.base.take(k))

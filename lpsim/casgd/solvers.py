@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,7 +12,9 @@ from tqdm.auto import tqdm
 
 from .inner import inner_args, inner_recurrence_cpu, jitted_recipe
 from .losses import LOSSES, Loss, get_loss
-from .recipes import Recipe, Rounder, _slot_matmul, as_recipe
+from ..quantize import quantize
+from ..rounding import STOCHASTIC_MODES
+from .recipes import Recipe, Rounder, _slot_matmul, as_recipe, container
 
 
 # --- validation -------------------------------------------------------------------------
@@ -110,6 +113,95 @@ def check_data(A, y, loss: Loss):
     check_finite("y", y, "finite labels")
     loss.check_labels(y)
     return A, y
+
+
+def is_sparse(A) -> bool:
+    """Whether ``A`` is a scipy.sparse matrix or array (any format)."""
+    import scipy.sparse as sp
+    return sp.issparse(A)
+
+
+def check_sparse(A, y, loss: Loss):
+    """A scipy sparse matrix (any format) as canonical CSR (duplicates summed, as ``toarray``
+    does) with float32/float64 finite values, converted once; y checked as for dense data.
+
+    The matrix itself is never densified; a CSR input in canonical form is not copied.
+    """
+    csr = A.tocsr()
+    if csr.ndim != 2 or 0 in csr.shape:
+        raise ValueError(f"A has shape {csr.shape}; accepted: a 2-D array (m samples x n "
+                         "features) with m >= 1 and n >= 1")
+    data = real_array("A", csr.data)
+    if data.dtype not in (np.float32, np.float64) or not csr.has_canonical_format:
+        csr = csr.astype(np.float64 if data.dtype not in (np.float32, np.float64)
+                         else data.dtype, copy=True)
+        csr.sum_duplicates()
+    if not np.isfinite(csr.data).all():
+        k = int(np.argmax(~np.isfinite(csr.data)))
+        row = int(np.searchsorted(csr.indptr, k, side="right")) - 1
+        raise ValueError(f"A[{row}, {int(csr.indices[k])}] = {float(csr.data[k])!r}: NaN/inf; "
+                         "accepted: finite values (drop or impute missing entries first)")
+    _, y = check_data(np.zeros((csr.shape[0], 1)), y, loss)
+    return csr, y
+
+
+def check_sample_weight(sample_weight, m: int):
+    """``sample_weight`` as m finite non-negative float64 weights with a positive sum, or
+    None; a ValueError naming ``sample_weight`` otherwise."""
+    if sample_weight is None:
+        return None
+    w = real_array("sample_weight", sample_weight, "real non-negative weights, one per row")
+    if w.shape != (m,):
+        raise ValueError(f"sample_weight has shape {w.shape}; accepted: ({m},), one weight per "
+                         "row of A")
+    w = w.astype(np.float64)
+    check_finite("sample_weight", w, "finite non-negative weights")
+    if (w < 0).any():
+        i = int(np.argmax(w < 0))
+        raise ValueError(f"sample_weight[{i}] = {float(w[i])!r} is negative; accepted: "
+                         "weights >= 0")
+    with np.errstate(over="ignore"):
+        total = float(w.sum())
+    if total == 0:
+        raise ValueError("sample_weight is zero for every row; accepted: weights >= 0 with at "
+                         "least one positive")
+    if total == math.inf:
+        raise ValueError("sample_weight sums to inf; accepted: weights with a finite sum")
+    return w
+
+
+class SampledRows:
+    """Rows of A stored at u_A, handed out as dense blocks: ``rows(idx)`` is ``At[idx]``.
+
+    Dense A is rounded to u_A once.  Sparse A is never densified: its stored values are
+    rounded once (round to nearest acts elementwise), and only each sampled block of s*b rows
+    is densified.  A stochastic u_A rounds each densified row i with counter offset i*n, so
+    every entry gets the random word it gets in the dense run: the same bits either way.
+    """
+
+    def __init__(self, A, slot, rnd: Rounder):
+        self.sparse, self.slot, self.rnd = is_sparse(A), slot, rnd
+        if not self.sparse:
+            self.At = rnd.slot(A, slot)
+        elif slot.rounding in STOCHASTIC_MODES:
+            self.At, self.stream = A, rnd.next_stream()    # the stream the dense run takes
+        else:                                            # new values, the same structure
+            self.At = type(A)((rnd.slot(A.data, slot), A.indices, A.indptr), shape=A.shape)
+
+    def __call__(self, idx) -> np.ndarray:
+        if not self.sparse:
+            return self.At[idx]
+        block = self.At[idx].toarray()
+        if self.slot.rounding not in STOCHASTIC_MODES:
+            return block
+        fmt, n = self.slot.out_fmt, self.At.shape[1]
+        if not fmt.fits(block.dtype)[0]:
+            block = block.astype(np.float64)
+        out = np.empty(block.shape, container(fmt))
+        for i, row in enumerate(idx):          # Rounder's stochastic branch, row by row
+            out[i] = quantize(block[i], fmt, self.slot.rounding, seed=self.rnd.seed,
+                              stream=self.stream, offset=int(row) * n)
+        return out
 
 
 def block_columns(n: int, P: int) -> list[slice]:
@@ -220,11 +312,15 @@ def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
                loss="logistic", seed: int = 0):
     """One outer iteration (Algorithm 1) from weights x on the sampled rows Y: x^(s).
 
-    Y (s*b x n) and x are rounded to u_A and u_x first; P ranks are simulated in process.
+    Y (s*b x n, dense or scipy.sparse) and x are rounded to u_A and u_x first; P ranks are
+    simulated in process.
     """
     recipe, loss = as_recipe(recipe), get_loss(loss)
     b, s, eta = check_int("b", b), check_int("s", s), check_eta(eta)
     seed = check_seed(seed)
+    if is_sparse(Y):                  # s*b sampled rows: densified (a block, never all of A)
+        Y, yI = check_sparse(Y, yI, loss)
+        Y = Y.toarray()
     Y, yI = check_data(Y, yI, loss)
     if Y.shape[0] != s * b:
         raise ValueError(f"Y has {Y.shape[0]} rows; accepted: s*b = {s * b}")
@@ -251,15 +347,24 @@ class Result:
     iterations: int = 0
 
 
-def index_stream(sampler, m: int, seed: int):
+def index_stream(sampler, m: int, seed: int, sample_weight=None):
     """The row sampler named ``sampler``: "numpy" (:class:`IndexStream`) or "philox"
-    (:class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws)."""
-    if sampler in (None, "numpy"):
-        return IndexStream(m, seed)
-    if sampler == "philox":
-        from .sampling import PhiloxIndices
-        return PhiloxIndices(m, seed)
-    raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
+    (:class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws); with
+    ``sample_weight``, rows drawn with probability w_i / sum(w) through that sampler
+    (:class:`lpsim.casgd.sampling.WeightedIndices`)."""
+    if sampler not in (None, "numpy", "philox"):
+        raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
+
+    def uniform(k):
+        if sampler == "philox":
+            from .sampling import PhiloxIndices
+            return PhiloxIndices(k, seed)
+        return IndexStream(k, seed)
+
+    if sample_weight is None:
+        return uniform(m)
+    from .sampling import WeightedIndices
+    return WeightedIndices(sample_weight, uniform)
 
 
 def check_x0(x0, n: int) -> np.ndarray:
@@ -280,34 +385,44 @@ def record_points(record, H: int) -> list:
     return sorted(set(int(h) for h in record if 0 <= h <= H))
 
 
+def report(h: int, H: int, value: float, x, start: float):
+    """The ``verbose`` line of outer iteration h, on stdout as scikit-learn's SGD prints."""
+    print(f"-- Outer iteration {h}/{H}: F(x) = {value:.8g}, |x| = "
+          f"{float(np.linalg.norm(x)):.6g}, {time.perf_counter() - start:.3g} s", flush=True)
+
+
 def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-         reduce=_simulated_reduce, sampler=None):
+         reduce=_simulated_reduce, sampler=None, sample_weight=None, verbose=0):
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
     seed = check_seed(seed)
-    A, y = check_data(A, y, loss)
+    A, y = check_sparse(A, y, loss) if is_sparse(A) else check_data(A, y, loss)
+    weights = check_sample_weight(sample_weight, A.shape[0])
     blocks = block_columns(A.shape[1], P)
     check_block_size(b, s, A.shape[1], recipe)
     rnd = Rounder(seed)
-    At = rnd.slot(A, recipe.u_A)
+    rows = SampledRows(A, recipe.u_A, rnd)
     x = rnd.slot(check_x0(x0, A.shape[1]), recipe.u_x).copy()
     record = record_points(record, H)
     result = Result(x)
-    stream = index_stream(sampler, A.shape[0], seed)
+    stream = index_stream(sampler, A.shape[0], seed, weights)
+    start = time.perf_counter()
 
     def note(h):
         if record and h == record[0]:
             record.pop(0)
             with np.errstate(over="ignore", invalid="ignore"):
-                result.loss_curve.append(loss.objective(A, y, x))
+                result.loss_curve.append(loss.objective(A, y, x, weights=weights))
             result.recorded_at.append(h)
+            if verbose:
+                report(h, H, result.loss_curve[-1], x, start)
 
     note(0)
     for h in tqdm(range(1, H + 1), disable=not progress, desc=f"{loss.name} {recipe.name}",
                   leave=False):
         idx = stream.take(s * b)
         with np.errstate(over="ignore", invalid="ignore"):
-            outer_iteration(At[idx], y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd,
+            outer_iteration(rows(idx), y[idx], x, blocks, recipe, eta / b, b, s, loss, rnd,
                             reduce)
         if not np.isfinite(x).all():
             raise diverged(eta, h, H)
@@ -318,8 +433,18 @@ def _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
 
 def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, H: int = 100,
           recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
-          reduce=None, sampler=None, backend="cpu", device=None, graphs=False) -> Result:
+          reduce=None, sampler=None, backend="cpu", device=None, graphs=False,
+          sample_weight=None, verbose=0) -> Result:
     """CA-SGD: H outer iterations of Algorithm 1, each on s*b rows sampled with replacement.
+
+    A: a dense array, or a scipy.sparse matrix in any format (converted to CSR once and never
+    densified; each outer iteration densifies only its s*b sampled rows): the same bits as
+    the same matrix dense.  sample_weight: non-negative weights w_i; rows are then sampled
+    with probability w_i / W (W = sum w), so the updates are unbiased for the weighted loss
+    W^-1 sum_i w_i L_i, the objective recorded, and the recurrence itself is unchanged.
+    Integer weights draw an integer uniform in [0, W) from the sampler, which makes weight k
+    the same run as k consecutive copies of the row (all-ones weights: the unweighted run).
+    verbose: print F(x) at every recorded iteration (``record``) on stdout.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
     process (block columns, AllReduce model of Assumption 5.4).  record: outer iterations
@@ -336,10 +461,10 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     """
     if backend == "cuda":
         return _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce,
-                       sampler, device, graphs)
+                       sampler, device, graphs, sample_weight, verbose)
     _check_backend(backend, device, graphs)
     return _run(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress,
-                reduce or _simulated_reduce, sampler)
+                reduce or _simulated_reduce, sampler, sample_weight, verbose)
 
 
 def _check_backend(backend, device, graphs):
@@ -351,7 +476,7 @@ def _check_backend(backend, device, graphs):
 
 
 def _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce, sampler,
-            device, graphs):
+            device, graphs, sample_weight=None, verbose=0):
     from .native import casgd_native
     if check_int("P", P) != 1 or reduce is not None:
         raise ValueError(f"P={P}, reduce={reduce!r}: backend='cuda' runs one process; for "
@@ -361,21 +486,24 @@ def _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, red
                          "accepted: 'philox' (or None)")
     return casgd_native(A, y, loss=loss, eta=eta, b=b, s=s, H=H, recipe=recipe, seed=seed,
                         x0=x0, record=record, progress=progress,
-                        device="cuda" if device is None else device, graphs=graphs)
+                        device="cuda" if device is None else device, graphs=graphs,
+                        sample_weight=sample_weight, verbose=verbose)
 
 
 def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 100,
         recipe="A", P: int = 1, seed: int = 0, x0=None, record=None, progress=False,
-        sampler=None, backend="cpu", device=None, graphs=False) -> Result:
+        sampler=None, backend="cpu", device=None, graphs=False, sample_weight=None,
+        verbose=0) -> Result:
     """Mini-batch SGD x += (eta/b) Y_I^T delta(Y_I x, y_I) (Section 2.1), b rows per step.
 
     Uses the slots u_A, u_r, u_AR_r, u_c, u_sigma, u_g, u_x of ``recipe``; the index stream
     is the one of :func:`casgd` with the same seed.  record counts steps.  backend="cuda" is
-    the GPU baseline (data on the device, one CUDA graph per step with graphs=True).
+    the GPU baseline (data on the device, one CUDA graph per step with graphs=True).  A
+    (dense or sparse), sample_weight and verbose: as in :func:`casgd`.
     """
     if backend == "cuda":
         return _native(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
-                       None, sampler, device, graphs)
+                       None, sampler, device, graphs, sample_weight, verbose)
     _check_backend(backend, device, graphs)
     return _run(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
-                sampler=sampler)
+                sampler=sampler, sample_weight=sample_weight, verbose=verbose)
