@@ -141,7 +141,7 @@ def figure3_plot(args, points, gaps, path):
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=LINTHRESH, linscale=0.4)
     ax.set_ylim(0, max(2.0 ** -6, 10 * max(float(g.max()) for g in gaps.values())))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("outer iteration H")
     ax.set_ylabel(f"relative loss gap |L_X - L_A| / |L_A|\n(symlog: linear below {LINTHRESH:g}, "
@@ -166,9 +166,10 @@ def figure3_plot(args, points, gaps, path):
         if row > 0 and col > 0 and cells[row - 1][col - 1] != "f":
             cell.set_facecolor("#fde8c8")
     tab.set_title("Table 3 precision slots u_* of each recipe", fontsize=9)
-    tab.text(0.5, 0.36, "\n".join(_wrap(KEY, 58)) + "\nshaded: not FP32.  H and I are FP16 and "
-             "BF16\nend to end; C and D differ only in u_AR_G.", ha="center", va="top",
-             fontsize=8, transform=tab.transAxes)
+    notes = (KEY + ".  Shaded: not FP32.  H and I are FP16 and BF16 end to end; C and D "
+             "differ only in u_AR_G (D dashed, hollow markers).")
+    tab.text(0.5, 0.36, "\n".join(_wrap(notes, 62)), ha="center", va="top", fontsize=8,
+             transform=tab.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
