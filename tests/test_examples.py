@@ -100,3 +100,17 @@ def test_casgd_recipes_leaves_committed_results_alone(tmp_path):
     assert bars[-1] == (str(total), str(total))
     sweeps = re.findall(r"eta sweep.*?(\d+)/(\d+)", done.stderr)   # 9 etas x 2 seeds x 10
     assert sweeps and sweeps[-1] == ("180", "180")
+
+
+@pytest.mark.slow
+def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_path):
+    before = digests(RESULTS)
+    done = subprocess.run([sys.executable, str(EXAMPLES / "precision_assignment.py"),
+                           "--epochs", "1", "--seeds", "1", "--width", "2", "--batch", "256"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert digests(RESULTS) == before and list(tmp_path.iterdir()) == []
+    out = pathlib.Path(re.search(r"^wrote \S+ in (\S+)$", done.stderr, re.M).group(1))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "precision_assignment.json", "precision_assignment.md", "precision_assignment.png"]
+    assert json.loads((out / "precision_assignment.json").read_text())["args"]["out"] == str(out)
