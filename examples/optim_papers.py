@@ -51,10 +51,13 @@ def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--cap", type=int, default=60000, help="toy: most steps per run")
-    parser.add_argument("--ls-steps", type=int, default=20000)
+    parser.add_argument("--out", required=True,
+                        help="directory for optim_papers.png / .md (created if missing)")
+    parser.add_argument("--runs", type=int, default=100,
+                        help="toy: BF16 + SR runs per minimum LR (default: 100)")
+    parser.add_argument("--cap", type=int, default=60000, help="toy: most steps per run (default: 60000)")
+    parser.add_argument("--ls-steps", type=int, default=20000,
+                        help="least squares: SGD steps (default: 20000)")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Trains a small CNN on scikit-learn's bundled 8x8 digits (no download) with pi_fp
 pi_unif, pi_op and pi_ours,r for r in {0, 0.25, 0.5, 0.75, 1}, several seeds each, every
 tensor of the gradient computation rounded through lpsim.torch.precision (high fp(6,9,0),
 low fp(4,3,4) forward / fp(5,2,0) backward, dynamic loss scaling).  Writes a plot of test
-accuracy against the model aggregate (relative to pi_fp32) and a markdown table.
+accuracy against the model aggregate (relative to pi_fp32) and a markdown table to --out DIR (default: a new temporary directory, printed at the end).
 
     python examples/precision_assignment.py --out examples/results          # minutes
     python examples/precision_assignment.py --full --device cuda --out DIR  # wider, longer
@@ -18,6 +18,7 @@ import math
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -170,14 +171,21 @@ def plot(summary, rows, path, title):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="examples/results", help="directory for the PNG, table, JSON")
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="directory for the PNG, table and JSON (created if missing); default: a "
+                   "new temporary directory, printed at the end.  The committed results are in "
+                   + str(pathlib.Path(__file__).resolve().parent / "results"))
     p.add_argument("--full", action="store_true",
                    help="paper-sized sweep: width 32, 30 epochs, batch 128")
-    p.add_argument("--epochs", type=int, default=None)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--width", type=int, default=None, help="channels of the first conv")
-    p.add_argument("--batch", type=int, default=None)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="training epochs per run (default: 8, or 30 with --full)")
+    p.add_argument("--seeds", type=int, default=3, help="runs per assignment (default: 3)")
+    p.add_argument("--width", type=int, default=None, help="channels of the first conv "
+                   "(default: 8, or 32 with --full)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="training batch size (default: 64, or 128 with --full)")
+    p.add_argument("--lr", type=float, default=0.05,
+                   help="SGD learning rate, cosine-annealed (default: 0.05)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors run in lpsim_cuda)")
     p.add_argument("--name", default="precision_assignment", help="output file stem")
     args = p.parse_args(argv)
@@ -186,7 +194,8 @@ def main(argv=None):
     args.batch = args.batch or (128 if args.full else 64)
     if args.epochs < 1 or args.seeds < 1 or args.width < 1 or args.batch < 1:
         p.error("--epochs, --seeds, --width and --batch must be positive")
-    out = pathlib.Path(args.out)
+    out = args.out if args.out is not None else pathlib.Path(
+        tempfile.mkdtemp(prefix="lpsim-precision-assignment-"))
     out.mkdir(parents=True, exist_ok=True)
     data = digits(torch.device(args.device))
     runs = [(k, r, s) for k, r in configs() for s in range(args.seeds)]
@@ -204,12 +213,13 @@ def main(argv=None):
               f"{time.time() - t0:.0f} s.\nHigh fp(6,9,0), low fp(4,3,4) forward / fp(5,2,0) "
               "backward, round to nearest; πours,r promotes at Θ = 0.01, πunif and πop do not.")
     (out / f"{args.name}.md").write_text(table(summary, header))
-    (out / f"{args.name}.json").write_text(json.dumps(dict(args=vars(args), runs=rows),
-                                                      indent=1, default=float))
+    settings = {**vars(args), "out": str(out)}
+    (out / f"{args.name}.json").write_text(json.dumps(dict(args=settings, runs=rows), indent=1,
+                                                      default=float))
     plot(summary, rows, out / f"{args.name}.png",
          f"digits CNN (width {args.width}, {args.epochs} epochs, {args.seeds} seeds)")
     print(table(summary, header))
-    print(f"wrote {out / args.name}.md/.json/.png", file=sys.stderr)
+    print(f"wrote {args.name}.md/.json/.png in {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -147,19 +147,33 @@ def train(name, lr, args, train_data, val_data, progress):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for train_lm.png / .md")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--data-bytes", type=int, default=2_000_000)
-    parser.add_argument("--eval-every", type=int, default=25)
-    parser.add_argument("--val-batches", type=int, default=8)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=300,
+                        help="optimizer steps per run (default: 300)")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="sequences per batch (default: 16)")
+    parser.add_argument("--context", type=int, default=64,
+                        help="bytes per sequence (default: 64)")
+    parser.add_argument("--d-model", type=int, default=64,
+                        help="transformer width (default: 64)")
+    parser.add_argument("--layers", type=int, default=2,
+                        help="transformer blocks (default: 2)")
+    parser.add_argument("--heads", type=int, default=4,
+                        help="attention heads per block (default: 4)")
+    parser.add_argument("--data-bytes", type=int, default=2_000_000,
+                        help="bytes of stdlib sources to read, 90%% train / 10%% validation "
+                        "(default: 2000000)")
+    parser.add_argument("--eval-every", type=int, default=25,
+                        help="steps between validation-loss points (default: 25)")
+    parser.add_argument("--val-batches", type=int, default=8,
+                        help="batches per validation loss (default: 8)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device, cpu or cuda (default: cpu)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights, batches and SR bits (default: 0)")
     parser.add_argument("--tune", action="store_true", help="try 0.5x, 1x, 2x of each LR")
-    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
+                        metavar="RUN", help="which runs, quoted names from: "
+                        + ", ".join(RUNS) + " (default: all)")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

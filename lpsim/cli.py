@@ -98,7 +98,7 @@ _FORMAT_COLUMNS = ("format", "bits", "bias", "emin", "emax", "max finite", "min 
 
 
 def _format_cells(name: str, fmt: Format) -> dict[str, str]:
-    return {"name": name, "format": repr(fmt), "bits": str(fmt.bits), "bias": str(fmt.bias),
+    return {"name": name, "format": fmt.spec, "bits": str(fmt.bits), "bias": str(fmt.bias),
             "emin": str(fmt.emin), "emax": str(fmt.emax), "max finite": f"{fmt.max_finite:.6g}",
             "min normal": f"{fmt.min_normal:.6g}", "min subnormal": f"{fmt.min_subnormal:.6g}",
             "unit roundoff": f"{fmt.unit_roundoff:.3g}", "epsilon": f"{fmt.epsilon:.3g}",

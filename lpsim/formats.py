@@ -26,7 +26,8 @@ below the smallest normal the representable values are 0 and +-min_normal.
 
 Strings: a preset or ml_dtypes name (``"bf16"``, ``"float4_e2m1fn"``), ``"eXmY"`` /
 ``"eXmYfn"`` / ``"eXmYfnuz"``, or ``fp(e, m[, b][, policy][, subnormals=..][, specials=..]
-[, saturate=..])`` -- what ``repr`` prints, so ``parse_format(repr(fmt)) == fmt``.
+[, saturate=..])``.  ``repr`` prints the preset name where there is one (``bf16``), else the
+``fp(...)`` spelling (:attr:`Format.spec`), so ``parse_format(repr(fmt)) == fmt``.
 """
 
 from __future__ import annotations
@@ -209,8 +210,9 @@ class Format:
             raise ValueError(f"format {self!r} does not fit a {np.dtype(dtype)} container: "
                              f"{reason}; use a float64 container or a narrower format")
 
-    def __repr__(self) -> str:
-        """``fp(e,m,b[, options])``; :func:`parse_format` reads it back."""
+    @property
+    def spec(self) -> str:
+        """``fp(e,m,b[, options])``: the spelling that names every field (presets included)."""
         extra = []
         if not self.subnormals:
             extra.append("subnormals=False")
@@ -219,6 +221,11 @@ class Format:
         if self.saturate and self.specials != "saturate":
             extra.append("saturate=True")
         return f"fp({self.e},{self.m},{self.b}{''.join(', ' + x for x in extra)})"
+
+    def __repr__(self) -> str:
+        """The preset's name ("bf16", "e4m3fn") where one equals this format, else :attr:`spec`;
+        :func:`parse_format` reads either back."""
+        return self.preset_name or self.spec
 
     __str__ = __repr__
 

@@ -1,11 +1,12 @@
 """Step-size sweep (lpsim.casgd.sweep_eta, Section 7.1's eta*)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 
-from lpsim.casgd import make_synth, sgd, sweep_eta
+from lpsim.casgd import make_synth, sgd, sweep_eta, tuning
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +42,28 @@ def test_sweep_bad_input(linear, kwargs, match):
     A, y = linear
     with pytest.raises(ValueError, match=match):
         sweep_eta(A, y, loss="linear", **kwargs)
+
+
+def test_sweep_progress_counts_every_step(linear, capsys):
+    """The bar ends at its total (etas x seeds x steps), and progress=False is silent."""
+    A, y = linear
+    quiet = sweep_eta(A, y, loss="linear", etas=(0.1, 0.5, 1e4), steps=7, seeds=(1, 2), b=8,
+                      progress=False)
+    assert capsys.readouterr().err == ""
+    shown = sweep_eta(A, y, loss="linear", etas=(0.1, 0.5, 1e4), steps=7, seeds=(1, 2), b=8,
+                      progress=True)
+    err = capsys.readouterr().err
+    counts = re.findall(r"eta sweep \(3 x 2 seeds\):.*?(\d+)/(\d+)", err)
+    assert counts[0] == ("0", "42") and counts[-1] == ("42", "42")   # diverged runs count too
+    assert shown == quiet                                             # the same sweep
+
+
+def test_sweep_default_progress_follows_its_size(linear, capsys, monkeypatch):
+    A, y = linear
+    sweep_eta(A, y, loss="linear", etas=(0.1,), steps=5, seeds=(1,))
+    assert capsys.readouterr().err == ""                          # 5 steps: below the threshold
+    monkeypatch.setattr(tuning, "PROGRESS_STEPS", 5)
+    sweep_eta(A, y, loss="linear", etas=(0.1,), steps=5, seeds=(1,))
+    assert re.search(r"eta sweep.*5/5", capsys.readouterr().err)
+    with pytest.raises(TypeError, match="progress='yes'"):
+        sweep_eta(A, y, loss="linear", progress="yes")

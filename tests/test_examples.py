@@ -1,19 +1,25 @@
-"""examples/rounding_error_vs_precision.py runs from any directory and writes only where told."""
+"""The examples run from any directory, write only where told, and document every option."""
 
+import hashlib
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "examples" / "rounding_error_vs_precision.py"
+EXAMPLES = ROOT / "examples"
+SCRIPT = EXAMPLES / "rounding_error_vs_precision.py"
+RESULTS = EXAMPLES / "results"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def run_example(cwd, *args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(SCRIPT), "--values", "10", "--steps", "600",
-                           "--runs", "4", *args], cwd=cwd, env=env, capture_output=True,
+                           "--runs", "4", *args], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -34,7 +40,77 @@ def test_example_out_directory_and_help(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "figures" / "rounding_error.png").is_file()
     helptext = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+                              text=True, env=ENV).stdout
     options = re.findall(r"^  (--\w+) \w+\s*\n?\s+(\S.*)$", helptext, re.M)
     assert {o for o, _ in options} == {"--out", "--values", "--format", "--increment", "--steps",
                                        "--runs"}                  # each with its description
+
+
+# Runs each example's main() with parse_args replaced: prints {option: help} of its parser.
+DUMP_OPTIONS = """
+import argparse, json, runpy, sys
+def dump(self, args=None, namespace=None):
+    print(json.dumps({a.option_strings[-1]: a.help for a in self._actions if a.option_strings}))
+    raise SystemExit(0)
+argparse.ArgumentParser.parse_args = dump
+sys.argv = [sys.argv[1]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_option_of_every_example_has_help(script):
+    done = subprocess.run([sys.executable, "-c", DUMP_OPTIONS, str(EXAMPLES / script)],
+                          capture_output=True, text=True, env=ENV, timeout=300)
+    assert done.returncode == 0, done.stderr
+    options = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "--help" in options and len(options) > 1
+    undocumented = [opt for opt, text in options.items() if len((text or "").split()) < 2]
+    assert not undocumented, f"{script}: options without a description: {undocumented}"
+
+
+def digests(folder: pathlib.Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+@pytest.mark.slow
+def test_casgd_recipes_leaves_committed_results_alone(tmp_path):
+    """A tiny run without --out, from another directory: a temporary output directory, every
+    bar at its total, and examples/results/ byte for byte as before."""
+    before = digests(RESULTS)
+    tiny = ["--m", "256", "--n", "16", "--H", "2", "--P", "2", "--s", "2", "--seeds", "1", "2",
+            "--losses", "logistic", "linear", "--eta", "sweep", "--sweep-steps", "10",
+            "--fig-m", "256", "--fig-n", "16", "--fig-H", "3", "--fig-P", "2",
+            "--fig-recipes", "C", "D", "I"]
+    done = subprocess.run([sys.executable, str(EXAMPLES / "casgd_recipes.py"), *tiny],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert digests(RESULTS) == before
+    assert list(tmp_path.iterdir()) == []                     # nothing in the working directory
+    out = pathlib.Path(re.search(r"^wrote .* in (\S+)$", done.stdout, re.M).group(1))
+    assert out.is_dir() and not out.is_relative_to(ROOT)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "casgd_figure3.md", "casgd_figure3.png", "casgd_table5.md"]
+    figure = (out / "casgd_figure3.md").read_text()
+    assert re.search(r"^\| C \| b \| b \| b \| f \| f \| b \| b \| f \| f \|", figure, re.M)
+    assert "| eta | mean final F(x) |" in (out / "casgd_table5.md").read_text()
+    # the main bar: 2 losses x 1 s x 2 seeds x 2 recipes x H=2, plus 2 seeds x 4 recipes x 3
+    total = 2 * 2 * 2 * 2 + 2 * 4 * 3
+    bars = re.findall(r"casgd_recipes:.*?(\d+)/(\d+)", done.stderr)
+    assert bars[-1] == (str(total), str(total))
+    sweeps = re.findall(r"eta sweep.*?(\d+)/(\d+)", done.stderr)   # 9 etas x 2 seeds x 10
+    assert sweeps and sweeps[-1] == ("180", "180")
+
+
+@pytest.mark.slow
+def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_path):
+    before = digests(RESULTS)
+    done = subprocess.run([sys.executable, str(EXAMPLES / "precision_assignment.py"),
+                           "--epochs", "1", "--seeds", "1", "--width", "2", "--batch", "256"],
+                          cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert digests(RESULTS) == before and list(tmp_path.iterdir()) == []
+    out = pathlib.Path(re.search(r"^wrote \S+ in (\S+)$", done.stderr, re.M).group(1))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "precision_assignment.json", "precision_assignment.md", "precision_assignment.png"]
+    assert json.loads((out / "precision_assignment.json").read_text())["args"]["out"] == str(out)

@@ -44,8 +44,9 @@ def test_formats_are_immutable_hashable_and_print_as_fp():
     a, b = fp(4, 3, 4), parse_format("fp(4,3,4)")
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert repr(a) == "fp(4,3,4)"
-    assert repr(fp(4, 3, specials="fn")) == "fp(4,3,0, specials='fn')"
+    assert repr(fp(5, 3, specials="fn")) == "fp(5,3,0, specials='fn')"
     assert repr(fp(5, 2, subnormals=False)) == "fp(5,2,0, subnormals=False)"
+    assert str(fp(4, 3, specials="fn")) == repr(fp(4, 3, specials="fn")) == "e4m3fn"
     with pytest.raises(AttributeError):
         a.m = 2
     assert parse_format("e4m3fn") == fp(4, 3, specials="fn")
@@ -83,7 +84,17 @@ def test_fit_in_container_names_format_container_and_reason():
     assert fp(8, 7, 4).fits(np.float32)[0]          # emin -130, smallest 2**-137 >= 2**-149
     ok, reason = fp(8, 7, -5).fits(np.float32)
     assert not ok and "exceeds" in reason
-    with pytest.raises(ValueError, match=r"fp\(11,52,0\) does not fit a float32 container"):
+    with pytest.raises(ValueError, match="format fp64 does not fit a float32 container"):
         fp(11, 52).check_fits(np.float32)
     with pytest.raises(ValueError, match="finest spacing"):
         fp(8, 20, 10).check_fits(np.float32)
+
+
+def test_repr_names_the_preset_and_spec_names_every_field():
+    for name, fmt in lpsim.PRESETS.items():
+        assert repr(fmt) == fmt.preset_name           # the first preset equal to it
+        assert parse_format(fmt.spec) == fmt and fmt.spec.startswith("fp(")
+    assert repr(parse_format("bfloat16")) == "bf16" and repr(fp(5, 10)) == "fp16"
+    assert repr(fp(5, 2)) == "e5m2"                   # = "fp(5,2,0)", listed after e5m2
+    assert repr(fp(4, 3, specials="fn", saturate=True)) == "fp(4,3,0, specials='fn', saturate=True)"
+    assert fp(8, 7).spec == "fp(8,7,0)" and fp(4, 3, 4).spec == repr(fp(4, 3, 4)) == "fp(4,3,4)"

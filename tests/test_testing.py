@@ -92,7 +92,7 @@ def test_midpoints_are_exactly_halfway(case):
 
 
 def test_midpoints_refuse_a_container_that_cannot_hold_them():
-    with pytest.raises(ValueError, match=r"midpoints of fp\(8,23,0\) do not fit a float32"):
+    with pytest.raises(ValueError, match=r"midpoints of fp32 do not fit a float32"):
         testing.midpoints("fp32", dtype=np.float32)
     with pytest.raises(ValueError, match="does not fit a float32"):
         testing.representable("fp64", dtype=np.float32)
@@ -159,7 +159,7 @@ def test_assert_rounded_catches_truncation_passed_off_as_nearest():
     with pytest.raises(AssertionError) as info:
         testing.assert_rounded(truncated, X, "e4m3", "nearest")
     message = str(info.value)
-    assert "2 of 11 elements differ" in message and "'nearest' rounding to fp(4,3,0)" in message
+    assert "2 of 11 elements differ" in message and "'nearest' rounding to e4m3" in message
     assert "at (2,): x=1.1875 (0x1.3000000000000p+0) expected=1.25 (0x1.4000000000000p+0) " \
            "actual=1.125 (0x1.2000000000000p+0)" in message
 

@@ -78,13 +78,14 @@ class Slot:
         return container(self.out_fmt)
 
     def __repr__(self):
-        parts = [str(self.fmt)]
+        """``Slot('bf16', acc='fp32')``: evaluable, formats by preset name where they have one."""
+        parts = [repr(str(self.fmt))]
         if self.acc is not None and self.acc != self.fmt:
-            parts.append(f"acc={self.acc}")
+            parts.append(f"acc={str(self.acc)!r}")
         if self.out is not None and self.out != self.acc_fmt:
-            parts.append(f"out={self.out}")
+            parts.append(f"out={str(self.out)!r}")
         if self.rounding != "nearest":
-            parts.append(self.rounding)
+            parts.append(f"rounding={self.rounding!r}")
         return "Slot(" + ", ".join(parts) + ")"
 
 
@@ -155,6 +156,22 @@ class Recipe:
 
     def slots(self) -> dict[str, Slot]:
         return {name: getattr(self, name) for name in SLOTS}
+
+    def __repr__(self):
+        """``RECIPES['C']`` for a preset, ``RECIPES['C'].replace(u_x=Slot('fp16'))`` for one
+        that differs from its closest preset in at most three slots, else every slot; each
+        form evaluates back to an equal Recipe (with ``RECIPES`` and ``Slot`` in scope)."""
+        mine = self.slots()
+        differ = {key: [row for row in SLOTS if mine[row] != getattr(preset, row)]
+                  for key, preset in RECIPES.items()}
+        key = min(differ, key=lambda k: len(differ[k]), default=None)
+        if key is None or len(differ[key]) > 3:
+            return ("Recipe(" + ", ".join(f"{row}={slot!r}" for row, slot in mine.items())
+                    + f", name={self.name!r})")
+        changes = [f"{row}={mine[row]!r}" for row in differ[key]]
+        if self.name != (key + "*" if changes else key):
+            changes.append(f"name={self.name!r}")
+        return f"RECIPES[{key!r}]" + (f".replace({', '.join(changes)})" if changes else "")
 
 
 _TABLE3 = {  # columns of Table 3, rows in SLOTS order
