@@ -3,8 +3,8 @@
 FP32; mixed precision (bf16 autocast, FP32 weights and states); and pure bf16 weights and
 states with lpsim.optim.AdamW updates rounded to nearest, stochastically, with Kahan
 compensation, or with a 16-bit remainder (the FP32 master held exactly).  Equal steps, each
-run at its own learning rate (``--tune`` tries 0.5x, 1x and 2x of the defaults and keeps the
-best validation loss).  Writes validation-loss curves (PNG) and a markdown table (final
+run at its own learning rate (``--tune`` doubles or halves each default while the final
+validation loss improves, and keeps the best).  Writes validation-loss curves (PNG) and a markdown table (final
 loss, tokens/s, weight + optimizer-state memory) to ``--out``.
 
     python examples/train_lm.py --out examples/results [--steps 300] [--tune]
@@ -170,7 +170,9 @@ def main(argv=None):
                         help="torch device, cpu or cuda (default: cpu)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the weights, batches and SR bits (default: 0)")
-    parser.add_argument("--tune", action="store_true", help="try 0.5x, 1x, 2x of each LR")
+    parser.add_argument("--tune", action="store_true",
+                        help="search each run's peak learning rate by doubling or halving it "
+                        "(at most 5 runs each)")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
                         metavar="RUN", help="which runs, quoted names from: "
                         + ", ".join(RUNS) + " (default: all)")
@@ -181,48 +183,95 @@ def main(argv=None):
     split = int(0.9 * data.numel())
     train_data, val_data = data[:split], data[split:]
     from tqdm import tqdm
-    factors = (0.5, 1.0, 2.0) if args.tune else (1.0,)
+    per_run = TUNE_RUNS if args.tune else 1
     results = {}
-    with tqdm(total=len(args.runs) * len(factors) * args.steps, desc="steps") as progress:
+    with tqdm(total=len(args.runs) * per_run * args.steps, desc="steps") as progress:
         for name in args.runs:
-            tried = [train(name, RUNS[name][3] * f, args, train_data, val_data, progress)
-                     for f in factors]
-            results[name] = min(tried, key=lambda r: r["final"] if math.isfinite(r["final"])
-                                else float("inf"))
-            progress.set_postfix_str(f"{name}: {results[name]['final']:.3f}")
+            def run(lr, name=name):
+                return train(name, lr, args, train_data, val_data, progress)
+            tried = tune(run, RUNS[name][3]) if args.tune else [run(RUNS[name][3])]
+            best = min(tried, key=_final)
+            best["tried"] = sorted((r["lr"], r["final"]) for r in tried)
+            results[name] = best
+            progress.total -= (per_run - len(tried)) * args.steps    # runs the search skipped
+            progress.set_postfix_str(f"{name}: {best['final']:.3f} at lr {best['lr']:.1e}")
+            progress.refresh()
     write_outputs(results, args, out)
+
+
+#: runs a tuned configuration may take at most (1x and 2x, then doubling or halving)
+TUNE_RUNS = 5
+
+
+def _final(r):
+    return r["final"] if math.isfinite(r["final"]) else float("inf")
+
+
+def tune(run, lr0):
+    """Runs at lr0 * 2**j: 1x and 2x, then onward in the better direction while the final
+    validation loss improves (at most TUNE_RUNS runs), so that the kept rate has a worse one
+    on each side unless the budget ends first."""
+    tried = [run(lr0), run(2 * lr0)]
+    step, lr = (2.0, 2 * lr0) if _final(tried[1]) < _final(tried[0]) else (0.5, lr0)
+    best = min(tried, key=_final)
+    while len(tried) < TUNE_RUNS:
+        lr *= step
+        r = run(lr)
+        tried.append(r)
+        if _final(r) >= _final(best):
+            break
+        best = r
+    return tried
 
 
 def write_outputs(results, args, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, tax) = plt.subplots(1, 2, figsize=(11, 4.5),
+                                  gridspec_kw=dict(width_ratios=[3, 2]))
     for name, r in results.items():
         steps, losses = zip(*r["curve"])
-        ax.plot(steps, losses, label=f"{name} (lr {r['lr']:.0e})")
+        line, = ax.plot(steps, losses, label=f"{name} (lr {r['lr']:.1e})")
+        lrs, finals = zip(*r["tried"])
+        tax.plot(lrs, finals, "o-", color=line.get_color(), label=name)
+        tax.plot([r["lr"]], [r["final"]], "*", ms=12, color=line.get_color())
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss (nats/byte)")
     ax.set_title(f"byte-level LM on Python stdlib sources, {next(iter(results.values()))['params']}"
-                 f" parameters, {args.device}")
-    ax.legend()
+                 f" parameters, {args.device}", fontsize=10)
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     finals = [r["final"] for r in results.values() if math.isfinite(r["final"])]
-    if finals:
-        ax.set_ylim(min(finals) - 0.1, max(c[0][1] for c in
-                                            [r["curve"] for r in results.values()]) + 0.1)
+    if finals:    # the part after warm-up, where the runs differ
+        late = [loss for r in results.values() for step, loss in r["curve"]
+                if step >= args.steps // 4 and math.isfinite(loss)]
+        ax.set_ylim(min(finals) - 0.05, max(late) + 0.05)
+    tax.set_xscale("log")
+    tax.set_xlabel("peak learning rate")
+    tax.set_ylabel("final validation loss")
+    tax.set_title("learning-rate search (star: kept)" if args.tune else "learning rate",
+                  fontsize=10)
+    tax.grid(alpha=0.3)
+    tfinals = [f for r in results.values() for _, f in r["tried"] if math.isfinite(f)]
+    if tfinals:
+        tax.set_ylim(min(tfinals) - 0.02, min(max(tfinals), min(tfinals) + 0.5) + 0.02)
     fig.tight_layout()
     fig.savefig(out / "train_lm.png", dpi=120)
     memory = "peak GPU memory (MB)" if args.device == "cuda" else "weights + states (KB)"
     scale = 1e6 if args.device == "cuda" else 1e3
     lines = [f"Byte-level LM, {args.steps} steps of {args.batch}x{args.context} bytes, d_model "
              f"{args.d_model}, {args.layers} layers, {args.device}; AdamW (0.9, 0.95), wd 0.1, "
-             f"warm-up + cosine{', LR tuned over 0.5x/1x/2x' if args.tune else ''}.", "",
-             f"| run | lr | final val loss | tokens/s | {memory} | cancelled updates |",
-             "|---|---|---|---|---|---|"]
+             "warm-up + cosine"
+             f"{'; each run at the best peak rate of a doubling/halving search' if args.tune else ''}"
+             ". tokens/s times the steps alone, on whatever else the machine ran.", "",
+             f"| run | lr | final val loss | tokens/s | {memory} | cancelled updates | "
+             "rates tried (final loss) |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
+        tried = ", ".join(f"{lr:.1e} ({f:.4f})" for lr, f in r["tried"])
         lines.append(f"| {name} | {r['lr']:.1e} | {r['final']:.4f} | {r['tokens_per_s']:.0f} | "
-                     f"{r['memory'] / scale:.1f} | {100 * r['cancelled']:.1f}% |")
+                     f"{r['memory'] / scale:.1f} | {100 * r['cancelled']:.1f}% | {tried} |")
     (out / "train_lm.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
