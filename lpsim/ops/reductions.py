@@ -135,6 +135,10 @@ class _Setup(NamedTuple):
     omode: int
     pva: np.ndarray          # accumulator Params (W = 32) as int64
     pvo: np.ndarray
+    order: int               # ORDER_BLOCKED or ORDER_PAIRWISE
+    blk: int                 # chunk width; 0: K (sequential, pairwise)
+    fused: bool
+    common: tuple            # the kernels' (mode, omode, k, ko, pva, pvo)
 
 
 @functools.lru_cache(maxsize=512)
@@ -159,7 +163,15 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
                              f"{m.acc_rounding!r}")
     pva = np.array(kernel_params(m.acc_fmt, np.float64)._replace(W=32), np.int64)
     pvo = np.array(kernel_params(m.out_fmt, np.float64)._replace(W=32), np.int64)
-    return _Setup(in_fmt, dtype, blas, hw, acc_plan.mode, out_plan.mode, pva, pvo)
+    if m.order == "pairwise":
+        order, blk = ORDER_PAIRWISE, 0
+    elif isinstance(m.order, tuple):
+        order, blk = ORDER_BLOCKED, m.order[1]
+    else:
+        order, blk = ORDER_BLOCKED, 0
+    common = (acc_plan.mode, out_plan.mode, 32, 32, pva, pvo)
+    return _Setup(in_fmt, dtype, blas, hw, acc_plan.mode, out_plan.mode, pva, pvo, order, blk,
+                  bool(m.fused), common)
 
 
 def _kernel_array(x):
@@ -201,30 +213,31 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     if K == 0 or out.size == 0:
         out[...] = 0.0
         return out.astype(dtype)
-    if m.order is None or m.order == "sequential":
-        order, blk = ORDER_BLOCKED, K
-    elif m.order == "pairwise":
-        order, blk = ORDER_PAIRWISE, K
-    else:
-        order, blk = ORDER_BLOCKED, m.order[1]
+    order, blk = setup.order, setup.blk or K
     # C-contiguous and writable (numba compiles read-only arrays as another signature)
     A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
-    ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
-    keys_ = (seed_lo, seed_hi, stream64)
-    common = (setup.mode, setup.omode, 32, 32, setup.pva, setup.pvo) + keys_
     threads = numba.get_num_threads() if out.size * K >= PARALLEL_STEPS else 1
-    if N == 1 and order == ORDER_BLOCKED:
+    if N == 1 and order == ORDER_BLOCKED and not batch:
         # one output column: the register chain (X[o], Y[o] the operands of output o)
-        X = A.reshape(-1, K) if not batch else np.ascontiguousarray(A[ia].reshape(-1, K))
-        Y = (B if not batch else B[ib]).reshape(-1, K)
+        X, Y = A.reshape(-1, K), B.reshape(-1, K)
         if M > 1:
             Y = np.repeat(Y, M, axis=0)
+        counts = run(chain, M, K, threads, X, Y, out.reshape(-1), *setup.common, seed_lo,
+                     seed_hi, stream64, blk, setup.fused, setup.hw)
+        if stats is not None:
+            stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
+        return out.astype(dtype, copy=False)
+    ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
+    common = setup.common + (seed_lo, seed_hi, stream64)
+    if N == 1 and order == ORDER_BLOCKED:
+        X = np.ascontiguousarray(A[ia].reshape(-1, K))
+        Y = np.repeat(B[ib].reshape(-1, K), M, axis=0) if M > 1 else B[ib].reshape(-1, K)
         counts = run(chain, X.shape[0], K, threads, X, Y, out.reshape(-1), *common, blk,
-                     bool(m.fused), setup.hw)
+                     setup.fused, setup.hw)
     else:
         nitems = gemm_items(out.size // (M * N), M, N, K)
         counts = run(gemm, nitems, K * out.size // nitems, threads, A, B, ia, ib,
-                     out.reshape((-1, M, N)), *common, order, blk, bool(m.fused), setup.hw)
+                     out.reshape((-1, M, N)), *common, order, blk, setup.fused, setup.hw)
     if stats is not None:
         stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
     return out.astype(dtype, copy=False)
