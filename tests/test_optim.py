@@ -198,6 +198,32 @@ def test_state_dict_round_trip_resumes_bit_identically():
     assert torch.equal(bits(a.state[p]["exp_avg_sq"]), bits(b.state[q]["exp_avg_sq"]))
 
 
+@pytest.mark.parametrize("update", ["stochastic", "kahan", "remainder"])
+def test_fused_steps_follow_replaced_storage_and_state(update):
+    """The fused route keeps numpy views of each parameter and its states between steps; a
+    parameter whose storage is reassigned (module.to(), p.data = ...) or a state replaced by
+    load_state_dict must be stepped where it now lives, as the reference route does."""
+    torch.manual_seed(3)
+    w = torch.randn(300).to(torch.bfloat16)
+    p1, p2 = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    kw = dict(lr=1e-2, update_rounding=update, seed=5)
+    fused, ref = AdamW([p1], **kw), AdamW([p2], implementation="reference", **kw)
+    for step in range(7):
+        g = torch.randn(300).to(torch.bfloat16)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        if step == 2:
+            p1.data, p2.data = p1.data.clone(), p2.data.clone()
+        if step == 4:
+            fused.load_state_dict(copy.deepcopy(fused.state_dict()))
+            ref.load_state_dict(copy.deepcopy(ref.state_dict()))
+        fused.step()
+        ref.step()
+        assert torch.equal(p1.view(torch.int16), p2.view(torch.int16)), step
+        for name, value in ref.state[p2].items():
+            if torch.is_tensor(value):
+                assert torch.equal(fused.state[p1][name], value), (step, name)
+
+
 def test_load_master_weights_keeps_the_fp32_master():
     w32 = torch.randn(64, generator=torch.Generator().manual_seed(3))
     p = torch.nn.Parameter(torch.zeros(64, dtype=torch.bfloat16))

@@ -23,7 +23,8 @@ import torch
 from numba import get_num_threads, njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import GROUP, PARALLEL_GRAIN, fast_pass, fill_words, slow_pass, thread_pool
+from lpsim.cpu import (GROUP, PARALLEL_GRAIN, entry_point, fast_pass, fill_words, slow_pass,
+                       thread_pool)
 from lpsim.rounding import NEAREST, STOCHASTIC
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
@@ -182,10 +183,11 @@ def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c
     n = wb.size
     counts = np.zeros(NCOUNTS, np.int64)
     scratch_counts = np.zeros(NCOUNTS, np.int64)
-    s32 = np.empty((8, CHUNK), np.int32)
-    s64 = np.empty((3, CHUNK), np.int64)
-    words = np.empty((3, CHUNK + 8), np.int64)
-    left = np.empty(CHUNK // GROUP, np.int64)
+    size = min(n, CHUNK)        # the longest chunk: small parameters get small scratch
+    s32 = np.empty((8, size), np.int32)
+    s64 = np.empty((3, size), np.int64)
+    words = np.empty((3, size + 8), np.int64)
+    left = np.empty((size + GROUP - 1) // GROUP, np.int64)
     for ch in range(c0, c1):
         lo = max(ch * CHUNK - offset % CHUNK, 0)       # chunks aligned to global indices
         hi = min((ch + 1) * CHUNK - offset % CHUNK, n)
@@ -216,6 +218,23 @@ def bits_view(t: torch.Tensor | None, like: np.ndarray | None = None) -> np.ndar
     return t.view(itype).reshape(-1).numpy()
 
 
+#: (kernel, the dtypes of its six arrays) -> its compiled entry point
+_ENTRIES: dict = {}
+
+
+def _entry(kernel, args):
+    """``kernel``'s compiled entry point for ``args`` (lpsim.cpu.entry_point), called without
+    numba's typing of three 20-field Params and the tuples, which costs more than stepping a
+    small parameter.  Every other argument has one type (int64, float32 tuples, Params)."""
+    key = (kernel,) + tuple(a.dtype.char for a in args[:6])
+    try:
+        return _ENTRIES[key]
+    except KeyError:
+        pass
+    _ENTRIES[key] = ep = entry_point(kernel, args, "lpsim.optim's CPU step kernel")
+    return ep
+
+
 def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.ndarray:
     """Run the kernel over a parameter's bits (numpy views, written in place)."""
     n = wb.size
@@ -227,9 +246,9 @@ def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.nda
         kernel, first, last = _optim_step_quads, offset // 4, (offset + n + 3) // 4
         args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
                 setup.ps, tuple(setup.sp16))
-    workers = min(get_num_threads(), max(1, n // PARALLEL_GRAIN))
+    workers = 1 if n < 2 * PARALLEL_GRAIN else min(get_num_threads(), n // PARALLEL_GRAIN)
     if workers <= 1:
-        return kernel(*args, first, last)
+        return _entry(kernel, args + (first, last))(*args, first, last)
     bounds = np.linspace(first, last, 4 * workers + 1).astype(np.int64)
     pool = thread_pool(workers, os.getpid())
     pieces = [pool.submit(kernel, *args, int(a), int(b))

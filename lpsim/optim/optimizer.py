@@ -127,6 +127,28 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 state["remainder"] = torch.zeros_like(local, dtype=torch.int16)
         return state
 
+    def load_state_dict(self, state_dict) -> None:
+        """torch's load_state_dict, except that state tensors keep their dtypes.
+
+        torch casts every floating state tensor to its parameter's dtype; lpsim's states have
+        their own (float32 moments of bfloat16 weights, the int16 remainder of a float32
+        master), which that cast would round or convert, so they are set back afterwards,
+        copied to the parameter's device.
+        """
+        tensors = {k: {name: v for name, v in s.items() if torch.is_tensor(v)}
+                   for k, s in state_dict["state"].items()}
+        stripped = dict(state_dict)
+        stripped["state"] = {k: {name: v for name, v in s.items() if not torch.is_tensor(v)}
+                             for k, s in state_dict["state"].items()}
+        super().load_state_dict(stripped)
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        by_id = dict(zip(ids, params))
+        for k, values in tensors.items():
+            p = by_id[k]
+            for name, value in values.items():
+                self.state[p][name] = value.detach().to(device=p.device, copy=True)
+
     def memory_bytes(self) -> float:
         """Bytes per parameter element of weights plus optimizer state, from the options.
 
@@ -194,20 +216,45 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 loss = closure()
         index = -1
         for group in self.param_groups:
+            hyper = {}          # step count -> _hyper: one per group and count, not per tensor
             for p in group["params"]:
                 index += 1
                 if p.grad is None:
                     continue
-                self._step_param(p, index, group)
+                self._step_param(p, index, group, hyper)
         return loss
 
-    def _step_param(self, p, index, group):
+    def _views(self, index, *tensors_and_setup):
+        """The numpy bit views of a parameter and its states (lpsim.optim.cpu.bits_view),
+        kept between steps while the same tensors hold the same storage (making six views
+        cost more than stepping a small parameter)."""
+        *tensors, setup = tensors_and_setup
+        # the same tensor objects (states are replaced, not reassigned, by load_state_dict),
+        # and the parameter's storage (module.to() reassigns param.data)
+        ident = (tensors[0].data_ptr(), *map(id, tensors))
+        cache = self.__dict__.setdefault("_view_cache", {})     # not in torch's pickled state
+        cached = cache.get(index)
+        if cached is not None and cached[0] == ident:
+            return cached[2]
+        sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
+        w, m, v, c, r = tensors
+        views = (cpu.bits_view(w), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
+                 cpu.bits_view(r))
+        # the tensors are kept with their views, so their ids and storage stay theirs
+        cache[index] = (ident, tuple(tensors), views)
+        return views
+
+    def _step_param(self, p, index, group, hyper):
         grad = p.grad
         if grad.is_sparse:
             raise TypeError("lpsim.optim does not take sparse gradients")
-        offset = keys.global_offset(p)
-        local = p.to_local() if hasattr(p, "to_local") else p
-        grad = grad.to_local() if hasattr(grad, "to_local") else grad
+        if type(p) is torch.nn.Parameter or type(p) is torch.Tensor:    # the common case
+            offset, local = 0, p
+        else:                                   # DTensor (FSDP2, tensor parallel) or other
+            offset = keys.global_offset(p)
+            local = p.to_local() if hasattr(p, "to_local") else p
+        if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
+            grad = grad.to_local()
         if not (local.is_contiguous() and grad.is_contiguous()):
             raise ValueError(f"parameter {index} (shape {tuple(local.shape)}) or its gradient is "
                              "not contiguous; lpsim.optim steps contiguous tensors")
@@ -215,7 +262,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         state = self._init_state(p, local, group, setup)
         state["step"] += 1
         t = state["step"]
-        hp = self._hyper(group, t)
+        hp = hyper.get(t)
+        if hp is None:
+            hp = hyper[t] = self._hyper(group, t)
         nesterov = bool(group.get("nesterov", False))
         first = t == 1
         seed = group["seed"]
@@ -247,11 +296,10 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             cuda_step(local, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
             self._stats.add(local.numel(), [0] * 6)
             return
-        sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
-        wb = cpu.bits_view(local)
-        counts = cpu.step(wb, cpu.bits_view(grad), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
-                          cpu.bits_view(r), *kargs, setup)
-        self._stats.add(wb.size, counts[:6])
+        wb, mb, vb, cb, rb = self._views(index, local, m, v, c, r, setup)
+        counts = cpu.step(wb, cpu.bits_view(grad), mb, vb, cb, rb, *kargs, setup)
+        self._stats.counts[0] += wb.size
+        self._stats.counts[1:] += counts[:6]
         self._cancelled += int(counts[6])
 
 

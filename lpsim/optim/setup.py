@@ -6,6 +6,7 @@ so they cannot disagree about a default or a storage type.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -56,9 +57,25 @@ def storage_of(dtype: torch.dtype, what: str):
 
 
 def resolve(group: dict, param: torch.Tensor, grad_dtype: torch.dtype) -> Setup:
-    """The Setup of ``param`` (dtype and grad dtype) under ``group``'s options."""
-    wkind, native, _ = storage_of(param.dtype, "a parameter")
+    """The Setup of ``param`` (dtype and grad dtype) under ``group``'s options (cached: a
+    step resolves every parameter, and resolving costs more than a small parameter's
+    kernel)."""
+    key = (group["weight_format"], group["state_format"], group["update_rounding"],
+           group["state_rounding"], group["sr_bits"], param.dtype, grad_dtype)
+    try:
+        return _resolve_cached(*key)
+    except TypeError:       # an unhashable option: _resolve names it
+        return _resolve(*key)
+
+
+def _resolve(weight_format, state_format, update_rounding, state_rounding, sr_bits, dtype,
+             grad_dtype) -> Setup:
+    group = dict(weight_format=weight_format, state_format=state_format,
+                 update_rounding=update_rounding, state_rounding=state_rounding,
+                 sr_bits=sr_bits)
+    wkind, native, _ = storage_of(dtype, "a parameter")
     gkind = storage_of(grad_dtype, "a gradient")[0]
+    param = torch.empty(0, dtype=dtype)
     wfmt = native if group["weight_format"] is None else parse_format(group["weight_format"])
     if wkind == STORE_F32:
         wfmt.check_fits(np.float32)
@@ -87,4 +104,7 @@ def resolve(group: dict, param: torch.Tensor, grad_dtype: torch.dtype) -> Setup:
                  kernel_params(sfmt, np.float32),
                  storage_params(FP16, "float16", np.float32) if STORE_F16 in
                  (wkind, gkind, STORAGE[sdtype][0]) else NO_PACKING)
+
+
+_resolve_cached = functools.lru_cache(maxsize=256)(_resolve)
 
