@@ -31,10 +31,10 @@ or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays N
 saturates).  Element rounding is any lpsim mode with the random bits of
 :func:`lpsim.quantize` (element ``i`` of the blocked layout, C order with the block axis last,
 uses counter ``offset + i``), ``sr_bits`` included.  The scale decision
-(:func:`block_scale`) and the element step (:func:`scaled_bits`, then
-:func:`lpsim.rounding.round_fast_sub`, else :func:`lpsim.rounding.round_bits`) in
-:func:`quantize_one_block` are the shared scalar core of the CPU kernel here and of
-``lpsim_cuda.blocks``.
+(:func:`block_scale`) and the element step (:func:`element_fast`: :func:`scaled_bits`, then
+:func:`lpsim.rounding.round_fast_sub`; else :func:`element_exact` with
+:func:`lpsim.rounding.round_bits`) are the shared scalar core of the CPU kernel here (a
+vectorised pass per block, see "the CPU kernel" below) and of ``lpsim_cuda.blocks``.
 """
 
 from __future__ import annotations
@@ -409,9 +409,11 @@ def bits_value(a, M, EB):
     """The float64 value of the nonnegative container magnitude bits ``a`` (M mantissa bits,
     exponent bias EB; exact: float32 and float64 values are float64 values)."""
     a = np.int64(a)
+    if M == 52:
+        return i2f(a)
     field_ = a >> M
     frac = a & ((np.int64(1) << M) - 1)
-    if field_ == 0:
+    if field_ == 0:                             # float32 subnormal: frac * 2**(1 - EB - M)
         return np.float64(frac) * i2f((np.int64(1024 - EB - M)) << 52)
     return i2f(((field_ - EB + 1023) << 52) | (frac << (52 - M)))
 

@@ -80,6 +80,21 @@ def test_sizes_across_every_threshold_equal_the_reference(bfmt, dtype, threads, 
     assert_equal_to_reference(x, bfmt, "stochastic_equal", seed=7, offset=1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+def test_blocks_of_container_subnormals_equal_the_reference(dtype):
+    """A block whose largest magnitude is a subnormal of the container (its amax is read from
+    the container bits), next to blocks of normal values."""
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = np.zeros((2, 40), dtype)
+    x[0, :32] = tiny * np.arange(-16, 16)
+    x[0, 32:] = tiny * 3
+    x[1] = np.linspace(-5, 5, 40)
+    x[1, 5] = tiny
+    for rounding in ("nearest", "up", "stochastic"):
+        for bfmt in ("mxfp4", blocks.block("e4m3fn", 8, nonfinite="finite")):
+            assert_equal_to_reference(x, bfmt, rounding, seed=1)
+
+
 def test_threaded_large_array_equals_the_serial_kernel(monkeypatch):
     """A 2**19-element array runs on the thread pool; the calling thread alone gives the same
     bits and counts (the random words are counter-based)."""
