@@ -147,6 +147,13 @@ def cpu_rows(log2n: int, repeats: int):
         rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
                          melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao",
                          cpu_melems=n / cpu / 1e6))
+    tiny, tiny_out = x[:1, :32].copy(), np.empty((1, 32), np.float32)
+    for name in dict.fromkeys(name for name, _ in CASES):   # the fixed cost of one call
+        ours = median_seconds(lambda: lpsim.quantize(tiny, name, seed=1, out=tiny_out), 200)
+        run = torchao_fake_quantize(name)
+        theirs = median_seconds(lambda: run(torch.from_numpy(tiny)), 200)
+        rows.append(dict(case="per call, 32 elements (us)", format=name, mode="nearest",
+                         us=ours * 1e6, torchao_us=theirs * 1e6))
     return rows, (f"n = 2**{log2n} float32 (rows of 4096), median of {repeats} runs; "
                   "Melem/cpu-s: per second of CPU time summed over threads")
 
@@ -254,7 +261,10 @@ def main() -> None:
         print("\n".join(header + [f"# {what}; load average at the end: {load}"]))
         print(f"{'case':<32} {'format':<11} {'mode':<11} {'Melem/s':>9} {'vs copy':>8} "
               f"{'lpsim/peer':>11} {'Melem/cpu-s':>12}")
-        for r in rows:
+        for r in [r for r in rows if "us" in r]:
+            print(f"# fixed cost, {r['format']}: lpsim {r['us']:.1f} us per call on 32 elements, "
+                  f"torchao {r['torchao_us']:.1f} us")
+        for r in [r for r in rows if "us" not in r]:
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
             vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
             per_cpu = f"{r['cpu_melems']:.4g}" if "cpu_melems" in r else ""

@@ -50,8 +50,8 @@ from numba import get_num_threads, njit
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
-from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, fill_words,
-                  first_call, thread_pool)
+from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, entry_point,
+                  fill_words, thread_pool)
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
                        TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
@@ -145,7 +145,7 @@ class BlockFormat:
         """Whether every scale is a power of two (scale format without mantissa bits)."""
         return self.scale.m == 0
 
-    @property
+    @functools.cached_property
     def saturating_element(self) -> Format:
         """The element format with saturation: MX and NVFP4 clamp elements to +-max."""
         return replace(self.element, saturate=True)
@@ -631,6 +631,24 @@ KERNELS = {NEAREST: blocks_nearest, NEAREST_AWAY: blocks_nearest_away,
            STOCHASTIC: blocks_stochastic, STOCHASTIC_EQUAL: blocks_stochastic_equal}
 
 
+@functools.cache
+def kernel_entry(mode: int, dtype: np.dtype):
+    """The compiled entry point of ``mode``'s kernel for ``dtype`` arrays, without numba's
+    dispatch (typing three NamedTuples costs more than quantizing a small array)."""
+    from .quantize import plan
+    dispatcher = KERNELS[mode]
+    bfmt = PRESETS["mxfp4"]
+    request = plan(bfmt.saturating_element, "nearest", dtype)
+    x = np.zeros((1, 1), dtype)
+    args = (x, x.copy(), np.zeros((1, 1)), np.zeros((1, 1)),
+            np.zeros((1, 1, len(BLOCK_COUNTERS)), np.int64), 0, 1, 1,
+            _element_params(bfmt.saturating_element, request.params.W),
+            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, True, 23,
+            127, CHUNK)
+    return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
+                       f"for {np.dtype(dtype)} arrays")
+
+
 def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q) -> None:
     """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
 
@@ -639,16 +657,15 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q) -> None:
     each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block writes
     its own counters, so nothing is summed across threads.
     """
-    kernel = KERNELS[request.mode]
+    kernel = kernel_entry(request.mode, x2.dtype)
     cm, ceb = (23, 127) if x2.dtype == np.float32 else (52, 1023)
     nblocks = s2.size
-    args = (request.k, p, sp, bp, request.seed_lo, request.seed_hi, request.stream,
-            request.offset, want_q, cm, ceb, CHUNK)
+    args = (int(request.k), p, sp, bp, int(request.seed_lo), int(request.seed_hi),
+            int(request.stream), int(request.offset), bool(want_q), cm, ceb, int(CHUNK))
     n = x2.size
     workers = min(get_num_threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
-    if workers <= 1 or not kernel.overloads:         # the first call compiles, once
-        with first_call(kernel, f"the CPU block kernel {kernel.py_func.__name__}"):
-            kernel(x2, out2, q2, s2, counts, 0, nblocks, *args)
+    if workers <= 1:
+        kernel(x2, out2, q2, s2, counts, 0, nblocks, *args)
         return
     bounds = [nblocks * w // workers for w in range(workers + 1)]
     pool = thread_pool(workers - 1, os.getpid())
@@ -661,8 +678,10 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q) -> None:
 
 # --- host side ------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=256)
 def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
-    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts``."""
+    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts`` (cached: a small
+    call would otherwise spend much of its time here)."""
     el, sc = bfmt.saturating_element, bfmt.scale
     smin, smax = sc.min_subnormal, sc.max_finite
     return BlockParams(bfmt.block, RULES[bfmt.rule], int(bfmt.pow2), el.emax, el.m,
@@ -701,7 +720,7 @@ class Blocked(NamedTuple):
 def _blocked_view(x, axis):
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
-    moved = np.moveaxis(x, axis, -1)
+    moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
     length = moved.shape[-1] if moved.ndim else 1
     return np.ascontiguousarray(moved).reshape(-1, length), moved.shape
 
@@ -741,7 +760,9 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
     if x2.size:
         run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_elements)
-    values = np.moveaxis(out2.reshape(moved_shape), -1, axis) if x.ndim else out2.reshape(())
+    values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
+    if x.ndim and axis not in (-1, x.ndim - 1):
+        values = np.moveaxis(values, -1, axis)
     return Blocked(values, q2 if want_elements else None, s2, pts, counts)
 
 
