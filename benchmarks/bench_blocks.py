@@ -261,15 +261,15 @@ def main() -> None:
         print("\n".join(header + [f"# {what}; load average at the end: {load}"]))
         print(f"{'case':<32} {'format':<11} {'mode':<11} {'Melem/s':>9} {'vs copy':>8} "
               f"{'lpsim/peer':>11} {'Melem/cpu-s':>12}")
-        for r in [r for r in rows if "us" in r]:
-            print(f"# fixed cost, {r['format']}: lpsim {r['us']:.1f} us per call on 32 elements, "
-                  f"torchao {r['torchao_us']:.1f} us")
         for r in [r for r in rows if "us" not in r]:
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
             vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
             per_cpu = f"{r['cpu_melems']:.4g}" if "cpu_melems" in r else ""
             print(f"{r['case']:<32} {r['format']:<11} {r['mode']:<11} {r['melems']:>9.4g} "
                   f"{vs:>8} {ratio:>11} {per_cpu:>12}")
+        for r in [r for r in rows if "us" in r]:
+            print(f"# fixed cost, {r['format']}: lpsim {r['us']:.1f} us per call on 32 elements, "
+                  f"torchao {r['torchao_us']:.1f} us")
         if args.device == "cpu":
             print("# targets (issue 14): lpsim >= 0.5x copy and >= 20x gfloat")
             for r in rows:
