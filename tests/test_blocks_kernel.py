@@ -155,3 +155,25 @@ def test_fast_element_step_equals_round_bits_where_sr_is_hardest(fmt, container,
                 assert ok.mean() > 0.9, (mode, k)
                 bad = np.flatnonzero(ok & (fast != slow))
                 assert bad.size == 0, (mode, k, shift, x[bad[:3]], rs[bad[:3]])
+
+
+@pytest.mark.parametrize("bfmt, rounding", [
+    (blocks.block("e2m1fn", 5), "stochastic"),          # 5 of 8 lanes busy per block
+    (blocks.block("e4m3fn", 40, nonfinite="finite"), "nearest"),   # two elements per lane
+    (blocks.block("e3m2fn", 64, "ue4m3", "rceil"), "up"),
+])
+def test_cuda_kernel_lanes_and_groups_equal_the_cpu_kernel(bfmt, rounding):
+    """lpsim_cuda's groups of lanes: blocks shorter than their group, longer than a warp, a
+    partial last block, NaN and inf in a finite-rule block: the CPU kernel's bits and counts
+    (the CUDA simulator unless LPSIM_TEST_GPU=1)."""
+    from numba import cuda
+
+    import lpsim_cuda.blocks
+    x = sweep_data(2, 100, np.float32, seed=21)
+    kw = dict(seed=8, stream=1, offset=5)
+    want = blocks.quantize_blocks(x, bfmt, rounding, **kw)
+    got, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt, rounding, **kw)
+    assert same(got.values.copy_to_host(), want.values)
+    assert same(got.elements.copy_to_host(), want.elements)
+    assert same(got.scales.copy_to_host(), want.scales)
+    assert np.array_equal(got.counts, want.counts)
