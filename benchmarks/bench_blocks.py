@@ -8,7 +8,7 @@ torchao's cast plus dequantize (``to_mx`` + ``to_dtype``, ``nvfp4_quantize`` and
 the fake-quantize torchao users run).  Median of several runs after a warm-up.
 
     python benchmarks/bench_blocks.py [--log2n 22] [--repeats 5] [--device cpu|cuda]
-                                      [--json out.json]
+                                      [--json out.json] [--png out.png]
     python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
 """
 
@@ -37,15 +37,23 @@ def log(message: str) -> None:
 
 
 def median_seconds(fn, repeats: int, sync=None) -> float:
+    return timed(fn, repeats, sync)[0]
+
+
+def timed(fn, repeats: int, sync=None) -> tuple[float, float]:
+    """Median wall seconds and median CPU seconds of this process (all its threads) per
+    call: on a shared machine the CPU time says what the work costs, the wall time what
+    this run got."""
     fn()
     sync and sync()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
         sync and sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return float(np.median(walls)), float(np.median(cpus))
 
 
 def revision() -> str:
@@ -116,14 +124,16 @@ def cpu_rows(log2n: int, repeats: int):
     t = torch.from_numpy(x)
     out = np.empty_like(x)
     rows = []
-    copy = n / median_seconds(lambda: np.copyto(out, x), repeats) / 1e6
-    rows.append(dict(case="np.copyto(out, x)", format="-", mode="-", melems=copy))
+    wall, cpu = timed(lambda: np.copyto(out, x), repeats)
+    copy = n / wall / 1e6
+    rows.append(dict(case="np.copyto(out, x)", format="-", mode="-", melems=copy,
+                     cpu_melems=n / cpu / 1e6))
     small = x[:2, :].copy()                      # gfloat: 8192 elements, Python per element
     for name, mode in tqdm(CASES, desc="cases", file=sys.stderr):
-        ours = n / median_seconds(lambda: lpsim.quantize(x, name, mode, seed=1, out=out),
-                                  repeats) / 1e6
+        wall, cpu = timed(lambda: lpsim.quantize(x, name, mode, seed=1, out=out), repeats)
+        ours = n / wall / 1e6
         rows.append(dict(case="lpsim.quantize(x, out=...)", format=name, mode=mode,
-                         melems=ours, vs_copy=ours / copy))
+                         melems=ours, vs_copy=ours / copy, cpu_melems=n / cpu / 1e6))
         if mode != "nearest":
             continue
         run = gfloat_fake_quantize(name)
@@ -132,10 +142,20 @@ def cpu_rows(log2n: int, repeats: int):
             rows.append(dict(case="gfloat quantize_block (floor)", format=name, mode=mode,
                              melems=g, vs_copy=g / copy, ratio=ours / g, peer="gfloat"))
         run = torchao_fake_quantize(name)
-        ta = n / median_seconds(lambda: run(t), repeats) / 1e6
+        wall, cpu = timed(lambda: run(t), repeats)
+        ta = n / wall / 1e6
         rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
-                         melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
-    return rows, f"n = 2**{log2n} float32 (rows of 4096), median of {repeats} runs"
+                         melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao",
+                         cpu_melems=n / cpu / 1e6))
+    tiny, tiny_out = x[:1, :32].copy(), np.empty((1, 32), np.float32)
+    for name in dict.fromkeys(name for name, _ in CASES):   # the fixed cost of one call
+        ours = median_seconds(lambda: lpsim.quantize(tiny, name, seed=1, out=tiny_out), 200)
+        run = torchao_fake_quantize(name)
+        theirs = median_seconds(lambda: run(torch.from_numpy(tiny)), 200)
+        rows.append(dict(case="per call, 32 elements (us)", format=name, mode="nearest",
+                         us=ours * 1e6, torchao_us=theirs * 1e6))
+    return rows, (f"n = 2**{log2n} float32 (rows of 4096), median of {repeats} runs; "
+                  "Melem/cpu-s: per second of CPU time summed over threads")
 
 
 def cuda_rows(log2n: int, repeats: int):
@@ -183,6 +203,36 @@ def scaled_mm_rows():
     return rows
 
 
+def plot(rows, header, path: str) -> None:
+    """Bars of Melem/s per format (lpsim nearest and stochastic, torchao, gfloat) on a log
+    scale, with the copy and the 0.5x-copy target as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    formats = list(dict.fromkeys(r["format"] for r in rows if r["format"] != "-"))
+    ours = [r for r in rows if r["case"].startswith("lpsim")]
+    series = [("lpsim nearest", lambda r: r in ours and r["mode"] == "nearest"),
+              ("lpsim stochastic", lambda r: r in ours and r["mode"] == "stochastic"),
+              ("torchao cast", lambda r: r.get("peer") == "torchao"),
+              ("gfloat quantize_block", lambda r: r.get("peer") == "gfloat")]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.2
+    for k, (label, pick) in enumerate(series):
+        values = [next((r["melems"] for r in rows if r["format"] == f and pick(r)), np.nan)
+                  for f in formats]
+        ax.bar(np.arange(len(formats)) + (k - 1.5) * width, values, width, label=label)
+    copy = rows[0]["melems"]
+    ax.axhline(copy, color="k", lw=1, label=f"copy ({copy:.0f} Melem/s)")
+    ax.axhline(0.5 * copy, color="k", lw=1, ls="--", label="target: 0.5x copy")
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(formats)), formats)
+    ax.set_ylabel("million elements per second")
+    ax.set_title(header[0].lstrip("# ").split(";")[0], fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log2n", type=int, default=22)
@@ -190,11 +240,13 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--scaled-mm", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--png", help="write a bar chart of the throughput table here")
+    parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
     args = parser.parse_args()
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
               f"# lpsim {revision()}; command: python benchmarks/bench_blocks.py "
-              + " ".join(sys.argv[1:])]
+              + " ".join(sys.argv[1:])] + ([f"# {args.note}"] if args.note else [])
     if args.scaled_mm:
         rows = scaled_mm_rows()
         print("\n".join(header))
@@ -208,12 +260,16 @@ def main() -> None:
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
         print("\n".join(header + [f"# {what}; load average at the end: {load}"]))
         print(f"{'case':<32} {'format':<11} {'mode':<11} {'Melem/s':>9} {'vs copy':>8} "
-              f"{'lpsim/peer':>11}")
-        for r in rows:
+              f"{'lpsim/peer':>11} {'Melem/cpu-s':>12}")
+        for r in [r for r in rows if "us" not in r]:
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
             vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
+            per_cpu = f"{r['cpu_melems']:.4g}" if "cpu_melems" in r else ""
             print(f"{r['case']:<32} {r['format']:<11} {r['mode']:<11} {r['melems']:>9.4g} "
-                  f"{vs:>8} {ratio:>11}")
+                  f"{vs:>8} {ratio:>11} {per_cpu:>12}")
+        for r in [r for r in rows if "us" in r]:
+            print(f"# fixed cost, {r['format']}: lpsim {r['us']:.1f} us per call on 32 elements, "
+                  f"torchao {r['torchao_us']:.1f} us")
         if args.device == "cpu":
             print("# targets (issue 14): lpsim >= 0.5x copy and >= 20x gfloat")
             for r in rows:
@@ -226,6 +282,8 @@ def main() -> None:
                         verdict.append(f"vs gfloat {g['ratio']:.0f}x ("
                                        f"{'met' if g['ratio'] >= TARGETS['gfloat'] else 'NOT met'})")
                     print(f"#   {r['format']}: " + ", ".join(verdict))
+    if args.png and not args.scaled_mm:
+        plot(rows, header, args.png)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"header": header, "rows": rows}, handle, indent=1)

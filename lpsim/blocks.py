@@ -31,27 +31,30 @@ or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays N
 saturates).  Element rounding is any lpsim mode with the random bits of
 :func:`lpsim.quantize` (element ``i`` of the blocked layout, C order with the block axis last,
 uses counter ``offset + i``), ``sr_bits`` included.  The scale decision
-(:func:`block_scale`) and the element step (:func:`scaled_bits`, then
-:func:`lpsim.rounding.round_fast_sub`, else :func:`lpsim.rounding.round_bits`) in
-:func:`quantize_one_block` are the shared scalar core of the CPU kernel here and of
-``lpsim_cuda.blocks``.
+(:func:`block_scale`) and the element step (:func:`element_fast`: :func:`scaled_bits`, then
+:func:`lpsim.rounding.round_fast_sub`; else :func:`element_exact` with
+:func:`lpsim.rounding.round_bits`) are the shared scalar core of the CPU kernel here (a
+vectorised pass per block, see "the CPU kernel" below) and of ``lpsim_cuda.blocks``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
+from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, entry_point,
+                  fill_words, thread_pool)
 from .philox import LANES, block_words, lane_word
-from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
-                       round_fast_sub)
+from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
+                       TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
 from .stats import RoundingStats
 
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
@@ -142,7 +145,7 @@ class BlockFormat:
         """Whether every scale is a power of two (scale format without mantissa bits)."""
         return self.scale.m == 0
 
-    @property
+    @functools.cached_property
     def saturating_element(self) -> Format:
         """The element format with saturation: MX and NVFP4 clamp elements to +-max."""
         return replace(self.element, saturate=True)
@@ -363,93 +366,37 @@ def dequantize_element(q, s, bp):
 
 
 @register_jitable
-def quantize_one_block(x, out, qout, sout, counts, row, j, length, mode, k, p, sp, bp,
-                       seed_lo, seed_hi, stream, offset, lanes, want_q):
-    """Quantize block ``j`` of row ``row`` of the 2-D ``x`` into ``out`` (and q, scale)."""
-    lo = j * bp.block
-    hi = min(lo + bp.block, length)
-    amax = 0.0
-    bad = False
-    for i in range(lo, hi):
-        v = abs(np.float64(x[row, i]))
-        if v != v or v == np.inf:
-            if bp.nonfinite_nan:
-                bad = True
-        elif v > amax:
-            amax = v
-    c = counts[row, j]
-    if bad:
-        c[8] = 1
-        for i in range(lo, hi):
-            v = np.float64(x[row, i])
-            c[4] += np.int64(v != v)
-            c[5] += np.int64(v == np.inf or v == -np.inf)
-            out[row, i] = np.nan
-            if want_q:
-                qout[row, i] = np.nan
-        sout[row, j] = np.nan
-        return
-    s, clipped = block_scale(amax, bp, sp)
-    c[6] = clipped
-    sout[row, j] = s
-    recip = 1.0 / s if bp.pow2 else scale_recip(s, bp)
-    base = np.int64(row) * length + offset
-    nonzero = 0
-    slow = 0
-    f0 = f1 = f2 = f3 = f4 = f5 = 0
-    # pass 1: the straight-line fast step on every element (the NaN/inf it leaves are
-    # written as they came and finished by pass 2)
-    words = (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-    have = np.int64(-1)
-    for i in range(lo, hi):
-        r = np.int64(0)
-        if mode >= STOCHASTIC:          # one Philox block per `lanes` elements
-            g = base + i
-            blk = g // lanes
-            if blk != have:
-                words = block_words(blk, stream, seed_lo, seed_hi)
-                have = blk
-            r = lane_word(words, g - blk * lanes, lanes)
-        b, ok, flags = round_fast_sub(scaled_bits(x[row, i], s, recip, bp), mode, r, k, p)
-        q = i2f(b)
-        if want_q:
-            qout[row, i] = q
-        out[row, i] = dequantize_element(q, s, bp)
-        nonzero += np.int64(q != 0)
-        slow += 1 - ok
-        f0 += flags & 1
-        f1 += (flags >> 1) & 1
-        f2 += (flags >> 2) & 1
-        f3 += (flags >> 3) & 1
-    if slow:
-        for i in range(lo, hi):
-            r = _element_word(mode, base + i, lanes, stream, seed_lo, seed_hi)
-            yb = scaled_bits(x[row, i], s, recip, bp)
-            _, ok, _ = round_fast_sub(yb, mode, r, k, p)
-            if not ok:
-                b, flags = round_bits(yb, mode, r, k, p)
-                q = i2f(b)
-                if want_q:
-                    qout[row, i] = q
-                out[row, i] = dequantize_element(q, s, bp)
-                nonzero += np.int64(q != 0) - np.int64(i2f(yb) != 0)
-                f0 += flags & 1
-                f1 += (flags >> 1) & 1
-                f2 += (flags >> 2) & 1
-                f3 += (flags >> 3) & 1
-                f4 += (flags >> 4) & 1
-                f5 += (flags >> 5) & 1
-    c[0] = f0
-    c[1] = f1
-    c[2] = f2
-    c[3] = f3
-    c[4] = f4
-    c[5] = f5
-    c[7] = np.int64(amax != 0 and nonzero == 0)
+def block_recip(s, bp):
+    """The factor that scales a block's elements: 1/s (exact) for power-of-two scales, else
+    the float32 reciprocal of :func:`scale_recip`."""
+    if bp.pow2:
+        return 1.0 / s
+    return scale_recip(s, bp)
 
 
 @register_jitable
-def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
+def element_fast(xv, recip, s, mode, r, k, p, bp):
+    """The straight-line element step: (q, q * s, ok, flags) of x in a block of scale ``s``.
+
+    x / s (:func:`scaled_bits`) rounded by :func:`lpsim.rounding.round_fast_sub`; where ``ok``
+    is 0 (NaN, inf, float64 subnormals) q is x / s unchanged and :func:`element_exact`
+    decides.  No branch on the data, so a loop over it vectorises.
+    """
+    b, ok, flags = round_fast_sub(scaled_bits(xv, s, recip, bp), mode, r, k, p)
+    q = i2f(b)
+    return q, dequantize_element(q, s, bp), ok, flags
+
+
+@register_jitable
+def element_exact(xv, recip, s, mode, r, k, p, bp):
+    """(q, q * s, flags) of any element by :func:`lpsim.rounding.round_bits`."""
+    b, flags = round_bits(scaled_bits(xv, s, recip, bp), mode, r, k, p)
+    q = i2f(b)
+    return q, dequantize_element(q, s, bp), flags
+
+
+@register_jitable
+def element_word(mode, g, lanes, stream, seed_lo, seed_hi):
     """The random word of element ``g`` (lpsim.philox's lanes; 0 for deterministic modes)."""
     if mode < STOCHASTIC:
         return np.int64(0)
@@ -457,31 +404,293 @@ def _element_word(mode, g, lanes, stream, seed_lo, seed_hi):
     return lane_word(block_words(blk, stream, seed_lo, seed_hi), g - blk * lanes, lanes)
 
 
-
-def _blocks_kernel(mode: int):
-    """The CPU kernel of rounding mode ``mode``, a constant of its body, so that the element
-    step compiles to straight-line code (a run-time mode costs ~4x); each kernel has a name
-    of its own, as numba's on-disk cache needs (see :mod:`lpsim.cpu`)."""
-    def kernel(x, out, qout, sout, counts, k, p, sp, bp, seed_lo, seed_hi, stream, offset,
-               lanes, want_q):
-        nblk = sout.shape[1]
-        for t in prange(x.shape[0] * nblk):
-            quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, x.shape[1],
-                               mode, k, p, sp, bp, seed_lo, seed_hi, stream, offset, lanes,
-                               want_q)
-
-    name = next(name for name, code in MODES.items() if code == mode)
-    kernel.__name__ = kernel.__qualname__ = f"blocks_{name}"
-    return njit(parallel=True, cache=True, nogil=True)(kernel)
+@register_jitable
+def bits_value(a, M, EB):
+    """The float64 value of the nonnegative container magnitude bits ``a`` (M mantissa bits,
+    exponent bias EB; exact: float32 and float64 values are float64 values)."""
+    a = np.int64(a)
+    if M == 52:
+        return i2f(a)
+    field_ = a >> M
+    frac = a & ((np.int64(1) << M) - 1)
+    if field_ == 0:                             # float32 subnormal: frac * 2**(1 - EB - M)
+        return np.float64(frac) * i2f((np.int64(1024 - EB - M)) << 52)
+    return i2f(((field_ - EB + 1023) << 52) | (frac << (52 - M)))
 
 
-_KERNELS = {mode: _blocks_kernel(mode) for mode in MODES.values()}
+# --- the CPU kernel ---------------------------------------------------------------------------
+#
+# Work is a range of blocks (row-major over rows and blocks per row, so a range of blocks is
+# a contiguous range of elements), walked in chunks of about CHUNK elements: (a) per block,
+# the largest magnitude as an integer max over the container bits (a vectorised reduction;
+# the inf/NaN bit patterns are the largest) and the scale decision; (b) per block, the
+# element step over its elements, a loop with no branch on the data that vectorises, its
+# flags summed per block; the rare elements it leaves (NaN, inf, float64 subnormals) go to
+# element_exact.  Stochastic modes draw the chunk's random words first, four a Philox call
+# (lpsim.cpu.fill_words).  Threads take contiguous ranges of blocks.
+
+@register_jitable
+def _nonfinite_block(xs, outs, qs, want_q, c):
+    """A block holding NaN or inf under ``nonfinite="nan"``: NaN out, NaN and inf counted."""
+    for i in range(xs.size):
+        v = np.float64(xs[i])
+        c[4] += np.int64(v != v)
+        c[5] += np.int64(v == np.inf or v == -np.inf)
+        outs[i] = np.nan
+        if want_q:
+            qs[i] = np.nan
+    c[8] = 1
+
+
+@register_jitable
+def _finite_amax(xs):
+    amax = 0.0
+    for i in range(xs.size):
+        v = abs(np.float64(xs[i]))
+        if v != np.inf and v > amax:
+            amax = v
+    return amax
+
+
+@register_jitable
+def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p, bp):
+    """The element step over one block (slices from 0, so no wraparound checks); returns
+    (inexact, overflow, underflow, subnormal, nonzero, slow), the counters 0 unless want_q
+    or want_counts.  ``mode`` must be a literal."""
+    mode = _constant(mode)
+    rmask = -1 if mode >= STOCHASTIC else 0     # deterministic modes read rs[0] only
+    f0 = f1 = f2 = f3 = nonzero = slow = np.int64(0)
+    if want_q:
+        for i in range(xs.size):
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            qs[i] = q
+            outs[i] = v
+            nonzero += np.int64(q != 0)
+            slow += 1 - ok
+            f0 += flags & 1
+            f1 += (flags >> 1) & 1
+            f2 += (flags >> 2) & 1
+            f3 += (flags >> 3) & 1
+    elif want_counts:
+        for i in range(xs.size):
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            outs[i] = v
+            nonzero += np.int64(q != 0)
+            slow += 1 - ok
+            f0 += flags & 1
+            f1 += (flags >> 1) & 1
+            f2 += (flags >> 2) & 1
+            f3 += (flags >> 3) & 1
+    else:                                       # no counters: a third fewer operations
+        for i in range(xs.size):
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            outs[i] = v
+            slow += 1 - ok
+    return f0, f1, f2, f3, nonzero, slow
+
+
+@register_jitable
+def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
+    """element_exact over the elements element_fast left; returns the change of nonzero."""
+    dz = np.int64(0)
+    rmask = -1 if mode >= STOCHASTIC else 0
+    for i in range(xs.size):
+        r = rs[i & rmask]
+        q0, _, ok, _ = element_fast(xs[i], recip, s, mode, r, k, p, bp)
+        if not ok:
+            q, v, flags = element_exact(xs[i], recip, s, mode, r, k, p, bp)
+            if want_q:
+                qs[i] = q
+            outs[i] = v
+            dz += np.int64(q != 0) - np.int64(q0 != 0)
+            for f in range(6):
+                c[f] += (flags >> f) & 1
+    return dz
+
+
+@register_jitable
+def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_lo, seed_hi,
+                  stream, offset, want_q, want_counts, cm, ceb, chunk):
+    """Blocks t0 .. t1-1 (row-major) of the 2-D ``x`` into out, qout, sout and counts."""
+    stochastic = _constant(mode) >= STOCHASTIC
+    rows, length = x.shape
+    nblk = sout.shape[1]
+    size = bp.block
+    xf, outf = x.reshape(-1), out.reshape(-1)
+    qf = qout.reshape(-1)
+    sf = sout.reshape(-1)
+    cf = counts.reshape(-1, counts.shape[2])
+    xb = as_bits(xf)
+    cmag = (np.int64(1) << 31) - 1 if cm == 23 else ~(np.int64(1) << 63)   # magnitude bits
+    cinf = (2 * ceb + 1) << cm                           # and those of inf
+    lanes = 4 if p.W == 32 else 2
+    per_chunk = max(1, chunk // size)
+    r = np.zeros(per_chunk * size + 2 * lanes if stochastic else 1, np.int64)
+    rs = r
+    t = t0
+    while t < t1:
+        t_end = min(t + per_chunk, t1)
+        e_lo = (t // nblk) * length + (t % nblk) * size
+        last = t_end - 1
+        e_hi = (last // nblk) * length + min((last % nblk + 1) * size, length)
+        if stochastic:
+            g0 = e_lo + offset
+            b0 = g0 // lanes
+            fill_words(r, p.W, b0, (e_hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+                       seed_hi)
+            rs = r[g0 - b0 * lanes:]
+        for tb in range(t, t_end):
+            row_lo = (tb // nblk) * length
+            lo = row_lo + (tb % nblk) * size
+            hi = min(lo + size, row_lo + length)
+            xs, outs, c = xf[lo:hi], outf[lo:hi], cf[tb]
+            qs = qf[lo:hi] if want_q else qf
+            rsb = rs[lo - e_lo:hi - e_lo] if stochastic else rs
+            am = np.int64(0)
+            xbs = xb[lo:hi]
+            for i in range(xbs.size):
+                am = max(am, np.int64(xbs[i]) & cmag)
+            if am >= cinf:
+                if bp.nonfinite_nan:
+                    _nonfinite_block(xs, outs, qs, want_q, c)
+                    sf[tb] = np.nan
+                    continue
+                amax = _finite_amax(xs)
+            else:
+                amax = bits_value(am, cm, ceb)
+            s, clipped = block_scale(amax, bp, sp)
+            recip = block_recip(s, bp)
+            sf[tb] = s
+            f0, f1, f2, f3, nonzero, slow = _block_elements(xs, outs, qs, rsb, want_q,
+                                                            want_counts, s, recip, mode, k, p,
+                                                            bp)
+            c[0] = f0
+            c[1] = f1
+            c[2] = f2
+            c[3] = f3
+            c[6] = clipped
+            if slow:
+                nonzero += _block_slow(xs, outs, qs, rsb, want_q, s, recip, mode, k, p, bp, c)
+            if want_q or want_counts:
+                c[7] = np.int64(amax != 0 and nonzero == 0)
+        t = t_end
+
+# One cached entry point per rounding mode, each a module-level function with a name of its
+# own (numba's on-disk cache keys kernels by qualified name); the mode reaches the element
+# loop as a constant, so its decision compiles to straight-line code.
+@njit(cache=True, nogil=True)
+def blocks_nearest(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+                   offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, NEAREST, k, p, sp, bp, seed_lo, seed_hi,
+                  stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_nearest_away(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
+                        stream, offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, NEAREST_AWAY, k, p, sp, bp, seed_lo,
+                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_toward_zero(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
+                       stream, offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, TOWARD_ZERO, k, p, sp, bp, seed_lo,
+                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_up(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+              offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, UP, k, p, sp, bp, seed_lo, seed_hi,
+                  stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_down(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+                offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, DOWN, k, p, sp, bp, seed_lo, seed_hi,
+                  stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_odd(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+               offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, ODD, k, p, sp, bp, seed_lo, seed_hi,
+                  stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_stochastic(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
+                      stream, offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, STOCHASTIC, k, p, sp, bp, seed_lo,
+                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+@njit(cache=True, nogil=True)
+def blocks_stochastic_equal(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo,
+                            seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk):
+    _blocks_range(x, out, qout, sout, counts, t0, t1, STOCHASTIC_EQUAL, k, p, sp, bp, seed_lo,
+                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+
+KERNELS = {NEAREST: blocks_nearest, NEAREST_AWAY: blocks_nearest_away,
+           TOWARD_ZERO: blocks_toward_zero, UP: blocks_up, DOWN: blocks_down, ODD: blocks_odd,
+           STOCHASTIC: blocks_stochastic, STOCHASTIC_EQUAL: blocks_stochastic_equal}
+
+
+@functools.cache
+def kernel_entry(mode: int, dtype: np.dtype):
+    """The compiled entry point of ``mode``'s kernel for ``dtype`` arrays, without numba's
+    dispatch (typing three NamedTuples costs more than quantizing a small array)."""
+    from .quantize import plan
+    dispatcher = KERNELS[mode]
+    bfmt = PRESETS["mxfp4"]
+    request = plan(bfmt.saturating_element, "nearest", dtype)
+    x = np.zeros((1, 1), dtype)
+    args = (x, x.copy(), np.zeros((1, 1)), np.zeros((1, 1)),
+            np.zeros((1, 1, len(BLOCK_COUNTERS)), np.int64), 0, 1, 1,
+            _element_params(bfmt.saturating_element, request.params.W),
+            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, True, True,
+            23, 127, CHUNK)
+    return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
+                       f"for {np.dtype(dtype)} arrays")
+
+
+def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q, want_counts=True) -> None:
+    """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
+
+    Fewer than lpsim.cpu.SERIAL_BELOW elements run in the calling thread; larger arrays are
+    split into one contiguous range of blocks per thread (at least PARALLEL_GRAIN elements
+    each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block writes
+    its own counters, so nothing is summed across threads.
+    """
+    kernel = kernel_entry(request.mode, x2.dtype)
+    cm, ceb = (23, 127) if x2.dtype == np.float32 else (52, 1023)
+    nblocks = s2.size
+    args = (int(request.k), p, sp, bp, int(request.seed_lo), int(request.seed_hi),
+            int(request.stream), int(request.offset), bool(want_q), bool(want_counts), cm, ceb,
+            int(CHUNK))
+    n = x2.size
+    workers = min(get_num_threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
+    if workers <= 1:
+        kernel(x2, out2, q2, s2, counts, 0, nblocks, *args)
+        return
+    bounds = [nblocks * w // workers for w in range(workers + 1)]
+    pool = thread_pool(workers - 1, os.getpid())
+    futures = [pool.submit(kernel, x2, out2, q2, s2, counts, bounds[w], bounds[w + 1], *args)
+               for w in range(1, workers)]
+    kernel(x2, out2, q2, s2, counts, bounds[0], bounds[1], *args)
+    for future in futures:
+        future.result()
 
 
 # --- host side ------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=256)
 def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
-    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts``."""
+    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts`` (cached: a small
+    call would otherwise spend much of its time here)."""
     el, sc = bfmt.saturating_element, bfmt.scale
     smin, smax = sc.min_subnormal, sc.max_finite
     return BlockParams(bfmt.block, RULES[bfmt.rule], int(bfmt.pow2), el.emax, el.m,
@@ -520,18 +729,20 @@ class Blocked(NamedTuple):
 def _blocked_view(x, axis):
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
-    moved = np.moveaxis(x, axis, -1)
+    moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
     length = moved.shape[-1] if moved.ndim else 1
     return np.ascontiguousarray(moved).reshape(-1, length), moved.shape
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
-                    want_elements: bool = True) -> Blocked:
+                    want_elements: bool = True, want_counts: bool = True) -> Blocked:
     """Block-quantize a float32/float64 numpy array along ``axis`` (blocks of bfmt.block).
 
     A row whose length is not a multiple of the block size ends in a shorter block.
     tensor_scale: the per-tensor scale to use (default: computed from x when bfmt has one).
+    want_counts=False (no stats wanted) skips the element counters, about a third of the
+    element step; the counts returned are then incomplete.
     """
     from .quantize import plan
     bfmt = parse_block_format(bfmt)
@@ -559,10 +770,11 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     s2 = np.empty((rows, nblk), np.float64)
     counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
     if x2.size:
-        _KERNELS[request.mode](x2, out2, q2, s2, counts, request.k, p, sp, bp,
-                    request.seed_lo, request.seed_hi, request.stream, request.offset,
-                    LANES[x.dtype.itemsize], want_elements)
-    values = np.moveaxis(out2.reshape(moved_shape), -1, axis) if x.ndim else out2.reshape(())
+        run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_elements,
+                   want_counts or want_elements)
+    values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
+    if x.ndim and axis not in (-1, x.ndim - 1):
+        values = np.moveaxis(values, -1, axis)
     return Blocked(values, q2 if want_elements else None, s2, pts, counts)
 
 
@@ -620,7 +832,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
         _check_out(out, x)                  # before anything is counted or written
     result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                              sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
-                             want_elements=False)
+                             want_elements=False, want_counts=stats is not None)
     add_counts(stats, result.counts, x.size)
     if out is not None:
         out[...] = result.values

@@ -206,6 +206,9 @@ def _carry(a, mask, s, lsb, sign, mode, r, W, k):
     elif mode == STOCHASTIC:
         j = min(s, k)                           # decision bits: R_j < rem's top j bits
         add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+        # full-width SR compares R with rem's top bits rounded up (round_bits' t): ones
+        # below them carry any nonzero rest; few-bit SR truncates them
+        add |= ((np.int64(1) << (s - j)) - 1) & -np.int64(k == W)
     out = (a + add) & ~mask
     if mode == ODD:
         out += np.int64(((a & mask) != 0) & (lsb == 0)) << s
@@ -246,12 +249,12 @@ def round_fast_sub(bits, mode, r, k, p):
 
     One straight-line path: the shift grows by one per binade below min_normal, so the
     format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
-    result is 0 or min_subnormal by :func:`_increment`; a saturating format clamps overflow
-    to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf, container
-    subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.  ``flags``
-    are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this range: most
-    of them are small against their block's scale, and a branch per element costs more than
-    the rounding.
+    result is 0 or min_subnormal, the carry of the same decision; a saturating format clamps
+    overflow to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf,
+    container subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.
+    ``flags`` are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this
+    range: most of them are small against their block's scale, and a branch per element
+    costs more than the rounding.
     """
     M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
     parity = (1 - emin - EB) & 1 if m == 0 else 0
@@ -261,16 +264,24 @@ def round_fast_sub(bits, mode, r, k, p):
     biased = a >> M
     ex = biased - EB
     s = min(M - m + max(emin - ex, 0), M)
-    mask = (np.int64(1) << s) - 1
     # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
     lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (ex < emin))
-    out = _carry(a, mask, s, lsb, sign, mode, r, W, k)
-    # below min_subnormal: 0 or the smallest value, as round_bits decides it
-    small = np.int64(a < p.tiny)
+    # below min_subnormal the result is 0 or the smallest value: the carry out of the
+    # significand rounded at bit s_all (kept 0), by the same _carry call (one call keeps the
+    # loop vectorised).  A rest wider than 62 bits is shifted down by d with a sticky bit
+    # (full-width SR: rounded up, as round_bits' t), which keeps every mode's decision.
+    small = np.int64(a < p.tiny) & np.int64(a != 0)
+    sm = -small
     sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)
-    s_small = min(p.qsub - (ex - M), 2 * M + 2)
-    inc = _increment(np.int64(0), sig, s_small, mode, sign != 0, r, W, k)
-    out = out * (1 - small) + small * inc * p.tiny * np.int64(a != 0)
+    s_all = p.qsub - (ex - M)
+    d = min(max(s_all - 62, 0), 60)                 # sig < 2**53: d = 60 keeps none of it
+    sticky = np.int64((sig & ((np.int64(1) << d) - 1)) != 0)
+    c = (sig >> d) | sticky
+    c += sticky & (sig >> d) & np.int64((mode == STOCHASTIC) & (k == W))
+    s = (s & ~sm) | (min(s_all, 62) & sm)
+    out = _carry((a & ~sm) | (c & sm), (np.int64(1) << s) - 1, s, lsb & ~sm, sign, mode, r,
+                 W, k)
+    out = (out & ~sm) | (-((out >> s) & small) & p.tiny)
     # saturating formats: every finite x above is in range (overflow clamps to max_finite)
     top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
     ok = (np.int64(a < top) & np.int64((biased >= 1) | (a == 0))

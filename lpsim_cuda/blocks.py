@@ -1,18 +1,22 @@
 """``lpsim_cuda.blocks``: block-scaled fake-quantization on CUDA arrays, bit-identical to the CPU.
 
-Each thread quantizes whole blocks in a grid-stride loop by calling the CPU kernel's own
-:func:`lpsim.blocks.quantize_one_block` (scale decision :func:`lpsim.blocks.block_scale`,
-element step :func:`lpsim.rounding.round_fast_sub` / :func:`lpsim.rounding.round_bits`), so
+One thread per element (per few elements for blocks longer than 32): a group of P lanes (a
+power of two, at most a warp) holds one block; the group reduces its largest magnitude and
+its NaN/inf counts in shared memory, every lane takes the scale from the CPU kernel's own
+:func:`lpsim.blocks.block_scale` and rounds its elements with :func:`lpsim.blocks.element_fast`
+(else :func:`lpsim.blocks.element_exact`), then the group sums its counters the same way.  So
 the two paths share their decisions and random bits instead of copying them.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import cuda
 
 from lpsim.blocks import (BLOCK_COUNTERS, Blocked, _element_params, add_counts, block_params,
-                          parse_block_format, quantize_one_block, tensor_scale_of)
+                          block_recip, block_scale, element_exact, element_fast, element_word,
+                          parse_block_format, tensor_scale_of)
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
@@ -21,16 +25,106 @@ from . import launch
 from .launch import THREADS
 
 
+#: counters each lane contributes to its group's sums: the six flags, then nonzero elements
+_SUMS = 7
+
+
 @cuda.jit
 def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed_hi, stream,
                    offset, lanes, want_q):
     length = x.shape[1]
     nblk = sout.shape[1]
-    t = cuda.grid(1)
-    while t < x.shape[0] * nblk:
-        quantize_one_block(x, out, qout, sout, counts, t // nblk, t % nblk, length, mode, k,
-                           p, sp, bp, seed_lo, seed_hi, stream, offset, lanes, want_q)
-        t += cuda.gridsize(1)
+    groups = x.shape[0] * nblk
+    size = bp.block
+    span = 1                                  # lanes per block: a power of two <= 32
+    while span < size and span < 32:
+        span *= 2
+    per = (size + span - 1) // span           # elements per lane
+    t = cuda.threadIdx.x
+    lane = t % span
+    head = t - lane                           # the group's first thread in this CUDA block
+    amax_sh = cuda.shared.array(THREADS, numba.float64)
+    sums_sh = cuda.shared.array((THREADS, _SUMS), numba.int64)
+    step = cuda.gridDim.x * (THREADS // span)
+    base = 0
+    while base < groups:                      # the same trip count on every thread
+        g = base + (cuda.blockIdx.x * THREADS + t) // span
+        row = g // nblk
+        lo = (g % nblk) * size
+        hi = min(lo + size, length) if g < groups else 0
+        amax = 0.0
+        nan = inf = np.int64(0)
+        for e in range(per):
+            i = lo + lane + e * span
+            if i < hi:
+                v = abs(np.float64(x[row, i]))
+                nan += np.int64(v != v)
+                inf += np.int64(v == np.inf)
+                if v != np.inf and v > amax:
+                    amax = v
+        amax_sh[t] = amax
+        sums_sh[t, 0] = nan
+        sums_sh[t, 1] = inf
+        _group_reduce(amax_sh, sums_sh, t, lane, span, 2)
+        amax = amax_sh[head]
+        nan = sums_sh[head, 0]
+        inf = sums_sh[head, 1]
+        cuda.syncthreads()                    # all read before the next reduction writes
+        for f in range(_SUMS):
+            sums_sh[t, f] = 0
+        bad = (bp.nonfinite_nan != 0) and (nan + inf > 0)
+        s, clipped = block_scale(amax, bp, sp)
+        recip = block_recip(s, bp)
+        for e in range(per):
+            i = lo + lane + e * span
+            if i < hi:
+                if bad:
+                    out[row, i] = np.nan
+                    if want_q:
+                        qout[row, i] = np.nan
+                else:
+                    r = element_word(mode, np.int64(row) * length + i + offset, lanes, stream,
+                                      seed_lo, seed_hi)
+                    q, v, ok, flags = element_fast(x[row, i], recip, s, mode, r, k, p, bp)
+                    if not ok:
+                        q, v, flags = element_exact(x[row, i], recip, s, mode, r, k, p, bp)
+                    out[row, i] = v
+                    if want_q:
+                        qout[row, i] = q
+                    for f in range(6):
+                        sums_sh[t, f] += (flags >> f) & 1
+                    sums_sh[t, 6] += np.int64(q != 0)
+        _group_reduce(amax_sh, sums_sh, t, lane, span, _SUMS)
+        if lane == 0 and g < groups:
+            c = counts[row, g % nblk]
+            if bad:
+                c[4] = nan
+                c[5] = inf
+                c[8] = 1
+                sout[row, g % nblk] = np.nan
+            else:
+                for f in range(6):
+                    c[f] = sums_sh[t, f]
+                c[6] = clipped
+                c[7] = np.int64(amax != 0 and sums_sh[t, 6] == 0)
+                sout[row, g % nblk] = s
+        cuda.syncthreads()
+        base += step
+
+
+@cuda.jit(device=True)
+def _group_reduce(amax_sh, sums_sh, t, lane, span, nsums):
+    """Tree reduction over each group of ``span`` threads: max of amax_sh, sums of the first
+    ``nsums`` columns of sums_sh, left in the group's first thread (all threads call it)."""
+    cuda.syncthreads()
+    half = span // 2
+    while half > 0:
+        if lane < half:
+            amax_sh[t] = max(amax_sh[t], amax_sh[t + half])
+            for f in range(nsums):
+                sums_sh[t, f] += sums_sh[t + half, f]
+        cuda.syncthreads()
+        half //= 2
 
 
 def _rows(x, axis):
@@ -72,9 +166,12 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         q2 = cuda.device_array(x2.shape if want_elements else (1, 1), np.float64)
         s2 = cuda.device_array((rows, nblk), np.float64)
         counts = cuda.to_device(np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64))
-        work = rows * nblk
+        span = 1                                            # lanes per block, as the kernel
+        while span < min(bfmt.block, 32):
+            span *= 2
+        work = rows * nblk * span
         if work:
-            grid = max(1, min(-(-work // THREADS), launch.grid_size(work, launch.current_device())))
+            grid = launch.grid_size(work, launch.current_device())
             _blocks_kernel[grid, THREADS](x2, out2, q2, s2, counts, request.mode, request.k, p,
                                           sp, bp, request.seed_lo, request.seed_hi,
                                           request.stream, request.offset,

@@ -1,0 +1,181 @@
+"""The block kernel's thresholds against lpsim.reference: chunks, threads, the fast and the
+exact element step, partial last blocks; and the shared element decision at the points where
+a fast path is easiest to get wrong (full-width SR with a rest wider than its random word,
+values far below the element format's smallest subnormal)."""
+
+import numpy as np
+import pytest
+from numba import njit
+
+import lpsim
+from lpsim import blocks, reference
+from lpsim.rounding import DETERMINISTIC_MODES, MODES, kernel_params, round_bits, round_fast_sub
+
+from test_blocks import same
+
+
+def sweep_data(rows, length, dtype, seed):
+    """Normal values of a few magnitudes plus every case that leaves the fast element step:
+    NaN and inf (in a
+    ``nonfinite="finite"`` block), float64 subnormal quotients, values 2**-60 under their
+    block's largest one (rest wider than 62 bits), zeros of both signs."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, length)) * 2.0 ** (rng.integers(-8, 8, (rows, length)) // 4)
+    x = x.astype(dtype)
+    flat = x.reshape(-1)
+    picks = rng.choice(flat.size, size=min(flat.size, 12), replace=False)
+    tiny = 1e-300 if dtype == np.float64 else 1e-30
+    specials = [np.nan, 0.0, -0.0, 7.5, np.inf, -np.inf, tiny, -tiny, 2.0 ** -60, 3e-39,
+                5e-324, -1e-40]
+    flat[picks] = np.array(specials[:picks.size], dtype)
+    return x
+
+
+def reference_of(x, bfmt, rounding, got, seed=None, stream=0, offset=0, sr_bits=None):
+    bfmt = blocks.parse_block_format(bfmt)
+    uniforms = None
+    if rounding.startswith("stochastic"):
+        words = lpsim.philox.random_words(x.size, x.dtype.itemsize, seed, stream, offset)
+        width = lpsim.philox.WORD_BITS[x.dtype.itemsize]
+        uniforms = [[reference.Fraction(int(r), 2 ** width) for r in row]
+                    for row in np.array(words, dtype=object).reshape(x.shape)]
+    return reference.quantize_blocks(x, bfmt, rounding, uniforms=uniforms, sr_bits=sr_bits,
+                                     tensor_scale=got.tensor_scale if bfmt.tensor_scale else None)
+
+
+def assert_equal_to_reference(x, bfmt, rounding, **kw):
+    got = blocks.quantize_blocks(x, bfmt, rounding, **kw)
+    values, elements, scales, counts = reference_of(x, bfmt, rounding, got, **kw)
+    assert same(got.scales, scales)
+    assert same(got.elements, elements)
+    assert same(got.values, values)
+    assert np.array_equal(got.counts, counts)
+    # lpsim.quantize without stats skips the counters in a loop of its own: the same values
+    assert same(lpsim.quantize(x, bfmt, rounding, **kw), values)
+    return got
+
+
+# rows x length: one element, a partial block only, exact blocks, a partial last block per
+# row, rows shorter than a block, and (with CHUNK lowered) many chunks with rows across them
+SHAPES = [(1, 1), (1, 5), (2, 32), (3, 40), (5, 7), (4, 100), (1, 333)]
+
+
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4", blocks.block("e4m3fn", 16, nonfinite="finite"),
+                                  blocks.block("e3m2fn", 8, "ue4m3", "rceil")], ids=str)
+@pytest.mark.parametrize("threads", ["serial", "threaded"])
+def test_sizes_across_every_threshold_equal_the_reference(bfmt, dtype, threads, monkeypatch):
+    if threads == "threaded":
+        monkeypatch.setattr(blocks, "CHUNK", 64)
+        monkeypatch.setattr(blocks, "SERIAL_BELOW", 128)
+        monkeypatch.setattr(blocks, "PARALLEL_GRAIN", 64)
+    for i, (rows, length) in enumerate(SHAPES):
+        x = sweep_data(rows, length, dtype, seed=i)
+        assert_equal_to_reference(x, bfmt, "nearest")
+        assert_equal_to_reference(x, bfmt, "stochastic", seed=5, stream=1, offset=3)
+    x = sweep_data(3, 100, dtype, seed=9)
+    for rounding in DETERMINISTIC_MODES[1:]:
+        assert_equal_to_reference(x, bfmt, rounding)
+    assert_equal_to_reference(x, bfmt, "stochastic", seed=6, sr_bits=3)
+    assert_equal_to_reference(x, bfmt, "stochastic_equal", seed=7, offset=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+def test_blocks_of_container_subnormals_equal_the_reference(dtype):
+    """A block whose largest magnitude is a subnormal of the container (its amax is read from
+    the container bits), next to blocks of normal values."""
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = np.zeros((2, 40), dtype)
+    x[0, :32] = tiny * np.arange(-16, 16)
+    x[0, 32:] = tiny * 3
+    x[1] = np.linspace(-5, 5, 40)
+    x[1, 5] = tiny
+    for rounding in ("nearest", "up", "stochastic"):
+        for bfmt in ("mxfp4", blocks.block("e4m3fn", 8, nonfinite="finite")):
+            assert_equal_to_reference(x, bfmt, rounding, seed=1)
+
+
+def test_threaded_large_array_equals_the_serial_kernel(monkeypatch):
+    """A 2**19-element array runs on the thread pool; the calling thread alone gives the same
+    bits and counts (the random words are counter-based)."""
+    x = sweep_data(128, 4100, np.float32, seed=10)        # 4100: a partial block per row
+    for rounding in ("nearest", "stochastic"):
+        threaded = blocks.quantize_blocks(x, "mxfp4", rounding, seed=3)
+        with monkeypatch.context() as m:
+            m.setattr(blocks, "SERIAL_BELOW", 1 << 62)
+            serial = blocks.quantize_blocks(x, "mxfp4", rounding, seed=3)
+        assert same(threaded.values, serial.values) and same(threaded.scales, serial.scales)
+        assert np.array_equal(threaded.counts, serial.counts)
+    # and the serial kernel against the scalar core: q = round(x / s) in the element format
+    got = blocks.quantize_blocks(x[:4], "mxfp4", "nearest")
+    s = np.repeat(got.scales, 32, axis=1)[:, :4100]
+    finite = np.isfinite(s)
+    y = np.where(finite, x[:4].astype(np.float64) / np.where(finite, s, 1), np.nan)
+    want = lpsim.quantize(y, blocks.PRESETS["mxfp4"].saturating_element)
+    assert same(got.elements[finite], want[finite])
+
+
+@pytest.mark.parametrize("container, W", [(np.float32, 32), (np.float64, 62)])
+@pytest.mark.parametrize("fmt", ["e2m1fn", "e4m3fn", "fp(4,3,0, subnormals=False)",
+                                 "fp(1,6,1, specials='fnuz', saturate=True)"])
+def test_fast_element_step_equals_round_bits_where_sr_is_hardest(fmt, container, W):
+    """Full-width SR rounds the rest up to W bits (round_bits' t); the fast step must too,
+    when the rest is wider than W (a float64 register with float32 words) and when it is
+    wider than 62 bits (values far below min_subnormal).  R is set to the threshold itself
+    and its neighbours, where a floor and a ceiling differ; every mode, few-bit SR too."""
+
+    @njit
+    def both(xb, mode, rs, k, p, fast, slow, oks):
+        for i in range(xb.size):
+            fast[i], oks[i], _ = round_fast_sub(xb[i], mode, rs[i], k, p)
+            slow[i], _ = round_bits(xb[i], mode, rs[i], k, p)
+
+    fmt = lpsim.parse_format(fmt)
+    p = kernel_params(fmt, np.float64)._replace(W=W)
+    rng = np.random.default_rng(12)
+    mag = 2.0 ** rng.integers(fmt.emin - 80, fmt.emax, 3000).astype(np.float64)
+    x = mag * (1 + rng.random(3000))
+    x[::7] = fmt.min_subnormal * 2.0 ** -rng.integers(1, 1000, x[::7].size)   # far below
+    x = np.concatenate([x, -x])
+    xb = x.view(np.int64)
+    # R at the top W bits of each rest (as a fraction of its quantum 2**q), and next to it:
+    # a floor and a ceiling differ there when the rest has more bits than W
+    _, ex = np.frexp(np.abs(x))
+    q = np.maximum(ex - 1 - fmt.m, fmt.emin - fmt.m if fmt.subnormals else fmt.emin)
+    frac = np.ldexp(np.abs(x), -q) % 1.0
+    top = np.floor(np.ldexp(frac, W)).astype(np.int64)
+    for mode in MODES.values():
+        for k in (W, 3):
+            for shift in (0, -1, 1):
+                rs = np.clip(top + shift, 0, 2 ** W - 1) if k == W else \
+                    rng.integers(0, 2 ** W, x.size)
+                fast, slow, oks = (np.empty(x.size, np.int64) for _ in range(3))
+                both(xb, mode, rs, k, p, fast, slow, oks)
+                ok = oks == 1
+                assert ok.mean() > 0.9, (mode, k)
+                bad = np.flatnonzero(ok & (fast != slow))
+                assert bad.size == 0, (mode, k, shift, x[bad[:3]], rs[bad[:3]])
+
+
+@pytest.mark.parametrize("bfmt, rounding", [
+    (blocks.block("e2m1fn", 5), "stochastic"),          # 5 of 8 lanes busy per block
+    (blocks.block("e4m3fn", 40, nonfinite="finite"), "nearest"),   # two elements per lane
+    (blocks.block("e3m2fn", 64, "ue4m3", "rceil"), "up"),
+])
+def test_cuda_kernel_lanes_and_groups_equal_the_cpu_kernel(bfmt, rounding):
+    """lpsim_cuda's groups of lanes: blocks shorter than their group, longer than a warp, a
+    partial last block, NaN and inf in a finite-rule block: the CPU kernel's bits and counts
+    (the CUDA simulator unless LPSIM_TEST_GPU=1)."""
+    from numba import cuda
+
+    import lpsim_cuda.blocks
+    x = sweep_data(2, 100, np.float32, seed=21)
+    kw = dict(seed=8, stream=1, offset=5)
+    want = blocks.quantize_blocks(x, bfmt, rounding, **kw)
+    got, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt, rounding, **kw)
+    assert same(got.values.copy_to_host(), want.values)
+    assert same(got.elements.copy_to_host(), want.elements)
+    assert same(got.scales.copy_to_host(), want.scales)
+    assert np.array_equal(got.counts, want.counts)
