@@ -1,6 +1,7 @@
 """Optimizer step throughput: lpsim.optim AdamW against torch.optim.AdamW and torchao.
 
-One parameter of n elements (10**7 on the CPU, 10**8 on a GPU), one AdamW step per call, the
+One parameter of n elements (10**7 on the CPU, 10**8 on a GPU), or with ``--shapes small-lm``
+the 30 small tensors of examples/train_lm.py's model; one AdamW step per call, the
 median of several calls after a warm-up; prints parameters per second, bytes per parameter
 (weights + optimizer state) and the ratio to torch's foreach and fused FP32 AdamW, measured
 in the same run.  Peers: ``torch.optim.AdamW(foreach=True)`` and ``(fused=True)`` on FP32
@@ -9,7 +10,7 @@ by torch.compile on first use).  On a GPU it also measures the copy bandwidth an
 each step against the bound of 14 bytes per parameter (bf16 weight, gradient, two moments
 read; weight and moments written) moved at that bandwidth.
 
-    python benchmarks/bench_optim.py [--device cpu|cuda] [--n N] [--repeats 5]
+    python benchmarks/bench_optim.py [--device cpu|cuda] [--n N | --shapes small-lm] [--repeats 5]
                                      [--no-torchao] [--json out.json]
 """
 
@@ -52,29 +53,37 @@ def median_seconds(step, device, repeats):
     return float(np.median(times))
 
 
-def cases(n, device, torchao):
-    """name -> (make() -> (step, bytes per parameter))."""
+def lm_shapes(d=64, layers=2, context=64, vocab=256):
+    """The parameter shapes of examples/train_lm.py's byte-level transformer (30 tensors,
+    137,216 parameters at the defaults): a model of many small tensors."""
+    block = [(d,), (d,), (d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,),
+             (d, 4 * d), (d,)]
+    return [(vocab, d), (context, d)] + block * layers + [(d,), (d,), (vocab, d), (vocab,)]
+
+
+def cases(shapes, device, torchao):
+    """name -> (make() -> (step, bytes per parameter)); one parameter per shape."""
     from lpsim.optim import AdamW
 
-    def param(dtype):
+    def params(dtype):
         gen = torch.Generator(device=device).manual_seed(0)
-        p = torch.nn.Parameter(torch.randn(n, generator=gen, device=device).to(dtype))
-        p.grad = torch.randn(n, generator=gen, device=device).to(dtype) * 1e-2
-        return p
+        out = []
+        for shape in shapes:
+            p = torch.nn.Parameter(torch.randn(shape, generator=gen, device=device).to(dtype))
+            p.grad = torch.randn(shape, generator=gen, device=device).to(dtype) * 1e-2
+            out.append(p)
+        return out
 
     def torch_adamw(**kw):
-        p = param(torch.float32)
-        return torch.optim.AdamW([p], lr=1e-3, **kw).step, 12.0
+        return torch.optim.AdamW(params(torch.float32), lr=1e-3, **kw).step, 12.0
 
     def lpsim_adamw(dtype, **kw):
-        p = param(dtype)
-        opt = AdamW([p], lr=1e-3, seed=1, **kw)
+        opt = AdamW(params(dtype), lr=1e-3, seed=1, **kw)
         return opt.step, opt.memory_bytes()
 
     def torchao_adamw():
         from torchao.optim import _AdamW
-        p = param(torch.bfloat16)
-        return _AdamW([p], lr=1e-3, bf16_stochastic_round=True).step, 6.0
+        return _AdamW(params(torch.bfloat16), lr=1e-3, bf16_stochastic_round=True).step, 6.0
 
     out = {
         "torch foreach fp32": lambda: torch_adamw(foreach=True),
@@ -106,17 +115,26 @@ def copy_bandwidth(n, device, repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--n", type=int, default=None, help="parameters (10**7 cpu, 10**8 cuda)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-torchao", action="store_true")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--n", type=int, default=None,
+                        help="elements of the one parameter (default 10**7 cpu, 10**8 cuda)")
+    parser.add_argument("--shapes", choices=("one", "small-lm"), default="one",
+                        help="one parameter of --n elements, or the 30 tensors of "
+                        "examples/train_lm.py's model (per-tensor overhead)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per case (median)")
+    parser.add_argument("--no-torchao", action="store_true",
+                        help="leave out torchao's bf16 SR AdamW")
+    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA build of torch and a GPU")
-    n = args.n or (10 ** 7 if args.device == "cpu" else 10 ** 8)
+    if args.shapes == "small-lm":
+        shapes = lm_shapes()
+    else:
+        shapes = [(args.n or (10 ** 7 if args.device == "cpu" else 10 ** 8),)]
+    n = sum(int(np.prod(shape)) for shape in shapes)
     from tqdm import tqdm
     rows = {}
-    todo = cases(n, args.device, not args.no_torchao)
+    todo = cases(shapes, args.device, not args.no_torchao)
     for name, make in tqdm(todo.items(), desc="cases", file=sys.stderr):
         step, per = make()
         seconds = median_seconds(step, args.device, args.repeats)
@@ -138,7 +156,8 @@ def main(argv=None):
     head = [f"# lpsim.optim AdamW step, {datetime.datetime.now().isoformat(timespec='seconds')}, "
             f"{args.device} ({device}), {os.cpu_count()} cores, torch threads "
             f"{torch.get_num_threads()}",
-            f"# torch {torch.__version__}, lpsim {commit}; n = {n} parameters, median of "
+            f"# torch {torch.__version__}, lpsim {commit}; n = {n} parameters in {len(shapes)} "
+            f"tensors, median of "
             f"{args.repeats} steps after a warm-up; load average {os.getloadavg()}",
             f"# command: python benchmarks/bench_optim.py {' '.join(sys.argv[1:])}"]
     if bandwidth:
@@ -152,7 +171,7 @@ def main(argv=None):
                      f"{row['bytes_per_param']:8.1f} {row['vs torch foreach fp32']:9.2f}x "
                      f"{row['vs torch fused fp32']:8.2f}x"
                      + (f" {row['of bandwidth bound']:9.2f}" if bandwidth else ""))
-    for case, peer, least in TARGETS[args.device]:
+    for case, peer, least in TARGETS[args.device] if args.shapes == "one" else ():
         if case in rows and peer in rows:
             ratio = rows[peer]["seconds"] / rows[case]["seconds"]
             verdict = "met" if ratio >= least else "NOT met"
