@@ -211,6 +211,8 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
     L = gemm_lanes(K)
     per_batch = (M * N + L - 1) // L
     pa, po = params_of(pva), params_of(pvo)
+    # run-time flags, not literals: one _round_add compiles for both kinds of step
+    SET, ADD = np.bool_(False), np.bool_(True)
     stoch = mode >= STOCHASTIC
     ostoch = omode >= STOCHASTIC
     products_rounded = (not fused) or order == ORDER_PAIRWISE
@@ -248,20 +250,20 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
                 dst = acc if h == 0 else part
                 # first term of the chunk: its product, rounded (slot h)
                 _products(pt, Ab, Bb, h, o0, w, N)
-                _round_add(dst, 1.0, pt, w, False, mode, R[h] if stoch else r0, k, pa, hw,
+                _round_add(dst, 1.0, pt, w, SET, mode, R[h] if stoch else r0, k, pa, hw,
                            cnt, tmp)
                 for t in range(h + 1, min(h + blk, K)):
                     _products(pt, Ab, Bb, t, o0, w, N)
                     if fused:   # FMA into the accumulator (slot K+t)
-                        _round_add(dst, 1.0, pt, w, True, mode,
+                        _round_add(dst, 1.0, pt, w, ADD, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
                     else:       # product (slot t), then the add (slot K+t)
-                        _round_add(prod, 1.0, pt, w, False, mode,
+                        _round_add(prod, 1.0, pt, w, SET, mode,
                                    R[t] if stoch else r0, k, pa, hw, cnt, tmp)
-                        _round_add(dst, 1.0, prod, w, True, mode,
+                        _round_add(dst, 1.0, prod, w, ADD, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
                 if h > 0:       # chunk combine (slot K+h)
-                    _round_add(acc, 1.0, part, w, True, mode,
+                    _round_add(acc, 1.0, part, w, ADD, mode,
                                R[K + h] if stoch else r0, k, pa, hw, cnt, tmp)
         else:
             sp = 0
@@ -272,7 +274,7 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
                     pending[sp] = fused
                     if not fused:
                         _products(pt, Ab, Bb, t, o0, w, N)
-                        _round_add(vals[sp], 1.0, pt, w, False, mode,
+                        _round_add(vals[sp], 1.0, pt, w, SET, mode,
                                    R[t] if stoch else r0, k, pa, hw, cnt, tmp)
                     sp += 1
                 # combine equal levels while pushing; everything, right to left, at the end
@@ -281,23 +283,23 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
                     if pending[left]:
                         s = starts[left]
                         _products(pt, Ab, Bb, s, o0, w, N)
-                        _round_add(vals[left], 1.0, pt, w, False, mode,
+                        _round_add(vals[left], 1.0, pt, w, SET, mode,
                                    R[s] if stoch else r0, k, pa, hw, cnt, tmp)
                         pending[left] = False
                     h = starts[right]
                     rr = R[K + h] if stoch else r0
                     if pending[right]:
                         _products(pt, Ab, Bb, h, o0, w, N)
-                        _round_add(vals[left], 1.0, pt, w, True, mode, rr, k, pa, hw, cnt,
+                        _round_add(vals[left], 1.0, pt, w, ADD, mode, rr, k, pa, hw, cnt,
                                    tmp)
                     else:
-                        _round_add(vals[left], 1.0, vals[right], w, True, mode, rr, k, pa,
+                        _round_add(vals[left], 1.0, vals[right], w, ADD, mode, rr, k, pa,
                                    hw, cnt, tmp)
                     levels[left] += 1
                     sp -= 1
             if pending[0]:
                 _products(pt, Ab, Bb, 0, o0, w, N)
-                _round_add(vals[0], 1.0, pt, w, False, mode, R[0] if stoch else r0, k, pa,
+                _round_add(vals[0], 1.0, pt, w, SET, mode, R[0] if stoch else r0, k, pa,
                            hw, cnt, tmp)
             for jj in range(w):
                 acc[jj] = vals[0, jj]
