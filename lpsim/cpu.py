@@ -233,13 +233,12 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         rs = draw_words(mode, r, lo + offset, hi + offset, lanes, p.W, stream, seed_lo,
                         seed_hi)
         xs = xb[lo:hi]
+        # one call site: LLVM inlines and vectorises the fast pass once, not twice
+        ys = scratch[:hi - lo] if inplace else outb[lo:hi]
+        slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
         if inplace:
-            ys = scratch[:hi - lo]
-            slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
             for j in range(ys.size):     # not xs[:] = ys: its shape check compiles seconds
                 xs[j] = ys[j]
-        else:
-            slow, inexact = fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
         counts[0] += hi - lo
         counts[1] += inexact
         if slow:
