@@ -118,6 +118,57 @@ print(json.dumps({"import_wall": t1 - t0, "import_cpu": c1 - c0, "call_wall": t2
 """
 
 
+#: the run-time check: per-call thread CPU seconds (best of 7 batches, one thread) of the
+#: kernels whose compile this script measures, so that a cheaper compile is not paid for at
+#: run time; compare two trees with --root and --compare (the machine is shared: thread
+#: time, not wall time)
+RUNTIME = r"""
+import json, time, numpy as np, lpsim, lpsim.ops as ops
+rng = np.random.default_rng(0)
+res = {}
+def best(f, n):
+    f()
+    times = []
+    for _ in range(7):
+        t = time.thread_time()
+        for _ in range(n):
+            f()
+        times.append((time.thread_time() - t) / n)
+    return min(times)
+for dt in (np.float32, np.float64):
+    for mode in ("nearest", "stochastic"):
+        for lg in (4, 12, 16, 20):
+            x = (rng.standard_normal(1 << lg) * 1e3).astype(dt)
+            out = np.empty_like(x)
+            n = max(3, int(2e6 / (1 << lg)))
+            for where, o in (("out", out), ("in place", x)):
+                res[f"quantize {np.dtype(dt).name} {mode} {where} 2^{lg}"] = best(
+                    lambda: lpsim.quantize(x, "bf16", mode, out=o, seed=1), n)
+for m in (16, 64, 128):
+    a = rng.standard_normal((m, m)).astype(np.float32)
+    for name, kw in (("fp16 nearest", dict(in_fmt="fp16", acc_fmt="fp16")),
+                     ("bf16 stochastic", dict(acc_fmt="bf16", acc_rounding="stochastic",
+                                              seed=1)),
+                     ("bf16 pairwise", dict(acc_fmt="bf16", order="pairwise"))):
+        res[f"matmul {m}x{m} {name}"] = best(lambda: ops.matmul(a, a, **kw),
+                                             max(3, int(3e5 / m ** 3)))
+v = rng.standard_normal(1 << 16).astype(np.float32)
+res["dot 2^16 sequential bf16"] = best(
+    lambda: ops.dot(v, v, acc_fmt="bf16", order="sequential"), 3)
+print(json.dumps(res), file=__import__("sys").__stdout__)
+"""
+
+
+def run_time(root: str) -> dict:
+    """The RUNTIME check in a fresh one-thread process importing lpsim from ``root``."""
+    env = dict(os.environ, PYTHONPATH=root, NUMBA_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", RUNTIME], env=env, cwd=root,
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"run-time check failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def run_case(name: str, cache: str, root: str = ROOT) -> dict:
     """One fresh process running case ``name`` with NUMBA_CACHE_DIR=cache, importing lpsim
     from ``root``."""
@@ -138,6 +189,29 @@ def run_case(name: str, cache: str, root: str = ROOT) -> dict:
     return result
 
 
+def compare(rows, runtime, path: str) -> None:
+    """Each case's first-call CPU seconds in an earlier run (``path``) and now, and the
+    ratio: the same machine and conditions are the reader's to check (the headers)."""
+    with open(path) as handle:
+        earlier = json.load(handle)
+    old = {r["case"]: r for r in earlier["rows"]}
+    print(f"# compared with: {earlier['header'].splitlines()[0]}")
+    print(f"{'case':31s} {'cache':5s} {'cpu was':>8s} {'cpu now':>8s} {'now/was':>8s}")
+    for row in rows:
+        if row["case"] not in old:
+            continue
+        for kind in ("fresh", "warm"):
+            was, now = old[row["case"]][kind]["call_cpu"], row[kind]["call_cpu"]
+            print(f"{row['case'][:31]:31s} {kind:5s} {was:8.2f} {now:8.2f} {now / was:8.2f}")
+    if runtime and earlier.get("runtime"):
+        print(f"{'run time (us per call)':44s} {'was':>10s} {'now':>10s} {'now/was':>8s}")
+        for case, seconds in runtime.items():
+            was = earlier["runtime"].get(case)
+            if was:
+                print(f"{case:44s} {was * 1e6:10.2f} {seconds * 1e6:10.2f} "
+                      f"{seconds / was:8.3f}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES),
@@ -145,9 +219,16 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--root", default=ROOT, help="the lpsim source tree to measure "
                         "(default: this repository; e.g. an exported older commit)")
+    parser.add_argument("--runtime", action="store_true", help="also time the kernels "
+                        "themselves (per-call thread CPU, one thread): a compile-time change "
+                        "must not slow them")
+    parser.add_argument("--compare", metavar="JSON", help="a --json file of an earlier run "
+                        "(e.g. before a change): print each case's CPU seconds next to it")
     parser.add_argument("--label", default="", help="a label printed with the table "
                         "(e.g. 'before' or 'after')")
     args = parser.parse_args(argv)
+    if args.compare and not os.path.exists(args.compare):
+        parser.error(f"--compare {args.compare!r}: no such file")
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -161,6 +242,7 @@ def main(argv=None) -> int:
             warm = run_case(name, cache, args.root)
         rows.append({"case": name, "fresh": fresh, "warm": warm})
 
+    runtime = run_time(args.root) if args.runtime else None
     import numba
     head = (f"# {datetime.date.today()}  {platform.machine()}, {os.cpu_count()} cores "
             f"(shared with other jobs: compare CPU seconds), numba {numba.__version__}, "
@@ -187,9 +269,15 @@ def main(argv=None) -> int:
         kernels = sorted(row["fresh"]["kernels"].items(), key=lambda kv: -kv[1])
         if kernels:
             print(f"{row['case'][:31]:31s} " + ", ".join(f"{k} {v:.2f}" for k, v in kernels))
+    if runtime:
+        print("# run time: per-call thread CPU microseconds, one thread")
+        for case, seconds in runtime.items():
+            print(f"{case:44s} {seconds * 1e6:12.2f}")
+    if args.compare:
+        compare(rows, runtime, args.compare)
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"header": head, "rows": rows}, handle, indent=1)
+            json.dump({"header": head, "rows": rows, "runtime": runtime}, handle, indent=1)
     return 0
 
 
