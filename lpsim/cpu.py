@@ -9,6 +9,12 @@ Cost model: a call is one numba entry point taking two float arrays, an int64 pa
 vector and integer keys (numba types all of them without looking inside), so the fixed cost
 is about a microsecond; the counters go straight into the caller's int64 array.
 
+Compile time (benchmarks/bench_compile.py): a kernel's first compile is what a new user
+waits for, so the per-mode code is only the vectorised fast pass; the slow pass takes the
+mode at run time (typed once for all modes), deterministic kernels never type the
+generator (:func:`draw_words`), and nothing calls numba library code that compiles error
+messages (:func:`as_bits`).
+
 On-disk cache: every cached kernel has a qualified name of its own (``round_<mode>``), so a
 kernel compiled in one process never takes the name, and the runtime environment, of another
 one loaded from the cache (numba numbers functions per process).

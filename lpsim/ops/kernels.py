@@ -5,7 +5,9 @@ call runs a range of them, and large products deal ranges out to a thread pool
 (:func:`run`).  The lanes of an item advance in lockstep, so each step is one vectorisable
 loop, however small N is.  Inner products with one
 output column (``dot``, ``sum``) in sequential or blocked order run :func:`chain`, which
-keeps the accumulator in a register (a few integer operations a step).
+keeps the accumulator in a register (a few integer operations a step).  Deterministic
+products in blocked order run :func:`gemm_plain`, the same body without the random-word and
+pairwise code, which then never compiles for them (a smaller first compile).
 Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`; an exact zero sum is -0
 under rounding down, IEEE 754 section 6.3) and rounds it with
 :func:`lpsim.rounding.round_fast` (the common case), then :func:`lpsim.rounding.round_bits`
