@@ -23,8 +23,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit
-from numba import types
+from numba import njit, types
 from numba.extending import overload, register_jitable
 
 from ..cpu import first_call, literal_jitable, params_of, thread_pool
