@@ -9,6 +9,12 @@ Cost model: a call is one numba entry point taking two float arrays, an int64 pa
 vector and integer keys (numba types all of them without looking inside), so the fixed cost
 is about a microsecond; the counters go straight into the caller's int64 array.
 
+Compile time (benchmarks/bench_compile.py): a kernel's first compile is what a new user
+waits for, so the per-mode code is only the vectorised fast pass; the slow pass takes the
+mode at run time (typed once for all modes), deterministic kernels never type the
+generator (:func:`draw_words`), and nothing calls numba library code that compiles error
+messages (:func:`as_bits`).
+
 On-disk cache: every cached kernel has a qualified name of its own (``round_<mode>``), so a
 kernel compiled in one process never takes the name, and the runtime environment, of another
 one loaded from the cache (numba numbers functions per process).
@@ -25,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import get_num_threads, njit, typeof, types
+from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
@@ -59,15 +66,25 @@ def _constant(typingctx, value):
     return None
 
 
-def as_bits(x):
-    """The container bits of a float32/float64 array (a view; compiled code only)."""
-    raise NotImplementedError
+@intrinsic
+def as_bits(typingctx, x):
+    """The container bits of a float32/float64 array: the same memory as int32/int64
+    (compiled code only).  A register bitcast of the data pointer, where numba's
+    ``ndarray.view`` compiles its size checks and their error messages (seconds of a
+    kernel's first compile)."""
+    if not isinstance(x, types.Array) or x.dtype not in (types.float32, types.float64):
+        return None
+    bits = x.copy(dtype=types.int32 if x.dtype == types.float32 else types.int64)
 
-
-@overload(as_bits)
-def _as_bits(x):
-    bits = np.int32 if x.dtype == types.float32 else np.int64
-    return lambda x: x.view(bits)
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        dst = context.make_array(signature.return_type)(context, builder)
+        for field in dst._datamodel._fields:
+            value = getattr(src, field)
+            setattr(dst, field, builder.bitcast(value, dst.data.type) if field == "data"
+                    else value)
+        return impl_ret_borrowed(context, builder, signature.return_type, dst._getvalue())
+    return bits(x), codegen
 
 
 @register_jitable
@@ -75,6 +92,14 @@ def params_of(v):
     """The :class:`lpsim.rounding.Params` held in the int64 vector ``v`` (tuple(params))."""
     return Params(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11],
                   v[12], v[13], v[14], v[15], v[16], v[17], v[18], v[19])
+
+
+def literal_jitable(fn):
+    """register_jitable typing constant arguments as literals first: fn's body reads the
+    mode as a constant (:func:`_constant`), which numba's default order (non-literal first)
+    reaches only after typing, and compiling what it calls, in vain once per call site."""
+    overload(fn, strict=False, prefer_literal=True)(lambda *args, **kwargs: fn)
+    return fn
 
 
 #: the generator inlined into the block loops, so that they vectorise
@@ -118,7 +143,29 @@ def fill_words(r, w, b0, nb, stream, seed_lo, seed_hi):
         _words_w62(r, b0, nb, stream, seed_lo, seed_hi)
 
 
-@register_jitable
+def draw_words(mode, r, lo, hi, lanes, w, stream, seed_lo, seed_hi):
+    """The random words of global elements lo .. hi-1, drawn into ``r`` (from its start:
+    the result is the slice of ``r`` where element lo's word is); ``r`` untouched for the
+    deterministic modes (compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(draw_words, prefer_literal=True)
+def _draw_words(mode, r, lo, hi, lanes, w, stream, seed_lo, seed_hi):
+    # a deterministic kernel (mode a literal) never types nor compiles the generator
+    if isinstance(mode, types.IntegerLiteral) and mode.literal_value < STOCHASTIC:
+        return lambda mode, r, lo, hi, lanes, w, stream, seed_lo, seed_hi: r
+
+    def draw(mode, r, lo, hi, lanes, w, stream, seed_lo, seed_hi):
+        if mode < STOCHASTIC:
+            return r
+        b0 = lo // lanes
+        fill_words(r, w, b0, (hi + lanes - 1) // lanes - b0, stream, seed_lo, seed_hi)
+        return r[lo - b0 * lanes:]
+    return draw
+
+
+@literal_jitable
 def fast_pass(xs, ys, rs, mode, k, p, left):
     """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
 
@@ -169,7 +216,7 @@ def slow_pass(ys, rs, mode, k, p, left, counts, first):
                         counts[first + f] += (flags >> f) & 1
 
 
-@register_jitable
+@literal_jitable
 def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inplace, counts):
     """Round the chunks of task ``t``, adding to ``counts`` (elements, then the six counters).
 
@@ -189,23 +236,20 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         base = (first + c) * CHUNK
         lo = max(base, offset) - offset
         hi = min(base + CHUNK, offset + n) - offset
-        rs = r
-        if mode >= STOCHASTIC:
-            b0 = (lo + offset) // lanes
-            fill_words(r, p.W, b0, (hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
+        rs = draw_words(mode, r, lo + offset, hi + offset, lanes, p.W, stream, seed_lo,
                         seed_hi)
-            rs = r[lo + offset - b0 * lanes:]
         xs = xb[lo:hi]
+        # one call site: LLVM inlines and vectorises the fast pass once, not twice
+        ys = scratch[:hi - lo] if inplace else outb[lo:hi]
+        slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
         if inplace:
-            ys = scratch[:hi - lo]
-            slow, inexact = fast_pass(xs, ys, rs, mode, k, p, left)
-            xs[:] = ys
-        else:
-            slow, inexact = fast_pass(xs, outb[lo:hi], rs, mode, k, p, left)
+            for j in range(ys.size):     # not xs[:] = ys: its shape check compiles seconds
+                xs[j] = ys[j]
         counts[0] += hi - lo
         counts[1] += inexact
         if slow:
-            slow_pass(outb[lo:hi], rs, _constant(mode), k, p, left, counts, 1)
+            # the rare path, with the mode at run time: typed once for every kernel
+            slow_pass(outb[lo:hi], rs, np.int64(mode), k, p, left, counts, 1)
 
 
 def _kernel(mode: int):

@@ -5,7 +5,9 @@ call runs a range of them, and large products deal ranges out to a thread pool
 (:func:`run`).  The lanes of an item advance in lockstep, so each step is one vectorisable
 loop, however small N is.  Inner products with one
 output column (``dot``, ``sum``) in sequential or blocked order run :func:`chain`, which
-keeps the accumulator in a register (a few integer operations a step).
+keeps the accumulator in a register (a few integer operations a step).  Deterministic
+products in blocked order run :func:`gemm_plain`, the same body without the random-word and
+pairwise code, which then never compiles for them (a smaller first compile).
 Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`; an exact zero sum is -0
 under rounding down, IEEE 754 section 6.3) and rounds it with
 :func:`lpsim.rounding.round_fast` (the common case), then :func:`lpsim.rounding.round_bits`
@@ -21,10 +23,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import njit
-from numba.extending import register_jitable
+from numba import njit, types
+from numba.extending import overload, register_jitable
 
-from ..cpu import first_call, params_of, thread_pool
+from ..cpu import first_call, literal_jitable, params_of, thread_pool
 from ..philox import block_words, lane_word
 from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
 from .exact import f2i, i2f, step_sum_to_odd
@@ -200,17 +202,104 @@ def _products(prod, Ab, Bb, t, o0, w, N):
         o += n
 
 
-@njit(nogil=True, cache=True)
-def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
-         blk, fused, hw, item_lo, item_hi, cnt):
-    """out[b] = fl(A[ia[b]] @ B[ib[b]]) step by step for work items item_lo .. item_hi-1
-    (an item: gemm_lanes(K) consecutive outputs of one batch element in C order, the lanes
-    that step together); adds the NCOUNTS counters to ``cnt``."""
+def fill_item(general, R, w, base0, K, blk, stoch, ostoch, products_rounded, stream,
+              seed_lo, seed_hi):
+    """R[s, jj] = the random word of slot s of the item's lane jj, for the slots its
+    roundings use (compiled code only; nothing when ``general`` is the literal False)."""
+    raise NotImplementedError
+
+
+@overload(fill_item, prefer_literal=True)
+def _fill_item(general, R, w, base0, K, blk, stoch, ostoch, products_rounded, stream,
+               seed_lo, seed_hi):
+    if isinstance(general, types.BooleanLiteral) and not general.literal_value:
+        return lambda general, R, w, base0, K, blk, stoch, ostoch, products_rounded, \
+            stream, seed_lo, seed_hi: None
+
+    def fill(general, R, w, base0, K, blk, stoch, ostoch, products_rounded, stream,
+             seed_lo, seed_hi):
+        for jj in range(w):
+            base = base0 + jj * 2 * K
+            if stoch and products_rounded:
+                _fill(R, jj, base, 0, 2 * K, stream, seed_lo, seed_hi)
+            elif stoch:
+                _fill(R, jj, base, K, 2 * K, stream, seed_lo, seed_hi)
+                for h in range(0, K, blk):
+                    _fill(R, jj, base, h, h + 1, stream, seed_lo, seed_hi)
+            elif ostoch:
+                _fill(R, jj, base, K, K + 1, stream, seed_lo, seed_hi)
+    return fill
+
+
+def pairwise_item(general, vals, starts, levels, pending, acc, pt, Ab, Bb, o0, w, N, K, mode,
+                  R, r0, stoch, fused, k, pa, hw, cnt, tmp):
+    """acc[:w] = the item's sums in pairwise order (compiled code only; nothing when
+    ``general`` is the literal False)."""
+    raise NotImplementedError
+
+
+@overload(pairwise_item, prefer_literal=True)
+def _pairwise_item(general, vals, starts, levels, pending, acc, pt, Ab, Bb, o0, w, N, K, mode,
+                   R, r0, stoch, fused, k, pa, hw, cnt, tmp):
+    if isinstance(general, types.BooleanLiteral) and not general.literal_value:
+        return lambda general, vals, starts, levels, pending, acc, pt, Ab, Bb, o0, w, N, K, \
+            mode, R, r0, stoch, fused, k, pa, hw, cnt, tmp: None
+
+    def pairwise(general, vals, starts, levels, pending, acc, pt, Ab, Bb, o0, w, N, K, mode,
+                 R, r0, stoch, fused, k, pa, hw, cnt, tmp):
+        SET, ADD = np.bool_(False), np.bool_(True)
+        sp = 0
+        for t in range(K + 1):
+            if t < K:       # push leaf t; fused leaves wait to see if an FMA takes them
+                starts[sp] = t
+                levels[sp] = 0
+                pending[sp] = fused
+                if not fused:
+                    _products(pt, Ab, Bb, t, o0, w, N)
+                    _round_add(vals[sp], 1.0, pt, w, SET, mode,
+                               R[t] if stoch else r0, k, pa, hw, cnt, tmp)
+                sp += 1
+            # combine equal levels while pushing; everything, right to left, at the end
+            while sp >= 2 and (t == K or levels[sp - 1] == levels[sp - 2]):
+                left, right = sp - 2, sp - 1
+                if pending[left]:
+                    s = starts[left]
+                    _products(pt, Ab, Bb, s, o0, w, N)
+                    _round_add(vals[left], 1.0, pt, w, SET, mode,
+                               R[s] if stoch else r0, k, pa, hw, cnt, tmp)
+                    pending[left] = False
+                h = starts[right]
+                rr = R[K + h] if stoch else r0
+                if pending[right]:
+                    _products(pt, Ab, Bb, h, o0, w, N)
+                    _round_add(vals[left], 1.0, pt, w, ADD, mode, rr, k, pa, hw, cnt,
+                               tmp)
+                else:
+                    _round_add(vals[left], 1.0, vals[right], w, ADD, mode, rr, k, pa,
+                               hw, cnt, tmp)
+                levels[left] += 1
+                sp -= 1
+        if pending[0]:
+            _products(pt, Ab, Bb, 0, o0, w, N)
+            _round_add(vals[0], 1.0, pt, w, SET, mode, R[0] if stoch else r0, k, pa,
+                       hw, cnt, tmp)
+        for jj in range(w):
+            acc[jj] = vals[0, jj]
+    return pairwise
+
+
+@literal_jitable
+def _gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
+          blk, fused, hw, item_lo, item_hi, cnt, general):
+    """The body of :func:`gemm` (``general`` True) and :func:`gemm_plain` (False: no
+    random words, no pairwise order, so none of their code compiles)."""
     nbatch, M, N = out.shape
     K = A.shape[2]
     L = gemm_lanes(K)
     per_batch = (M * N + L - 1) // L
     pa, po = params_of(pva), params_of(pvo)
+    # run-time flags, not literals: one _round_add compiles for both kinds of step
+    SET, ADD = np.bool_(False), np.bool_(True)
     stoch = mode >= STOCHASTIC
     ostoch = omode >= STOCHASTIC
     products_rounded = (not fused) or order == ORDER_PAIRWISE
@@ -232,75 +321,32 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
         Bb = B[ib[bt]]
         outb = out[bt]
         base0 = (bt * M * N + o0) * 2 * K
-        for jj in range(w):
-            base = base0 + jj * 2 * K
-            if stoch and products_rounded:
-                _fill(R, jj, base, 0, 2 * K, stream, seed_lo, seed_hi)
-            elif stoch:
-                _fill(R, jj, base, K, 2 * K, stream, seed_lo, seed_hi)
-                for h in range(0, K, blk):
-                    _fill(R, jj, base, h, h + 1, stream, seed_lo, seed_hi)
-            elif ostoch:
-                _fill(R, jj, base, K, K + 1, stream, seed_lo, seed_hi)
+        fill_item(general, R, w, base0, K, blk, stoch, ostoch, products_rounded, stream,
+                  seed_lo, seed_hi)
         r0 = R[0]
         if order == ORDER_BLOCKED:
             for h in range(0, K, blk):
                 dst = acc if h == 0 else part
                 # first term of the chunk: its product, rounded (slot h)
                 _products(pt, Ab, Bb, h, o0, w, N)
-                _round_add(dst, 1.0, pt, w, False, mode, R[h] if stoch else r0, k, pa, hw,
+                _round_add(dst, 1.0, pt, w, SET, mode, R[h] if stoch else r0, k, pa, hw,
                            cnt, tmp)
                 for t in range(h + 1, min(h + blk, K)):
                     _products(pt, Ab, Bb, t, o0, w, N)
                     if fused:   # FMA into the accumulator (slot K+t)
-                        _round_add(dst, 1.0, pt, w, True, mode,
+                        _round_add(dst, 1.0, pt, w, ADD, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
                     else:       # product (slot t), then the add (slot K+t)
-                        _round_add(prod, 1.0, pt, w, False, mode,
+                        _round_add(prod, 1.0, pt, w, SET, mode,
                                    R[t] if stoch else r0, k, pa, hw, cnt, tmp)
-                        _round_add(dst, 1.0, prod, w, True, mode,
+                        _round_add(dst, 1.0, prod, w, ADD, mode,
                                    R[K + t] if stoch else r0, k, pa, hw, cnt, tmp)
                 if h > 0:       # chunk combine (slot K+h)
-                    _round_add(acc, 1.0, part, w, True, mode,
+                    _round_add(acc, 1.0, part, w, ADD, mode,
                                R[K + h] if stoch else r0, k, pa, hw, cnt, tmp)
         else:
-            sp = 0
-            for t in range(K + 1):
-                if t < K:       # push leaf t; fused leaves wait to see if an FMA takes them
-                    starts[sp] = t
-                    levels[sp] = 0
-                    pending[sp] = fused
-                    if not fused:
-                        _products(pt, Ab, Bb, t, o0, w, N)
-                        _round_add(vals[sp], 1.0, pt, w, False, mode,
-                                   R[t] if stoch else r0, k, pa, hw, cnt, tmp)
-                    sp += 1
-                # combine equal levels while pushing; everything, right to left, at the end
-                while sp >= 2 and (t == K or levels[sp - 1] == levels[sp - 2]):
-                    left, right = sp - 2, sp - 1
-                    if pending[left]:
-                        s = starts[left]
-                        _products(pt, Ab, Bb, s, o0, w, N)
-                        _round_add(vals[left], 1.0, pt, w, False, mode,
-                                   R[s] if stoch else r0, k, pa, hw, cnt, tmp)
-                        pending[left] = False
-                    h = starts[right]
-                    rr = R[K + h] if stoch else r0
-                    if pending[right]:
-                        _products(pt, Ab, Bb, h, o0, w, N)
-                        _round_add(vals[left], 1.0, pt, w, True, mode, rr, k, pa, hw, cnt,
-                                   tmp)
-                    else:
-                        _round_add(vals[left], 1.0, vals[right], w, True, mode, rr, k, pa,
-                                   hw, cnt, tmp)
-                    levels[left] += 1
-                    sp -= 1
-            if pending[0]:
-                _products(pt, Ab, Bb, 0, o0, w, N)
-                _round_add(vals[0], 1.0, pt, w, False, mode, R[0] if stoch else r0, k, pa,
-                           hw, cnt, tmp)
-            for jj in range(w):
-                acc[jj] = vals[0, jj]
+            pairwise_item(general, vals, starts, levels, pending, acc, pt, Ab, Bb, o0, w, N, K,
+                          mode, R, r0, stoch, fused, k, pa, hw, cnt, tmp)
         # output rounding (slot K)
         for jj in range(w):
             ab, ro = f2i(acc[jj]), R[K, jj] if ostoch else 0
@@ -315,6 +361,26 @@ def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stre
             i = o // N
             outb[i, o - i * N] = i2f(nb)
         cnt[6] += w
+
+
+@njit(nogil=True, cache=True)
+def gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
+         blk, fused, hw, item_lo, item_hi, cnt):
+    """out[b] = fl(A[ia[b]] @ B[ib[b]]) step by step for work items item_lo .. item_hi-1
+    (an item: gemm_lanes(K) consecutive outputs of one batch element in C order, the lanes
+    that step together); adds the NCOUNTS counters to ``cnt``."""
+    _gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
+          blk, fused, hw, item_lo, item_hi, cnt, True)
+
+
+@njit(nogil=True, cache=True)
+def gemm_plain(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream,
+               order, blk, fused, hw, item_lo, item_hi, cnt):
+    """:func:`gemm` for deterministic modes in blocked (or sequential) order, the common
+    case: the same steps, without the code of random words and pairwise order, so its first
+    compile takes a fraction of gemm's."""
+    _gemm(A, B, ia, ib, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, order,
+          blk, fused, hw, item_lo, item_hi, cnt, False)
 
 
 @register_jitable
@@ -423,6 +489,8 @@ def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
     of :mod:`lpsim.cpu` in a few ranges per thread (the results do not depend on the split).
     """
     counts = np.zeros(NCOUNTS, np.int64)
+    if kernel is gemm and args[14] == ORDER_BLOCKED and max(args[5], args[6]) < STOCHASTIC:
+        kernel = gemm_plain          # mode, omode deterministic; blocked order
     if threads <= 1 or nitems < 2 or nitems * steps_per_item < PARALLEL_STEPS:
         with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
             kernel(*args, 0, nitems, counts)
