@@ -12,6 +12,8 @@ import math
 import sys
 import time
 
+import numpy as np
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -19,7 +21,7 @@ from rich.table import Table
 from . import __version__
 from .formats import PRESETS, Format, parse_format
 from .quantize import quantize
-from .rounding import MODES
+from .rounding import MODES, STOCHASTIC_MODES
 
 DEFAULT_FORMATS = ["bf16", "fp16", "e5m2", "e4m3fn", "fp(4,3,4)"]
 
@@ -139,6 +141,16 @@ def _width(rows, columns) -> int:
     return sum(max(len(c), *(len(r[c]) for r in rows)) + 3 for c in columns) + 1
 
 
+def _rounded(value: float, fmt: Format, mode: str, seed: int) -> float:
+    """lpsim.quantize(value, fmt, mode, seed=seed), computed by the exact reference: the same
+    bits (it draws the same Philox word), and no kernel to compile for a one-off value."""
+    from . import reference
+    stochastic = mode in STOCHASTIC_MODES
+    out, _ = reference.quantize(np.array([value], np.float64), fmt, mode,
+                                seed=seed if stochastic else None)
+    return float(out[0])
+
+
 def round_tables(values: list[float], specs: list[str], modes: list[str], seed: int,
                  width: int) -> list[Table]:
     """One table per (value, format): each mode's result as decimal, hex float and bits."""
@@ -148,10 +160,10 @@ def round_tables(values: list[float], specs: list[str], modes: list[str], seed: 
             fmt = parse_format(spec)
             rows = []
             for mode in modes:
-                r = float(quantize(value, fmt, mode, seed=seed))
+                r = _rounded(value, fmt, mode, seed)
                 rows.append({"mode": mode, "value": repr(r), "hex": r.hex(),
                              "bits": bit_fields(r, fmt)})
-            title = f"{value!r} ({value.hex()}) in {spec} = {fmt!r}"
+            title = f"{value!r} ({value.hex()}) in {spec} = {fmt.spec}"
             columns = ("mode", "value", "hex", "bits")
             if _width(rows, columns) <= width:
                 table = _table(title, columns, rows)

@@ -77,6 +77,23 @@ def test_round_wide_terminal_puts_value_hex_and_bits_in_columns():
     assert repr(value) in row[0] and value.hex() in row[0] and "0|01111011|1001101" in row[0]
 
 
+def test_round_values_are_lpsim_quantize_bits_for_every_mode_and_seed():
+    """The command computes with the exact reference (nothing to compile) and must print
+    what lpsim.quantize gives, stochastic draws included."""
+    from lpsim.cli import _rounded
+    from lpsim.rounding import MODES
+    for value in (0.1, -1e-30, 3.0000001, 65519.0, 1e300, -0.0):
+        for spec in ("bf16", "e4m3fn", "fp(5,2,0)", "fp(11,40)"):
+            fmt = lpsim.parse_format(spec)
+            for mode in MODES:
+                for seed in (0, 7, 2 ** 63 + 5):
+                    want = float(lpsim.quantize(value, fmt, mode, seed=seed))
+                    got = _rounded(value, fmt, mode, seed)
+                    assert got == want or (math.isnan(got) and math.isnan(want)), \
+                        (value, spec, mode, seed)
+                    assert math.copysign(1, got) == math.copysign(1, want)
+
+
 @pytest.mark.parametrize("spec", ["e4m3", "e4m3fn", "fp(4,3,4)", "e5m2", "fp(3,2,1)",
                                   "fp(4,3,0,saturate)"])
 def test_bit_fields_walk_every_code(spec):
