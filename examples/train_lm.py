@@ -14,6 +14,7 @@ loss, tokens/s, weight + optimizer-state memory) to ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pathlib
@@ -176,9 +177,17 @@ def main(argv=None):
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
                         metavar="RUN", help="which runs, quoted names from: "
                         + ", ".join(RUNS) + " (default: all)")
+    parser.add_argument("--replot", metavar="JSON", default=None,
+                        help="redraw train_lm.png and .md from the train_lm.json of an earlier "
+                        "run instead of training")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.replot:
+        saved = json.loads(pathlib.Path(args.replot).read_text())
+        write_outputs(saved["results"], argparse.Namespace(**{**saved["args"], "out": args.out}),
+                      out)
+        return
     data = stdlib_bytes(args.data_bytes)
     split = int(0.9 * data.numel())
     train_data, val_data = data[:split], data[split:]
@@ -226,6 +235,7 @@ def tune(run, lr0):
 
 def write_outputs(results, args, out):
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax, tax) = plt.subplots(1, 2, figsize=(11, 4.5),
@@ -248,6 +258,9 @@ def write_outputs(results, args, out):
                 if step >= args.steps // 4 and math.isfinite(loss)]
         ax.set_ylim(min(finals) - 0.05, max(late) + 0.05)
     tax.set_xscale("log")
+    tried_lrs = sorted({lr for r in results.values() for lr, _ in r["tried"]})
+    tax.set_xticks(tried_lrs, [f"{lr:.1e}" for lr in tried_lrs], rotation=30, fontsize=8)
+    tax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     tax.set_xlabel("peak learning rate")
     tax.set_ylabel("final validation loss")
     tax.set_title("learning-rate search (star: kept)" if args.tune else "learning rate",
@@ -258,6 +271,9 @@ def write_outputs(results, args, out):
         tax.set_ylim(min(tfinals) - 0.02, min(max(tfinals), min(tfinals) + 0.5) + 0.02)
     fig.tight_layout()
     fig.savefig(out / "train_lm.png", dpi=120)
+    # the runs themselves, so that the figure can be redrawn (--replot) without training
+    (out / "train_lm.json").write_text(json.dumps(
+        dict(args={k: v for k, v in vars(args).items()}, results=results), indent=1))
     memory = "peak GPU memory (MB)" if args.device == "cuda" else "weights + states (KB)"
     scale = 1e6 if args.device == "cuda" else 1e3
     lines = [f"Byte-level LM, {args.steps} steps of {args.batch}x{args.context} bytes, d_model "
