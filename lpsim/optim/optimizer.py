@@ -8,6 +8,7 @@ The class validates and holds hyperparameters and state; the math of a step live
 from __future__ import annotations
 
 import math
+import operator
 import secrets
 
 import numpy as np
@@ -241,12 +242,14 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         hyper = {}
         state = self.state
         resolved = {}
+        last = (None, 0)
+        entry = None
         for j, p in enumerate(group["params"]):
             g = p.grad
             if g is None:
                 continue
-            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or p.is_cuda or g.is_sparse
-                    or not (p.is_contiguous() and g.is_contiguous())
+            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or g.is_sparse or p.is_cuda
+                    or not p.is_contiguous() or not g.is_contiguous()
                     or g.numel() != p.numel()):
                 self._step_param(p, base + j, group, hyper)
                 continue
@@ -258,9 +261,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             if "step" not in st:
                 st = self._init_state(p, p, group, setup)
             t = st["step"] = st["step"] + 1
-            entry = sets.get((id(setup), t))
-            if entry is None:
-                entry = sets[id(setup), t] = (setup, [], [], [], [])
+            if last[0] is not setup or last[1] != t:        # a set other than the last one's
+                last = (setup, t)
+                entry = sets.get((id(setup), t))
+                if entry is None:
+                    entry = sets[id(setup), t] = (setup, [], [], [], [])
             entry[1].append(j)
             entry[2].append(p)
             entry[3].append(g)
@@ -290,9 +295,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         key = (id(group), base, id(setup), tuple(positions))
         cached = cache.get(key)
         if (cached is not None and cached[0] is group and cached[1] == ptrs
-                and all(a is b for a, b in zip(cached[2], params))
-                and all(a is b for a, b in zip(cached[3], held))):
+                and all(map(operator.is_, cached[2], params))
+                and all(map(operator.is_, cached[3], held))):
             return cached[4]
+        if len(cache) >= 256:           # bounded: sets that keep changing are rebuilt anyway
+            cache.clear()
         moments = self._state_names(group)
         rows = []
         for k, (j, p) in enumerate(zip(positions, params)):
