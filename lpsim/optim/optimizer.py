@@ -310,8 +310,10 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             rows.append((p.data_ptr(), 0, *address, p.numel(), 0,
                          *(keys.stream(0, base + j, slot) for slot in range(3))))
         table = multi.Table(rows, setup, get_num_threads())
-        # the tensors are kept with their table, so their ids and storage stay theirs
-        cache[key] = (group, ptrs, tuple(params), tuple(held), table)
+        # the tensors are kept with their table, so their ids stay theirs, and so are their
+        # storages: a state whose .data is swapped keeps the memory the table points to
+        storages = [t.untyped_storage() for t in (*params, *held)]
+        cache[key] = (group, ptrs, tuple(params), tuple(held), table, storages)
         return table
 
     def _views(self, index, *tensors_and_setup):
