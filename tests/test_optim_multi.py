@@ -162,7 +162,7 @@ def test_offsets_and_threads(dtype, monkeypatch):
                 for i, ((w, g, m, v), n, off) in enumerate(zip(many, sizes, offsets))]
         table = multi.Table(rows, setup, workers)
         assert len(table.bounds) == workers + 1
-        counts = table.step(setup.kinds, hp, ints, seed, setup)
+        counts = table.step(hp, ints, seed, 0)
         assert np.array_equal(counts, expect)
         for a, b in zip(one, many):
             for x, y in zip(a, b):

@@ -22,7 +22,7 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from lpsim.cpu import thread_pool
+from lpsim.cpu import params_of, thread_pool
 
 from .cpu import CHUNK, _entry, run_chunks, run_quads, scratch
 from .step import NCOUNTS, STORE_F16
@@ -31,6 +31,8 @@ from .step import NCOUNTS, STORE_F16
 #: element count, global offset, the streams of weight / first / second moment, first unit
 W, G, M, V, C, R, N, OFFSET, SW, SM, SV, START = range(12)
 COLUMNS = 12
+#: where the step's values start in ``consts`` (after pw, pc, ps: 20 each, sp16: 11, kinds: 3)
+DYNAMIC = 74
 #: elements per worker below which a set is stepped in the calling thread alone
 GRAIN = 1 << 15
 
@@ -46,11 +48,17 @@ def _pointer(typingctx, address, proto):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _optim_step_multi(table, pw_, pg_, pm_, pv_, pc_, pr_, kinds, hp, ints, seed, pw, pc, ps,
-                      sp16, u0, u1):
+def _optim_step_multi(table, pw_, pg_, pm_, pv_, pc_, pr_, consts, hp, u0, u1):
     """Step work units u0 .. u1-1 of the tensors in ``table`` (columns above); the arrays
-    ``pw_`` .. ``pr_`` give the element types (and stand in for absent states).  Returns the
-    NCOUNTS counters."""
+    ``pw_`` .. ``pr_`` give the element types (and stand in for absent states); ``consts``:
+    the int64 arguments of the per-tensor kernel in one array (filled by :class:`Table`),
+    cheaper to pass than their tuples.  Returns the NCOUNTS counters."""
+    pw, pc, ps = params_of(consts[0:20]), params_of(consts[20:40]), params_of(consts[40:60])
+    v = consts[60:]
+    sp16 = (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10])
+    kinds = (v[11], v[12], v[13])
+    ints = (v[14], v[15], v[16], v[17], v[18], v[19], v[20], v[21])
+    seed_lo, seed_hi, shift = v[22], v[23], v[24]
     counts = np.zeros(NCOUNTS, np.int64)
     fast = kinds[0] != STORE_F16 and kinds[1] != STORE_F16 and kinds[2] != STORE_F16
     longest = 1
@@ -69,7 +77,8 @@ def _optim_step_multi(table, pw_, pg_, pm_, pv_, pc_, pr_, kinds, hp, ints, seed
         vb = pv_ if table[i, V] == 0 else carray(_pointer(table[i, V], pv_), n)
         cb = pc_ if table[i, C] == 0 else carray(_pointer(table[i, C], pc_), n)
         rb = pr_ if table[i, R] == 0 else carray(_pointer(table[i, R], pr_), n)
-        keys = (seed[0], seed[1], table[i, SW], table[i, SM], table[i, SV])
+        keys = (seed_lo, seed_hi, table[i, SW] + shift, table[i, SM] + shift,
+                table[i, SV] + shift)
         if fast:
             run_chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0,
                        c1, work, counts)
@@ -89,14 +98,16 @@ def units(n: int, offset: int) -> int:
 
 class Table:
     """A set's table, built once and reused while its tensors keep their storage: a step
-    refreshes only the gradient addresses and the streams (step count)."""
+    refreshes only the gradient addresses (and passes its step count and hyperparameters)."""
 
     def __init__(self, rows, setup, workers):
         """rows: (weight, gradient, m, v, kahan, remainder addresses, n, offset, stream of
         weight / first / second moment at step 0) per tensor."""
         self.table = np.zeros((len(rows), COLUMNS), np.int64)
         self.table[:, :START] = rows
-        self.streams = self.table[:, SW:SV + 1].copy()
+        self.consts = np.zeros(DYNAMIC + 11, np.int64)
+        self.consts[:DYNAMIC] = (*setup.pw, *setup.pc, *setup.ps, *setup.sp16, *setup.kinds)
+        self.kernel = None
         per = [units(int(n), int(o)) for n, o in self.table[:, [N, OFFSET]]]
         self.table[:, START] = np.cumsum([0] + per[:-1])
         self.total = int(sum(per))
@@ -116,17 +127,19 @@ class Table:
         cuts = np.searchsorted(cum, np.arange(1, workers) * (cum[-1] / workers)) + 1
         return sorted({0, self.total, *(int(c) for c in cuts if 0 < c < self.total)})
 
-    def refresh(self, grads, step: int) -> None:
-        """Set the gradients' addresses and the streams of step count ``step``."""
+    def refresh(self, grads) -> None:
+        """Set the gradients' addresses."""
         self.table[:, G] = [g.data_ptr() for g in grads]
-        self.table[:, SW:SV + 1] = self.streams + (step << 24)
 
-    def step(self, kinds, hp, ints, seed, setup) -> np.ndarray:
-        """Run the kernel over the set; returns the NCOUNTS counters (tensors written in
-        place)."""
-        args = (self.table, *self.protos, kinds, hp, ints, seed, setup.pw, setup.pc, setup.ps,
-                tuple(setup.sp16))
-        kernel = _entry(_optim_step_multi, args + (0, self.total))
+    def step(self, hp, ints, seed, step: int) -> np.ndarray:
+        """Run the kernel over the set at step count ``step`` (hyperparameters ``hp``, the
+        per-tensor kernel's ``ints``, ``seed`` = (lo, hi)); returns the NCOUNTS counters
+        (tensors written in place)."""
+        self.consts[DYNAMIC:] = (*ints, *seed, step << 24)
+        args = (self.table, *self.protos, self.consts, hp)
+        kernel = self.kernel
+        if kernel is None:
+            kernel = self.kernel = _entry(_optim_step_multi, args + (0, self.total))
         bounds = self.bounds
         if len(bounds) == 2:
             return kernel(*args, 0, self.total)

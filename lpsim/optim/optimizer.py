@@ -273,13 +273,13 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         for (_, t), (setup, positions, params, grads, states) in sets.items():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
             table = self._table(group, base, setup, positions, params, states)
-            table.refresh(grads, t)
+            table.refresh(grads)
             hp = hyper.get(t)
             if hp is None:
                 hp = hyper[t] = self._hyper(group, t)
             ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
                     int(bool(group.get("nesterov", False))), int(t == 1))
-            counts = table.step(setup.kinds, hp, ints, split_key(group["seed"], "seed"), setup)
+            counts = table.step(hp, ints, split_key(group["seed"], "seed"), t)
             self._stats.counts[0] += table.elements
             self._stats.counts[1:] += counts[:6]
             self._cancelled += int(counts[6])
