@@ -177,6 +177,7 @@ def test_errors_on_the_multi_tensor_route():
     p.grad = torch.zeros(4, 4).t()
     with pytest.raises(ValueError, match="contiguous"):
         opt.step()
+    assert opt.state[q]["step"] == 0        # nothing stepped: q's step count not advanced
     p.grad = torch.zeros(4, 4).to_sparse()
     with pytest.raises(TypeError, match="sparse"):
         opt.step()

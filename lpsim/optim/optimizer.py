@@ -260,7 +260,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             st = state[p]
             if "step" not in st:
                 st = self._init_state(p, p, group, setup)
-            t = st["step"] = st["step"] + 1
+            t = st["step"] + 1          # stored once every check has passed
             if last[0] is not setup or last[1] != t:        # a set other than the last one's
                 last = (setup, t)
                 entry = sets.get((id(setup), t))
@@ -272,6 +272,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             entry[4].append(st)
         for (_, t), (setup, positions, params, grads, states) in sets.items():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
+            for st in states:
+                st["step"] = t
             table = self._table(group, base, setup, positions, params, states)
             table.refresh(grads)
             hp = hyper.get(t)
