@@ -181,6 +181,11 @@ def test_errors_on_the_multi_tensor_route():
     p.grad = torch.zeros(4, 4).to_sparse()
     with pytest.raises(TypeError, match="sparse"):
         opt.step()
+    p.grad = torch.zeros(4, 4)
+    opt.step()
+    del opt.state[p]["exp_avg_sq"]
+    with pytest.raises(ValueError, match="exp_avg_sq"):
+        opt.step()
     r = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     r.grad = torch.zeros(2, dtype=torch.float64)
     with pytest.raises(TypeError, match="float64"):

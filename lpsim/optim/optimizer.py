@@ -291,7 +291,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         same storage and the same state tensors (load_state_dict replaces them)."""
         names = self._state_names(group) + {KAHAN: ("kahan_comp",),
                                             REMAINDER: ("remainder",)}.get(setup.update, ())
-        held = [st[name] for st in states for name in names]
+        held = [st.get(name) for st in states for name in names]
         ptrs = [p.data_ptr() for p in params]
         cache = self.__dict__.setdefault("_table_cache", {})   # not in torch's pickled state
         key = (id(group), base, id(setup), tuple(positions))
@@ -302,6 +302,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             return cached[4]
         if len(cache) >= 256:           # bounded: sets that keep changing are rebuilt anyway
             cache.clear()
+        for k, t in enumerate(held):
+            if t is None:       # the kernel would write past a stand-in array
+                raise ValueError(f"parameter {base + positions[k // len(names)]} has no state "
+                                 f"{names[k % len(names)]!r}, which update_rounding="
+                                 f"{setup.update_rounding!r} needs; load a state dict saved "
+                                 "with the same options")
         moments = self._state_names(group)
         rows = []
         for k, (j, p) in enumerate(zip(positions, params)):
