@@ -89,9 +89,9 @@ def test_multi_equals_per_tensor_and_reference(dtype, update, srnd, sfmt, algo):
 
 
 def test_groups_missing_grads_step_counts_replaced_storage_and_state():
-    """Two groups with different options (one of two dtypes), parameters without gradients
-    at some steps (so step counts differ inside a group), p.data replaced at step 2, the
-    state dict reloaded at step 3: the three routes agree after every change."""
+    """Two groups with different options, parameters without gradients at some steps (so
+    step counts differ inside a group), a state tensor replaced at step 1, p.data replaced
+    at step 2, the state dict reloaded at step 3: the three routes agree after each change."""
     def make(ps, **route):
         return AdamW([{"params": ps[:3]},
                       {"params": ps[3:], "lr": 1e-1, "update_rounding": "kahan",
@@ -100,6 +100,8 @@ def test_groups_missing_grads_step_counts_replaced_storage_and_state():
                      seed=7, **route)
 
     def hook(step, params, opt):
+        if step == 1:           # a state tensor replaced by hand
+            opt.state[params[2]]["exp_avg"] = opt.state[params[2]]["exp_avg"].clone()
         if step == 2:
             params[1].data = params[1].data.clone()
             params[4].data = params[4].data.clone()
