@@ -40,10 +40,8 @@ def _optim_step_quads(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw,
                       q0, q1):
     """Step quads q0 .. q1-1 (global quad indices); returns the NCOUNTS counters."""
     counts = np.zeros(NCOUNTS, np.int64)
-    n = wb.size
-    for q in range(q0, q1):
-        step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
-                  sp16, counts)
+    run_quads(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16, q0, q1,
+              counts)
     return counts
 
 
@@ -179,21 +177,45 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
 
 
 @register_jitable
-def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1):
+def scratch(size):
+    """The working arrays of :func:`run_chunks` for chunks of at most ``size`` elements."""
+    return (np.empty((8, size), np.int32), np.empty((3, size), np.int64),
+            np.empty((3, size + 8), np.int64), np.empty((size + GROUP - 1) // GROUP, np.int64),
+            np.zeros(NCOUNTS, np.int64))
+
+
+@register_jitable
+def run_chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1,
+               work, counts):
+    """Step chunks c0 .. c1-1 of one tensor (chunk ch: its elements of global indices
+    ch * CHUNK .. (ch + 1) * CHUNK - 1, counted from the chunk of ``offset``), adding the
+    NCOUNTS counters to ``counts``; ``work``: :func:`scratch` of at least the longest chunk."""
     n = wb.size
-    counts = np.zeros(NCOUNTS, np.int64)
-    scratch_counts = np.zeros(NCOUNTS, np.int64)
-    size = min(n, CHUNK)        # the longest chunk: small parameters get small scratch
-    s32 = np.empty((8, size), np.int32)
-    s64 = np.empty((3, size), np.int64)
-    words = np.empty((3, size + 8), np.int64)
-    left = np.empty((size + GROUP - 1) // GROUP, np.int64)
+    s32, s64, words, left, scratch_counts = work
     for ch in range(c0, c1):
         lo = max(ch * CHUNK - offset % CHUNK, 0)       # chunks aligned to global indices
         hi = min((ch + 1) * CHUNK - offset % CHUNK, n)
         if hi > lo:
             _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
                    s32, s64, words, left, counts, scratch_counts)
+
+
+@register_jitable
+def run_quads(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16, q0, q1,
+              counts):
+    """Step quads q0 .. q1-1 (global quad indices) of one tensor by the quad route."""
+    n = wb.size
+    for q in range(q0, q1):
+        step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                  sp16, counts)
+
+
+@register_jitable
+def _chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1):
+    counts = np.zeros(NCOUNTS, np.int64)
+    work = scratch(min(wb.size, CHUNK))  # the longest chunk: small parameters, small scratch
+    run_chunks(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, c0, c1, work,
+               counts)
     return counts
 
 

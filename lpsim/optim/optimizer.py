@@ -8,20 +8,24 @@ The class validates and holds hyperparameters and state; the math of a step live
 from __future__ import annotations
 
 import math
+import operator
 import secrets
 
 import numpy as np
 import torch
+from numba import get_num_threads
 
 from lpsim.formats import parse_format
 from lpsim.philox import split_key
 from lpsim.stats import RoundingStats
 
-from . import cpu, keys, reference
+from . import cpu, keys, multi, reference
 from .setup import STATE_ROUNDINGS, Setup, resolve
 from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD, UPDATES
 
 IMPLEMENTATIONS = ("fused", "reference")
+#: tensor types the multi-tensor route takes (others, e.g. DTensor, are stepped one by one)
+_PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
 def _check_number(name, value, low=0.0, high=None, open_high=False):
@@ -44,9 +48,10 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     stochastic decision (1..32; default all: 62 for the weight, 32 for states).  seed: the
     Philox key (default: fresh from ``secrets``), see :mod:`lpsim.optim.keys`.
     implementation: "fused" (numba CPU kernel, lpsim_cuda for CUDA tensors) or "reference".
-
-    A step makes one kernel call (CPU) or launch (CUDA) per parameter tensor; parameters are
-    not gathered into flat per-group buffers.
+    foreach: with "fused", step a group's CPU tensors that share dtypes and step count with
+    one multi-tensor kernel call (True, the default: :mod:`lpsim.optim.multi`) or one call
+    per tensor (False); the bits are the same.  CUDA tensors and DTensors are stepped one by
+    one (one launch per tensor); parameters are not gathered into flat buffers.
 
     After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
     (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
@@ -57,7 +62,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, update_rounding="nearest", weight_format=None,
                  state_format=None, state_rounding="nearest", sr_bits=None, seed=None,
-                 implementation="fused"):
+                 implementation="fused", foreach=True):
         if update_rounding not in UPDATES:
             raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
                              f"{', '.join(UPDATES)}")
@@ -70,6 +75,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         for name, fmt in (("weight_format", weight_format), ("state_format", state_format)):
             if fmt is not None:
                 parse_format(fmt)          # a clear error now, not at the first step
+        if not isinstance(foreach, bool):
+            raise TypeError(f"foreach={foreach!r} is not a bool; accepted: True or False")
         if sr_bits is not None:
             if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
                 raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
@@ -81,7 +88,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         defaults.update(update_rounding=update_rounding, weight_format=weight_format,
                         state_format=state_format, state_rounding=state_rounding,
                         sr_bits=None if sr_bits is None else int(sr_bits), seed=int(seed),
-                        implementation=implementation)
+                        implementation=implementation, foreach=foreach)
         super().__init__(params, defaults)
         self._stats = RoundingStats()
         self._cancelled = 0
@@ -214,15 +221,108 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        index = -1
+        base = 0
         for group in self.param_groups:
-            hyper = {}          # step count -> _hyper: one per group and count, not per tensor
-            for p in group["params"]:
-                index += 1
-                if p.grad is None:
-                    continue
-                self._step_param(p, index, group, hyper)
+            params = group["params"]
+            if group["implementation"] == "fused" and group.get("foreach", True):
+                self._step_group(group, base)
+            else:
+                hyper = {}      # step count -> _hyper: one per group and count, not per tensor
+                for j, p in enumerate(params):
+                    if p.grad is not None:
+                        self._step_param(p, base + j, group, hyper)
+            base += len(params)
         return loss
+
+    def _step_group(self, group, base):
+        """Step a group's CPU tensors by sets (dtypes, Setup, step count), one multi-tensor
+        kernel call per set (lpsim.optim.multi); others (CUDA, DTensor, or a check that
+        fails, to raise its error) one by one."""
+        sets = {}       # (id of Setup, step count) -> (Setup, positions, params, grads, states)
+        hyper = {}
+        state = self.state
+        resolved = {}
+        last = (None, 0)
+        entry = None
+        for j, p in enumerate(group["params"]):
+            g = p.grad
+            if g is None:
+                continue
+            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or g.is_sparse or p.is_cuda
+                    or not p.is_contiguous() or not g.is_contiguous()
+                    or g.numel() != p.numel()):
+                self._step_param(p, base + j, group, hyper)
+                continue
+            dtypes = (p.dtype, g.dtype)
+            setup = resolved.get(dtypes)
+            if setup is None:
+                setup = resolved[dtypes] = resolve(group, p, g.dtype)
+            st = state[p]
+            if "step" not in st:
+                st = self._init_state(p, p, group, setup)
+            t = st["step"] + 1          # stored once every check has passed
+            if last[0] is not setup or last[1] != t:        # a set other than the last one's
+                last = (setup, t)
+                entry = sets.get((id(setup), t))
+                if entry is None:
+                    entry = sets[id(setup), t] = (setup, [], [], [], [])
+            entry[1].append(j)
+            entry[2].append(p)
+            entry[3].append(g)
+            entry[4].append(st)
+        for (_, t), (setup, positions, params, grads, states) in sets.items():
+            keys.stream(t, base + positions[-1], 2)             # the keys' range checks
+            for st in states:
+                st["step"] = t
+            table = self._table(group, base, setup, positions, params, states)
+            table.refresh(grads)
+            hp = hyper.get(t)
+            if hp is None:
+                hp = hyper[t] = self._hyper(group, t)
+            ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
+                    int(bool(group.get("nesterov", False))), int(t == 1))
+            counts = table.step(hp, ints, split_key(group["seed"], "seed"), t)
+            self._stats.counts[0] += table.elements
+            self._stats.counts[1:] += counts[:6]
+            self._cancelled += int(counts[6])
+
+    def _table(self, group, base, setup, positions, params, states):
+        """The multi.Table of a set, kept between steps while the same parameters hold the
+        same storage and the same state tensors (load_state_dict replaces them)."""
+        names = self._state_names(group) + {KAHAN: ("kahan_comp",),
+                                            REMAINDER: ("remainder",)}.get(setup.update, ())
+        held = [st.get(name) for st in states for name in names]
+        ptrs = [p.data_ptr() for p in params]
+        cache = self.__dict__.setdefault("_table_cache", {})   # not in torch's pickled state
+        key = (id(group), base, id(setup), tuple(positions))
+        cached = cache.get(key)
+        if (cached is not None and cached[0] is group and cached[1] == ptrs
+                and all(map(operator.is_, cached[2], params))
+                and all(map(operator.is_, cached[3], held))):
+            return cached[4]
+        if len(cache) >= 256:           # bounded: sets that keep changing are rebuilt anyway
+            cache.clear()
+        for k, t in enumerate(held):
+            if t is None:       # the kernel would write past a stand-in array
+                raise ValueError(f"parameter {base + positions[k // len(names)]} has no state "
+                                 f"{names[k % len(names)]!r}, which update_rounding="
+                                 f"{setup.update_rounding!r} needs; load a state dict saved "
+                                 "with the same options")
+        moments = self._state_names(group)
+        rows = []
+        for k, (j, p) in enumerate(zip(positions, params)):
+            by_name = dict(zip(names, held[k * len(names):(k + 1) * len(names)]))
+            address = [by_name[name].data_ptr() if name in by_name else 0
+                       for name in (moments[0] if moments else "", "exp_avg_sq", "kahan_comp",
+                                    "remainder")]
+            rows.append((p.data_ptr(), 0, *address, p.numel(), 0,
+                         *(keys.stream(0, base + j, slot) for slot in range(3))))
+        table = multi.Table(rows, setup, get_num_threads())
+        # the tensors are kept with their table, so their ids stay theirs, and so are their
+        # storages: a state whose .data is swapped keeps the memory the table points to
+        storages = [t.untyped_storage() for t in (*params, *held)]
+        cache[key] = (group, ptrs, tuple(params), tuple(held), table, storages)
+        return table
 
     def _views(self, index, *tensors_and_setup):
         """The numpy bit views of a parameter and its states (lpsim.optim.cpu.bits_view),
