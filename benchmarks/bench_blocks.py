@@ -32,6 +32,11 @@ CASES = [("mxfp8_e4m3", "nearest"), ("mxfp8_e4m3", "stochastic"), ("mxfp4", "nea
 TARGETS = {"copy": 0.5, "gfloat": 20.0}
 
 
+# lpsim's threads, read without starting numba's threading layer (which would set the
+# OpenMP thread count that torch shares)
+from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -75,7 +80,7 @@ def machine(device: str) -> str:
     model = cpu_model()
     if device == "cuda":
         model = torch.cuda.get_device_name() + f" (host {model})"
-    return (f"{model}, {os.cpu_count()} cores (numba threads {numba.get_num_threads()}); "
+    return (f"{model}, {os.cpu_count()} cores (numba threads {lpsim_threads()}); "
             f"numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
 
 

@@ -43,6 +43,11 @@ TARGETS = {("C", 8, 64): 8.0, ("C", 1, 256): 20.0}
 GRAM_TARGET = 0.90
 
 
+# lpsim's threads, read without starting numba's threading layer (which would set the
+# OpenMP thread count that torch shares)
+from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+
+
 def parse():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="samples m")
@@ -182,7 +187,7 @@ def cpu_only(args):
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     lines = [f"# {today}  CPU simulator only: {platform.machine()}, {os.cpu_count()} cores, "
-             f"numba {numba.__version__} ({numba.get_num_threads()} threads)",
+             f"numba {numba.__version__} ({lpsim_threads()} threads)",
              f"# command: {command}",
              f"# recipe C, logistic, n={args.features} ({args.cpu_rows} rows drawn from; the "
              "time does not depend on m); no GPU numbers here",

@@ -30,6 +30,11 @@ import numpy as np
 import lpsim.ops as ops
 
 
+# lpsim's threads, read without starting numba's threading layer (which would set the
+# OpenMP thread count that torch shares)
+from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+
+
 def best(fn, repeat):
     fn()   # compile / warm up
     times = []
@@ -87,7 +92,7 @@ def sweep(args):
 
     print(f"# lpsim.ops across sizes, {datetime.datetime.now().isoformat(timespec='seconds')}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, numba "
-          f"{numba.__version__} ({numba.get_num_threads()} threads), numpy {np.__version__}")
+          f"{numba.__version__} ({lpsim_threads()} threads), numpy {np.__version__}")
     print(f"# command: python benchmarks/bench_ops.py --sweep --max-log2n {args.max_log2n}; "
           "load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"{'case':42s} {'size':>9s} {'us/call':>10s} {'numpy us':>10s} {'per second':>12s}")
@@ -168,7 +173,7 @@ def main(argv=None):
         results.append({"case": name, "seconds": t, "mac_per_s": macs / t,
                         "slowdown_vs_numpy": t / peer})
     print(f"# {datetime.date.today()}  {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, numba {numba.__version__} ({numba.get_num_threads()} "
+          f"{os.cpu_count()} cores, numba {numba.__version__} ({lpsim_threads()} "
           f"threads), numpy {np.__version__}")
     print(f"# command: python {' '.join(sys.argv)}   (n={n}, best of {args.repeat})")
     print(f"{'case':60s} {'seconds':>9s} {'MAC/s':>10s} {'x numpy':>9s}")

@@ -37,14 +37,14 @@ TARGETS = {"cpu": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.5)],
                     ("lpsim bf16 SR (fused)", "torchao bf16 SR", 1.0)]}
 
 
+# lpsim's threads, read without starting numba's threading layer (which would set the
+# OpenMP thread count that torch shares)
+from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+
+
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def numba_threads():
-    import numba
-    return numba.get_num_threads()
 
 
 def median_seconds(step, device, repeats):
@@ -169,7 +169,7 @@ def main(argv=None):
         commit = "?"
     head = [f"# lpsim.optim AdamW step, {datetime.datetime.now().isoformat(timespec='seconds')}, "
             f"{args.device} ({device}), {os.cpu_count()} cores, torch threads "
-            f"{torch.get_num_threads()}, lpsim (numba) threads {numba_threads()}",
+            f"{torch.get_num_threads()}, lpsim (numba) threads {lpsim_threads()}",
             f"# torch {torch.__version__}, lpsim {commit}; n = {n} parameters in {len(shapes)} "
             f"tensors, median of "
             f"{args.repeats} steps after a warm-up; load average {os.getloadavg()}",

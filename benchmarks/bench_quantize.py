@@ -41,6 +41,11 @@ TARGETS = [("bf16", "nearest", "copy", 0.4), ("bf16", "nearest", "ml_dtypes", 1.
            ("bf16", "nearest", "qtorch", 15.0), ("bf16", "stochastic", "qtorch", 30.0)]
 
 
+# lpsim's threads, read without starting numba's threading layer (which would set the
+# OpenMP thread count that torch shares)
+from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -93,7 +98,7 @@ def machine() -> dict:
         revision = "unknown"
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "cpu": model, "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+        "cpu": model, "cores": os.cpu_count(), "numba_threads": lpsim_threads(),
         "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
         "python": platform.python_version(), "numpy": np.__version__,
         "numba": numba.__version__, "torch": torch.__version__,

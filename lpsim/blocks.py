@@ -46,12 +46,12 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
-from numba import get_num_threads, njit
+from numba import njit
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
 from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, entry_point,
-                  fill_words, thread_pool)
+                  fill_words, thread_pool, threads)
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
                        TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
@@ -672,7 +672,7 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q, want_counts
             int(request.stream), int(request.offset), bool(want_q), bool(want_counts), cm, ceb,
             int(CHUNK))
     n = x2.size
-    workers = min(get_num_threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
+    workers = min(threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
     if workers <= 1:
         kernel(x2, out2, q2, s2, counts, 0, nblocks, *args)
         return

@@ -30,7 +30,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from numba import config as numba_config
 from numba import get_num_threads, njit, typeof, types
+from numba.np.ufunc import parallel as _numba_parallel
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
@@ -341,6 +343,19 @@ def ntasks(n: int, offset: int) -> int:
     return (nchunks + TASK - 1) // TASK
 
 
+def threads() -> int:
+    """The threads lpsim's own pool may use: ``numba.get_num_threads()`` once numba's threading
+    layer runs (``numba.set_num_threads`` starts it), else NUMBA_NUM_THREADS.
+
+    Why not always ask numba: asking starts its threading layer, and its OpenMP layer sets
+    the OpenMP thread count that torch shares, so a 1-thread torch would run its next ops on
+    every core, with other results for bf16 products; lpsim's kernels run on its own pool.
+    """
+    if _numba_parallel._is_initialized:
+        return get_num_threads()
+    return numba_config.NUMBA_NUM_THREADS
+
+
 @functools.cache
 def thread_pool(workers, pid):
     # keyed by process id too: a forked child does not inherit the parent's threads
@@ -352,7 +367,7 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
 
     Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones are
-    split into one contiguous range per thread of ``numba.get_num_threads()`` (at least
+    split into one contiguous range per thread of :func:`threads` (at least
     PARALLEL_GRAIN elements each), the calling thread taking the first (the bits do not
     depend on the split: the random words are counter-based).
     """
@@ -361,7 +376,7 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
     kernel = entry(mode, x.dtype)
     if n < SERIAL_BELOW:
         return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
-    workers = min(get_num_threads(), tasks, n // PARALLEL_GRAIN)
+    workers = min(threads(), tasks, n // PARALLEL_GRAIN)
     if workers <= 1:
         return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
     xa, oa = x.__array_interface__["data"][0], out.__array_interface__["data"][0]

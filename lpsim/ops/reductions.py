@@ -36,9 +36,9 @@ import functools
 import math
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
+from ..cpu import threads as cpu_threads
 from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
 from ..rounding import kernel_params
@@ -216,7 +216,7 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     order, blk = setup.order, setup.blk or K
     # C-contiguous and writable (numba compiles read-only arrays as another signature)
     A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
-    threads = numba.get_num_threads() if out.size * K >= PARALLEL_STEPS else 1
+    threads = cpu_threads() if out.size * K >= PARALLEL_STEPS else 1
     if N == 1 and order == ORDER_BLOCKED and not batch:
         # one output column: the register chain (X[o], Y[o] the operands of output o)
         X, Y = A.reshape(-1, K), B.reshape(-1, K)

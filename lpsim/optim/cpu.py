@@ -20,11 +20,11 @@ import os
 
 import numpy as np
 import torch
-from numba import get_num_threads, njit
+from numba import njit
 from numba.extending import register_jitable
 
 from lpsim.cpu import (GROUP, PARALLEL_GRAIN, entry_point, fast_pass, fill_words, slow_pass,
-                       thread_pool)
+                       thread_pool, threads)
 from lpsim.rounding import NEAREST, STOCHASTIC
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
@@ -268,7 +268,7 @@ def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.nda
         kernel, first, last = _optim_step_quads, offset // 4, (offset + n + 3) // 4
         args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
                 setup.ps, tuple(setup.sp16))
-    workers = 1 if n < 2 * PARALLEL_GRAIN else min(get_num_threads(), n // PARALLEL_GRAIN)
+    workers = 1 if n < 2 * PARALLEL_GRAIN else min(threads(), n // PARALLEL_GRAIN)
     if workers <= 1:
         return _entry(kernel, args + (first, last))(*args, first, last)
     bounds = np.linspace(first, last, 4 * workers + 1).astype(np.int64)

@@ -13,7 +13,7 @@ import secrets
 
 import numpy as np
 import torch
-from numba import get_num_threads
+from lpsim.cpu import threads
 
 from lpsim.formats import parse_format
 from lpsim.philox import split_key
@@ -317,7 +317,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                                     "remainder")]
             rows.append((p.data_ptr(), 0, *address, p.numel(), 0,
                          *(keys.stream(0, base + j, slot) for slot in range(3))))
-        table = multi.Table(rows, setup, get_num_threads())
+        table = multi.Table(rows, setup, threads())
         # the tensors are kept with their table, so their ids stay theirs, and so are their
         # storages: a state whose .data is swapped keeps the memory the table points to
         storages = [t.untyped_storage() for t in (*params, *held)]
