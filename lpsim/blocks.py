@@ -53,8 +53,8 @@ from .formats import Format, parse_format
 from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, entry_point,
                   fill_words, thread_pool, threads)
 from .philox import LANES, block_words, lane_word
-from .rounding import (DOWN, NEAREST, NEAREST_AWAY, ODD, STOCHASTIC, STOCHASTIC_EQUAL,
-                       TOWARD_ZERO, UP, Params, kernel_params, round_bits, round_fast_sub)
+from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
+                       round_fast_sub)
 from .stats import RoundingStats
 
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
@@ -575,68 +575,22 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
                 c[7] = np.int64(amax != 0 and nonzero == 0)
         t = t_end
 
-# One cached entry point per rounding mode, each a module-level function with a name of its
-# own (numba's on-disk cache keys kernels by qualified name); the mode reaches the element
-# loop as a constant, so its decision compiles to straight-line code.
-@njit(cache=True, nogil=True)
-def blocks_nearest(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
-                   offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, NEAREST, k, p, sp, bp, seed_lo, seed_hi,
-                  stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_nearest_away(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
-                        stream, offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, NEAREST_AWAY, k, p, sp, bp, seed_lo,
-                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_toward_zero(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
-                       stream, offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, TOWARD_ZERO, k, p, sp, bp, seed_lo,
-                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_up(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
-              offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, UP, k, p, sp, bp, seed_lo, seed_hi,
-                  stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_down(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
-                offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, DOWN, k, p, sp, bp, seed_lo, seed_hi,
-                  stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_odd(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+def _blocks_kernel(mode: int):
+    """The block kernel of rounding mode ``mode``, a constant of its body (the element loop's
+    decision compiles to straight-line code), named ``blocks_<mode>``: numba's on-disk cache
+    keys kernels by qualified name, so each mode has an entry of its own (as lpsim.cpu's)."""
+    def kernel(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
                offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, ODD, k, p, sp, bp, seed_lo, seed_hi,
-                  stream, offset, want_q, want_counts, cm, ceb, chunk)
+        _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_lo,
+                      seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
+
+    name = next(name for name, code in MODES.items() if code == mode)
+    kernel.__name__ = kernel.__qualname__ = f"blocks_{name}"
+    return kernel
 
 
-@njit(cache=True, nogil=True)
-def blocks_stochastic(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi,
-                      stream, offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, STOCHASTIC, k, p, sp, bp, seed_lo,
-                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-@njit(cache=True, nogil=True)
-def blocks_stochastic_equal(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo,
-                            seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk):
-    _blocks_range(x, out, qout, sout, counts, t0, t1, STOCHASTIC_EQUAL, k, p, sp, bp, seed_lo,
-                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
-
-
-KERNELS = {NEAREST: blocks_nearest, NEAREST_AWAY: blocks_nearest_away,
-           TOWARD_ZERO: blocks_toward_zero, UP: blocks_up, DOWN: blocks_down, ODD: blocks_odd,
-           STOCHASTIC: blocks_stochastic, STOCHASTIC_EQUAL: blocks_stochastic_equal}
+#: the dispatcher of each mode, compiled on first use and cached on disk
+KERNELS = {mode: njit(cache=True, nogil=True)(_blocks_kernel(mode)) for mode in MODES.values()}
 
 
 @functools.cache

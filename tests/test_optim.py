@@ -334,3 +334,15 @@ def test_bad_parameters():
         SGD([r]).step()
     with pytest.raises(ValueError, match="nesterov"):
         SGD([p], nesterov=True)
+
+
+def test_a_parameter_listed_twice_is_refused():
+    """torch only warns; stepping it twice per step (two keys, two step counts) would differ
+    between the multi-tensor and per-tensor routes, so lpsim refuses it by name."""
+    p, q = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="parameter 2 .* twice"):
+        AdamW([q, p, p])
+    opt = SGD([q], lr=0.1)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="listed twice"):
+        opt.add_param_group({"params": [p, p]})
+    assert len(opt.param_groups) == 1

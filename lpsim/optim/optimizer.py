@@ -94,6 +94,19 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         self._cancelled = 0
         self._gpu_counts = {}           # CUDA device -> its NCOUNTS counters, read when asked
 
+    def add_param_group(self, param_group) -> None:
+        """torch's add_param_group, refusing a parameter listed twice in one group (torch
+        only warns; lpsim would step it twice per step, with two keys)."""
+        super().add_param_group(param_group)
+        params = self.param_groups[-1]["params"]
+        if len({id(p) for p in params}) != len(params):
+            self.param_groups.pop()
+            position = next(i for i, p in enumerate(params)
+                            if any(p is q for q in params[:i]))
+            raise ValueError(f"parameter {position} of a param group (shape "
+                             f"{tuple(params[position].shape)}) is listed twice; accepted: each "
+                             "parameter once")
+
     @property
     def update_stats(self) -> RoundingStats:
         """Counters of the weight roundings of every step so far (lpsim.RoundingStats)."""
