@@ -76,6 +76,27 @@ def test_fused_equals_reference_options(kw):
                 run(make("fused"), torch.float32, steps=3))
 
 
+@pytest.mark.parametrize("update", ["nearest", "stochastic", "kahan"])
+def test_fused_counts_the_slow_pass_like_the_reference(update):
+    """Weights in the format's subnormal range leave the vectorised pass for round_bits; the
+    counters of both passes must add up (they once lost the slow pass's inexact elements)."""
+    def make(impl):
+        return lambda ps: AdamW(ps, lr=1e-4, weight_format="fp(5,6)", update_rounding=update,
+                                sr_bits=5, seed=5, implementation=impl)
+    scaled = torch.randn(4096, generator=torch.Generator().manual_seed(1)) * 2.0 ** -13
+    runs = []
+    for impl in ("reference", "fused"):
+        p, opt = run(make(impl), torch.float32, steps=2, n=4096)
+        with torch.no_grad():
+            p.copy_(scaled)
+        p.grad = torch.randn(4096, generator=torch.Generator().manual_seed(2))
+        opt.step()
+        runs.append((p, opt))
+    stats = runs[0][1].update_stats.as_dict()
+    assert stats["subnormal"] > 100 and stats["inexact"] > stats["subnormal"]
+    assert_same(*runs)
+
+
 # -- the papers' lines against exact arithmetic ------------------------------------------
 
 def f32(x):

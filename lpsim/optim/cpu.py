@@ -147,8 +147,10 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     else:
         for j in range(n):
             sf[j] = np.float64(wf[j]) - np.float64(uf[j])
-    counts[0] += _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left,
-                        counts)
+    # not counts[0] += _round(..., counts): the slow pass adds its own inexact elements to
+    # counts[0] inside the call, and the += would store over them with the value read before
+    fast_inexact = _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left, counts)
+    counts[0] += fast_inexact
     if update == REMAINDER:
         cancelled = 0
         for j in range(n):
