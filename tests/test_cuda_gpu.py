@@ -131,7 +131,8 @@ def test_launch_and_stats_order_with_a_side_torch_stream():
     with torch.cuda.stream(side):
         x.copy_(source)                                     # queued behind the sleep
         y = lpsim_cuda.quantize(x, "bf16", "stochastic", seed=4, stats=stats)
-        after = y + 0.0                                     # a torch op that reads the result
+        # a torch op that reads the result (not y + 0.0: that turns -0 into +0)
+        after = y.clone()
         counted = stats.as_dict()                           # read before anyone synchronises
     torch.cuda.current_stream().wait_stream(side)
     assert counted == cpu_stats.as_dict()
