@@ -188,7 +188,9 @@ def cuda_rows(log2n: int, repeats: int):
 def scaled_mm_rows():
     """hopper-fp8 against torch._scaled_mm: outputs equal bit for bit, per K."""
     import torch
+
     import lpsim
+    import lpsim.ops
     rows = []
     for k in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096):
         rng = np.random.default_rng(k)
@@ -197,11 +199,13 @@ def scaled_mm_rows():
         ta = torch.from_numpy(a).cuda().to(torch.float8_e4m3fn)
         tb = torch.from_numpy(b).cuda().to(torch.float8_e4m3fn).t().contiguous().t()
         one = torch.ones((), device="cuda")
-        got = torch._scaled_mm(ta, tb, scale_a=one, scale_b=one, out_dtype=torch.float32)
-        got = got.cpu().numpy().astype(np.float64)
-        for name in ("hopper-fp8", "hopper-fp8-promote128", "fp32"):
+        # hopper-fp8 stands for use_fast_accum=True, the promoting model for the default
+        for name, fast in (("hopper-fp8", True), ("hopper-fp8-promote128", False),
+                           ("fp32", False)):
+            got = torch._scaled_mm(ta, tb, scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                   use_fast_accum=fast).cpu().numpy().astype(np.float64)
             want = lpsim.ops.matmul(a, b, model=name)
-            rows.append(dict(k=k, model=name, outputs=got.size,
+            rows.append(dict(k=k, model=name, fast_accum=fast, outputs=got.size,
                              equal=int(np.sum(got == want)),
                              max_rel=float(np.max(np.abs(got - want) / np.maximum(
                                  np.abs(want), 1e-30)))))
