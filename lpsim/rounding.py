@@ -368,32 +368,52 @@ def round_bits(bits, mode, r, k, p):
 
 
 @register_jitable
+def round_one(bits, mode, r, k, p):
+    """:func:`round_bits`' (bits, flags) by :func:`round_fast` where that applies (one
+    straight-line path: a GPU warp of typical data never diverges), round_bits elsewhere."""
+    out, ok, inexact = round_fast(bits, mode, r, k, p)
+    if ok:
+        return out, inexact * INEXACT
+    return round_bits(bits, mode, r, k, p)
+
+
+@register_jitable
+def tally(counts, flags):
+    """The six counters (COUNTERS order) ``counts`` plus one element's ``flags``."""
+    return (counts[0] + (flags & INEXACT), counts[1] + ((flags & OVERFLOW) >> 1),
+            counts[2] + ((flags & UNDERFLOW) >> 2), counts[3] + ((flags & SUBNORMAL) >> 3),
+            counts[4] + ((flags & NAN_IN) >> 4), counts[5] + ((flags & INF_IN) >> 5))
+
+
+@register_jitable
+def round_element(xb, outb, i, r, mode, k, p, sp):
+    """Round element i of xb (random word r) into outb: as container bits, or packed into
+    native storage when ``sp.width`` is set (:mod:`lpsim.storage`); returns its flags."""
+    bits, flags = round_one(xb[i], mode, r, k, p)
+    outb[i] = bits if sp[0] == 0 else pack_bits(bits, sp)
+    return flags
+
+
+@register_jitable
 def round_block(xb, outb, block, offset, mode, k, p, seed_lo, seed_hi, stream, lanes, sp):
     """Round the elements of one Philox block (global indices block*lanes ...) of ``xb``.
 
-    The unit of work of the GPU path (one block per thread in a grid-stride loop); the CPU
-    kernel in :mod:`lpsim.quantize` reaches the same :func:`round_bits` by a vectorised route.  Results go
-    to ``outb`` as container bits, or packed into native storage when ``sp.width`` is set
-    (:mod:`lpsim.storage`).  Returns the block's counters (COUNTERS order).
+    The unit of work of the GPU path for stochastic modes (one block per thread in a
+    grid-stride loop); the CPU kernel in :mod:`lpsim.quantize` reaches the same decisions
+    by a vectorised route.  Returns the counters (COUNTERS order) of its elements.
     """
     n = xb.size
     if mode >= STOCHASTIC:
         words = block_words(block, stream, seed_lo, seed_hi)
     else:
         words = (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-    c_inexact = c_overflow = c_underflow = c_subnormal = c_nan = c_inf = 0
+    counts = (0, 0, 0, 0, 0, 0)
     for lane in range(lanes):
         i = block * lanes + lane - offset
         if i >= 0 and i < n:
-            bits, flags = round_bits(xb[i], mode, lane_word(words, lane, lanes), k, p)
-            outb[i] = bits if sp[0] == 0 else pack_bits(bits, sp)
-            c_inexact += flags & INEXACT
-            c_overflow += (flags & OVERFLOW) >> 1
-            c_underflow += (flags & UNDERFLOW) >> 2
-            c_subnormal += (flags & SUBNORMAL) >> 3
-            c_nan += (flags & NAN_IN) >> 4
-            c_inf += (flags & INF_IN) >> 5
-    return c_inexact, c_overflow, c_underflow, c_subnormal, c_nan, c_inf
+            flags = round_element(xb, outb, i, lane_word(words, lane, lanes), mode, k, p, sp)
+            counts = tally(counts, flags)
+    return counts
 
 
 @register_jitable

@@ -1,11 +1,13 @@
 """``lpsim_cuda.quantize``: the rounding core on CUDA arrays, bit-identical to the CPU simulator.
 
-Each thread rounds one Philox block (4 float32 or 2 float64 elements) per pass of a grid-stride
-loop, calling the same :func:`lpsim.rounding.round_block` as the CPU kernel, so the two paths
-share their decision instead of copying it.  The decision is integer-only: no FMA
+Each thread rounds, per pass of a grid-stride loop, one element (deterministic modes: a warp's
+loads coalesce) or one Philox block (stochastic: 4 float32 or 2 float64 elements sharing its
+random words) with :func:`lpsim.rounding.round_element` / :func:`~lpsim.rounding.round_block`:
+the CPU kernel's decisions (round_fast, then round_bits where it declines), so the two paths
+share them instead of copying them.  The decision is integer-only: no FMA
 contraction, no fastmath, no flushed subnormals.  Counters are reduced per block in shared
 memory and added with atomics into the stats object's device accumulator
-(:mod:`lpsim_cuda.counters`); without stats the reduction is skipped.
+(:mod:`lpsim_cuda.counters`); without stats a kernel compiled without counters runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from numba import cuda
 
 from lpsim.formats import parse_format
 from lpsim.quantize import plan
-from lpsim.rounding import block_range, round_block
+from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, tally
 from lpsim.stats import RoundingStats
 from lpsim.storage import NO_PACKING, storage_name, storage_params
 
@@ -28,59 +30,74 @@ from .launch import THREADS
 _ELEMENTS = counters.ELEMENTS       # the accumulator slot of the element count
 
 
-@cuda.jit
-def _round_kernel(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, lanes, sp, counts,
-                  count):
-    first, nblocks = block_range(xb.size, offset, lanes)
-    c0 = c1 = c2 = c3 = c4 = c5 = 0
-    j = cuda.grid(1)
-    while j < nblocks:
-        d0, d1, d2, d3, d4, d5 = round_block(xb, outb, first + j, offset, mode, k, p,
-                                             seed_lo, seed_hi, stream, lanes, sp)
-        c0 += d0
-        c1 += d1
-        c2 += d2
-        c3 += d3
-        c4 += d4
-        c5 += d5
-        j += cuda.gridsize(1)
-    partial = cuda.shared.array((6, THREADS), np.int64)
-    if count:       # the same for every thread, so all or none reach the barriers
-        t = cuda.threadIdx.x
-        partial[0, t] = c0
-        partial[1, t] = c1
-        partial[2, t] = c2
-        partial[3, t] = c3
-        partial[4, t] = c4
-        partial[5, t] = c5
-        cuda.syncthreads()
-        width = THREADS // 2
-        while width > 0:
-            if t < width:
-                for f in range(6):
-                    partial[f, t] += partial[f, t + width]
+def _make_kernel(count: bool):
+    """The rounding kernel, with the counters (count=True) or without: a constant here, so
+    the uncounted kernel carries none of their registers (it runs at about twice the rate)."""
+
+    def kernel(xb, outb, mode, k, p, seed_lo, seed_hi, stream, offset, lanes, sp, counts):
+        c = (0, 0, 0, 0, 0, 0)
+        j = cuda.grid(1)
+        if mode < STOCHASTIC:
+            # no random words: one element per thread and pass, so a warp's loads coalesce
+            while j < xb.size:
+                flags = round_element(xb, outb, j, 0, mode, k, p, sp)
+                if count:
+                    c = tally(c, flags)
+                j += cuda.gridsize(1)
+        else:
+            first, nblocks = block_range(xb.size, offset, lanes)
+            while j < nblocks:
+                d = round_block(xb, outb, first + j, offset, mode, k, p, seed_lo, seed_hi,
+                                stream, lanes, sp)
+                if count:
+                    c = (c[0] + d[0], c[1] + d[1], c[2] + d[2], c[3] + d[3], c[4] + d[4],
+                         c[5] + d[5])
+                j += cuda.gridsize(1)
+        if count:
+            partial = cuda.shared.array((6, THREADS), np.int64)
+            t = cuda.threadIdx.x
+            c0, c1, c2, c3, c4, c5 = c
+            partial[0, t] = c0
+            partial[1, t] = c1
+            partial[2, t] = c2
+            partial[3, t] = c3
+            partial[4, t] = c4
+            partial[5, t] = c5
             cuda.syncthreads()
-            width //= 2
-        if t < 6:
-            cuda.atomic.add(counts, t, partial[t, 0])
-        if cuda.grid(1) == 0:
-            cuda.atomic.add(counts, _ELEMENTS, xb.size)
+            width = THREADS // 2
+            while width > 0:
+                if t < width:
+                    for f in range(6):
+                        partial[f, t] += partial[f, t + width]
+                cuda.syncthreads()
+                width //= 2
+            if t < 6:
+                cuda.atomic.add(counts, t, partial[t, 0])
+            if cuda.grid(1) == 0:
+                cuda.atomic.add(counts, _ELEMENTS, xb.size)
+
+    kernel.__qualname__ = kernel.__name__ = "_round_counted" if count else "_round_plain"
+    return cuda.jit(kernel)
 
 
-def _launcher(grid: int, stream):
-    """The kernel configured for ``grid`` blocks on ``stream``."""
+#: count -> its kernel
+KERNELS = {count: _make_kernel(count) for count in (False, True)}
+
+
+def _launcher(grid: int, stream, count: bool):
+    """The kernel (counting or not) configured for ``grid`` blocks on ``stream``."""
     if launch.SIMULATOR:        # the simulator's kernel[...] reconfigures one shared object
-        return _round_kernel[grid, THREADS, stream]
-    return _cached_launcher(grid, stream)
+        return KERNELS[count][grid, THREADS, stream]
+    return _cached_launcher(grid, stream, count)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_launcher(grid: int, stream):
+def _cached_launcher(grid: int, stream, count: bool):
     # a small grid is deliberate (sized to the work), so numba's low-occupancy warning, the
     # only one configuring a launch gives, is noise
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _round_kernel[grid, THREADS, stream]
+        return KERNELS[count][grid, THREADS, stream]
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
@@ -119,25 +136,25 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         buffer, count = counters.launch_counts(stats, src.device, src.stream,
                                                lambda: launch.capturing(x))
         _, nblocks = block_range(n, request.offset, request.lanes)
-        _launcher(launch.grid_size(nblocks, src.device), src.stream)(
-            src.bits, outb, request.mode, request.k, tuple(request.params), request.seed_lo,
-            request.seed_hi, request.stream, request.offset, request.lanes, tuple(sp), buffer,
-            count)
+        _launcher(launch.grid_size(nblocks, src.device), src.stream, count)(
+            src.bits, outb, request.mode, request.k, request.params, request.seed_lo,
+            request.seed_hi, request.stream, request.offset, request.lanes, tuple(sp), buffer)
     return result
 
 
 def warmup(stats: RoundingStats | None = None) -> None:
     """Compile every kernel specialisation now and allocate the buffers a launch needs.
 
-    float32/float64 in, plain or packed out (counting or not is a flag, not a kernel), on
-    the current device.  Call it before capturing a CUDA graph, which cannot compile or
+    float32/float64 in, plain or packed out, counting or not, on the current device.  Call it before capturing a CUDA graph, which cannot compile or
     allocate; pass ``stats`` (one object or a list) to allocate the device counters of each
     stats object the graph will count into.
     """
+    scratch = RoundingStats()                 # compiles the counting kernels
     for dtype in (np.float32, np.float64):
         x = cuda.to_device(np.zeros(4, dtype))
-        quantize(x, "bf16")
-        for storage in ("bfloat16", "float8_e4m3fn"):
-            quantize(x, "e4m3fn", storage=storage)
+        for counted in (None, scratch):
+            quantize(x, "bf16", stats=counted)
+            for storage in ("bfloat16", "float8_e4m3fn"):
+                quantize(x, "e4m3fn", storage=storage, stats=counted)
     for each in stats if isinstance(stats, (list, tuple)) else [stats]:
         counters.prepare(each, launch.current_device())

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = r"""
 import sys, types
 from unittest import mock
+import numba
 import numba.cuda.dispatcher as dispatcher
 from numba import cuda, types as T
 try:
@@ -31,14 +32,15 @@ from lpsim.storage import NO_PACKING
 import importlib
 Q = importlib.import_module("lpsim_cuda.quantize")   # the package exports a function of that name
 
-params = T.UniTuple(T.int64, len(Params._fields))
+params = numba.typeof(Params(*[0] * len(Params._fields)))   # round_fast reads its fields
 packing = T.UniTuple(T.int64, len(NO_PACKING))
 kernels = []
-for bits in (T.int32, T.int64):
-    for out in sorted({bits, T.int16, T.uint8}, key=str):
-        kernels.append((f"quantize {bits} -> {out}", Q._round_kernel,
-                        (bits[::1], out[::1], T.int64, T.int64, params, T.int64, T.int64,
-                         T.int64, T.int64, T.int64, packing, T.int64[::1], T.boolean)))
+for count, kernel in Q.KERNELS.items():
+    for bits in (T.int32, T.int64):
+        for out in sorted({bits, T.int16, T.uint8}, key=str):
+            kernels.append((f"quantize {bits} -> {out} count={count}", kernel,
+                            (bits[::1], out[::1], T.int64, T.int64, params, T.int64, T.int64,
+                             T.int64, T.int64, T.int64, packing, T.int64[::1])))
 with mock.patch.object(dispatcher, "get_current_device",
                        lambda: types.SimpleNamespace(compute_capability=(9, 0))):
     for name, kernel, signature in kernels:
@@ -137,7 +139,7 @@ def _compile(script):
 
 
 def test_quantize_kernels_compile_for_sm90():
-    assert _compile(CHECK).count(" ok ") == 6
+    assert _compile(CHECK).count(" ok ") == 12
 
 
 def test_optimizer_kernel_compiles_for_sm90_without_contractions():

@@ -24,7 +24,7 @@ import numpy as np
 from numba.extending import register_jitable
 
 from lpsim.philox import block_words, lane_word
-from lpsim.rounding import NEAREST, STOCHASTIC, round_bits, round_fast
+from lpsim.rounding import NEAREST, STOCHASTIC, round_fast, round_one
 from lpsim.storage import pack_bits
 
 #: update_rounding names -> codes
@@ -114,7 +114,8 @@ def round32(x, mode, r, k, p, fast):
     """(x rounded to the format of ``p``, ok, flags); x float32, ``p`` float32-container params.
 
     fast: :func:`lpsim.rounding.round_fast` (branch-free, so loops over it vectorise; flags
-    is then just INEXACT, and the result is valid only where ok = 1); else round_bits.
+    is then just INEXACT, and the result is valid only where ok = 1); else every case
+    (:func:`lpsim.rounding.round_one`: round_fast, round_bits where it declines).
     mode < 0: no rounding (the format is float32 itself, see lpsim.optim.setup).
     """
     if mode < 0:                                # the container's own format: exact
@@ -122,7 +123,7 @@ def round32(x, mode, r, k, p, fast):
     if fast:
         bits, ok, inexact = round_fast(bits_f32(x), mode, r, k, p)
         return as_f32(bits), ok, inexact
-    bits, flags = round_bits(bits_f32(x), mode, r, k, p)
+    bits, flags = round_one(bits_f32(x), mode, r, k, p)
     return as_f32(bits), np.int64(1), np.int64(flags)
 
 
@@ -132,7 +133,7 @@ def round64(x, mode, r, k, p, fast):
     if fast:
         bits, ok, inexact = round_fast(bits_f64(x), mode, r, k, p)
         return as_f64(bits), ok, inexact
-    bits, flags = round_bits(bits_f64(x), mode, r, k, p)
+    bits, flags = round_one(bits_f64(x), mode, r, k, p)
     return as_f64(bits), np.int64(1), np.int64(flags)
 
 
@@ -276,7 +277,7 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
 def step_element(i, rw, rm, rv, wb, gb, mb, vb, cb, rb, kinds, hp, ints, pw, pc, ps, sp16,
                  counts):
     """Step local element i given its random words (weight, first and second moment);
-    round_bits throughout (every case), counters added to ``counts``."""
+    every case (round_one), counters added to ``counts``."""
     wkind, gkind, skind = kinds
     algo, update, wmode, wk, smode, sk, nesterov, first = ints
     wbits = load(wb[i], wkind)
