@@ -4,6 +4,10 @@ from lpsim._extras import require
 
 require("numba_cuda", extra="cuda", feature="lpsim_cuda")
 
-from .quantize import quantize, warmup
+from .launch import check_numpy  # noqa: E402
+
+check_numpy()
+
+from .quantize import quantize, warmup  # noqa: E402
 
 __all__ = ["quantize", "warmup"]

@@ -25,6 +25,31 @@ SIMULATOR_BLOCKS = 2
 GRID_LIMIT: int | None = None
 
 
+def check_numpy(load=None) -> None:
+    """Refuse, at import and with the remedy, a numpy that numba-cuda cannot compile with.
+
+    numba-cuda up to at least 0.30.4 registers ``np.row_stack`` when it builds its typing
+    context, so under numpy 2.5 (which removed it) every kernel launch fails with an
+    AttributeError from deep inside numba-cuda (seen on an H100, 2026-11-23).  ``load``
+    imports that registry (a test passes a stand-in); the check costs nothing on a numpy
+    that still has ``row_stack`` and is skipped under the simulator, which never loads it.
+    """
+    import numpy as np
+    if SIMULATOR or hasattr(np, "row_stack"):
+        return
+    try:
+        if load is None:
+            import numba.cuda.np.arrayobj  # noqa: F401  (where numba-cuda registers it)
+        else:
+            load()
+    except AttributeError as error:
+        import numba_cuda
+        raise ImportError(
+            f"lpsim_cuda: numba-cuda {numba_cuda.__version__} cannot compile kernels with "
+            f"numpy {np.__version__} ({error}); install numpy<2.5 or a numba-cuda release "
+            "that supports this numpy") from None
+
+
 def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 

@@ -133,3 +133,22 @@ def test_pickled_stats_carry_the_totals():
     lpsim_cuda.quantize(cuda.to_device(values()), FMT, stats=stats)
     copy = pickle.loads(pickle.dumps(stats))
     assert copy == stats and copy._devices == {} and copy.as_dict() == cpu_counts(values())
+
+
+def test_a_numpy_numba_cuda_cannot_compile_with_is_refused_at_import(monkeypatch):
+    """numba-cuda 0.30.4 registers np.row_stack; numpy 2.5 removed it (seen on an H100)."""
+    import numba_cuda
+    import numpy
+
+    from lpsim_cuda import launch
+
+    def registry_that_needs_row_stack():
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    monkeypatch.setattr(launch, "SIMULATOR", False)
+    launch.check_numpy(registry_that_needs_row_stack)          # numpy still has row_stack
+    monkeypatch.delattr(numpy, "row_stack", raising=False)
+    with pytest.raises(ImportError, match=rf"numba-cuda {numba_cuda.__version__} cannot "
+                                          r"compile kernels with numpy .*numpy<2\.5"):
+        launch.check_numpy(registry_that_needs_row_stack)
+    launch.check_numpy(lambda: None)                            # a numba-cuda that copes
