@@ -677,7 +677,8 @@ class Blocked(NamedTuple):
     elements: np.ndarray    # float64 element values q, blocked layout (rows, length)
     scales: np.ndarray      # float64 scales (rows, blocks per row)
     tensor_scale: float     # per-tensor scale (1.0 without)
-    counts: np.ndarray      # int64 (rows, blocks per row, len(BLOCK_COUNTERS))
+    counts: np.ndarray      # int64 (rows, blocks per row, len(BLOCK_COUNTERS)); None when
+    #                         lpsim_cuda skipped them (want_counts=False)
 
 
 def _blocked_view(x, axis):

@@ -31,7 +31,7 @@ _SUMS = 7
 
 @cuda.jit
 def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed_hi, stream,
-                   offset, lanes, want_q):
+                   offset, lanes, want_q, want_counts):
     length = x.shape[1]
     nblk = sout.shape[1]
     groups = x.shape[0] * nblk
@@ -91,23 +91,24 @@ def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed
                     out[row, i] = v
                     if want_q:
                         qout[row, i] = q
-                    for f in range(6):
-                        sums_sh[t, f] += (flags >> f) & 1
-                    sums_sh[t, 6] += np.int64(q != 0)
-        _group_reduce(amax_sh, sums_sh, t, lane, span, _SUMS)
+                    if want_counts:
+                        for f in range(6):
+                            sums_sh[t, f] += (flags >> f) & 1
+                        sums_sh[t, 6] += np.int64(q != 0)
+        _group_reduce(amax_sh, sums_sh, t, lane, span, _SUMS if want_counts else 0)
         if lane == 0 and g < groups:
-            c = counts[row, g % nblk]
-            if bad:
-                c[4] = nan
-                c[5] = inf
-                c[8] = 1
-                sout[row, g % nblk] = np.nan
-            else:
-                for f in range(6):
-                    c[f] = sums_sh[t, f]
-                c[6] = clipped
-                c[7] = np.int64(amax != 0 and sums_sh[t, 6] == 0)
-                sout[row, g % nblk] = s
+            sout[row, g % nblk] = np.nan if bad else s
+            if want_counts:
+                c = counts[row, g % nblk]
+                if bad:
+                    c[4] = nan
+                    c[5] = inf
+                    c[8] = 1
+                else:
+                    for f in range(6):
+                        c[f] = sums_sh[t, f]
+                    c[6] = clipped
+                    c[7] = np.int64(amax != 0 and sums_sh[t, 6] == 0)
         cuda.syncthreads()
         base += step
 
@@ -143,9 +144,11 @@ def _rows(x, axis):
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
-                    want_elements: bool = True) -> Blocked:
+                    want_elements: bool = True, want_counts: bool = True) -> Blocked:
     """:func:`lpsim.blocks.quantize_blocks` on a CUDA array; fields are device arrays
-    (values in the blocked layout, counts copied to the host)."""
+    (values in the blocked layout, counts copied to the host).  want_counts=False skips the
+    per-block counters (counts is then None): nine int64 per block, allocated, zeroed and
+    copied back, cost more host time than the kernel when nothing reads them."""
     bfmt = parse_block_format(bfmt)
     with launch.device_of(x):
         x2, moved_shape, _keep = _rows(x, axis)
@@ -165,7 +168,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         out2 = cuda.device_array(x2.shape, x2.dtype)
         q2 = cuda.device_array(x2.shape if want_elements else (1, 1), np.float64)
         s2 = cuda.device_array((rows, nblk), np.float64)
-        counts = cuda.to_device(np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64))
+        shape = (rows, nblk) if want_counts else (1, 1)
+        counts = cuda.to_device(np.zeros(shape + (len(BLOCK_COUNTERS),), np.int64))
         span = 1                                            # lanes per block, as the kernel
         while span < min(bfmt.block, 32):
             span *= 2
@@ -175,9 +179,10 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
             _blocks_kernel[grid, THREADS](x2, out2, q2, s2, counts, request.mode, request.k, p,
                                           sp, bp, request.seed_lo, request.seed_hi,
                                           request.stream, request.offset,
-                                          LANES[x2.dtype.itemsize], want_elements)
-        return Blocked(out2, q2 if want_elements else None, s2, pts, counts.copy_to_host()), \
-            moved_shape
+                                          LANES[x2.dtype.itemsize], want_elements,
+                                          want_counts)
+        return Blocked(out2, q2 if want_elements else None, s2, pts,
+                       counts.copy_to_host() if want_counts else None), moved_shape
 
 
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
@@ -185,7 +190,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     """Fake-quantize a CUDA array to a block format: :func:`lpsim.blocks.quantize`'s results."""
     result, moved_shape = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, offset=offset,
-                                          tensor_scale=tensor_scale, want_elements=False)
+                                          tensor_scale=tensor_scale, want_elements=False,
+                                          want_counts=stats is not None)
     size = int(np.prod(moved_shape))
     add_counts(stats, result.counts, size)
     if launch.is_torch(x):

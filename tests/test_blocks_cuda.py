@@ -34,6 +34,23 @@ def test_cuda_blocks_equal_the_cpu_kernel(bfmt, rounding, sr_bits, dtype):
     assert np.array_equal(got.counts, want.counts)
 
 
+@pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4"])
+def test_cuda_values_without_counters_equal_the_counted_ones(bfmt):
+    """stats=None skips the per-block counters (want_counts=False): same values and scales,
+    NaN blocks included, and no counts."""
+    x = block_data(3, 48, seed=13, lo=-6, hi=6)
+    x[1, 3] = np.nan
+    kw = dict(seed=9, stream=1, offset=5)
+    counted, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt, "stochastic", **kw)
+    plain, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt, "stochastic",
+                                                 want_counts=False, **kw)
+    assert plain.counts is None
+    assert same(plain.values.copy_to_host(), counted.values.copy_to_host())
+    assert same(plain.scales.copy_to_host(), counted.scales.copy_to_host())
+    assert same(lpsim.quantize(cuda.to_device(x), bfmt, "stochastic", **kw).copy_to_host(),
+                counted.values.copy_to_host())
+
+
 def test_cuda_quantize_counts_into_stats():
     x = block_data(2, 32, seed=12)
     cpu, gpu = BlockStats(), BlockStats()

@@ -94,7 +94,7 @@ with mock.patch.object(dispatcher, "get_current_device",
                     _element_params(bfmt.saturating_element, request.params.W),
                     kernel_params(bfmt.scale, np.float64), block_params(bfmt, 1.0),
                     request.seed_lo, request.seed_hi, request.stream, request.offset,
-                    LANES[np.dtype(dtype).itemsize], True)
+                    LANES[np.dtype(dtype).itemsize], True, True)
             ptx, _ = cuda.compile_ptx(B._blocks_kernel.py_func,
                                       tuple(numba.typeof(a) for a in args), cc=(9, 0))
             print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
