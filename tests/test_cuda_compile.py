@@ -22,11 +22,6 @@ from unittest import mock
 import numba
 import numba.cuda.dispatcher as dispatcher
 from numba import cuda, types as T
-try:
-    cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
-except Exception as err:                    # no NVVM/NVRTC on this machine
-    print("no CUDA compiler:", type(err).__name__, str(err)[:200])
-    sys.exit(3)
 from lpsim.rounding import Params
 from lpsim.storage import NO_PACKING
 import importlib
@@ -46,6 +41,7 @@ with mock.patch.object(dispatcher, "get_current_device",
     for name, kernel, signature in kernels:
         ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=(9, 0))
         print(name, "ok", len(ptx))
+        report(name, ptx)
 """
 
 
@@ -68,6 +64,7 @@ with mock.patch.object(dispatcher, "get_current_device",
                                   tuple(numba.typeof(a) for a in args), cc=(9, 0))
         # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
         print(cls.__name__, dtype, "ok", len(ptx), "fma", ptx.count("fma.rn"))
+        report(f"optim {cls.__name__} {dtype} {kw['update_rounding']}", ptx)
 """
 
 
@@ -98,6 +95,7 @@ with mock.patch.object(dispatcher, "get_current_device",
             ptx, _ = cuda.compile_ptx(B._blocks_kernel.py_func,
                                       tuple(numba.typeof(a) for a in args), cc=(9, 0))
             print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
+            report(f"blocks {name} {np.dtype(dtype)}", ptx)
 """
 
 
@@ -124,6 +122,7 @@ with mock.patch.object(dispatcher, "get_current_device",
         if name == "inner":
             assert ptx.count("fma.rn.f64") == 32, ptx.count("fma.rn.f64")
         print(name, "ok", len(ptx))
+        report(f"casgd {name}", ptx)
 """
 
 
@@ -139,7 +138,7 @@ def _compile(script):
 
 
 def test_quantize_kernels_compile_for_sm90():
-    assert _compile(CHECK).count(" ok ") == 12
+    assert _compile(_PREAMBLE + CHECK).count(" ok ") == 12
 
 
 def test_optimizer_kernel_compiles_for_sm90_without_contractions():
@@ -160,13 +159,28 @@ def test_casgd_kernels_compile_for_sm90_without_contractions():
     assert "inner ok" in out and "gather_csr ok" in out
 
 
-#: exits 3 when this machine has no NVVM/NVRTC
+#: exits 3 when this machine has no NVVM/NVRTC; report(name, ptx) prints ptxas's registers,
+#: spills and local memory for sm_90 when LPSIM_PTXAS=1 (benchmarks/kernel_resources.py)
 _PREAMBLE = r"""
-import sys
+import os, subprocess, sys, tempfile
 from numba import cuda
 try:
     cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
 except Exception as err:
     print("no CUDA compiler:", type(err).__name__, str(err)[:200])
     sys.exit(3)
+
+
+def report(name, ptx):
+    if os.environ.get("LPSIM_PTXAS") != "1":
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([os.environ.get("LPSIM_PTXAS_PATH", "ptxas"), "-arch=sm_90", "-v",
+                               path, "-o", path + ".cubin"], capture_output=True, text=True)
+    info = [line.split("info    : ")[-1] for line in done.stderr.splitlines()
+            if "Used" in line or "spill" in line]
+    print("resources", name, "|", "; ".join(info) or done.stderr.strip()[:200])
 """
