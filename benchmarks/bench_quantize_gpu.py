@@ -24,26 +24,12 @@ import time
 
 import numpy as np
 
+from timing import cuda_time  # the script's folder is on sys.path
+
 FORMATS = {"bf16": (8, 7), "e5m2": (5, 2), "fp(6,9,0)": (6, 9)}
 MODES = ("nearest", "stochastic")
 #: lpsim_cuda's targets as a fraction of device copy bandwidth, per mode
 TARGETS = {"nearest": 0.80, "stochastic": 0.70}
-
-
-def cuda_time(fn, repeats: int) -> float:
-    """Median device seconds per call, timed with CUDA events after a warm-up call."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return float(np.median(times))
 
 
 def wall_time(fn, calls: int, rounds: int = 5) -> float:

@@ -30,19 +30,7 @@ from lpsim.quantize import plan
 from lpsim.rounding import STOCHASTIC, round_bits, round_fast
 from lpsim_cuda import launch
 
-
-def event_time(fn, repeats=20):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
+from timing import cuda_time  # the script's folder is on sys.path
 
 
 @cuda.jit
@@ -150,34 +138,34 @@ def main():
     cx, cy = cuda.as_cuda_array(xb), cuda.as_cuda_array(yb)
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     print(f"\nSMs {sms}; GB/s for {n} float32 (read + write)")
-    t = event_time(lambda: y.copy_(x))
+    t = 1e3 * cuda_time(lambda: y.copy_(x), 20)
     print(f"torch copy                          {gb / t * 1e3:8.1f} GB/s")
     for blocks_per_sm in (4, 8, 16, 32):
         grid = sms * blocks_per_sm
-        t = event_time(lambda: _copy[grid, 256](cx, cy))
+        t = 1e3 * cuda_time(lambda: _copy[grid, 256](cx, cy))
         print(f"numba copy grid {grid:6d}x256          {gb / t * 1e3:8.1f} GB/s")
     for mode in ("nearest", "stochastic"):
         for limit in (None, sms * 16, sms * 32, sms * 64):
             launch.GRID_LIMIT = limit
             q._cached_launcher.cache_clear()
-            t = event_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y))
+            t = 1e3 * cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y))
             print(f"lpsim_cuda {mode:10s} grid cap {str(limit):6s}   {gb / t * 1e3:8.1f} GB/s")
         launch.GRID_LIMIT = None
         q._cached_launcher.cache_clear()
-        t = event_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y,
+        t = 1e3 * cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y,
                                                    stats=stats))
         print(f"lpsim_cuda {mode:10s} counting          {gb / t * 1e3:8.1f} GB/s")
         r = plan("bf16", mode, np.float32, seed=1, size=n)
         pv = r.params
         for blocks_per_sm in (8, 32):
             grid = sms * blocks_per_sm
-            t = event_time(lambda: _fast_first[grid, 128](cx, cy, r.mode, r.k, pv, r.seed_lo,
+            t = 1e3 * cuda_time(lambda: _fast_first[grid, 128](cx, cy, r.mode, r.k, pv, r.seed_lo,
                                                           r.seed_hi, r.stream, r.lanes))
             print(f"variant fast-first {mode:10s} grid {grid:5d} {gb / t * 1e3:8.1f} GB/s")
         if mode == "nearest":
             for blocks_per_sm in (8, 32):
                 grid = sms * blocks_per_sm
-                t = event_time(lambda: _fast_coalesced[grid, 256](cx, cy, r.mode, r.k, pv))
+                t = 1e3 * cuda_time(lambda: _fast_coalesced[grid, 256](cx, cy, r.mode, r.k, pv))
                 print(f"variant coalesced nearest grid {grid:5d}  {gb / t * 1e3:8.1f} GB/s")
     resources("variant _fast_first", _fast_first)
     resources("variant _fast_coalesced", _fast_coalesced)

@@ -63,3 +63,19 @@ def throughput_plot(path, sizes, series: dict, *, title: str, ylabel: str, note:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def cuda_time(fn, repeats: int = 20) -> float:
+    """Median device seconds per call, timed with CUDA events after a warm-up call."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return float(np.median(times))
