@@ -9,7 +9,12 @@
 #   bash benchmarks/gpu_session.sh tests probe   # stages run in the order given
 #
 # Logs and JSON go to $OUT (or ./gpu-out).  Peers missing on the machine (gfloat, qtorch,
-# torchao) are installed from wheels in .whl/ when that folder is there.
+# torchao) are installed from wheels in .whl/ when that folder is there; so is numpy 2.4.6,
+# which the lent machines need (their numpy 2.5 breaks numba-cuda 0.30.4).  To make .whl/:
+#   echo /.whl/ >> .git/info/exclude
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+#     -d .whl numpy==2.4.6 gfloat more_itertools array-api-compat qtorch==0.3.0 torchao==0.18.0
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
