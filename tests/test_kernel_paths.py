@@ -194,3 +194,33 @@ def test_values_cover_the_fast_and_the_slow_path():
             biased = (x.view(DTYPES[dtype]).astype(np.int64) & p.MAG) >> p.M
             fast = (biased >= p.fast_lo) & (biased <= p.fast_hi)
             assert fast.sum() >= 100 and (~fast).sum() >= 100, (dtype, key, fast.sum())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_round_one_equals_round_bits(name, dtype):
+    """round_one (round_fast, round_bits where it declines: the GPU kernels' and the
+    optimizer's per-element decision) gives round_bits' bits and flags on every element of
+    values() (random bit patterns, the format's range, ties, specials), every mode, full and
+    few-bit SR."""
+    from numba import njit
+
+    from lpsim.rounding import MODES, kernel_params, round_one
+
+    @njit
+    def both(xb, mode, rs, k, p, one, ones, bits, flags):
+        for i in range(xb.size):
+            one[i], ones[i] = round_one(xb[i], mode, rs[i], k, p)
+            bits[i], flags[i] = round_bits(xb[i], mode, rs[i], k, p)
+
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    p = kernel_params(lpsim.parse_format(FORMATS[name]), dtype)
+    xb = values(dtype, name).view(DTYPES[dtype]).astype(np.int64)  # ranges, ties, specials
+    rs = rng.integers(0, 2 ** p.W, xb.size, dtype=np.uint64).astype(np.int64)
+    for mode in MODES.values():
+        for k in (p.W, 3):
+            out = [np.empty(xb.size, np.int64) for _ in range(4)]
+            both(xb, mode, rs, k, p, *out)
+            one, ones, bits, flags = out
+            assert np.array_equal(one, bits), (mode, k)
+            assert np.array_equal(ones, flags), (mode, k)
