@@ -168,8 +168,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         out2 = cuda.device_array(x2.shape, x2.dtype)
         q2 = cuda.device_array(x2.shape if want_elements else (1, 1), np.float64)
         s2 = cuda.device_array((rows, nblk), np.float64)
-        shape = (rows, nblk) if want_counts else (1, 1)
-        counts = cuda.to_device(np.zeros(shape + (len(BLOCK_COUNTERS),), np.int64))
+        counts = cuda.to_device(np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)) \
+            if want_counts else launch.placeholder((1, 1, len(BLOCK_COUNTERS)), np.int64)
         span = 1                                            # lanes per block, as the kernel
         while span < min(bfmt.block, 32):
             span *= 2

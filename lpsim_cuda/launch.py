@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import numpy as np
 from numba import config, cuda
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
@@ -48,6 +49,19 @@ def check_numpy(load=None) -> None:
             f"lpsim_cuda: numba-cuda {numba_cuda.__version__} cannot compile kernels with "
             f"numpy {np.__version__} ({error}); install numpy<2.5 or a numba-cuda release "
             "that supports this numpy") from None
+
+
+#: (shape, dtype, device) -> a device array that stands in for an argument a kernel ignores
+_PLACEHOLDERS: dict = {}
+
+
+def placeholder(shape: tuple, dtype):
+    """A cached device array of ``shape`` for a kernel argument that is not used (no state,
+    no counters): allocated once per device, never written by the kernels that take it."""
+    key = (tuple(shape), np.dtype(dtype), current_device())
+    if key not in _PLACEHOLDERS:
+        _PLACEHOLDERS[key] = cuda.device_array(shape, dtype)
+    return _PLACEHOLDERS[key]
 
 
 def is_torch(x) -> bool:

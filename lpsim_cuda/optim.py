@@ -89,23 +89,13 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
                                          counts)
 
 
-_DUMMIES: dict = {}
-
-
-def _dummy(dtype):
-    key = (np.dtype(dtype), launch.current_device())
-    if key not in _DUMMIES:
-        _DUMMIES[key] = cuda.device_array(1, dtype)
-    return _DUMMIES[key]
-
-
 def step(param, grad, m, v, c, r, kargs, setup, counts):                # pragma: no cover
     """Step torch CUDA tensors (contiguous) on torch's current stream; counters go to the
     device array ``counts`` (NCOUNTS int64), read by the optimizer when asked."""
     with launch.device_of(param):
         stream = launch.torch_stream(param.device)
         sdtype = np.int16 if setup.state_dtype.itemsize == 2 else np.int32
-        views = [arrays._torch_bits(t) if t is not None else _dummy(dt)
+        views = [arrays._torch_bits(t) if t is not None else launch.placeholder((1,), dt)
                  for t, dt in ((param, None), (grad, None), (m, sdtype), (v, sdtype),
                                (c, sdtype), (r, np.int16))]
         step_arrays(*views, *kargs, setup, counts, stream)
