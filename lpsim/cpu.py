@@ -2,6 +2,8 @@
 
 The per-element decision is :func:`lpsim.rounding.round_fast` (vectorised common case) and
 :func:`lpsim.rounding.round_bits` (everything else), the functions lpsim_cuda compiles too.
+For float32 containers the fast pass and the generator run on 32-bit words
+(:mod:`lpsim.word32`: eight AVX2 lanes where numba's int64 arithmetic has four).
 This module only walks an array: chunks of :data:`CHUNK` elements whose random words stay in
 cache, tasks of :data:`TASK` chunks, and a thread pool for arrays large enough to pay for it.
 
@@ -38,6 +40,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
 from .rounding import MODES, STOCHASTIC, Params, round_bits, round_fast
+from .word32 import as_int64, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
 CHUNK = 8192
@@ -110,15 +113,17 @@ _philox_inline = njit(inline="always")(philox4x32)
 
 @register_jitable
 def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
-    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    # in 32-bit words (lpsim.word32): eight blocks per AVX2 vector instead of four
+    s0, s1 = word(np.uint32(stream & MASK32)), word(np.uint32((stream >> 32) & MASK32))
     for j in range(nb):
         b = b0 + j
-        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
-                                        seed_hi)
-        r[4 * j] = w0
-        r[4 * j + 1] = w1
-        r[4 * j + 2] = w2
-        r[4 * j + 3] = w3
+        w0, w1, w2, w3 = _philox_inline(word(np.uint32(b & MASK32)),
+                                        word(np.uint32((b >> 32) & MASK32)), s0, s1,
+                                        seed_lo, seed_hi)
+        r[4 * j] = as_int64(w0)
+        r[4 * j + 1] = as_int64(w1)
+        r[4 * j + 2] = as_int64(w2)
+        r[4 * j + 3] = as_int64(w3)
 
 
 @register_jitable
@@ -167,6 +172,18 @@ def _draw_words(mode, r, lo, hi, lanes, w, stream, seed_lo, seed_hi):
     return draw
 
 
+def word_buffer(xb, n):
+    """An empty buffer for n random words of ``xb``'s container: uint32 for float32 (W = 32,
+    so the fast pass reads them as 32-bit words), int64 for float64 (compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(word_buffer)
+def _word_buffer(xb, n):
+    dtype = np.uint32 if xb.dtype.bitwidth == 32 else np.int64
+    return lambda xb, n: np.empty(n, dtype)
+
+
 @literal_jitable
 def fast_pass(xs, ys, rs, mode, k, p, left):
     """ys[j] = round_fast(xs[j]) for all j; returns (slow, inexact).
@@ -181,22 +198,25 @@ def fast_pass(xs, ys, rs, mode, k, p, left):
     for g in range((xs.size + GROUP - 1) // GROUP):
         xg = xs[g * GROUP:(g + 1) * GROUP]     # slices: indices from 0, so no wraparound
         yg = ys[g * GROUP:(g + 1) * GROUP]
-        group_slow = 0
+        # per-group counts in 32-bit words: 64-bit sums would halve the vector lanes
+        group_slow = word(np.int32(0))
+        group_inexact = word(np.int32(0))
         if mode >= STOCHASTIC:
             rg = rs[g * GROUP:(g + 1) * GROUP]
             for j in range(xg.size):
-                bits, ok, inx = round_fast(xg[j], mode, rg[j], k, p)
-                yg[j] = bits
+                bits, ok, inx = round_fast(word(xg[j]), mode, word(rg[j]), k, p)
+                yg[j] = as_int64(bits)
                 group_slow += 1 - ok
-                inexact += inx
+                group_inexact += inx
         else:
             for j in range(xg.size):
-                bits, ok, inx = round_fast(xg[j], mode, 0, k, p)
-                yg[j] = bits
+                bits, ok, inx = round_fast(word(xg[j]), mode, 0, k, p)
+                yg[j] = as_int64(bits)
                 group_slow += 1 - ok
-                inexact += inx
-        left[g] = group_slow
-        slow += group_slow
+                group_inexact += inx
+        left[g] = as_int64(group_slow)
+        slow += left[g]
+        inexact += as_int64(group_inexact)
     return slow, inexact
 
 
@@ -211,7 +231,7 @@ def slow_pass(ys, rs, mode, k, p, left, counts, first):
             for j in range(g, min(g + GROUP, ys.size)):
                 a = np.int64(ys[j]) & p.MAG
                 if a < a_lo or a >= a_hi:
-                    bits, flags = round_bits(ys[j], mode, rs[j] if mode >= STOCHASTIC else 0,
+                    bits, flags = round_bits(ys[j], mode, np.int64(rs[j]) if mode >= STOCHASTIC else 0,
                                              k, p)
                     ys[j] = bits
                     for f in range(6):
@@ -231,7 +251,7 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
     nchunks = (offset + n + CHUNK - 1) // CHUNK - first
     lanes = 4 if p.W == 32 else 2                       # LANES of the random words
     small = min(n, CHUNK) + 2 * lanes                   # one chunk of a small array
-    r = np.empty(small if mode >= STOCHASTIC else 1, np.int64)
+    r = word_buffer(xb, small if mode >= STOCHASTIC else 1)
     left = np.empty((small + GROUP - 1) // GROUP, np.int64)
     scratch = np.empty(min(n, CHUNK) if inplace else 1, xb.dtype)
     for c in range(t * TASK, min(t * TASK + TASK, nchunks)):

@@ -56,6 +56,7 @@ from numba.extending import register_jitable
 from .formats import CONTAINERS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
+from .word32 import widen
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -225,6 +226,8 @@ def round_fast(bits, mode, r, k, p):
     the exponent field too); the amounts make exactly the decisions of :func:`_increment`
     (stochastic: the complement of the top bits of R carries iff R_j < rem_j).  With ``mode``
     a constant a loop over it vectorises: a few integer operations, the rest loop-invariant.
+    ``bits`` (and ``r``) may be 32-bit words (:mod:`lpsim.word32`, float32 containers on the
+    CPU): the same operations then run in 32-bit vector lanes, twice as many.
     """
     M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
     s = M - m
@@ -233,8 +236,8 @@ def round_fast(bits, mode, r, k, p):
     a_hi = (p.fast_hi + 1) << M
     # the code's last bit: keep's, or with m == 0 the format's exponent code's
     parity = (1 - emin - EB) & 1 if m == 0 else 0
-    bits = np.int64(bits)
-    sign = bits >> 63                           # -1 for negative x, else 0
+    bits = widen(bits)                          # int64, or a 32-bit word (lpsim.word32)
+    sign = -((bits >> (31 if M == 23 else 63)) & 1)     # all ones for negative x, else 0
     a = bits & p.MAG
     rem = a & mask
     out = _carry(a, mask, s, ((a >> s) ^ parity) & 1, sign, mode, r, W, k)

@@ -1,0 +1,243 @@
+"""A 32-bit word for compiled rounding loops: integer arithmetic that stays 32 bits wide.
+
+numba widens every operation on int32/uint32 operands to 64 bits (its integer typing
+rule), so a loop over float32 bit patterns runs in 64-bit vector lanes: half the lanes
+AVX2 has for 32-bit data, and no unsigned 64-bit compares or min/max to do the rest.
+:func:`word` turns a 32-bit integer into a ``word32``, whose ``+ - & | ^ ~ << >>`` and
+compares compile to 32-bit instructions; the shared decision
+(:func:`lpsim.rounding.round_fast`) is written once and runs on either kind of operand, so
+the CPU kernels pass words for float32 containers and everything else (float64 containers,
+lpsim_cuda, the CUDA simulator) keeps passing int64.
+
+Semantics: unsigned 32-bit, wrapping; ``>>`` is the logical shift and compares are
+unsigned; a shift by 32 or more is undefined (LLVM poison), so the decision shifts words
+by less than the container width only.  A word meets an int or bool by taking its low
+32 bits; :func:`widen` and array stores take a word back to an integer.  Outside compiled
+code (plain Python) :func:`word` and :func:`widen` give int64, the arithmetic the rest of
+lpsim uses.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.core.typeconv import Conversion
+from numba.extending import box, intrinsic, lower_cast, models, overload, register_model
+
+_I32 = ir.IntType(32)
+
+
+class Word32(types.Type):
+    """numba's type of a 32-bit word (an LLVM i32 with unsigned wrapping arithmetic)."""
+
+    def __init__(self):
+        super().__init__(name="word32")
+
+    def can_convert_from(self, typingctx, other):
+        if isinstance(other, (types.Integer, types.Boolean)):
+            return Conversion.unsafe
+        return None
+
+    def unify(self, typingctx, other):
+        # a variable set to an int on one path and a word on another is a word
+        if isinstance(other, (types.Integer, types.Boolean)):
+            return self
+        return None
+
+
+word32 = Word32()
+
+
+@register_model(Word32)
+class _Word32Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _I32)
+
+
+@box(Word32)
+def _box_word(typ, value, c):
+    # a word leaving compiled code is the Python int of its 32 bits
+    return c.pyapi.long_from_ulonglong(c.builder.zext(value, ir.IntType(64)))
+
+
+@lower_cast(Word32, types.Integer)
+def _word_to_int(context, builder, fromty, toty, value):
+    if toty.bitwidth > 32:
+        return builder.zext(value, ir.IntType(toty.bitwidth))
+    if toty.bitwidth < 32:
+        return builder.trunc(value, ir.IntType(toty.bitwidth))
+    return value
+
+
+@lower_cast(types.Integer, Word32)
+def _int_to_word(context, builder, fromty, toty, value):
+    if fromty.bitwidth > 32:
+        return builder.trunc(value, _I32)
+    if fromty.bitwidth < 32:
+        extend = builder.sext if fromty.signed else builder.zext
+        return extend(value, _I32)
+    return value
+
+
+@lower_cast(types.Boolean, Word32)
+def _bool_to_word(context, builder, fromty, toty, value):
+    return builder.zext(value, _I32)
+
+
+def _operand(t):
+    return isinstance(t, (Word32, types.Integer, types.Boolean))
+
+
+def _either_word(a, b):
+    return (isinstance(a, Word32) or isinstance(b, Word32)) and _operand(a) and _operand(b)
+
+
+def _binary(instruction: str):
+    @intrinsic
+    def op(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            x, y = (context.cast(builder, v, t, word32) for v, t in zip(args, signature.args))
+            return getattr(builder, instruction)(x, y)
+        return word32(a, b), codegen
+    return op
+
+
+def _compare(predicate: str):
+    @intrinsic
+    def op(typingctx, a, b):
+        def codegen(context, builder, signature, args):
+            x, y = (context.cast(builder, v, t, word32) for v, t in zip(args, signature.args))
+            return builder.icmp_unsigned(predicate, x, y)
+        return types.boolean(a, b), codegen
+    return op
+
+
+def _register(operators, impl):
+    for python_op in operators:
+        @overload(python_op)
+        def _word_op(a, b):
+            if _either_word(a, b):
+                return lambda a, b: impl(a, b)
+            return None
+
+
+for _ops, _instruction in (((operator.add, operator.iadd), "add"),
+                           ((operator.sub, operator.isub), "sub"),
+                           ((operator.and_, operator.iand), "and_"),
+                           ((operator.or_, operator.ior), "or_"),
+                           ((operator.xor, operator.ixor), "xor"),
+                           ((operator.lshift, operator.ilshift), "shl"),
+                           ((operator.rshift, operator.irshift), "lshr")):
+    _register(_ops, _binary(_instruction))
+
+for _op, _predicate in ((operator.lt, "<"), (operator.le, "<="), (operator.gt, ">"),
+                        (operator.ge, ">="), (operator.eq, "=="), (operator.ne, "!=")):
+    _register((_op,), _compare(_predicate))
+
+_sub = _binary("sub")
+_xor = _binary("xor")
+
+
+@overload(operator.neg)
+def _word_neg(a):
+    if isinstance(a, Word32):
+        return lambda a: _sub(0, a)
+    return None
+
+
+@overload(operator.invert)
+def _word_invert(a):
+    if isinstance(a, Word32):
+        return lambda a: _xor(a, -1)
+    return None
+
+
+@intrinsic
+def _to_word(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return context.cast(builder, args[0], signature.args[0], word32)
+    return word32(x), codegen
+
+
+def word(x):
+    """x as a word32 when x is a 32-bit integer (in compiled code), else x itself."""
+    return np.int64(x)
+
+
+@overload(word)
+def _word(x):
+    if isinstance(x, types.Integer) and x.bitwidth == 32:
+        return lambda x: _to_word(x)
+    if isinstance(x, (Word32, types.Integer)):
+        return lambda x: x
+    return None
+
+
+def widen(x):
+    """x unchanged when it is a word32, else x as an int64: the decision's operand."""
+    return np.int64(x)
+
+
+@overload(widen)
+def _widen(x):
+    if isinstance(x, Word32):
+        return lambda x: x
+    if isinstance(x, (types.Integer, types.Boolean)):
+        return lambda x: np.int64(x)
+    return None
+
+
+@intrinsic
+def _word_as_int64(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.zext(args[0], ir.IntType(64))
+    return types.int64(x), codegen
+
+
+def as_int64(x):
+    """x as an int64 (a word32's 32 bits zero-extended): what stores into integer arrays."""
+    return np.int64(x)
+
+
+@overload(as_int64)
+def _as_int64(x):
+    if isinstance(x, Word32):
+        return lambda x: _word_as_int64(x)
+    if isinstance(x, (types.Integer, types.Boolean)):
+        return lambda x: np.int64(x)
+    return None
+
+
+@intrinsic
+def _word_mulhilo(typingctx, a, b):
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        x, y = (builder.zext(context.cast(builder, v, t, word32), i64)
+                for v, t in zip(args, signature.args))
+        product = builder.mul(x, y)
+        hi = builder.trunc(builder.lshr(product, ir.Constant(i64, 32)), _I32)
+        return context.make_tuple(builder, signature.return_type,
+                                  (hi, builder.trunc(product, _I32)))
+    return types.UniTuple(word32, 2)(a, b), codegen
+
+
+def mulhilo(a, b):
+    """(high 32 bits, low 32 bits) of the 64-bit product of two 32-bit values (ints < 2**32
+    or words; words when either is one)."""
+    product = np.uint64(a) * np.uint64(b)
+    return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(0xFFFFFFFF))
+
+
+@overload(mulhilo)
+def _mulhilo(a, b):
+    if _either_word(a, b):
+        return lambda a, b: _word_mulhilo(a, b)
+    if isinstance(a, types.Integer) and isinstance(b, types.Integer):
+        def impl(a, b):
+            product = np.uint64(a) * np.uint64(b)
+            return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(0xFFFFFFFF))
+        return impl
+    return None
