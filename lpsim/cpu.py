@@ -113,17 +113,15 @@ _philox_inline = njit(inline="always")(philox4x32)
 
 @register_jitable
 def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
-    # in 32-bit words (lpsim.word32): eight blocks per AVX2 vector instead of four
-    s0, s1 = word(np.uint32(stream & MASK32)), word(np.uint32((stream >> 32) & MASK32))
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
     for j in range(nb):
         b = b0 + j
-        w0, w1, w2, w3 = _philox_inline(word(np.uint32(b & MASK32)),
-                                        word(np.uint32((b >> 32) & MASK32)), s0, s1,
-                                        seed_lo, seed_hi)
-        r[4 * j] = as_int64(w0)
-        r[4 * j + 1] = as_int64(w1)
-        r[4 * j + 2] = as_int64(w2)
-        r[4 * j + 3] = as_int64(w3)
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[4 * j] = w0
+        r[4 * j + 1] = w1
+        r[4 * j + 2] = w2
+        r[4 * j + 3] = w3
 
 
 @register_jitable

@@ -21,8 +21,6 @@ seed (low 32, high 32).
 import numpy as np
 from numba.extending import register_jitable
 
-from .word32 import mulhilo
-
 MASK32 = 0xFFFFFFFF
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
@@ -34,12 +32,17 @@ LANES = {4: 4, 8: 2}
 
 
 @register_jitable
+def _mulhilo(a, b):
+    product = np.uint64(a) * np.uint64(b)
+    return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(MASK32))
+
+
+@register_jitable
 def philox4x32(c0, c1, c2, c3, k0, k1):
-    """The four 32-bit output words of Philox4x32-10: int64 < 2**32, or 32-bit words
-    (:mod:`lpsim.word32`) when the counter words are."""
+    """The four 32-bit output words of Philox4x32-10 (inputs and outputs are int64 < 2**32)."""
     for _ in range(10):
-        hi0, lo0 = mulhilo(_M0, c0)
-        hi1, lo1 = mulhilo(_M1, c2)
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
         c0, c1, c2, c3 = (hi1 ^ c1 ^ k0) & MASK32, lo1, (hi0 ^ c3 ^ k1) & MASK32, lo0
         k0 = (k0 + _W0) & MASK32
         k1 = (k1 + _W1) & MASK32

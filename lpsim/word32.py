@@ -210,34 +210,3 @@ def _as_int64(x):
         return lambda x: np.int64(x)
     return None
 
-
-@intrinsic
-def _word_mulhilo(typingctx, a, b):
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        x, y = (builder.zext(context.cast(builder, v, t, word32), i64)
-                for v, t in zip(args, signature.args))
-        product = builder.mul(x, y)
-        hi = builder.trunc(builder.lshr(product, ir.Constant(i64, 32)), _I32)
-        return context.make_tuple(builder, signature.return_type,
-                                  (hi, builder.trunc(product, _I32)))
-    return types.UniTuple(word32, 2)(a, b), codegen
-
-
-def mulhilo(a, b):
-    """(high 32 bits, low 32 bits) of the 64-bit product of two 32-bit values (ints < 2**32
-    or words; words when either is one)."""
-    product = np.uint64(a) * np.uint64(b)
-    return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(0xFFFFFFFF))
-
-
-@overload(mulhilo)
-def _mulhilo(a, b):
-    if _either_word(a, b):
-        return lambda a, b: _word_mulhilo(a, b)
-    if isinstance(a, types.Integer) and isinstance(b, types.Integer):
-        def impl(a, b):
-            product = np.uint64(a) * np.uint64(b)
-            return np.int64(product >> np.uint64(32)), np.int64(product & np.uint64(0xFFFFFFFF))
-        return impl
-    return None

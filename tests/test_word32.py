@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from lpsim.word32 import as_int64, mulhilo, widen, word
+from lpsim.word32 import as_int64, widen, word
 
 EDGES = np.array([0, 1, 2, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0x80000001,
                   0xFFFFFFFE, 0xFFFFFFFF], np.uint32)
@@ -102,23 +102,6 @@ def test_unary_inplace_bool_and_unified_variables():
     np.testing.assert_array_equal(out, y.astype(np.int64) + (z << 32))
 
 
-def test_mulhilo_words_and_ints_agree_with_python():
-    a, b = _operands(4)
-
-    @njit
-    def kernel(a, b, out):
-        for i in range(a.size):
-            hi, lo = mulhilo(word(a[i]), word(b[i]))
-            out[i, 0], out[i, 1] = as_int64(hi), as_int64(lo)
-            hi, lo = mulhilo(np.int64(a[i]), np.int64(b[i]))
-            out[i, 2], out[i, 3] = hi, lo
-    out = np.empty((a.size, 4), np.int64)
-    kernel(a, b, out)
-    product = [int(x) * int(y) for x, y in zip(a, b)]
-    expected = np.array([[p >> 32, p & 0xFFFFFFFF] * 2 for p in product], np.int64)
-    np.testing.assert_array_equal(out, expected)
-
-
 def test_int64_operands_keep_int64_arithmetic():
     @njit
     def kernel(x):
@@ -132,4 +115,3 @@ def test_plain_python_gives_int64():
     # outside compiled code (the CUDA simulator, a reference run) words are int64
     assert type(word(np.int32(-3))) is np.int64 and word(np.int32(-3)) == -3
     assert widen(np.uint32(7)) == 7 and as_int64(np.int32(2)) == 2
-    assert mulhilo(0xFFFFFFFF, 0xFFFFFFFF) == (0xFFFFFFFE, 1)

@@ -28,7 +28,7 @@ from lpsim.cpu import (GROUP, PARALLEL_GRAIN, entry_point, fast_pass, fill_words
 from lpsim.rounding import NEAREST, STOCHASTIC
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
-                   adamw_update, bits_f32, join_remainder, kahan_comp, kahan_y, sgd_buffer,
+                   adamw_update, join_remainder, kahan_comp, kahan_y, sgd_buffer,
                    sgd_gradient, sgd_update, split_remainder, step_quad)
 
 #: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
@@ -151,12 +151,15 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     # counts[0] inside the call, and the += would store over them with the value read before
     fast_inexact = _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left, counts)
     counts[0] += fast_inexact
+    # the new weights go through the float32 array xf and are read back as bits (x): a
+    # scalar .view(np.int32) in the loop keeps it from vectorising (5x slower)
+    for j in range(n):
+        xf[j] = np.float32(tf[j])
     if update == REMAINDER:
         cancelled = 0
         for j in range(n):
-            new = bits_f32(np.float32(tf[j]))
-            cancelled += np.int64((uf[j] != 0) & (new == y[j]))
-            code, rem = split_remainder(new)
+            cancelled += np.int64((uf[j] != 0) & (x[j] == y[j]))
+            code, rem = split_remainder(x[j])
             wb[lo + j] = code
             rb[lo + j] = rem
         counts[6] += cancelled
@@ -171,9 +174,7 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
         _encode(c, skind, cb[lo:hi])
     cancelled = 0
     for j in range(n):
-        new = np.float32(tf[j])
-        cancelled += np.int64((uf[j] != 0) & (new.view(np.int32) == w[j]))
-        xf[j] = new
+        cancelled += np.int64((uf[j] != 0) & (x[j] == w[j]))
     counts[6] += cancelled
     _encode(x, wkind, wb[lo:hi])
 
