@@ -452,7 +452,7 @@ def _finite_amax(xs):
     return amax
 
 
-@register_jitable
+@register_jitable(inline="always")
 def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p, bp):
     """The element step over one block (slices from 0, so no wraparound checks); returns
     (inexact, overflow, underflow, subnormal, nonzero, slow), the counters 0 unless want_q
