@@ -50,12 +50,16 @@ from numba import njit
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
-from .cpu import (CHUNK, PARALLEL_GRAIN, SERIAL_BELOW, _constant, as_bits, entry_point,
-                  fill_words, thread_pool, threads)
+from .cpu import CHUNK, _constant, as_bits, entry_point, fill_words, thread_pool, threads
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
                        round_fast_sub)
 from .stats import RoundingStats
+
+#: elements per extra thread, and the size below which a call runs in the calling thread: an
+#: element costs ten or more times a plain rounding (lpsim.cpu's grain), so threads pay sooner
+PARALLEL_GRAIN = 1 << 17
+SERIAL_BELOW = 2 * PARALLEL_GRAIN
 
 RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 NONFINITE = ("nan", "finite")
@@ -614,7 +618,7 @@ def kernel_entry(mode: int, dtype: np.dtype):
 def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q, want_counts=True) -> None:
     """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
 
-    Fewer than lpsim.cpu.SERIAL_BELOW elements run in the calling thread; larger arrays are
+    Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays are
     split into one contiguous range of blocks per thread (at least PARALLEL_GRAIN elements
     each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block writes
     its own counters, so nothing is summed across threads.

@@ -47,8 +47,10 @@ CHUNK = 8192
 #: chunks per parallel task (they share one scratch buffer)
 TASK = 4
 #: elements per extra thread: below this, handing work to the thread pool costs more than it
-#: saves, so smaller arrays run in the calling thread (benchmarks/bench_quantize.py --sweep)
-PARALLEL_GRAIN = 1 << 17
+#: saves, so smaller arrays run in the calling thread (benchmarks/bench_quantize.py --sweep:
+#: the hand-over costs 30-40 us here; bf16 nearest on 2^18 elements took 115 us in one thread
+#: and 139 on two, on 2^19 287 us against 224)
+PARALLEL_GRAIN = 1 << 18
 #: arrays shorter than this run in the calling thread
 SERIAL_BELOW = 2 * PARALLEL_GRAIN
 #: elements per group whose slow elements are counted together, so that the slow pass

@@ -23,8 +23,8 @@ import torch
 from numba import njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import (GROUP, PARALLEL_GRAIN, entry_point, fast_pass, fill_words, slow_pass,
-                       thread_pool, threads)
+from lpsim.cpu import (GROUP, entry_point, fast_pass, fill_words, slow_pass, thread_pool,
+                       threads)
 from lpsim.rounding import NEAREST, STOCHASTIC
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
@@ -33,6 +33,9 @@ from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adam
 
 #: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
 CHUNK = 2048
+#: elements per extra thread: a step costs ten or more times a plain rounding per element
+#: (lpsim.cpu's grain), so threads pay from smaller tensors
+PARALLEL_GRAIN = 1 << 17
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
