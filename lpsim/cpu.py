@@ -2,7 +2,7 @@
 
 The per-element decision is :func:`lpsim.rounding.round_fast` (vectorised common case) and
 :func:`lpsim.rounding.round_bits` (everything else), the functions lpsim_cuda compiles too.
-For float32 containers the fast pass and the generator run on 32-bit words
+For float32 containers the fast pass, its counts and its random words are 32-bit words
 (:mod:`lpsim.word32`: eight AVX2 lanes where numba's int64 arithmetic has four).
 This module only walks an array: chunks of :data:`CHUNK` elements whose random words stay in
 cache, tasks of :data:`TASK` chunks, and a thread pool for arrays large enough to pay for it.
@@ -231,8 +231,8 @@ def slow_pass(ys, rs, mode, k, p, left, counts, first):
             for j in range(g, min(g + GROUP, ys.size)):
                 a = np.int64(ys[j]) & p.MAG
                 if a < a_lo or a >= a_hi:
-                    bits, flags = round_bits(ys[j], mode, np.int64(rs[j]) if mode >= STOCHASTIC else 0,
-                                             k, p)
+                    r = np.int64(rs[j]) if mode >= STOCHASTIC else np.int64(0)
+                    bits, flags = round_bits(ys[j], mode, r, k, p)
                     ys[j] = bits
                     for f in range(6):
                         counts[first + f] += (flags >> f) & 1

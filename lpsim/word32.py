@@ -95,23 +95,15 @@ def _either_word(a, b):
     return (isinstance(a, Word32) or isinstance(b, Word32)) and _operand(a) and _operand(b)
 
 
-def _binary(instruction: str):
+def _intrinsic(result, emit):
+    """An intrinsic of two operands taken to words: ``emit(builder, x, y)`` of type ``result``
+    (word32 for arithmetic, boolean for compares)."""
     @intrinsic
     def op(typingctx, a, b):
         def codegen(context, builder, signature, args):
             x, y = (context.cast(builder, v, t, word32) for v, t in zip(args, signature.args))
-            return getattr(builder, instruction)(x, y)
-        return word32(a, b), codegen
-    return op
-
-
-def _compare(predicate: str):
-    @intrinsic
-    def op(typingctx, a, b):
-        def codegen(context, builder, signature, args):
-            x, y = (context.cast(builder, v, t, word32) for v, t in zip(args, signature.args))
-            return builder.icmp_unsigned(predicate, x, y)
-        return types.boolean(a, b), codegen
+            return emit(builder, x, y)
+        return (word32 if result is None else result)(a, b), codegen
     return op
 
 
@@ -124,6 +116,7 @@ def _register(operators, impl):
             return None
 
 
+_ARITHMETIC = {}
 for _ops, _instruction in (((operator.add, operator.iadd), "add"),
                            ((operator.sub, operator.isub), "sub"),
                            ((operator.and_, operator.iand), "and_"),
@@ -131,14 +124,16 @@ for _ops, _instruction in (((operator.add, operator.iadd), "add"),
                            ((operator.xor, operator.ixor), "xor"),
                            ((operator.lshift, operator.ilshift), "shl"),
                            ((operator.rshift, operator.irshift), "lshr")):
-    _register(_ops, _binary(_instruction))
+    _ARITHMETIC[_instruction] = _intrinsic(
+        None, lambda builder, x, y, name=_instruction: getattr(builder, name)(x, y))
+    _register(_ops, _ARITHMETIC[_instruction])
 
 for _op, _predicate in ((operator.lt, "<"), (operator.le, "<="), (operator.gt, ">"),
                         (operator.ge, ">="), (operator.eq, "=="), (operator.ne, "!=")):
-    _register((_op,), _compare(_predicate))
+    _register((_op,), _intrinsic(
+        types.boolean, lambda builder, x, y, pred=_predicate: builder.icmp_unsigned(pred, x, y)))
 
-_sub = _binary("sub")
-_xor = _binary("xor")
+_sub, _xor = _ARITHMETIC["sub"], _ARITHMETIC["xor"]
 
 
 @overload(operator.neg)
