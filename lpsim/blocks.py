@@ -46,15 +46,17 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
-from .cpu import CHUNK, _constant, as_bits, entry_point, fill_words, thread_pool, threads
+from .cpu import (CHUNK, _constant, as_bits, entry_point, fill_words, thread_pool, threads,
+                  word_buffer)
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
                        round_fast_sub)
 from .stats import RoundingStats
+from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per extra thread, and the size below which a call runs in the calling thread: an
 #: element costs ten or more times a plain rounding (lpsim.cpu's grain), so threads pay sooner
@@ -251,6 +253,7 @@ class BlockParams(NamedTuple):
     nonfinite_nan: int
     pts: float       # per-tensor scale (1.0 without)
     pts_inv: float   # fp32(1 / pts)
+    f32: int         # 1: float32 arrays take the element step on 32-bit words (element_fast32)
 
 
 def f2i(v):
@@ -341,6 +344,11 @@ def _scale_mode(rule):
 
 @register_jitable
 def round_scale(bits, mode, sp):
+    """A float64 scale (bits) rounded to the scale format: the straight-line step, or
+    round_bits where that does not apply."""
+    out, ok, _ = round_fast_sub(bits, mode, 0, 64, sp)
+    if ok:
+        return out, 0
     return round_bits(bits, mode, 0, 64, sp)
 
 
@@ -389,6 +397,46 @@ def element_fast(xv, recip, s, mode, r, k, p, bp):
     b, ok, flags = round_fast_sub(scaled_bits(xv, s, recip, bp), mode, r, k, p)
     q = i2f(b)
     return q, dequantize_element(q, s, bp), ok, flags
+
+
+@register_jitable
+def element_fast32(xv, r, recip, s, mode, k, p, bp):
+    """:func:`element_fast` of a float32 element in float32 arithmetic on 32-bit words
+    (:mod:`lpsim.word32`: eight AVX2 lanes), ``recip``, ``s`` and ``r`` float32 and a word,
+    ``p`` the element's float32-container Params; where :func:`words_exact` holds, the same
+    (q, q * s, ok, flags).
+
+    x * recip is x / s exactly when the scale is a power of two and the product a float32
+    normal (or x is 0: ``ok`` is 0 for a product that underflowed), and is the definition
+    (fp32(x * r)) otherwise; q * s (* pts) is rounded once, as in float64.
+    """
+    y = xv * recip
+    yb = float32_bits(y)
+    b, ok, flags = round_fast_sub(yb, mode, r, k, p)
+    ok &= like(yb, ((yb & 0x7FFFFFFF) != 0) | ((float32_bits(xv) & 0x7FFFFFFF) == 0))
+    q = bits_float32(b)
+    v = q * s
+    if bp.pts != 1.0:
+        v = v * np.float32(bp.pts)
+    return q, v, ok, flags & -ok
+
+
+@functools.lru_cache(maxsize=256)
+def words_exact(bfmt: "BlockFormat") -> bool:
+    """Whether :func:`element_fast32` gives the float64 step's results for every float32
+    element of ``bfmt``: the element format fits a float32 container, every scale and (power
+    of two) its reciprocal is a float32, and with a tensor scale q * s is an exact float32
+    normal (so that q * s * pts is rounded once)."""
+    el, sc = bfmt.saturating_element, bfmt.scale
+    if not (el.fits(np.float32)[0] and sc.fits(np.float32)[0] and el.signed):
+        return False
+    smin, smax = float(sc.min_subnormal), float(sc.max_finite)
+    if bfmt.pow2 and not (2.0 ** -127 <= smin and smax <= 2.0 ** 127):
+        return False
+    if bfmt.tensor_scale:
+        return (el.m + sc.m + 2 <= 24 and float(el.min_subnormal) * smin >= 2.0 ** -126
+                and float(el.max_finite) * smax < 2.0 ** 128)
+    return True
 
 
 @register_jitable
@@ -466,7 +514,8 @@ def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p,
     f0 = f1 = f2 = f3 = nonzero = slow = np.int64(0)
     if want_q:
         for i in range(xs.size):
-            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, np.int64(rs[i & rmask]), k, p,
+                                          bp)
             qs[i] = q
             outs[i] = v
             nonzero += np.int64(q != 0)
@@ -477,7 +526,8 @@ def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p,
             f3 += (flags >> 3) & 1
     elif want_counts:
         for i in range(xs.size):
-            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, np.int64(rs[i & rmask]), k, p,
+                                          bp)
             outs[i] = v
             nonzero += np.int64(q != 0)
             slow += 1 - ok
@@ -487,7 +537,8 @@ def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p,
             f3 += (flags >> 3) & 1
     else:                                       # no counters: a third fewer operations
         for i in range(xs.size):
-            q, v, ok, flags = element_fast(xs[i], recip, s, mode, rs[i & rmask], k, p, bp)
+            q, v, ok, flags = element_fast(xs[i], recip, s, mode, np.int64(rs[i & rmask]), k, p,
+                                          bp)
             outs[i] = v
             slow += 1 - ok
     return f0, f1, f2, f3, nonzero, slow
@@ -499,7 +550,7 @@ def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
     dz = np.int64(0)
     rmask = -1 if mode >= STOCHASTIC else 0
     for i in range(xs.size):
-        r = rs[i & rmask]
+        r = np.int64(rs[i & rmask])
         q0, _, ok, _ = element_fast(xs[i], recip, s, mode, r, k, p, bp)
         if not ok:
             q, v, flags = element_exact(xs[i], recip, s, mode, r, k, p, bp)
@@ -512,9 +563,84 @@ def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
     return dz
 
 
+def chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length,
+                cmag, cinf, sc, rc):
+    """Blocks t .. t_end-1 (elements e_lo .. e_hi-1 of the flat arrays) of a float32 array on
+    32-bit words, without counters; returns False (nothing done) for float64 arrays.
+
+    Per block the largest magnitude and the scale, spread over the elements as ``sc`` and
+    ``rc`` (its float32 reciprocal); then one :func:`element_fast32` loop over the whole
+    chunk (a block of 16 or 32 elements is too short a loop to run at vector speed); then
+    :func:`element_exact` for the elements it left.  Compiled code only.
+    """
+    raise NotImplementedError
+
+
+@overload(chunk_words, prefer_literal=True)
+def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length,
+                 cmag, cinf, sc, rc):
+    if xf.dtype != types.float32:
+        return lambda xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, \
+            length, cmag, cinf, sc, rc: False
+
+    def impl(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length, cmag,
+             cinf, sc, rc):
+        mode = _constant(mode)
+        rmask = -1 if mode >= STOCHASTIC else 0     # deterministic modes read rs[0] only
+        xb = as_bits(xf)
+        size = bp.block
+        nblk = sf.size // max(1, (xf.size // length) if length else 1)
+        for tb in range(t, t_end):
+            row_lo = (tb // nblk) * length
+            lo = row_lo + (tb % nblk) * size
+            hi = min(lo + size, row_lo + length)
+            xbs = xb[lo:hi]
+            am = word(np.int32(0))
+            for i in range(xbs.size):
+                am = max(am, word(xbs[i]) & cmag)
+            s = np.nan                              # a NaN block: NaN in, left to the end
+            if am < cinf or not bp.nonfinite_nan:
+                amax = bits_value(as_int64(am), 23, 127) if am < cinf else \
+                    _finite_amax(xf[lo:hi])
+                s, _ = block_scale(amax, bp, sp)
+            sf[tb] = s
+            s32, recip32 = np.float32(s), np.float32(block_recip(s, bp))
+            scb, rcb = sc[lo - e_lo:hi - e_lo], rc[lo - e_lo:hi - e_lo]
+            for i in range(scb.size):
+                scb[i] = s32
+                rcb[i] = recip32
+        xs, outs = xf[e_lo:e_hi], outf[e_lo:e_hi]
+        slow = word(np.int32(0))
+        for i in range(xs.size):
+            _, v, ok, _ = element_fast32(xs[i], word(rs[i & rmask]), rc[i], sc[i], mode, k,
+                                         p32, bp)
+            outs[i] = v
+            slow += 1 - ok
+        if slow != 0:
+            c = np.zeros(len(BLOCK_COUNTERS), np.int64)
+            for tb in range(t, t_end):
+                row_lo = (tb // nblk) * length
+                lo = row_lo + (tb % nblk) * size
+                hi = min(lo + size, row_lo + length)
+                s = sf[tb]
+                if s != s:
+                    _nonfinite_block(xf[lo:hi], outf[lo:hi], outf, False, c)
+                    continue
+                recip = block_recip(s, bp)
+                for e in range(lo, hi):
+                    r = rs[(e - e_lo) & rmask]
+                    _, _, ok, _ = element_fast32(xf[e], word(r), rc[e - e_lo], sc[e - e_lo],
+                                                 mode, k, p32, bp)
+                    if ok == 0:
+                        _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k, p,
+                                                      bp)
+        return True
+    return impl
+
+
 @register_jitable
-def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_lo, seed_hi,
-                  stream, offset, want_q, want_counts, cm, ceb, chunk):
+def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, p32, sp, bp, seed_lo,
+                  seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D ``x`` into out, qout, sout and counts."""
     stochastic = _constant(mode) >= STOCHASTIC
     rows, length = x.shape
@@ -529,7 +655,10 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
     cinf = (2 * ceb + 1) << cm                           # and those of inf
     lanes = 4 if p.W == 32 else 2
     per_chunk = max(1, chunk // size)
-    r = np.zeros(per_chunk * size + 2 * lanes if stochastic else 1, np.int64)
+    r = word_buffer(xb, per_chunk * size + 2 * lanes if stochastic else 1)
+    words = cm == 23 and bp.f32 and not (want_q or want_counts)
+    scratch = per_chunk * size if words else 1
+    sc, rc = np.empty(scratch, np.float32), np.empty(scratch, np.float32)
     rs = r
     t = t0
     while t < t1:
@@ -543,6 +672,10 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
             fill_words(r, p.W, b0, (e_hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
                        seed_hi)
             rs = r[g0 - b0 * lanes:]
+        if words and chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp,
+                                 bp, length, cmag, cinf, sc, rc):
+            t = t_end
+            continue
         for tb in range(t, t_end):
             row_lo = (tb // nblk) * length
             lo = row_lo + (tb % nblk) * size
@@ -550,10 +683,10 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
             xs, outs, c = xf[lo:hi], outf[lo:hi], cf[tb]
             qs = qf[lo:hi] if want_q else qf
             rsb = rs[lo - e_lo:hi - e_lo] if stochastic else rs
-            am = np.int64(0)
+            am = np.int64(0)                  # a word for float32 (lpsim.word32): 8 lanes
             xbs = xb[lo:hi]
             for i in range(xbs.size):
-                am = max(am, np.int64(xbs[i]) & cmag)
+                am = max(am, word(xbs[i]) & cmag)
             if am >= cinf:
                 if bp.nonfinite_nan:
                     _nonfinite_block(xs, outs, qs, want_q, c)
@@ -561,7 +694,7 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
                     continue
                 amax = _finite_amax(xs)
             else:
-                amax = bits_value(am, cm, ceb)
+                amax = bits_value(as_int64(am), cm, ceb)
             s, clipped = block_scale(amax, bp, sp)
             recip = block_recip(s, bp)
             sf[tb] = s
@@ -583,9 +716,9 @@ def _blocks_kernel(mode: int):
     """The block kernel of rounding mode ``mode``, a constant of its body (the element loop's
     decision compiles to straight-line code), named ``blocks_<mode>``: numba's on-disk cache
     keys kernels by qualified name, so each mode has an entry of its own (as lpsim.cpu's)."""
-    def kernel(x, out, qout, sout, counts, t0, t1, k, p, sp, bp, seed_lo, seed_hi, stream,
+    def kernel(x, out, qout, sout, counts, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
                offset, want_q, want_counts, cm, ceb, chunk):
-        _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_lo,
+        _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, p32, sp, bp, seed_lo,
                       seed_hi, stream, offset, want_q, want_counts, cm, ceb, chunk)
 
     name = next(name for name, code in MODES.items() if code == mode)
@@ -609,13 +742,15 @@ def kernel_entry(mode: int, dtype: np.dtype):
     args = (x, x.copy(), np.zeros((1, 1)), np.zeros((1, 1)),
             np.zeros((1, 1, len(BLOCK_COUNTERS)), np.int64), 0, 1, 1,
             _element_params(bfmt.saturating_element, request.params.W),
+            kernel_params(bfmt.saturating_element, np.float32),
             kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, True, True,
             23, 127, CHUNK)
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
                        f"for {np.dtype(dtype)} arrays")
 
 
-def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q, want_counts=True) -> None:
+def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
+               want_counts=True) -> None:
     """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
 
     Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays are
@@ -626,7 +761,7 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_q, want_counts
     kernel = kernel_entry(request.mode, x2.dtype)
     cm, ceb = (23, 127) if x2.dtype == np.float32 else (52, 1023)
     nblocks = s2.size
-    args = (int(request.k), p, sp, bp, int(request.seed_lo), int(request.seed_hi),
+    args = (int(request.k), p, p32, sp, bp, int(request.seed_lo), int(request.seed_hi),
             int(request.stream), int(request.offset), bool(want_q), bool(want_counts), cm, ceb,
             int(CHUNK))
     n = x2.size
@@ -655,7 +790,7 @@ def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
                        float(el.max_finite), int(np.log2(smin)) if bfmt.pow2 else 0,
                        sc.emax if bfmt.pow2 else 0, float(smin), float(smax),
                        int(bfmt.nonfinite == "nan"), float(pts),
-                       float(np.float32(1.0 / np.float32(pts))))
+                       float(np.float32(1.0 / np.float32(pts))), int(words_exact(bfmt)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -664,10 +799,32 @@ def _element_params(element: Format, word_bits: int) -> Params:
     return kernel_params(element, np.float64)._replace(W=word_bits)
 
 
+@functools.lru_cache(maxsize=256)
+def element_params32(bfmt: BlockFormat) -> Params:
+    """The element's float32-container Params (W = 32) for :func:`element_fast32`; those of
+    e2m1fn (never read) where the format does not take that step."""
+    return kernel_params(bfmt.saturating_element if words_exact(bfmt)
+                         else PRESETS["mxfp4"].saturating_element, np.float32)
+
+
+@njit(cache=True, nogil=True)
+def finite_amax(x):
+    """The largest finite magnitude of a flat float32/float64 array (0.0 if none): an integer
+    max over the container bits below inf's, 32-bit words for float32 (one vectorised pass)."""
+    xb = as_bits(x)
+    wide = xb.itemsize == 8
+    cmag = ~(np.int64(1) << 63) if wide else (np.int64(1) << 31) - 1
+    cinf = (np.int64(2047) << 52) if wide else np.int64(255) << 23
+    am = np.int64(0)
+    for i in range(xb.size):
+        a = word(xb[i]) & cmag
+        am = max(am, a if a < cinf else a & 0)
+    return bits_value(as_int64(am), 52 if wide else 23, 1023 if wide else 127)
+
+
 def tensor_scale_of(x, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale: fp32(amax / (scale max * element max)); 1 if amax 0."""
-    finite = np.abs(x[np.isfinite(x)])
-    amax = float(finite.max()) if finite.size else 0.0
+    amax = float(finite_amax(np.ascontiguousarray(x).reshape(-1))) if x.size else 0.0
     if amax == 0:
         return 1.0
     return float(np.float32(np.float32(amax) / np.float32(bfmt.scale.max_finite *
@@ -695,13 +852,16 @@ def _blocked_view(x, axis):
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
-                    want_elements: bool = True, want_counts: bool = True) -> Blocked:
+                    want_elements: bool = True, want_counts: bool = True,
+                    out=None) -> Blocked:
     """Block-quantize a float32/float64 numpy array along ``axis`` (blocks of bfmt.block).
 
     A row whose length is not a multiple of the block size ends in a shorter block.
     tensor_scale: the per-tensor scale to use (default: computed from x when bfmt has one).
-    want_counts=False (no stats wanted) skips the element counters, about a third of the
-    element step; the counts returned are then incomplete.
+    want_counts=False (no stats wanted) skips the element counters; counts is then None, or
+    incomplete where the kernel keeps them anyway.  out: where the values go, when it is a
+    C-contiguous array of x's shape and dtype that does not overlap x and the blocks run
+    along the last axis (else a new array, as without it).
     """
     from .quantize import plan
     bfmt = parse_block_format(bfmt)
@@ -721,16 +881,26 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
             raise ValueError(f"tensor_scale={tensor_scale!r} must be a positive finite number")
     bp = block_params(bfmt, pts)
     p = _element_params(bfmt.saturating_element, request.params.W)
+    p32 = element_params32(bfmt)
     sp = kernel_params(bfmt.scale, np.float64)
     rows, length = x2.shape
     nblk = -(-length // bfmt.block) if length else 0
-    out2 = np.empty_like(x2)
+    last = x.ndim <= 1 or axis in (-1, x.ndim - 1)
+    direct = (isinstance(out, np.ndarray) and last and out.dtype == x2.dtype
+              and out.shape == x.shape and out.flags.c_contiguous and out.flags.writeable
+              and not np.may_share_memory(out, x))
+    out2 = out.reshape(x2.shape) if direct else np.empty_like(x2)
     q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
     s2 = np.empty((rows, nblk), np.float64)
-    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)), np.int64)
+    want_counts = want_counts or want_elements
+    # the float32 word path (chunk_words) writes no counters: no array for them
+    counted = want_counts or not (x2.dtype == np.float32 and bp.f32)
+    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)) if counted else (1, 1, 1), np.int64)
     if x2.size:
-        run_blocks(x2, out2, q2, s2, counts, request, p, sp, bp, want_elements,
-                   want_counts or want_elements)
+        run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_elements,
+                   want_counts)
+    if not want_counts:
+        counts = None
     values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
     if x.ndim and axis not in (-1, x.ndim - 1):
         values = np.moveaxis(values, -1, axis)
@@ -791,10 +961,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
         _check_out(out, x)                  # before anything is counted or written
     result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                              sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
-                             want_elements=False, want_counts=stats is not None)
+                             want_elements=False, want_counts=stats is not None, out=out)
     add_counts(stats, result.counts, x.size)
     if out is not None:
-        out[...] = result.values
+        if result.values.ctypes.data != out.ctypes.data:      # not written in place
+            out[...] = result.values
         return out
     return result.values
 

@@ -56,7 +56,7 @@ from numba.extending import register_jitable
 from .formats import CONTAINERS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
-from .word32 import widen
+from .word32 import like, widen
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -247,54 +247,81 @@ def round_fast(bits, mode, r, k, p):
 
 
 @register_jitable
+def _small_increment(tf, sticky, sign, mode, r, W, k):
+    """0 or 1: whether a finite x below min_subnormal (keep 0) rounds up to it, from its
+    fraction of a quantum as a W-bit fixed-point number F: ``tf`` = floor(F), ``sticky``
+    whether F has more bits; the choices of :func:`_increment` on it (ties go to 0, the
+    even code)."""
+    half = np.int64(1) << (W - 1)
+    inc = np.int64(0)                           # toward_zero
+    if mode == NEAREST:
+        inc = np.int64(tf + sticky > half)      # F > 1/2
+    elif mode == NEAREST_AWAY:
+        inc = np.int64(tf >= half)
+    elif mode == UP:
+        inc = 1 + sign
+    elif mode == DOWN:
+        inc = -sign
+    elif mode == ODD:
+        inc = np.int64(1)
+    elif mode == STOCHASTIC_EQUAL:
+        inc = r >> (W - 1)
+    elif mode == STOCHASTIC:
+        # R_k < floor(F) on the top k bits; full-width SR: R < ceil(F)
+        drop = W - k
+        inc = np.int64((r >> drop) < (tf >> drop) + (sticky & np.int64(k == W)))
+    return inc
+
+
+@register_jitable
 def round_fast_sub(bits, mode, r, k, p):
     """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
 
     One straight-line path: the shift grows by one per binade below min_normal, so the
     format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
-    result is 0 or min_subnormal, the carry of the same decision; a saturating format clamps
+    result is 0 or min_subnormal (:func:`_small_increment`); a saturating format clamps
     overflow to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf,
     container subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.
     ``flags`` are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this
     range: most of them are small against their block's scale, and a branch per element
-    costs more than the rounding.
+    costs more than the rounding.  As :func:`round_fast`, ``bits`` and ``r`` may be 32-bit
+    words: every quantity here is a nonnegative integer below 2**32 in a float32 container
+    (differences are taken as ``a - min(a, b)``), and every shift is less than 32.
     """
     M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
     parity = (1 - emin - EB) & 1 if m == 0 else 0
-    bits = np.int64(bits)
-    sign = bits >> 63
+    bits = widen(bits)                          # int64, or a 32-bit word (lpsim.word32)
+    sign = -((bits >> (31 if M == 23 else 63)) & 1)     # all ones for negative x, else 0
     a = bits & p.MAG
     biased = a >> M
-    ex = biased - EB
-    s = min(M - m + max(emin - ex, 0), M)
+    lo = emin + EB                              # the format's min normal exponent field
+    below = lo - min(biased, lo)                # binades below min_normal
+    s = min(M - m + below, M)
     # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
-    lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (ex < emin))
-    # below min_subnormal the result is 0 or the smallest value: the carry out of the
-    # significand rounded at bit s_all (kept 0), by the same _carry call (one call keeps the
-    # loop vectorised).  A rest wider than 62 bits is shifted down by d with a sticky bit
-    # (full-width SR: rounded up, as round_bits' t), which keeps every mode's decision.
-    small = np.int64(a < p.tiny) & np.int64(a != 0)
-    sm = -small
+    lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (below != 0))
+    out = _carry(a, (np.int64(1) << s) - 1, s, lsb, sign, mode, r, W, k)
+    # below min_subnormal, |x| = sig * 2**-s_all quanta with s_all = cq - biased > M: the
+    # fraction as a W-bit fixed point, sig shifted left by W - s_all or right by s_all - W
+    # (both clamped: the shifts stay in range for every lane)
     sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)
-    s_all = p.qsub - (ex - M)
-    d = min(max(s_all - 62, 0), 60)                 # sig < 2**53: d = 60 keeps none of it
+    cq = p.qsub + M + EB
+    u = min(biased + W, cq)
+    left = min(biased + W - u, max(W - M - 1, 0))
+    d = min(cq - u, M + 1)
+    tf = (sig << left) >> d
     sticky = np.int64((sig & ((np.int64(1) << d) - 1)) != 0)
-    c = (sig >> d) | sticky
-    c += sticky & (sig >> d) & np.int64((mode == STOCHASTIC) & (k == W))
-    s = (s & ~sm) | (min(s_all, 62) & sm)
-    out = _carry((a & ~sm) | (c & sm), (np.int64(1) << s) - 1, s, lsb & ~sm, sign, mode, r,
-                 W, k)
-    out = (out & ~sm) | (-((out >> s) & small) & p.tiny)
+    inc = _small_increment(tf, sticky, sign, mode, r, W, k)
+    sm = -(np.int64(a < p.tiny) & np.int64(a != 0))
+    out = (out & ~sm) | (-inc & p.tiny & sm)
     # saturating formats: every finite x above is in range (overflow clamps to max_finite)
     top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
-    ok = (np.int64(a < top) & np.int64((biased >= 1) | (a == 0))
-          & np.int64(p.unsigned == 0))
-    over = np.int64(out > p.maxb)
+    ok = like(bits, (a < top) & ((biased >= 1) | (a == 0)) & (p.unsigned == 0))
+    over = like(bits, out > p.maxb)
     out = min(out, p.maxb)
-    zero = np.int64(out == 0)
-    flags = (np.int64(out != a) * INEXACT | over * OVERFLOW
-             | (zero & np.int64(a != 0)) * UNDERFLOW
-             | ((1 - zero) & np.int64(out < p.minnorm)) * SUBNORMAL)
+    zero = like(bits, out == 0)
+    # the flags (INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL: 1, 2, 4, 8) in the operand's width
+    flags = (like(bits, out != a) | (over << 1) | ((zero & like(bits, a != 0)) << 2)
+             | (((1 - zero) & like(bits, out < p.minnorm)) << 3))
     okm = -ok
     signed = bits & SIGN & -(1 - (zero & p.uzero))
     return ((out | signed) & okm) | (bits & ~okm), ok, flags & okm

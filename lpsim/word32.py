@@ -136,6 +136,16 @@ for _op, _predicate in ((operator.lt, "<"), (operator.le, "<="), (operator.gt, "
 _sub, _xor = _ARITHMETIC["sub"], _ARITHMETIC["xor"]
 
 
+def _select(predicate):
+    """min (``<``) or max (``>``) of two operands taken to words: a compare and a select."""
+    return _intrinsic(None, lambda builder, x, y: builder.select(
+        builder.icmp_unsigned(predicate, x, y), x, y))
+
+
+for _builtin, _predicate in ((min, "<"), (max, ">")):
+    _register((_builtin,), _select(_predicate))
+
+
 @overload(operator.neg)
 def _word_neg(a):
     if isinstance(a, Word32):
@@ -169,6 +179,65 @@ def _word(x):
     if isinstance(x, (Word32, types.Integer)):
         return lambda x: x
     return None
+
+
+@intrinsic
+def _float32_bits(typingctx, x):
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _I32)
+    return word32(x), codegen
+
+
+def float32_bits(x):
+    """The bit pattern of the float32 ``x`` as a word (compiled code; Python: an int64)."""
+    return np.int64(np.float32(x).view(np.uint32))
+
+
+@overload(float32_bits)
+def _float32_bits_overload(x):
+    if x == types.float32:
+        return lambda x: _float32_bits(x)
+    return None
+
+
+@intrinsic
+def _bits_float32(typingctx, w):
+    if not isinstance(w, Word32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(w), codegen
+
+
+def bits_float32(w):
+    """The float32 whose bit pattern is the low 32 bits of ``w`` (a word or an integer)."""
+    return np.uint32(np.int64(w) & 0xFFFFFFFF).view(np.float32)
+
+
+@overload(bits_float32)
+def _bits_float32_overload(w):
+    if isinstance(w, Word32):
+        return lambda w: _bits_float32(w)
+    if isinstance(w, types.Integer):
+        return lambda w: _bits_float32(_to_word(w))
+    return None
+
+
+def like(x, v):
+    """The integer ``v`` (a bool, say) as a word when ``x`` is one, else as an int64: flags
+    and counts in the width of the operand, so that a loop over words stays 32-bit."""
+    return np.int64(v)
+
+
+@overload(like)
+def _like(x, v):
+    if isinstance(x, Word32):
+        return lambda x, v: _to_word(v)
+    return lambda x, v: np.int64(v)
 
 
 def widen(x):
