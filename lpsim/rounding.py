@@ -267,13 +267,13 @@ def _small_increment(tf, sticky, sign, mode, r, W, k):
     elif mode == STOCHASTIC_EQUAL:
         inc = r >> (W - 1)
     elif mode == STOCHASTIC:
-        # R_k < floor(F) on the top k bits; full-width SR: R < ceil(F)
-        drop = W - k
-        inc = np.int64((r >> drop) < (tf >> drop) + (sticky & np.int64(k == W)))
+        # R_k < floor(F) on the top k bits (compared under a mask); full-width SR: R < ceil(F)
+        top = ~((np.int64(1) << (W - k)) - 1)
+        inc = np.int64((r & top) < (tf & top) + (sticky & -np.int64(k == W)))
     return inc
 
 
-@register_jitable
+@register_jitable(forceinline=True)
 def round_fast_sub(bits, mode, r, k, p):
     """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
 
@@ -282,7 +282,9 @@ def round_fast_sub(bits, mode, r, k, p):
     result is 0 or min_subnormal (:func:`_small_increment`); a saturating format clamps
     overflow to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf,
     container subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.
-    ``flags`` are :func:`round_bits`' own.  Block-scaled elements (lpsim.blocks) need this
+    ``flags`` are :func:`round_bits`' own; always inlined (LLVM ``alwaysinline``), as LLVM's
+    cost model leaves the stochastic variant a call, and a loop with a call does not
+    vectorise.  Block-scaled elements (lpsim.blocks) need this
     range: most of them are small against their block's scale, and a branch per element
     costs more than the rounding.  As :func:`round_fast`, ``bits`` and ``r`` may be 32-bit
     words: every quantity here is a nonnegative integer below 2**32 in a float32 container
@@ -309,7 +311,9 @@ def round_fast_sub(bits, mode, r, k, p):
     left = min(biased + W - u, max(W - M - 1, 0))
     d = min(cq - u, M + 1)
     tf = (sig << left) >> d
-    sticky = np.int64((sig & ((np.int64(1) << d) - 1)) != 0)
+    low = (np.int64(1) << d) - 1
+    sticky = ((sig & low) + low) >> d           # 1 when any bit below d is set (no compare:
+    #                                             a compare here becomes a branch per element)
     inc = _small_increment(tf, sticky, sign, mode, r, W, k)
     sm = -(np.int64(a < p.tiny) & np.int64(a != 0))
     out = (out & ~sm) | (-inc & p.tiny & sm)
