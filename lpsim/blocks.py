@@ -940,11 +940,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     sp = kernel_params(bfmt.scale, np.float64)
     rows, length = x2.shape
     nblk = -(-length // bfmt.block) if length else 0
-    last = x.ndim <= 1 or axis in (-1, x.ndim - 1)
-    direct = (isinstance(out, np.ndarray) and last and out.dtype == x2.dtype
-              and out.shape == x.shape and out.flags.c_contiguous and out.flags.writeable
-              and not np.may_share_memory(out, x))
-    out2 = out.reshape(x2.shape) if direct else np.empty_like(x2)
+    out2 = out.reshape(x2.shape) if writes_into(out, x, axis) else np.empty_like(x2)
     q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
     s2 = np.empty((rows, nblk), np.float64)
     want_counts = want_counts or want_elements
@@ -960,6 +956,15 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     if x.ndim and axis not in (-1, x.ndim - 1):
         values = np.moveaxis(values, -1, axis)
     return Blocked(values, q2 if want_elements else None, s2, pts, counts)
+
+
+def writes_into(out, x, axis) -> bool:
+    """Whether :func:`quantize_blocks` writes x's values straight into ``out``: a writable
+    C-contiguous array of x's shape and dtype, apart from x, with the blocks along the last
+    axis (elsewhere it writes a new array, which the caller copies)."""
+    return (isinstance(out, np.ndarray) and (x.ndim <= 1 or axis in (-1, x.ndim - 1))
+            and out.dtype == x.dtype and out.shape == x.shape and out.flags.c_contiguous
+            and out.flags.writeable and not np.may_share_memory(out, x))
 
 
 def add_counts(stats, counts, elements) -> None:
@@ -1014,12 +1019,14 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     x = as_container_array(x)
     if out is not None:
         _check_out(out, x)                  # before anything is counted or written
+    direct = writes_into(out, x, axis)
     result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                              sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
-                             want_elements=False, want_counts=stats is not None, out=out)
+                             want_elements=False, want_counts=stats is not None,
+                             out=out if direct else None)
     add_counts(stats, result.counts, x.size)
     if out is not None:
-        if result.values.ctypes.data != out.ctypes.data:      # not written in place
+        if not direct:
             out[...] = result.values
         return out
     return result.values
