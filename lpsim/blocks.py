@@ -382,6 +382,11 @@ def block_recip(s, bp):
     """The factor that scales a block's elements: 1/s (exact) for power-of-two scales, else
     the float32 reciprocal of :func:`scale_recip`."""
     if bp.pow2:
+        # 2**-e from 2**e by its exponent field (exact, no division), for float64 normals
+        # 2**e and 2**-e, as every power-of-two scale format lpsim accepts has; NaN stays NaN
+        b = f2i(s)
+        if s == s and (np.int64(1) << 52) < b < (np.int64(2046) << 52):
+            return i2f((np.int64(2046) << 52) - b)
         return 1.0 / s
     return scale_recip(s, bp)
 
