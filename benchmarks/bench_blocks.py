@@ -61,6 +61,24 @@ def timed(fn, repeats: int, sync=None) -> tuple[float, float]:
     return float(np.median(walls)), float(np.median(cpus))
 
 
+def paired(fn, reference, repeats: int) -> tuple[float, float, float]:
+    """(fn's median wall seconds, its median CPU seconds, reference's median wall seconds),
+    the two timed in alternation: on a shared machine whose speed drifts by tens of percent
+    from minute to minute, a ratio of the two is then measured under the same conditions."""
+    fn()
+    reference()
+    walls, cpus, refs = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        reference()
+        refs.append(time.perf_counter() - start)
+        start, cpu = time.perf_counter(), time.process_time()
+        fn()
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return float(np.median(walls)), float(np.median(cpus)), float(np.median(refs))
+
+
 def revision() -> str:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -135,10 +153,12 @@ def cpu_rows(log2n: int, repeats: int):
                      cpu_melems=n / cpu / 1e6))
     small = x[:2, :].copy()                      # gfloat: 8192 elements, Python per element
     for name, mode in tqdm(CASES, desc="cases", file=sys.stderr):
-        wall, cpu = timed(lambda: lpsim.quantize(x, name, mode, seed=1, out=out), repeats)
+        wall, cpu, copy_wall = paired(lambda: lpsim.quantize(x, name, mode, seed=1, out=out),
+                                      lambda: np.copyto(out, x), repeats)
         ours = n / wall / 1e6
         rows.append(dict(case="lpsim.quantize(x, out=...)", format=name, mode=mode,
-                         melems=ours, vs_copy=ours / copy, cpu_melems=n / cpu / 1e6))
+                         melems=ours, vs_copy=wall and copy_wall / wall,
+                         cpu_melems=n / cpu / 1e6))
         if mode != "nearest":
             continue
         run = gfloat_fake_quantize(name)
@@ -160,7 +180,8 @@ def cpu_rows(log2n: int, repeats: int):
         rows.append(dict(case="per call, 32 elements (us)", format=name, mode="nearest",
                          us=ours * 1e6, torchao_us=theirs * 1e6))
     return rows, (f"n = 2**{log2n} float32 (rows of 4096), median of {repeats} runs; "
-                  "Melem/cpu-s: per second of CPU time summed over threads")
+                  "Melem/cpu-s: per second of CPU time summed over threads; lpsim's 'vs copy': "
+                  "against a copy timed in alternation with it")
 
 
 def cuda_rows(log2n: int, repeats: int):
