@@ -50,7 +50,7 @@ from numba import njit, types
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
-from .cpu import (CHUNK, _constant, as_bits, entry_point, fill_words, literal_jitable,
+from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
                   thread_pool, threads, word_buffer)
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
@@ -485,10 +485,11 @@ def bits_value(a, M, EB):
 # (lpsim.cpu.fill_words).  Threads take contiguous ranges of blocks.
 #
 # Without counters, a float32 array of a format where element_fast32 is exact (words_exact:
-# MX and NVFP4 are) takes chunk_words instead: the scales of the chunk's blocks first, then
-# one element loop over the whole chunk on 32-bit words (eight AVX2 lanes, and no per-block
-# loop set-up), then the exact step for what it left.  One thread, 2**22 elements, MXFP4:
-# about 2 ns/element against 5 for the per-block float64 loop.
+# MX and NVFP4 are) takes the word kernel (_words_kernel, its own entry point, so that such
+# a call compiles nothing else): per chunk (_chunk_words) the scales of its blocks first,
+# then one element loop over the whole chunk on 32-bit words (eight AVX2 lanes, and no
+# per-block loop set-up), then the exact step for what it left.  One thread, 2**22
+# elements, MXFP4: about 2 ns/element against 5-6 for the per-block float64 loop.
 
 @register_jitable
 def _nonfinite_block(xs, outs, qs, want_q, c):
@@ -635,6 +636,17 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp
 
 
 @register_jitable
+def _chunk(t, t1, per_chunk, nblk, length, size):
+    """(t_end, e_lo, e_hi): the chunk of blocks t .. t_end-1 (at most per_chunk, row-major)
+    and its contiguous range of elements e_lo .. e_hi-1 of the flat array."""
+    t_end = min(t + per_chunk, t1)
+    e_lo = (t // nblk) * length + (t % nblk) * size
+    last = t_end - 1
+    e_hi = (last // nblk) * length + min((last % nblk + 1) * size, length)
+    return t_end, e_lo, e_hi
+
+
+@register_jitable
 def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_lo, seed_hi,
                   stream, offset, want_q, want_counts, cm, ceb, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D ``x`` into out, qout, sout and counts."""
@@ -652,19 +664,11 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
     lanes = 4 if p.W == 32 else 2
     per_chunk = max(1, chunk // size)
     r = word_buffer(xb, per_chunk * size + 2 * lanes if stochastic else 1)
-    rs = r
     t = t0
     while t < t1:
-        t_end = min(t + per_chunk, t1)
-        e_lo = (t // nblk) * length + (t % nblk) * size
-        last = t_end - 1
-        e_hi = (last // nblk) * length + min((last % nblk + 1) * size, length)
-        if stochastic:
-            g0 = e_lo + offset
-            b0 = g0 // lanes
-            fill_words(r, p.W, b0, (e_hi + offset + lanes - 1) // lanes - b0, stream, seed_lo,
-                       seed_hi)
-            rs = r[g0 - b0 * lanes:]
+        t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, size)
+        rs = draw_words(mode, r, e_lo + offset, e_hi + offset, lanes, p.W, stream, seed_lo,
+                        seed_hi)
         for tb in range(t, t_end):
             row_lo = (tb // nblk) * length
             lo = row_lo + (tb % nblk) * size
@@ -713,19 +717,11 @@ def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi
     xf, outf, sf = x.reshape(-1), out.reshape(-1), sout.reshape(-1)
     per_chunk = max(1, chunk // size)
     r = np.empty(per_chunk * size + 8 if stochastic else 1, np.uint32)
-    rs = r
     sc, rc = np.empty(per_chunk * size, np.float32), np.empty(per_chunk * size, np.float32)
     t = t0
     while t < t1:
-        t_end = min(t + per_chunk, t1)
-        e_lo = (t // nblk) * length + (t % nblk) * size
-        last = t_end - 1
-        e_hi = (last // nblk) * length + min((last % nblk + 1) * size, length)
-        if stochastic:
-            g0 = e_lo + offset
-            b0 = g0 // 4
-            fill_words(r, 32, b0, (e_hi + offset + 3) // 4 - b0, stream, seed_lo, seed_hi)
-            rs = r[g0 - b0 * 4:]
+        t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, size)
+        rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
         _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length,
                      nblk, sc, rc)
         t = t_end
