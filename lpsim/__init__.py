@@ -1,5 +1,6 @@
 """lpsim: simulate any floating-point format fp(e, m, b), bit-exactly, on the CPU and GPU."""
 
+from . import kernel_cache  # noqa: F401  first: stamps every cached kernel by all of lpsim
 from . import blocks, reference
 from .formats import PRESETS, Format, fp, parse_format
 from .fixed import Fixed, fixed

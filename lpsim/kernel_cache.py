@@ -1,0 +1,95 @@
+"""numba's on-disk cache of lpsim's kernels, invalidated when any lpsim source changes.
+
+numba stamps a cached kernel with its own source file only.  A kernel in lpsim/blocks.py
+compiles lpsim/rounding.py's decision into itself, so after an edit of rounding.py numba
+would load the old blocks kernel, silently, with the old decision.  Here each kernel's stamp
+is its file's (numba's own) plus the (path, mtime, size) of every source file of lpsim and
+lpsim_cuda, so a change anywhere recompiles everything once.  A fresh install changes every
+file, so this matters most to whoever edits lpsim (an editable install) and to processes
+sharing one cache directory across versions.
+
+It works through numba's cache locators (``numba.core.caching.CacheImpl``): each locator
+that backs a cache with a source file gets an lpsim twin that answers for lpsim's files
+only.  Imported first by ``lpsim/__init__.py``, before any kernel is declared.  Where numba
+lacks that interface (another version) nothing is installed and numba's stamps apply.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+PACKAGES = ("lpsim", "lpsim_cuda")
+
+
+def package_dirs() -> tuple[str, ...]:
+    """The source directories of lpsim and lpsim_cuda (lpsim_cuda's where it sits beside)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    dirs = [here]
+    sibling = os.path.join(os.path.dirname(here), "lpsim_cuda")
+    if os.path.isdir(sibling):
+        dirs.append(sibling)
+    return tuple(dirs)
+
+
+def source_stamp(dirs) -> tuple:
+    """(relative path, mtime in ns, size) of every .py file under ``dirs``, sorted."""
+    stamp = []
+    for root in dirs:
+        base = os.path.dirname(root)
+        for folder, subdirs, files in os.walk(root):
+            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    st = os.stat(path)
+                    stamp.append((os.path.relpath(path, base), st.st_mtime_ns, st.st_size))
+    return tuple(stamp)
+
+
+@functools.cache
+def package_stamp() -> tuple:
+    """:func:`source_stamp` of lpsim's sources, taken once per process (as numba hashes a
+    kernel's file once)."""
+    return source_stamp(package_dirs())
+
+
+def _in_package(py_file) -> bool:
+    path = os.path.abspath(py_file)
+    return any(path.startswith(d + os.sep) for d in package_dirs())
+
+
+def _lpsim_locator(base):
+    """A subclass of numba's locator ``base`` for lpsim's files, stamped by the package."""
+    class Locator(base):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if not _in_package(py_file):
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), package_stamp())
+
+    Locator.__name__ = Locator.__qualname__ = f"Lpsim{base.__name__}"
+    return Locator
+
+
+def install() -> bool:
+    """Put lpsim's locators in front of numba's; True when installed (idempotent)."""
+    try:
+        from numba.core import caching
+        impl = caching.CacheImpl
+        mixin = caching._SourceFileBackedLocatorMixin
+        classes = impl._locator_classes
+    except (ImportError, AttributeError):
+        return False
+    if any(getattr(cls, "__name__", "").startswith("Lpsim") for cls in classes):
+        return True
+    ours = [_lpsim_locator(cls) for cls in classes
+            if isinstance(cls, type) and issubclass(cls, mixin)]
+    classes[:0] = ours
+    return True
+
+
+INSTALLED = install()
