@@ -53,8 +53,8 @@ from .formats import Format, parse_format
 from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
                   thread_pool, threads, word_buffer)
 from .philox import LANES, block_words, lane_word
-from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, kernel_params, round_bits,
-                       round_fast_sub)
+from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, fast_sub_ok,
+                       kernel_params, round_bits, round_fast_sub)
 from .stats import RoundingStats
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
@@ -344,11 +344,6 @@ def _scale_mode(rule):
 
 @register_jitable
 def round_scale(bits, mode, sp):
-    """A float64 scale (bits) rounded to the scale format: the straight-line step, or
-    round_bits where that does not apply."""
-    out, ok, _ = round_fast_sub(bits, mode, 0, 64, sp)
-    if ok:
-        return out, 0
     return round_bits(bits, mode, 0, 64, sp)
 
 
@@ -405,6 +400,20 @@ def element_fast(xv, recip, s, mode, r, k, p, bp):
 
 
 @register_jitable(forceinline=True)
+def _exact_product(xv, yb):
+    """0 where the float32 product x * recip (bits ``yb``) underflowed to 0 from x != 0 (a
+    float32 subnormal product fails :func:`lpsim.rounding.fast_sub_ok` already), else 1."""
+    return like(yb, ((yb & 0x7FFFFFFF) != 0) | ((float32_bits(xv) & 0x7FFFFFFF) == 0))
+
+
+@register_jitable(forceinline=True)
+def element_ok32(xv, recip, p):
+    """:func:`element_fast32`'s ``ok`` alone (where the exact step must run instead)."""
+    yb = float32_bits(xv * recip)
+    return fast_sub_ok(yb, p) & _exact_product(xv, yb)
+
+
+@register_jitable(forceinline=True)
 def element_fast32(xv, r, recip, s, mode, k, p, bp):
     """:func:`element_fast` of a float32 element in float32 arithmetic on 32-bit words
     (:mod:`lpsim.word32`: eight AVX2 lanes), ``recip``, ``s`` and ``r`` float32 and a word,
@@ -415,10 +424,9 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
     normal (or x is 0: ``ok`` is 0 for a product that underflowed), and is the definition
     (fp32(x * r)) otherwise; q * s (* pts) is rounded once, as in float64.
     """
-    y = xv * recip
-    yb = float32_bits(y)
+    yb = float32_bits(xv * recip)
     b, ok, flags = round_fast_sub(yb, mode, r, k, p)
-    ok &= like(yb, ((yb & 0x7FFFFFFF) != 0) | ((float32_bits(xv) & 0x7FFFFFFF) == 0))
+    ok &= _exact_product(xv, yb)
     q = bits_float32(b)
     v = q * s * np.float32(bp.pts)              # times 1 (exact) without a tensor scale
     return q, v, ok, flags & -ok
@@ -561,8 +569,9 @@ def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
     rmask = -1 if mode >= STOCHASTIC else 0
     for i in range(xs.size):
         r = np.int64(rs[i & rmask])
-        q0, _, ok, _ = element_fast(xs[i], recip, s, mode, r, k, p, bp)
-        if not ok:
+        yb = scaled_bits(xs[i], s, recip, bp)      # element_fast leaves it as it is where
+        q0 = i2f(yb)                               # fast_sub_ok is 0
+        if not fast_sub_ok(yb, p):
             q, v, flags = element_exact(xs[i], recip, s, mode, r, k, p, bp)
             if want_q:
                 qs[i] = q
@@ -627,10 +636,8 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp
                 continue
             recip = block_recip(s, bp)
             for e in range(lo, hi):
-                r = rs[(e - e_lo) & rmask]
-                _, _, ok, _ = element_fast32(xf[e], word(r), rc[e - e_lo], sc[e - e_lo],
-                                             mode, k, p32, bp)
-                if ok == 0:
+                if element_ok32(xf[e], rc[e - e_lo], p32) == 0:
+                    r = rs[(e - e_lo) & rmask]
                     _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k, p,
                                                   bp)
 

@@ -274,6 +274,18 @@ def _small_increment(tf, sticky, sign, mode, r, W, k):
 
 
 @register_jitable(forceinline=True)
+def fast_sub_ok(bits, p):
+    """1 where :func:`round_fast_sub` applies to ``bits`` (its ``ok``), else 0, in the
+    operand's width: what a caller that only needs to find the elements it left computes."""
+    M = p.M
+    bits = widen(bits)
+    a = bits & p.MAG
+    # saturating formats: every finite x above is in range (overflow clamps to max_finite)
+    top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
+    return like(bits, (a < top) & (((a >> M) >= 1) | (a == 0)) & (p.unsigned == 0))
+
+
+@register_jitable(forceinline=True)
 def round_fast_sub(bits, mode, r, k, p):
     """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
 
@@ -317,9 +329,7 @@ def round_fast_sub(bits, mode, r, k, p):
     inc = _small_increment(tf, sticky, sign, mode, r, W, k)
     sm = -(np.int64(a < p.tiny) & np.int64(a != 0))
     out = (out & ~sm) | (-inc & p.tiny & sm)
-    # saturating formats: every finite x above is in range (overflow clamps to max_finite)
-    top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
-    ok = like(bits, (a < top) & ((biased >= 1) | (a == 0)) & (p.unsigned == 0))
+    ok = fast_sub_ok(bits, p)
     over = like(bits, out > p.maxb)
     out = min(out, p.maxb)
     zero = like(bits, out == 0)
