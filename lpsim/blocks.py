@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, types
+from numba import njit
 from numba.extending import overload, register_jitable
 
 from .formats import Format, parse_format
@@ -599,9 +599,7 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp
     size = bp.block
     cmag, cinf = (np.int64(1) << 31) - 1, np.int64(255) << 23     # magnitude bits, inf's
     for tb in range(t, t_end):
-        row_lo = (tb // nblk) * length
-        lo = row_lo + (tb % nblk) * size
-        hi = min(lo + size, row_lo + length)
+        lo, hi = _block_bounds(tb, nblk, length, size)
         xbs = xb[lo:hi]
         am = word(np.int32(0))
         for i in range(xbs.size):
@@ -627,9 +625,7 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp
     if slow != 0:
         c = np.zeros(len(BLOCK_COUNTERS), np.int64)
         for tb in range(t, t_end):
-            row_lo = (tb // nblk) * length
-            lo = row_lo + (tb % nblk) * size
-            hi = min(lo + size, row_lo + length)
+            lo, hi = _block_bounds(tb, nblk, length, size)
             s = sf[tb]
             if s != s:
                 _nonfinite_block(xf[lo:hi], outf[lo:hi], outf, False, c)
@@ -640,6 +636,15 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp
                     r = rs[(e - e_lo) & rmask]
                     _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k, p,
                                                   bp)
+
+
+@register_jitable
+def _block_bounds(tb, nblk, length, size):
+    """(lo, hi): the elements of block ``tb`` (row-major, ``nblk`` blocks per row of
+    ``length``; a row's last block may be short) in the flat array."""
+    row_lo = (tb // nblk) * length
+    lo = row_lo + (tb % nblk) * size
+    return lo, min(lo + size, row_lo + length)
 
 
 @register_jitable
@@ -677,9 +682,7 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, lanes, p.W, stream, seed_lo,
                         seed_hi)
         for tb in range(t, t_end):
-            row_lo = (tb // nblk) * length
-            lo = row_lo + (tb % nblk) * size
-            hi = min(lo + size, row_lo + length)
+            lo, hi = _block_bounds(tb, nblk, length, size)
             xs, outs, c = xf[lo:hi], outf[lo:hi], cf[tb]
             qs = qf[lo:hi] if want_q else qf
             rsb = rs[lo - e_lo:hi - e_lo] if stochastic else rs
