@@ -18,8 +18,6 @@ import textwrap
 
 import pytest
 
-from lpsim.rounding import MODES
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -33,13 +31,9 @@ SCRIPT = textwrap.dedent("""
         x = np.array([0.1, -2.3, 3e-3, 500.0, 1e-30, 7e4, -0.0, np.inf], dtype)
         if what == "quantize":
             y = lpsim.quantize(x, "bf16", mode, seed=7, stream=2**63 + 5, offset=3)
-        elif what == "dot":
+        else:
             y = ops.dot(x[:6], x[:6][::-1], acc_fmt="bf16", order="sequential",
                         acc_rounding=mode, seed=7)
-        elif what == "blocks":
-            y = lpsim.quantize(x[:6], "mxfp4", mode, seed=7)
-        else:
-            y = ops.add(x, x[::-1], "bf16", mode, seed=7)
         results[spec] = np.asarray(y, np.float64).tobytes().hex()
     print(json.dumps(results))
 """)
@@ -55,12 +49,15 @@ def _run(cache, *specs):
 
 @pytest.mark.slow
 def test_kernels_compiled_after_cache_loads_stay_correct(tmp_path):
-    """Process 1 compiles one kernel; process 2 loads it and compiles every other one;
+    """Process 1 compiles one kernel; process 2 loads it and compiles several more;
     process 3 loads them all.  Each result equals the one computed in this process."""
     first = "quantize:nearest:float32"
-    every = [f"quantize:{mode}:{dtype}" for mode in MODES for dtype in ("float32", "float64")]
-    every += ["dot:nearest:float32", "dot:stochastic:float32", "add:down:float64",
-              "add:stochastic:float32", "blocks:nearest:float32", "blocks:stochastic:float64"]
+    # several closures of the per-mode kernel factory in both containers (the kernels whose
+    # symbols collided), and a kernel of lpsim.ops; not every kernel, which cost a minute and a
+    # half of compiles (each takes 5-10 s) and tests nothing more
+    every = [f"quantize:{mode}:float32" for mode in ("toward_zero", "stochastic")]
+    every += [f"quantize:{mode}:float64" for mode in ("nearest", "up")]
+    every += ["dot:nearest:float32"]
     _run(tmp_path, first)
     second = _run(tmp_path, first, *every)
     third = _run(tmp_path, first, *every)
