@@ -8,6 +8,7 @@ import pytest
 
 import lpsim
 import lpsim.ops as ops
+from lpsim.ops import reductions
 from lpsim.philox import random_words
 from lpsim.reference import round_exact
 from lpsim.rounding import STOCHASTIC_MODES
@@ -104,6 +105,54 @@ def test_matmul_dot_and_sum_match_exact_per_step_reference(fmts, order, fused):
     _assert_matches_reference(s, [(ar[0, j], np.ones(11)) for j in range(3)], fmts, order,
                               fused)
     assert ops.dot(x[0, 0], y[0], **kw) == d[0, 0]          # 1-D pair: 0-d, output 0
+
+
+@pytest.mark.parametrize("fmts", CASES, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("order", ["sequential", "pairwise", ("blocked", 3)], ids=str)
+@pytest.mark.parametrize("shapes", [((4, 11), (11, 3)), ((2, 5), (5, 1)), ((1, 7), (7, 6))],
+                         ids=str)
+@pytest.mark.parametrize("dtypes", [("float32", "float32"), ("float64", "float32")], ids=str)
+def test_repeated_2d_products_take_the_cached_path_and_keep_their_bits(fmts, order, shapes,
+                                                                        dtypes):
+    """matmul of 2-D arrays remembers its model and shapes after the first call
+    (reductions._PRODUCTS); later calls equal the exact reference and the general path (a
+    call with stats= takes the general path), for every shape and dtype mixed in between."""
+    in_fmt, acc, out, acc_mode, out_mode = fmts
+    rng = np.random.default_rng(zlib.crc32(repr((fmts, order, shapes, dtypes)).encode()))
+    kw = dict(in_fmt=in_fmt, acc_fmt=acc, out_fmt=out, acc_rounding=acc_mode,
+              out_rounding=out_mode, order=order, seed=1234, stream=7)
+    a = rng.standard_normal(shapes[0]).astype(dtypes[0])
+    b = rng.standard_normal(shapes[1]).astype(dtypes[1])
+    first = ops.matmul(a, b, **kw)
+    cached = ops.matmul(a, b, **kw)
+    other = ops.matmul(b.T.copy(), a.T.copy(), **kw)         # another shape in between
+    general = ops.matmul(a, b, stats=lpsim.RoundingStats(), **kw)
+    again = ops.matmul(a, b, **kw)
+    for got in (cached, general, again):
+        assert got.dtype == first.dtype == np.result_type(a, b)
+        assert np.array_equal(got, first, equal_nan=True)
+    assert other.shape == (shapes[1][1], shapes[0][0])
+    ar, br = lpsim.quantize(a, in_fmt), lpsim.quantize(b, in_fmt)
+    _assert_matches_reference(again, [(ar[i], br[:, j]) for i, j in np.ndindex(again.shape)],
+                              fmts, order, True)
+    if shapes[1][1] > 1 or order == "pairwise":               # the products it caches
+        assert (a.dtype, b.dtype, a.shape, b.shape) in {k[:4] for k in reductions._PRODUCTS}
+    reseeded = {**kw, "seed": 99, "stream": 3}                # the keys are not cached
+    assert np.array_equal(ops.matmul(a, b, **reseeded),
+                          ops.matmul(a, b, stats=lpsim.RoundingStats(), **reseeded))
+
+
+@pytest.mark.parametrize("kw", [dict(order="sequential"), dict(acc_fmt="fp64", order="pairwise"),
+                                dict(acc_fmt="fp16", out_fmt="fp32", fused=False)], ids=str)
+def test_cached_products_without_in_fmt_equal_the_general_path(kw):
+    """in_fmt None (float32 operands as given), the float64 accumulator's plain steps and
+    unfused steps on the cached path, next to a call with stats (the general path)."""
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((6, 9), (9, 4)))
+    first, cached = ops.matmul(a, b, **kw), ops.matmul(a, b, **kw)
+    assert (a.dtype, b.dtype, a.shape, b.shape) in {k[:4] for k in reductions._PRODUCTS}
+    assert np.array_equal(first, cached)
+    assert np.array_equal(cached, ops.matmul(a, b, stats=lpsim.RoundingStats(), **kw))
 
 
 @pytest.mark.parametrize("order", ["sequential", "pairwise"])

@@ -482,6 +482,11 @@ def chain(X, Y, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, blk
 PARALLEL_STEPS = 1 << 18
 
 
+def gemm_kernel(order: int, mode: int, omode: int):
+    """gemm_plain for deterministic modes in blocked order, else gemm."""
+    return gemm_plain if order == ORDER_BLOCKED and max(mode, omode) < STOCHASTIC else gemm
+
+
 def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
     """kernel(*args, lo, hi, counts) over items 0 .. nitems-1; returns the NCOUNTS counters.
 
@@ -489,8 +494,8 @@ def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
     of :mod:`lpsim.cpu` in a few ranges per thread (the results do not depend on the split).
     """
     counts = np.zeros(NCOUNTS, np.int64)
-    if kernel is gemm and args[14] == ORDER_BLOCKED and max(args[5], args[6]) < STOCHASTIC:
-        kernel = gemm_plain          # mode, omode deterministic; blocked order
+    if kernel is gemm:
+        kernel = gemm_kernel(args[14], args[5], args[6])
     if threads <= 1 or nitems < 2 or nitems * steps_per_item < PARALLEL_STEPS:
         with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
             kernel(*args, 0, nitems, counts)

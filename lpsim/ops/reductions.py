@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..cpu import entry_point
 from ..cpu import threads as cpu_threads
 from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
@@ -45,7 +46,7 @@ from ..rounding import kernel_params
 from ..stats import RoundingStats
 from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm, gemm_items
-from .kernels import run
+from .kernels import gemm_kernel, run
 from .hardware import _passes_through, dispatch
 from .models import AccumulationModel, get_model
 from .operands import as_array, container_format, deliver, is_torch, round_inputs
@@ -183,6 +184,10 @@ def _kernel_array(x):
 
 
 _F64 = np.dtype(np.float64)
+_ndarray = np.ndarray
+#: operand dtypes a cached product takes as they are (others are converted, and checked,
+#: by as_array on every call)
+_CONTAINER_DTYPES = (np.dtype(np.float32), _F64)
 
 
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
@@ -243,6 +248,57 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
     return out.astype(dtype, copy=False)
 
 
+class _Product(NamedTuple):
+    """A 2-D by 2-D product of one model, dtypes and shapes on the per-step kernel, with
+    everything :func:`_run` works out per call worked out once (matmul's call path costs
+    more than the kernel on a 16 x 16 product)."""
+
+    in_fmt: object           # the operands' format, or None (as given)
+    setup: _Setup
+    shape: tuple             # (M, K, N)
+    nitems: int
+    kernel: object           # the compiled entry point of gemm or gemm_plain
+
+    def __call__(self, a, b, seed, stream):
+        if self.in_fmt is not None:
+            a, b = quantize(a, self.in_fmt), quantize(b, self.in_fmt)
+        M, K, N = self.shape
+        s = self.setup
+        A = np.array(a, np.float64).reshape((1, M, K))          # copies: C order, writable
+        B = np.array(b, np.float64).reshape((1, K, N))
+        out = np.empty((1, M, N))
+        counts = np.zeros(NCOUNTS, np.int64)
+        self.kernel(A, B, _NO_BATCH, _NO_BATCH, out, *s.common,
+                    *keys(seed, stream, max(s.mode, s.omode)), s.order, s.blk or K, s.fused,
+                    s.hw, 0, self.nitems, counts)
+        return out.reshape((M, N)).astype(s.dtype, copy=False)
+
+
+#: (a.dtype, b.dtype, a.shape, b.shape, model and its keywords) -> _Product
+_PRODUCTS: dict = {}
+
+
+def _remember_product(key, a, b, m: AccumulationModel, op):
+    """Store the _Product of this call in _PRODUCTS when its product runs on one thread
+    in :func:`_run`'s gemm path (2-D operands, N > 1 or pairwise order, not BLAS)."""
+    if a.ndim != 2 or b.ndim != 2 or len(_PRODUCTS) >= 256:
+        return
+    setup = _setup(m, a.dtype if a.dtype is b.dtype else np.result_type(a, b),
+                   a.dtype == b.dtype, op)
+    (M, K), N = a.shape, b.shape[1]
+    if setup.blas or min(M, K, N) == 0 or M * N * K >= PARALLEL_STEPS or \
+            (N == 1 and setup.order == ORDER_BLOCKED):
+        return
+    nitems = gemm_items(1, M, N, K)
+    kernel = gemm_kernel(setup.order, setup.mode, setup.omode)
+    args = (np.zeros((1, M, K)), np.zeros((1, K, N)), _NO_BATCH, _NO_BATCH,
+            np.zeros((1, M, N))) + setup.common + (0, 0, 0, setup.order, setup.blk or K,
+                                                    setup.fused, setup.hw, 0, nitems,
+                                                    np.zeros(NCOUNTS, np.int64))
+    _PRODUCTS[key] = _Product(m.in_fmt, setup, (M, K, N), nitems,
+                              entry_point(kernel, args, f"lpsim.ops' {kernel.__name__} kernel"))
+
+
 def _finish(result, like_torch, out, op):
     """The result as the caller's kind: a torch tensor for torch inputs, else numpy's
     conventions (``out=``, 0-d results as numpy scalars)."""
@@ -271,6 +327,17 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     (accumulator and output; on the BLAS path the output only).
     """
     op = "matmul"
+    key = None
+    if type(a) is _ndarray and type(b) is _ndarray and stats is None and out is None and \
+            a.dtype in _CONTAINER_DTYPES and b.dtype in _CONTAINER_DTYPES:
+        key = (a.dtype, b.dtype, a.shape, b.shape, model, in_fmt, acc_fmt, out_fmt,
+               acc_rounding, out_rounding, fused, order)
+        try:
+            product = _PRODUCTS[key]
+        except (KeyError, TypeError):    # TypeError: unhashable, validated below
+            pass
+        else:
+            return product(a, b, seed, stream)
     like_torch = is_torch(a) or is_torch(b)
     if not _passes_through(model, in_fmt):   # tensor-core models, block in_fmt
         done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
@@ -282,6 +349,11 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     _check_stats(stats, op)
     a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
     result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
+    if key is not None and key not in _PRODUCTS and type(a) is _ndarray:
+        try:
+            _remember_product(key, a, b, m, op)
+        except TypeError:
+            pass
     if a.ndim == 1 and b.ndim == 1:
         result = result[..., 0, 0]
     elif a.ndim == 1:
