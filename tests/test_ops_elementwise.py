@@ -129,3 +129,66 @@ def test_scalars_broadcasting_and_in_fmt():
     v = np.float32(1 + 2 ** -10)
     assert ops.mul(v, np.float32(1), "fp32", in_fmt="bf16") == 1.0
     assert ops.sqrt(np.float32(-1.0), "bf16") != ops.sqrt(np.float32(-1.0), "bf16")  # NaN
+
+
+def _hard_values(dtype, n, seed):
+    """Operands with every special case: zeros of both signs, inf, NaN, subnormals of the
+    container, products and quotients below 2**-969 and sums near float64's top (the exact
+    path), near-cancellation; float32-exact values, so fma's products are exact."""
+    a, b = _operands(np.float32, n, seed)
+    a, b = a.astype(dtype), b.astype(dtype)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 3.0], np.float32)
+    a[:8], b[8:16] = special, special
+    if dtype == np.float64:
+        a[16:20], b[16:20] = [2.0 ** -500, -(2.0 ** -480), 2.0 ** 1023, 1.5 * 2.0 ** 1023], \
+            [2.0 ** -490, 2.0 ** 500, 2.0 ** 1023, -(2.0 ** 1022)]
+    return a, b
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "sqrt", "fma"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rounding", ["nearest", "down", "stochastic"])
+def test_repeated_array_calls_take_the_cached_path_and_equal_the_general_path(name, dtype,
+                                                                              rounding):
+    """An array call of a route seen before runs from elementwise._FAST; it gives the
+    results and counters of the general path (a call with out= takes it), on sizes across
+    the thread threshold and on values that need the exact path (it falls back)."""
+    from lpsim.ops import elementwise
+    op = getattr(ops, name)
+    arity = {"sqrt": 1, "fma": 3}.get(name, 2)
+    kw = dict(seed=11, stream=3) if rounding == "stochastic" else {}
+    for n, offset in ((40, 0), (300, 5), ((1 << 19) + 3, 0)):
+        a, b = _hard_values(dtype, n, n)
+        if name == "fma" and dtype == np.float64:
+            b[18:20] = [0.5, -0.25]              # products near float64's top, not beyond
+        xs = (np.abs(a),) if arity == 1 else (a, b, b[::-1].copy())[:arity]
+        for safe in (False, True):
+            if safe:                             # no exact-path values: the cached path
+                xs = tuple(np.where(np.isfinite(x) & (np.abs(x) > 1e-30) &
+                                    (np.abs(x) < 1e30), x, dtype(1.5)) for x in xs)
+            s_cached, s_general = lpsim.RoundingStats(), lpsim.RoundingStats()
+            got = op(*xs, "bf16", rounding, stats=s_cached, offset=offset, **kw)
+            want = op(*xs, "bf16", rounding, stats=s_general, offset=offset,
+                      out=np.empty(n, dtype), **kw)
+            assert got.dtype == dtype and got.shape == (n,)
+            assert np.array_equal(got, want, equal_nan=True), (name, n, safe)
+            assert s_cached == s_general
+        assert (elementwise.ADD + ["add", "sub", "mul", "div", "fma", "sqrt"].index(name),
+                "bf16", rounding, np.dtype(dtype)) in {k[:4] for k in elementwise._FAST}
+    if name == "fma" and dtype == np.float64:    # an inexact product is still refused
+        x = np.full(3, 1 + 2.0 ** -40)
+        with pytest.raises(ValueError, match="element 0"):
+            op(x, x, x, "bf16", rounding, **kw)
+
+
+def test_fma_of_inf_and_nan_operands_is_the_ieee_result():
+    """inf * y has no residual (inf - inf is NaN, not an inexact product): fma gives IEEE's
+    inf or NaN, as numpy's a * b + c does on these values, instead of refusing them."""
+    a = np.array([np.inf, 1.0, np.nan, -np.inf, np.inf, 2.0])
+    b = np.array([2.0, np.inf, 1.0, 0.0, -3.0, np.nan])
+    c = np.array([1.0, -np.inf, 0.0, 1.0, 5.0, 1.0])
+    with np.errstate(invalid="ignore"):
+        want = a * b + c
+    for _ in range(2):                                      # the general, then cached path
+        assert np.array_equal(ops.fma(a, b, c, "bf16"), want, equal_nan=True)
+    assert ops.fma(np.inf, 2.0, 1.0, "bf16") == np.inf

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -42,7 +44,7 @@ from .. import cpu
 from ..cpu import params_of
 from ..formats import parse_format
 from ..philox import WORD_BITS, block_words, lane_word, random_words
-from ..quantize import check_offset, keys, plan
+from ..quantize import MAX_COUNTER, check_offset, keys, plan
 from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
 from ..stats import COUNTERS, RoundingStats
 from .exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
@@ -79,31 +81,49 @@ def odd_bits(op, x, y, z, odd, mode):
         bits = sqrt_to_odd(x) if odd else f2i(rn)
     else:
         p = x * y
-        inexact_product = odd and fma_(x, y, -p) != 0.0
+        # an inf or NaN operand makes an IEEE product (inf - inf is no residual)
+        inexact_product = odd and np.isfinite(x) and np.isfinite(y) and fma_(x, y, -p) != 0.0
         rn = fma_(x, y, z)
         bits = zero_sum_bits(sum_to_odd(p, z), rn, p, z, mode == DOWN) if odd else f2i(rn)
-    finite = np.isfinite(x) and np.isfinite(y) and np.isfinite(z)
-    nonzero = x != 0.0 and (y != 0.0 or op == ADD or op == SUB or op == SQRT)
-    unsafe = finite and nonzero and odd and (
-        abs(rn) >= HUGE or ((op == MUL or op == DIV) and abs(rn) < TINY))
+    # & of the conditions, not `and`: no branches, so that a loop over elements vectorises
+    finite = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
+    nonzero = (x != 0.0) & ((y != 0.0) | (op == ADD) | (op == SUB) | (op == SQRT))
+    tiny = ((op == MUL) | (op == DIV)) & (abs(rn) < TINY)
+    unsafe = finite & nonzero & odd & ((abs(rn) >= HUGE) | tiny)
     return (np.int64(0) if unsafe else bits), unsafe, inexact_product
 
 
-@njit(nogil=True, cache=True, error_model="numpy")     # x/0: IEEE inf or NaN, no exception
-def _to_odd(op, a, b, c, out, odd, mode, exact):
-    """out[i] = odd_bits(a[i], b[i], c[i]); exact[i] = unsafe (out[i] = 0 there).
+def _odd_kernel(op: int):
+    """The array kernel of operation ``op``, a constant of its body, so that its loop is
+    straight-line code that vectorises (one kernel taking op at run time ran scalar, at
+    about 12 ns per element).
 
-    Returns (first index whose fma product is inexact or -1, number of unsafe results).
+    kernel(a, b, c, out, odd, mode, exact): out[i] = odd_bits(a[i], b[i], c[i]), exact[i] =
+    unsafe (out[i] = 0 there); returns (first index whose fma product is inexact or -1,
+    number of unsafe results).
     """
-    unsafe_count = 0
-    for i in range(out.size):
-        bits, unsafe, bad = odd_bits(op, a[i], b[i], c[i], odd, mode)
-        if bad:
-            return i, unsafe_count
-        out[i] = bits
-        exact[i] = unsafe
-        unsafe_count += unsafe
-    return -1, unsafe_count
+    def kernel(a, b, c, out, odd, mode, exact):
+        unsafe_count = 0
+        bad_count = 0
+        for i in range(out.size):
+            bits, unsafe, bad = odd_bits(op, a[i], b[i], c[i], odd, mode)
+            out[i] = bits
+            exact[i] = unsafe
+            unsafe_count += unsafe
+            bad_count += bad
+        if bad_count:
+            for i in range(out.size):
+                if odd_bits(op, a[i], b[i], c[i], odd, mode)[2]:
+                    return i, unsafe_count
+        return -1, unsafe_count
+
+    kernel.__name__ = kernel.__qualname__ = f"to_odd_{_NAMES[op]}"   # a cache entry of its own
+    # error_model numpy: x/0 is IEEE inf or NaN, no exception
+    return njit(nogil=True, cache=True, error_model="numpy")(kernel)
+
+
+#: op -> its array kernel (compiled on first use, cached on disk)
+ODD_KERNELS = {op: _odd_kernel(op) for op in _NAMES}
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -149,7 +169,8 @@ def _result_dtype(arrays, weak):
     return max(strong, key=lambda d: d.itemsize)
 
 
-_F64 = np.dtype(np.float64)
+_F64, _F32 = np.dtype(np.float64), np.dtype(np.float32)
+_ndarray = np.ndarray
 
 
 def _cached_route(name, fmt, rounding, dtype, sr_bits):
@@ -168,11 +189,111 @@ def _check_stats(name, stats):
 
 #: the counters of calls without stats (written, never read)
 _DISCARD = np.zeros(cpu.NCOUNTS, np.int64)
+#: elements up to which an array call works in buffers its thread keeps between calls:
+#: fresh multi-page arrays fault in every page on first touch, which cost a 65536-element
+#: add ten times its arithmetic
+SCRATCH_MAX = 1 << 20
+_scratch = threading.local()
+
+
+def _buffers(n: int):
+    """(float64 operand rows (3, n), int64 result bits (n), bool unsafe marks (n)): this
+    thread's kept buffers up to SCRATCH_MAX elements, fresh arrays above.  Nothing returned
+    to the caller aliases them (the result is a cast copy)."""
+    if n > SCRATCH_MAX:
+        return np.empty((3, n)), np.empty(n, np.int64), np.empty(n, np.bool_)
+    held = getattr(_scratch, "buffers", None)
+    if held is None or held[1].size < n:
+        size = max(1 << max(n - 1, 1).bit_length(), 256)
+        held = _scratch.buffers = (np.empty((3, size)), np.empty(size, np.int64),
+                                   np.empty(size, np.bool_))
+    rows, bits, exact = held
+    return rows[:, :n], bits[:n], exact[:n]
+
+
 #: _scalar's entry point, made on first use (see lpsim.cpu.entry_point)
 _SCALAR = []
 
 
+#: (op, fmt, rounding, dtype, sr_bits) -> _Fast
+_FAST: dict = {}
+
+
+class _Fast(NamedTuple):
+    """What an array call of one (op, fmt, rounding, dtype, sr_bits) needs, worked out once."""
+
+    mode: int
+    k: int
+    odd: bool
+    pv: np.ndarray
+    to_odd: object          # the compiled entry point of ODD_KERNELS[op]
+    rounding: object        # lpsim.cpu.entry(mode, float64)
+
+
+def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offset):
+    """The result of the common array call (numpy float32/float64 operands of one shape and
+    dtype, no in_fmt, no out) on a path without per-call Python work beyond the keys; None
+    when the call is not one, or is one seen for the first time, or needs the exact path
+    (the general path then does all of it)."""
+    x = operands[0]
+    dtype = x.dtype
+    if dtype is not _F64 and dtype is not _F32:
+        return None
+    for y in operands[1:]:
+        if type(y) is not _ndarray or y.dtype is not dtype or y.shape != x.shape:
+            return None
+    try:
+        fast = _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)]
+    except (KeyError, TypeError):
+        return None
+    if stats is None:
+        counts = _DISCARD
+    elif type(stats) is RoundingStats:
+        counts = stats.counts
+    else:
+        return None
+    n = x.size
+    if type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER:
+        return None
+    seed_lo, seed_hi, stream64 = keys(seed, stream, fast.mode)
+    rows, bits, exact = _buffers(n)
+    for y, row in zip(operands, rows):
+        np.copyto(row.reshape(x.shape), y)
+    c = rows[2] if op == FMA else rows[0]
+    bad, unsafe = fast.to_odd(rows[0], rows[1] if op != SQRT else rows[0], c, bits, fast.odd,
+                              fast.mode, exact)
+    if bad >= 0 or unsafe:
+        return None
+    values = bits.view(np.float64)
+    if n < cpu.SERIAL_BELOW:
+        fast.rounding(values, values, fast.pv, fast.k, seed_lo, seed_hi, stream64, offset, 0,
+                      cpu.ntasks(n, offset), counts)
+    else:
+        cpu.run(values, values, fast.mode, fast.pv, fast.k, seed_lo, seed_hi, stream64, offset,
+                counts)
+    return values.astype(dtype).reshape(x.shape)
+
+
+def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, flat, bits, exact):
+    """Store the _Fast of a general-path call whose kernels have just run on these arrays."""
+    if len(_FAST) >= 1024:
+        return
+    _, mode, k, odd, pv, _ = route
+    args = (flat[0], flat[1], flat[2], bits, odd, mode, exact)
+    to_odd = cpu.entry_point(ODD_KERNELS[op], args, "lpsim.ops' elementwise kernel")
+    try:
+        _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)] = _Fast(
+            mode, k, odd, pv, to_odd, cpu.entry(mode, _F64))
+    except TypeError:       # unhashable
+        pass
+
+
 def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
+    if in_fmt is None and out is None and type(operands[0]) is _ndarray:
+        result = _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats,
+                              offset)
+        if result is not None:
+            return result
     name = _NAMES[op]
     if in_fmt is None and out is None and all(type(x) is float for x in operands):
         # Python floats: one compiled call, no arrays
@@ -197,7 +318,8 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         _check_stats(name, stats)
         arrays = round_inputs(arrays, in_fmt, names, name, stats)
     dtype = _result_dtype(arrays, weak)
-    fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, dtype, sr_bits)
+    given = fmt
+    route = fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, dtype, sr_bits)
     counts = _check_stats(name, stats)
     shapes = [x.shape for x in arrays]
     if all(s == shapes[0] for s in shapes):
@@ -212,13 +334,15 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     n = math.prod(shape)
     offset = check_offset(offset, n)
     seed_lo, seed_hi, stream64 = keys(seed, stream, mode)
-    flat = [np.ascontiguousarray(np.broadcast_to(x, shape) if x.shape != shape else x,
-                                 np.float64).reshape(-1) for x in arrays]
+    rows, bits, exact = _buffers(n)
+    flat = []
+    for x, row in zip(arrays, rows):
+        np.copyto(row.reshape(shape), x)            # broadcast, as float64
+        flat.append(row)
     flat += [flat[0]] * (3 - len(flat))
-    bits = np.empty(n, np.int64)
-    exact = np.empty(n, np.bool_)
-    with cpu.first_call(_to_odd, "lpsim.ops' elementwise kernel"):
-        bad, unsafe = _to_odd(op, flat[0], flat[1], flat[2], bits, odd, mode, exact)
+    kernel = ODD_KERNELS[op]
+    with cpu.first_call(kernel, f"lpsim.ops' elementwise kernel of {name}"):
+        bad, unsafe = kernel(flat[0], flat[1], flat[2], bits, odd, mode, exact)
     if bad >= 0:
         a, b = flat[0][bad], flat[1][bad]
         raise ValueError(f"fma: the product a*b = {a!r} * {b!r} (element {bad}) is not exact "
@@ -226,6 +350,9 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
                          "significant bits (e.g. round them with in_fmt= to m <= 25)")
     values = bits.view(np.float64)
     cpu.run(values, values, mode, pv, k, seed_lo, seed_hi, stream64, offset, counts)
+    if in_fmt is None and out is None and not unsafe and all(type(x) is _ndarray
+                                                             for x in operands):
+        _remember_fast(op, given, rounding, dtype, sr_bits, route, flat, bits, exact)
     if unsafe:
         _round_exactly(op, flat, np.flatnonzero(exact), values, fmt, rounding, k, dtype,
                        (seed_lo | seed_hi << 32, stream64 % (1 << 64), offset), counts)
