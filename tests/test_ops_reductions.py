@@ -136,10 +136,35 @@ def test_repeated_2d_products_take_the_cached_path_and_keep_their_bits(fmts, ord
     _assert_matches_reference(again, [(ar[i], br[:, j]) for i, j in np.ndindex(again.shape)],
                               fmts, order, True)
     if shapes[1][1] > 1 or order == "pairwise":               # the products it caches
-        assert (a.dtype, b.dtype, a.shape, b.shape) in {k[:4] for k in reductions._PRODUCTS}
+        assert ("matmul", a.dtype, b.dtype, a.shape, b.shape) in \
+            {k[:5] for k in reductions._PRODUCTS}
     reseeded = {**kw, "seed": 99, "stream": 3}                # the keys are not cached
     assert np.array_equal(ops.matmul(a, b, **reseeded),
                           ops.matmul(a, b, stats=lpsim.RoundingStats(), **reseeded))
+
+
+@pytest.mark.parametrize("fmts", CASES, ids=lambda c: "-".join(c))
+@pytest.mark.parametrize("order", ["sequential", "pairwise", ("blocked", 3)], ids=str)
+@pytest.mark.parametrize("K", [1, 7, 300])
+def test_repeated_1d_dots_take_the_cached_path_and_keep_their_bits(fmts, order, K):
+    """dot of two vectors (and matmul of (1, K) by (K, 1), the register chain) from the
+    cached plan equals the exact reference and the general path, keys not cached."""
+    in_fmt, acc, out, acc_mode, out_mode = fmts
+    rng = np.random.default_rng(zlib.crc32(repr((fmts, order, K)).encode()))
+    kw = dict(in_fmt=in_fmt, acc_fmt=acc, out_fmt=out, acc_rounding=acc_mode,
+              out_rounding=out_mode, order=order, seed=1234, stream=7)
+    x, y = rng.standard_normal(K).astype(np.float32), rng.standard_normal(K)
+    first, cached = ops.dot(x, y, **kw), ops.dot(x, y, **kw)
+    assert ("dot", x.dtype, y.dtype, x.shape, y.shape) in {k[:5] for k in reductions._PRODUCTS}
+    general = ops.dot(x, y, stats=lpsim.RoundingStats(), **kw)
+    assert type(cached) is type(general) is np.float64 and cached == first == general
+    _assert_matches_reference(np.array([cached]), [(lpsim.quantize(x, in_fmt),
+                                                    lpsim.quantize(y, in_fmt))], fmts, order,
+                              True)
+    col = ops.matmul(x[None, :], y[:, None], **kw)
+    assert col.shape == (1, 1) and ops.matmul(x[None, :], y[:, None], **kw)[0, 0] == cached
+    reseeded = {**kw, "seed": 5, "stream": 1}
+    assert ops.dot(x, y, **reseeded) == ops.dot(x, y, stats=lpsim.RoundingStats(), **reseeded)
 
 
 @pytest.mark.parametrize("kw", [dict(order="sequential"), dict(acc_fmt="fp64", order="pairwise"),
@@ -150,7 +175,7 @@ def test_cached_products_without_in_fmt_equal_the_general_path(kw):
     rng = np.random.default_rng(5)
     a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((6, 9), (9, 4)))
     first, cached = ops.matmul(a, b, **kw), ops.matmul(a, b, **kw)
-    assert (a.dtype, b.dtype, a.shape, b.shape) in {k[:4] for k in reductions._PRODUCTS}
+    assert ("matmul", a.dtype, b.dtype, a.shape, b.shape) in {k[:5] for k in reductions._PRODUCTS}
     assert np.array_equal(first, cached)
     assert np.array_equal(cached, ops.matmul(a, b, stats=lpsim.RoundingStats(), **kw))
 
@@ -295,3 +320,17 @@ def test_numpy_conventions_axis_out_scalars_and_cast_counts():
     stats = lpsim.RoundingStats()
     ops.add(np.float32([1e5]), np.float32([1.0]), "fp32", in_fmt="fp16", stats=stats)
     assert stats.elements == 3 and stats.overflow == 1
+
+
+def test_the_product_cache_starts_afresh_when_full(monkeypatch):
+    """More shapes than MAX_CACHED: the cache never holds more, and every call is right."""
+    monkeypatch.setattr(reductions, "MAX_CACHED", 3)
+    monkeypatch.setattr(reductions, "_PRODUCTS", {})
+    rng = np.random.default_rng(2)
+    kw = dict(in_fmt="bf16", acc_fmt="fp16", order="sequential")
+    for K in (2, 3, 4, 5, 6, 2, 3):
+        a, b = rng.standard_normal((3, K)), rng.standard_normal((K, 2))
+        got = [ops.matmul(a, b, **kw) for _ in range(2)]
+        want = ops.matmul(a, b, stats=lpsim.RoundingStats(), **kw)
+        assert all(np.array_equal(g, want) for g in got)
+        assert 1 <= len(reductions._PRODUCTS) <= 3

@@ -276,11 +276,11 @@ def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offs
 
 def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, flat, bits, exact):
     """Store the _Fast of a general-path call whose kernels have just run on these arrays."""
-    if len(_FAST) >= 1024:
-        return
     _, mode, k, odd, pv, _ = route
     args = (flat[0], flat[1], flat[2], bits, odd, mode, exact)
     to_odd = cpu.entry_point(ODD_KERNELS[op], args, "lpsim.ops' elementwise kernel")
+    if len(_FAST) >= 1024:              # a program whose requests moved on: start afresh
+        _FAST.clear()
     try:
         _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)] = _Fast(
             mode, k, odd, pv, to_odd, cpu.entry(mode, _F64))

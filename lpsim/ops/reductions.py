@@ -249,53 +249,84 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
 
 
 class _Product(NamedTuple):
-    """A 2-D by 2-D product of one model, dtypes and shapes on the per-step kernel, with
-    everything :func:`_run` works out per call worked out once (matmul's call path costs
-    more than the kernel on a 16 x 16 product)."""
+    """A product of two operands of one model, dtypes and shapes on one thread of the
+    per-step kernels, with everything :func:`_run` works out per call worked out once
+    (matmul's general call path costs more than the kernel on a 16 x 16 product)."""
 
     in_fmt: object           # the operands' format, or None (as given)
     setup: _Setup
     shape: tuple             # (M, K, N)
     nitems: int
-    kernel: object           # the compiled entry point of gemm or gemm_plain
+    chain: bool              # the register chain (M = N = 1, blocked order), else gemm
+    kernel: object           # the kernel's compiled entry point
 
     def __call__(self, a, b, seed, stream):
+        """The (M, N) result of a (M, K) @ b (K, N) (or any shapes of those sizes)."""
         if self.in_fmt is not None:
             a, b = quantize(a, self.in_fmt), quantize(b, self.in_fmt)
         M, K, N = self.shape
         s = self.setup
-        A = np.array(a, np.float64).reshape((1, M, K))          # copies: C order, writable
-        B = np.array(b, np.float64).reshape((1, K, N))
-        out = np.empty((1, M, N))
+        A = np.array(a, np.float64)                             # copies: C order, writable
+        B = np.array(b, np.float64)
         counts = np.zeros(NCOUNTS, np.int64)
-        self.kernel(A, B, _NO_BATCH, _NO_BATCH, out, *s.common,
-                    *keys(seed, stream, max(s.mode, s.omode)), s.order, s.blk or K, s.fused,
-                    s.hw, 0, self.nitems, counts)
+        seed_lo, seed_hi, stream64 = keys(seed, stream, max(s.mode, s.omode))
+        if self.chain:
+            out = np.empty(1)
+            self.kernel(A.reshape((1, K)), B.reshape((1, K)), out, *s.common, seed_lo,
+                        seed_hi, stream64, s.blk or K, s.fused, s.hw, 0, 1, counts)
+        else:
+            out = np.empty((1, M, N))
+            self.kernel(A.reshape((1, M, K)), B.reshape((1, K, N)), _NO_BATCH, _NO_BATCH, out,
+                        *s.common, seed_lo, seed_hi, stream64, s.order, s.blk or K, s.fused,
+                        s.hw, 0, self.nitems, counts)
         return out.reshape((M, N)).astype(s.dtype, copy=False)
 
 
-#: (a.dtype, b.dtype, a.shape, b.shape, model and its keywords) -> _Product
+#: (op, a.dtype, b.dtype, a.shape, b.shape, model and its keywords) -> _Product
 _PRODUCTS: dict = {}
+#: products kept at most
+MAX_CACHED = 256
+
+
+def _cached_product(op, a, b, stats, out, model_keys):
+    """(the _Product of this call or None, its key or None when it is not one to cache):
+    numpy float32/float64 operands, no stats, no out."""
+    if type(a) is not _ndarray or type(b) is not _ndarray or stats is not None or \
+            out is not None or a.dtype not in _CONTAINER_DTYPES or \
+            b.dtype not in _CONTAINER_DTYPES:
+        return None, None
+    key = (op, a.dtype, b.dtype, a.shape, b.shape) + model_keys
+    try:
+        return _PRODUCTS.get(key), key
+    except TypeError:               # unhashable keywords: validated by the general path
+        return None, None
 
 
 def _remember_product(key, a, b, m: AccumulationModel, op):
     """Store the _Product of this call in _PRODUCTS when its product runs on one thread
-    in :func:`_run`'s gemm path (2-D operands, N > 1 or pairwise order, not BLAS)."""
-    if a.ndim != 2 or b.ndim != 2 or len(_PRODUCTS) >= 256:
+    in one of :func:`_run`'s kernels without a batch (a (M, K), b (K, N), not BLAS)."""
+    if key is None or a.ndim != 2 or b.ndim != 2:
         return
     setup = _setup(m, a.dtype if a.dtype is b.dtype else np.result_type(a, b),
                    a.dtype == b.dtype, op)
     (M, K), N = a.shape, b.shape[1]
-    if setup.blas or min(M, K, N) == 0 or M * N * K >= PARALLEL_STEPS or \
-            (N == 1 and setup.order == ORDER_BLOCKED):
+    chain_ = N == 1 and setup.order == ORDER_BLOCKED
+    if setup.blas or min(M, K, N) == 0 or M * N * K >= PARALLEL_STEPS or (chain_ and M > 1):
         return
-    nitems = gemm_items(1, M, N, K)
-    kernel = gemm_kernel(setup.order, setup.mode, setup.omode)
-    args = (np.zeros((1, M, K)), np.zeros((1, K, N)), _NO_BATCH, _NO_BATCH,
-            np.zeros((1, M, N))) + setup.common + (0, 0, 0, setup.order, setup.blk or K,
-                                                    setup.fused, setup.hw, 0, nitems,
-                                                    np.zeros(NCOUNTS, np.int64))
-    _PRODUCTS[key] = _Product(m.in_fmt, setup, (M, K, N), nitems,
+    counts, blk = np.zeros(NCOUNTS, np.int64), setup.blk or K
+    if chain_:
+        kernel, nitems = chain, 1
+        args = (np.zeros((1, K)), np.zeros((1, K)), np.zeros(1)) + setup.common + \
+            (0, 0, 0, blk, setup.fused, setup.hw, 0, 1, counts)
+    else:
+        nitems = gemm_items(1, M, N, K)
+        kernel = gemm_kernel(setup.order, setup.mode, setup.omode)
+        args = (np.zeros((1, M, K)), np.zeros((1, K, N)), _NO_BATCH, _NO_BATCH,
+                np.zeros((1, M, N))) + setup.common + (0, 0, 0, setup.order, blk, setup.fused,
+                                                        setup.hw, 0, nitems, counts)
+    if len(_PRODUCTS) >= MAX_CACHED:     # a program whose shapes moved on: start afresh
+        _PRODUCTS.clear()
+    _PRODUCTS[key] = _Product(m.in_fmt, setup, (M, K, N), nitems, chain_,
                               entry_point(kernel, args, f"lpsim.ops' {kernel.__name__} kernel"))
 
 
@@ -327,17 +358,11 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     (accumulator and output; on the BLAS path the output only).
     """
     op = "matmul"
-    key = None
-    if type(a) is _ndarray and type(b) is _ndarray and stats is None and out is None and \
-            a.dtype in _CONTAINER_DTYPES and b.dtype in _CONTAINER_DTYPES:
-        key = (a.dtype, b.dtype, a.shape, b.shape, model, in_fmt, acc_fmt, out_fmt,
-               acc_rounding, out_rounding, fused, order)
-        try:
-            product = _PRODUCTS[key]
-        except (KeyError, TypeError):    # TypeError: unhashable, validated below
-            pass
-        else:
-            return product(a, b, seed, stream)
+    product, key = _cached_product(op, a, b, stats, out, (model, in_fmt, acc_fmt, out_fmt,
+                                                          acc_rounding, out_rounding, fused,
+                                                          order))
+    if product is not None:
+        return product(a, b, seed, stream)
     like_torch = is_torch(a) or is_torch(b)
     if not _passes_through(model, in_fmt):   # tensor-core models, block in_fmt
         done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
@@ -349,11 +374,7 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     _check_stats(stats, op)
     a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
     result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
-    if key is not None and key not in _PRODUCTS and type(a) is _ndarray:
-        try:
-            _remember_product(key, a, b, m, op)
-        except TypeError:
-            pass
+    _remember_product(key, a, b, m, op)
     if a.ndim == 1 and b.ndim == 1:
         result = result[..., 0, 0]
     elif a.ndim == 1:
@@ -373,6 +394,11 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
     rounds each product first: pass fused=False to reproduce it.
     """
     op = "dot"
+    product, key = _cached_product(op, x, y, stats, out, (model, in_fmt, acc_fmt, out_fmt,
+                                                          acc_rounding, out_rounding, fused,
+                                                          order))
+    if product is not None:
+        return product(x, y, seed, stream)[0, 0]
     like_torch = is_torch(x) or is_torch(y)
     x, y = as_array(x, "x", op), as_array(y, "y", op)
     if x.ndim == 0 or y.ndim == 0:
@@ -388,6 +414,8 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
     x, y = round_inputs((x, y), m.in_fmt, ("x", "y"), op, stats)
     result = _run(x[..., None, :], y[..., :, None], m, seed=seed, stream=stream, stats=stats,
                   op=op)
+    if x.ndim == 1 and y.ndim == 1:
+        _remember_product(key, x[None, :], y[:, None], m, op)
     return _finish(result[..., 0, 0], like_torch, out, op)
 
 
