@@ -105,8 +105,8 @@ def f32(x):
 
 
 def uniform_w(seed, step, index, i):
-    """The uniform of element i's weight update (lpsim.optim.keys: float64 container)."""
-    return Fraction(random_words(1, 8, seed, stream(step, index, 0), i)[0], 2 ** 62)
+    """The uniform of element i's weight update (lpsim.optim.keys: a 32-bit word)."""
+    return Fraction(random_words(1, 4, seed, stream(step, index, 0), i)[0], 2 ** 32)
 
 
 def sqrt32(x):

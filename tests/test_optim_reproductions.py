@@ -10,6 +10,7 @@ Both are seeded, so they are deterministic; the margins are stated next to each 
 import math
 
 import pytest
+import numpy as np
 import torch
 
 from lpsim.optim import SGD, AdamW
@@ -56,8 +57,9 @@ def test_sr_paper_toy_needs_larger_learning_rates():
     assert (slow >= 15000).sum() < 16                        # most runs did finish
 
 
-def least_squares(dtype, update, steps=3000, d=10, seed=0):
-    """Final training loss (mean of the last 4 evaluations on 1,000 samples)."""
+def least_squares(dtype, update, steps=3000, d=10, seed=0, opt_seed=None):
+    """Final training loss (mean of the last 4 evaluations on 1,000 samples); data from
+    ``seed``, the optimizer's random bits from ``opt_seed`` (default: ``seed``)."""
     gen = torch.Generator().manual_seed(seed)
     w_star = torch.rand(d, generator=gen) * 100
     X = torch.randn(steps, d, generator=gen)
@@ -65,7 +67,8 @@ def least_squares(dtype, update, steps=3000, d=10, seed=0):
     Xe = torch.randn(1000, d, generator=gen)
     ye = Xe @ w_star + 0.5 * torch.randn(1000, generator=gen)
     w = torch.nn.Parameter(torch.zeros(d, dtype=dtype))
-    opt = SGD([w], lr=0.01, update_rounding=update, state_format="fp32", seed=seed)
+    opt = SGD([w], lr=0.01, update_rounding=update, state_format="fp32",
+              seed=seed if opt_seed is None else opt_seed)
     losses = []
     for t in range(steps):
         r = X[t] @ w.detach().float() - y[t]
@@ -79,13 +82,17 @@ def least_squares(dtype, update, steps=3000, d=10, seed=0):
 def test_bf16_paper_least_squares():
     fp32, _ = least_squares(torch.float32, "nearest")
     nearest, cancelled = least_squares(torch.bfloat16, "nearest")
-    sr, _ = least_squares(torch.bfloat16, "stochastic")
+    # SR's final loss varies from run to run (over 12 seeds: mean 0.60, sd 0.18, one run at
+    # 1.13), so the test takes the mean of 8 runs (SE about 0.065): its bounds are 6 and 4 SE
+    # away, no single seed's luck decides it
+    sr = np.mean([least_squares(torch.bfloat16, "stochastic", opt_seed=s)[0]
+                  for s in range(8)])
     kahan, _ = least_squares(torch.bfloat16, "kahan")
-    # measured: fp32 0.127 (the label noise floor is 0.125), nearest 3.40, sr 0.433, kahan 0.198
+    # measured: fp32 0.127 (the label noise floor is 0.125), nearest 3.40, sr 0.60, kahan 0.198
     assert nearest > 10 * fp32
     assert cancelled > 0.5 * 3000 * 10                      # most nearest updates cancelled
-    assert sr < 5 * fp32 and kahan < 2 * fp32
-    assert max(sr, kahan) < nearest / 5
+    assert sr < 8 * fp32 and kahan < 2 * fp32
+    assert sr < nearest / 4 and kahan < nearest / 10
 
 
 @pytest.mark.parametrize("update", ["stochastic", "kahan"])

@@ -105,15 +105,16 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     s, t = s64[0, :n], s64[1, :n]
     sf, tf = s.view(np.float64), t.view(np.float64)
     rw, rm, rv = words[0], words[1], words[2]
-    gw0, gs0 = (lo + offset) // 2, (lo + offset) // 4
+    b0 = (lo + offset) // 4                  # the Philox block of local element lo
+    nb = (hi + offset + 3) // 4 - b0
     if wmode == STOCHASTIC:
-        fill_words(rw, 62, gw0, (hi + offset + 1) // 2 - gw0, stream_w, seed_lo, seed_hi)
+        fill_words(rw, 32, b0, nb, stream_w, seed_lo, seed_hi)
     if smode == STOCHASTIC:
-        fill_words(rm, 32, gs0, (hi + offset + 3) // 4 - gs0, stream_m, seed_lo, seed_hi)
+        fill_words(rm, 32, b0, nb, stream_m, seed_lo, seed_hi)
         if algo == ADAMW:
-            fill_words(rv, 32, gs0, (hi + offset + 3) // 4 - gs0, stream_v, seed_lo, seed_hi)
-    rws, rms, rvs = rw[lo + offset - 2 * gw0:], rm[lo + offset - 4 * gs0:], \
-        rv[lo + offset - 4 * gs0:]
+            fill_words(rv, 32, b0, nb, stream_v, seed_lo, seed_hi)
+    j0 = lo + offset - 4 * b0               # element lo's place in its block
+    rws, rms, rvs = rw[j0:], rm[j0:], rv[j0:]
     _decode(wb[lo:hi], wkind, w)
     _decode(gb[lo:hi], gkind, g)
     if hasm:

@@ -10,8 +10,12 @@ The bits that round element ``i`` of parameter ``p`` at step ``t`` are lpsim's P
 * counter: ``i``, the element's index in the *unsharded* parameter (C order), which is
   ``offset`` of :func:`lpsim.quantize`.
 
-The weight update is rounded in a float64 container (62 random bits, two elements per Philox
-block), the states in float32 containers (32 bits, four elements per block).  So no key is
+Every rounding draws a 32-bit word, four elements to a Philox block (lane ``i % 4`` of
+block ``i // 4``): the states' (float32 containers) and the weight update's, which is
+rounded from the float64 value ``w - u``.  32 bits decide stochastic rounding exactly up
+to 2**-32 of a quantum (the round-up probability is ceil(frac 2**32) / 2**32), so the 62
+a float64 container could take would spend two Philox blocks per four weights where one
+does (the generator is most of a CPU step's cost).  So no key is
 used twice in a run, every data-parallel rank draws the same bits without communicating (SR
 paper Algorithm 1 line 9, "shared randomness"), and a shard of a parameter (FSDP2, DTensor)
 rounds each element exactly as the whole parameter would.

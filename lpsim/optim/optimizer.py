@@ -45,7 +45,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     exactly).  weight_format / state_format: any fp(e, m, b) (default: the parameter's
     dtype); bfloat16/float16 states are stored as those dtypes, other formats in float32.
     state_rounding: "nearest" or "stochastic" for the moments.  sr_bits: random bits per
-    stochastic decision (1..32; default all: 62 for the weight, 32 for states).  seed: the
+    stochastic decision (1..32; default 32, every random word's bits).  seed: the
     Philox key (default: fresh from ``secrets``), see :mod:`lpsim.optim.keys`.
     implementation: "fused" (numba CPU kernel, lpsim_cuda for CUDA tensors) or "reference".
     foreach: with "fused", step a group's CPU tensors that share dtypes and step count with

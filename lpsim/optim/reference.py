@@ -4,8 +4,8 @@ Slow (one pass per line) and plain on purpose: it is what the fused kernels are 
 equal bit for bit.  Each float32 line is one correctly rounded torch op on float32 tensors
 (scalars are float32 too; sqrt goes through float64, see :func:`_sqrt`), the states are
 rounded with ``lpsim.quantize`` (float32 container), the weight update ``w - u`` is formed
-in float64 and rounded with ``lpsim.quantize`` (float64 container); the random bits follow
-:mod:`lpsim.optim.keys`.
+in float64 and rounded with lpsim.quantize's kernel (float64 container, 32-bit words); the
+random bits follow :mod:`lpsim.optim.keys`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lpsim.quantize import quantize
+from lpsim import cpu
+from lpsim.cpu import NCOUNTS
+from lpsim.formats import parse_format
+from lpsim.quantize import plan, quantize
+from lpsim.rounding import kernel_params
 from lpsim.stats import RoundingStats
 
 from .setup import FP32, Setup
@@ -27,6 +31,21 @@ def _f(x) -> torch.Tensor:
 def _q(x, fmt, rounding, seed, stream, sr_bits, offset, stats=None):
     return quantize(x.contiguous(), fmt, rounding, seed=seed, stream=stream, offset=offset,
                     sr_bits=sr_bits if rounding == "stochastic" else None, stats=stats)
+
+
+def _q_update(x64, fmt, rounding, seed, stream, sr_bits, offset, stats=None):
+    """The weight update's rounding: float64 values rounded with lpsim.quantize's kernel
+    drawing 32-bit words, four elements to a Philox block (:mod:`lpsim.optim.keys`), where
+    quantize itself would draw 62-bit words for a float64 array."""
+    x = np.array(x64.contiguous().numpy(), np.float64)           # a copy, rounded in place
+    request = plan(fmt, rounding, np.float32, seed=seed, stream=stream,
+                   sr_bits=sr_bits if rounding == "stochastic" else None, offset=offset,
+                   size=x.size)                                  # 32-bit words, validated
+    params = np.array(kernel_params(parse_format(fmt), np.float64)._replace(W=32), np.int64)
+    counts = stats.counts if stats is not None else np.zeros(NCOUNTS, np.int64)
+    cpu.run(x.reshape(-1), x.reshape(-1), request.mode, params, request.k, request.seed_lo,
+            request.seed_hi, request.stream, request.offset, counts)
+    return torch.from_numpy(x)
 
 
 def _sqrt(x32: torch.Tensor) -> torch.Tensor:
@@ -90,8 +109,8 @@ def step(algo: int, param, grad, state: dict, s: Setup, hp, nesterov: bool, firs
         u = _f(lr) * d
     if s.update == REMAINDER:
         master = join_remainder(param.detach(), state["remainder"])
-        new = _q(master.double() - u.double(), FP32, "nearest", seed, streams[0], None, offset,
-                 stats).float()
+        new = _q_update(master.double() - u.double(), FP32, "nearest", seed, streams[0], None,
+                        offset, stats).float()
         code, rem = split_remainder(new)
         param.detach().copy_(code)
         state["remainder"].copy_(rem)
@@ -99,14 +118,14 @@ def step(algo: int, param, grad, state: dict, s: Setup, hp, nesterov: bool, firs
     if s.update == KAHAN:
         c = state["kahan_comp"].float()
         y = -u - c
-        new = _q(w.double() + y.double(), s.weight_format, "nearest", seed, streams[0], None,
-                 offset, stats)
+        new = _q_update(w.double() + y.double(), s.weight_format, "nearest", seed, streams[0],
+                        None, offset, stats)
         comp = _q((new - w.double()) - y.double(), s.state_format, "nearest", seed, streams[0],
                   None, offset)
         state["kahan_comp"].copy_(comp.float())
     else:
-        new = _q(w.double() - u.double(), s.weight_format, s.update_rounding, seed, streams[0],
-                 s.sr_bits, offset, stats)
+        new = _q_update(w.double() - u.double(), s.weight_format, s.update_rounding, seed,
+                        streams[0], s.sr_bits, offset, stats)
     new = new.float()
     param.detach().copy_(new)
     return int(((u != 0) & (_bits(new) == _bits(w))).sum())

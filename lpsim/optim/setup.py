@@ -40,10 +40,10 @@ class Setup(NamedTuple):
     sr_bits: int | None
     kinds: tuple                    # storage kinds of (weight, grad, state)
     wmode: int                      # rounding mode code of the weight update
-    wk: int                         # its random bits (62: exact SR in a float64 container)
+    wk: int                         # its random bits (32: all of the element's word)
     smode: int                      # -1: the state format is float32 (no rounding)
     sk: int
-    pw: Params                      # the update's target format, float64 container
+    pw: Params                      # the update's target format, float64 container, W = 32
     pc: Params                      # the state format, float64 container (Kahan compensation)
     ps: Params                      # the state format, float32 container
     sp16: StorageParams             # float16 packing (float32 container)
@@ -91,7 +91,7 @@ def _resolve(weight_format, state_format, update_rounding, state_rounding, sr_bi
                          f"parameters with weight_format bf16, not {param.dtype} / {wfmt!r}")
     sr_bits = group["sr_bits"]
     stochastic = group["update_rounding"] == "stochastic"
-    wk = sr_bits if (sr_bits is not None and stochastic) else 62
+    wk = sr_bits if (sr_bits is not None and stochastic) else 32
     sk = min(sr_bits, 32) if (sr_bits is not None and group["state_rounding"] == "stochastic") \
         else 32
     target = FP32 if update == REMAINDER else wfmt
@@ -100,7 +100,8 @@ def _resolve(weight_format, state_format, update_rounding, state_rounding, sr_bi
                  STOCHASTIC if stochastic else NEAREST, wk,
                  -1 if sfmt == FP32 else STOCHASTIC if group["state_rounding"] == "stochastic"
                  else NEAREST, sk,
-                 kernel_params(target, np.float64), kernel_params(sfmt, np.float64),
+                 kernel_params(target, np.float64)._replace(W=32),  # keys: 32-bit words
+                 kernel_params(sfmt, np.float64),
                  kernel_params(sfmt, np.float32),
                  storage_params(FP16, "float16", np.float32) if STORE_F16 in
                  (wkind, gkind, STORAGE[sdtype][0]) else NO_PACKING)

@@ -313,10 +313,10 @@ def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, p
     """Step the elements of global indices 4q .. 4q+3 that lie in this (local) tensor.
 
     The unit of work of both kernels.  Element i (global) of the tensor (``offset`` is the
-    global index of its local element 0) draws its weight bits from Philox block i // 2 of
-    stream keys[2] (float64 container, 62 bits) and its state bits from block i // 4 of
-    streams keys[3] (first moment / momentum) and keys[4] (second moment), key (keys[0],
-    keys[1]) = the seed: see :mod:`lpsim.optim.keys`.
+    global index of its local element 0) draws its 32-bit words from lane i % 4 of Philox
+    block i // 4 of streams keys[2] (the weight update), keys[3] (first moment / momentum)
+    and keys[4] (second moment), key (keys[0], keys[1]) = the seed: see
+    :mod:`lpsim.optim.keys`.
     kinds = (weight, grad, state) storage; ints = (algorithm, update, weight mode, weight
     sr bits, state mode, state sr bits, nesterov, first step).
     """
@@ -325,10 +325,7 @@ def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, p
     zero = np.int64(0)
     w0 = w1 = w2 = w3 = zero
     if wmode == STOCHASTIC:
-        w0, w1, w2, w3 = block_words(2 * q, stream_w, seed_lo, seed_hi)
-        w4, w5, w6, w7 = block_words(2 * q + 1, stream_w, seed_lo, seed_hi)
-    else:
-        w4 = w5 = w6 = w7 = zero
+        w0, w1, w2, w3 = block_words(q, stream_w, seed_lo, seed_hi)
     m0 = m1 = m2 = m3 = v0 = v1 = v2 = v3 = zero
     if smode == STOCHASTIC:
         m0, m1, m2, m3 = block_words(q, stream_m, seed_lo, seed_hi)
@@ -338,10 +335,6 @@ def step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, p
         i = 4 * q + lane - offset
         if i < 0 or i >= n:
             continue
-        if lane < 2:
-            rw = lane_word((w0, w1, w2, w3), lane, 2)
-        else:
-            rw = lane_word((w4, w5, w6, w7), lane - 2, 2)
-        step_element(i, rw, lane_word((m0, m1, m2, m3), lane, 4),
+        step_element(i, lane_word((w0, w1, w2, w3), lane, 4), lane_word((m0, m1, m2, m3), lane, 4),
                      lane_word((v0, v1, v2, v3), lane, 4), wb, gb, mb, vb, cb, rb, kinds, hp,
                      ints, pw, pc, ps, sp16, counts)
