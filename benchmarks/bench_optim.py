@@ -178,7 +178,7 @@ def main(argv=None):
     for name, ts in times.items():
         seconds = float(np.median(ts))
         rows[name] = dict(seconds=seconds, params_per_s=n / seconds,
-                          bytes_per_param=per_param[name])
+                          bytes_per_param=per_param[name], rounds=ts)
     bandwidth = copy_bandwidth(n, args.device, args.repeats) if args.device == "cuda" else None
     def ratio(case, peer):
         return float(np.median(np.array(times[peer]) / np.array(times[case])))
@@ -218,9 +218,13 @@ def main(argv=None):
     for case, peer, least in TARGETS.get(args.device + ("" if args.shapes == "one"
                                                         else f" {args.shapes}"), ()):
         if case in rows and peer in rows:
-            got = ratio(case, peer)
+            # judged on the peer's fastest round against the case's median: a peer whose
+            # rounds vary (torch's foreach step is bimodal here, 49 or 72-89 ms) is not
+            # taken at its slow ones
+            got = min(times[peer]) / rows[case]["seconds"]
             verdict = "met" if got >= least else "NOT met"
-            lines.append(f"target: {case} >= {least}x {peer}: {got:.2f}x ({verdict})")
+            lines.append(f"target: {case} >= {least}x {peer}: {got:.2f}x its fastest round "
+                         f"({verdict}; {ratio(case, peer):.2f}x the median round)")
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as fh:
