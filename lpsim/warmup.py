@@ -49,12 +49,14 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
 
 
 def _ops_jobs():
-    """One small call of each lpsim.ops kernel (elementwise, scalar, chain, the GEMM of
-    deterministic blocked products and the general one)."""
+    """One small call of each lpsim.ops kernel (the six elementwise operations, scalar,
+    chain, the GEMM of deterministic blocked products and the general one)."""
     from . import ops
     x = np.float32([1.0, 2.0])
     square = np.ones((2, 2), np.float32)
-    return [lambda: ops.add(x, x, "bf16"), lambda: ops.add(1.0, 2.0, "bf16"),
+    elementwise = [lambda op=op: op(x, x, "bf16") for op in (ops.add, ops.sub, ops.mul, ops.div)]
+    elementwise += [lambda: ops.sqrt(x, "bf16"), lambda: ops.fma(x, x, x, "bf16")]
+    return elementwise + [lambda: ops.add(1.0, 2.0, "bf16"),
             lambda: ops.dot(x, x, acc_fmt="bf16", order="sequential"),
             lambda: ops.matmul(square, square, acc_fmt="bf16"),
             lambda: ops.matmul(square, square, acc_fmt="bf16", acc_rounding="stochastic",

@@ -15,7 +15,7 @@ import pytest
 
 import lpsim
 import lpsim.ops as ops
-from lpsim.ops import kernels
+from lpsim.ops import kernels, reductions
 from lpsim.rounding import DETERMINISTIC_MODES, MODES, kernel_params
 
 
@@ -54,6 +54,7 @@ def test_gemm_plain_equals_gemm(mode, fused, fmt):
 
 def test_matmul_routes_deterministic_blocked_to_gemm_plain(monkeypatch):
     """run() hands gemm's deterministic blocked calls to gemm_plain, and only those."""
+    monkeypatch.setattr(reductions, "_PRODUCTS", {})     # no cached plan from earlier calls
     used = []
     real = kernels.first_call
     monkeypatch.setattr(kernels, "first_call",
