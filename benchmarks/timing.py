@@ -20,15 +20,19 @@ def cpu_model() -> str:
 
 def per_call(fn, *, budget: float = 0.2, repeats: int = 5) -> float:
     """Seconds per call of ``fn``: the median over ``repeats`` batches, each batch as many
-    calls as fit in ``budget`` seconds (one call at least), after a warm-up call.
+    calls as fit in ``budget`` seconds (one call at least), after warm-up calls for a fifth
+    of the budget (one call at least).
 
     Small arrays need thousands of calls per batch for a stable microsecond figure; large
-    ones one call.
+    ones one call.  The warm-up is more than one call because a process's first hundreds
+    of microsecond calls run at half speed here (caches, branch history, the clock).
     """
     fn()
     start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
+    for _ in range(int(budget / 5 / once)):
+        fn()
     number = max(1, int(budget / repeats / once))
     times = []
     for _ in range(repeats):
