@@ -175,6 +175,17 @@ def test_repeated_array_calls_take_the_cached_path_and_equal_the_general_path(na
             assert s_cached == s_general
         assert (elementwise.ADD + ["add", "sub", "mul", "div", "fma", "sqrt"].index(name),
                 "bf16", rounding, np.dtype(dtype)) in {k[:4] for k in elementwise._FAST}
+    # read-only, strided and 2-D operands of a cached route: the same results
+    a, b = _hard_values(dtype, 64, 7)
+    if name == "fma" and dtype == np.float64:
+        b[18:20] = [0.5, -0.25]
+    base = (np.abs(a),) if arity == 1 else (a, b, b[::-1].copy())[:arity]
+    readonly = tuple(x.copy() for x in base)
+    for x in readonly:
+        x.flags.writeable = False
+    for xs in (readonly, tuple(x[::2] for x in base), tuple(x.reshape(8, 8) for x in base)):
+        want = op(*xs, "bf16", rounding, out=np.empty(xs[0].shape, dtype), **kw)
+        assert np.array_equal(op(*xs, "bf16", rounding, **kw), want, equal_nan=True)
     if name == "fma" and dtype == np.float64:    # an inexact product is still refused
         x = np.full(3, 1 + 2.0 ** -40)
         with pytest.raises(ValueError, match="element 0"):

@@ -106,14 +106,17 @@ def _odd_kernel(op: int):
         unsafe_count = 0
         bad_count = 0
         for i in range(out.size):
-            bits, unsafe, bad = odd_bits(op, a[i], b[i], c[i], odd, mode)
+            # float32 operands widen exactly (the cached path passes them as they are)
+            bits, unsafe, bad = odd_bits(op, np.float64(a[i]), np.float64(b[i]),
+                                         np.float64(c[i]), odd, mode)
             out[i] = bits
             exact[i] = unsafe
             unsafe_count += unsafe
             bad_count += bad
         if bad_count:
             for i in range(out.size):
-                if odd_bits(op, a[i], b[i], c[i], odd, mode)[2]:
+                if odd_bits(op, np.float64(a[i]), np.float64(b[i]), np.float64(c[i]), odd,
+                            mode)[2]:
                     return i, unsafe_count
         return -1, unsafe_count
 
@@ -239,9 +242,14 @@ def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offs
     dtype = x.dtype
     if dtype is not _F64 and dtype is not _F32:
         return None
-    for y in operands[1:]:
+    flat = []
+    for y in operands:        # the kernel reads them in place: one layout, one signature
         if type(y) is not _ndarray or y.dtype is not dtype or y.shape != x.shape:
             return None
+        flags = y.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        flat.append(y.reshape(-1))
     try:
         fast = _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)]
     except (KeyError, TypeError):
@@ -256,12 +264,10 @@ def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offs
     if type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER:
         return None
     seed_lo, seed_hi, stream64 = keys(seed, stream, fast.mode)
-    rows, bits, exact = _buffers(n)
-    for y, row in zip(operands, rows):
-        np.copyto(row.reshape(x.shape), y)
-    c = rows[2] if op == FMA else rows[0]
-    bad, unsafe = fast.to_odd(rows[0], rows[1] if op != SQRT else rows[0], c, bits, fast.odd,
-                              fast.mode, exact)
+    _, bits, exact = _buffers(n)
+    bad, unsafe = fast.to_odd(flat[0], flat[1] if op != SQRT else flat[0],
+                              flat[2] if op == FMA else flat[0], bits, fast.odd, fast.mode,
+                              exact)
     if bad >= 0 or unsafe:
         return None
     values = bits.view(np.float64)
@@ -274,10 +280,12 @@ def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offs
     return values.astype(dtype).reshape(x.shape)
 
 
-def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, flat, bits, exact):
-    """Store the _Fast of a general-path call whose kernels have just run on these arrays."""
+def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, bits, exact):
+    """Store the _Fast of a general-path call on ``dtype`` operands (its kernel for
+    operands of that dtype, read in place, compiles now if it has not)."""
     _, mode, k, odd, pv, _ = route
-    args = (flat[0], flat[1], flat[2], bits, odd, mode, exact)
+    x = np.zeros(1, dtype)
+    args = (x, x, x, bits, odd, mode, exact)
     to_odd = cpu.entry_point(ODD_KERNELS[op], args, "lpsim.ops' elementwise kernel")
     if len(_FAST) >= 1024:              # a program whose requests moved on: start afresh
         _FAST.clear()
@@ -352,7 +360,7 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     cpu.run(values, values, mode, pv, k, seed_lo, seed_hi, stream64, offset, counts)
     if in_fmt is None and out is None and not unsafe and all(type(x) is _ndarray
                                                              for x in operands):
-        _remember_fast(op, given, rounding, dtype, sr_bits, route, flat, bits, exact)
+        _remember_fast(op, given, rounding, dtype, sr_bits, route, bits, exact)
     if unsafe:
         _round_exactly(op, flat, np.flatnonzero(exact), values, fmt, rounding, k, dtype,
                        (seed_lo | seed_hi << 32, stream64 % (1 << 64), offset), counts)
