@@ -45,8 +45,8 @@ from ..quantize import keys, plan, quantize
 from ..rounding import kernel_params
 from ..stats import RoundingStats
 from .exact import check_exact
-from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm, gemm_items
-from .kernels import gemm_kernel, run
+from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
+from .kernels import gemm_items, gemm_kernel, run
 from .hardware import _passes_through, dispatch
 from .models import AccumulationModel, get_model
 from .operands import as_array, container_format, deliver, is_torch, round_inputs
