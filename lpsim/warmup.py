@@ -56,8 +56,9 @@ def _ops_jobs():
     square = np.ones((2, 2), np.float32)
     elementwise = [lambda op=op: op(x, x, "bf16") for op in (ops.add, ops.sub, ops.mul, ops.div)]
     elementwise += [lambda: ops.sqrt(x, "bf16"), lambda: ops.fma(x, x, x, "bf16")]
-    return elementwise + [lambda: ops.add(1.0, 2.0, "bf16"),
-            lambda: ops.dot(x, x, acc_fmt="bf16", order="sequential"),
-            lambda: ops.matmul(square, square, acc_fmt="bf16"),
-            lambda: ops.matmul(square, square, acc_fmt="bf16", acc_rounding="stochastic",
-                               seed=0)]
+    return elementwise + [
+        lambda: ops.add(1.0, 2.0, "bf16"),
+        lambda: ops.dot(x, x, acc_fmt="bf16", order="sequential"),
+        lambda: ops.matmul(square, square, acc_fmt="bf16"),
+        lambda: ops.matmul(square, square, acc_fmt="bf16", acc_rounding="stochastic",
+                           seed=0)]

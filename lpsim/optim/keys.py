@@ -12,13 +12,14 @@ The bits that round element ``i`` of parameter ``p`` at step ``t`` are lpsim's P
 
 Every rounding draws a 32-bit word, four elements to a Philox block (lane ``i % 4`` of
 block ``i // 4``): the states' (float32 containers) and the weight update's, which is
-rounded from the float64 value ``w - u``.  32 bits decide stochastic rounding exactly up
-to 2**-32 of a quantum (the round-up probability is ceil(frac 2**32) / 2**32), so the 62
-a float64 container could take would spend two Philox blocks per four weights where one
-does (the generator is most of a CPU step's cost).  So no key is
-used twice in a run, every data-parallel rank draws the same bits without communicating (SR
-paper Algorithm 1 line 9, "shared randomness"), and a shard of a parameter (FSDP2, DTensor)
-rounds each element exactly as the whole parameter would.
+rounded from the float64 value ``w - u``.  32 bits decide stochastic rounding to within
+2**-32 of a quantum (the round-up probability is ceil(frac 2**32) / 2**32); a float64
+container's 62 bits would take two Philox blocks per four weights instead of one, and the
+generator is most of a CPU step's cost.
+
+So no key is used twice in a run, every data-parallel rank draws the same bits without
+communicating (SR paper Algorithm 1 line 9, "shared randomness"), and a shard of a parameter
+(FSDP2, DTensor) rounds each element exactly as the whole parameter would.
 """
 
 from __future__ import annotations
