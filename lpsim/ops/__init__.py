@@ -1,5 +1,11 @@
 """Simulated arithmetic: elementwise ops, sums, dots and GEMM with separate input, accumulator
-and output formats, and the error-bound constants that go with them."""
+and output formats, and the error-bound constants that go with them.
+
+Repeated calls are cheap: the first array call of an elementwise request (op, fmt,
+rounding, dtype, sr_bits), and the first 2-D ``matmul`` or 1-D ``dot`` of a model, dtypes
+and shapes on one thread, go the general way and leave a plan that later calls run from
+(numpy float32/float64 operands, no ``stats``/``out`` for products, no ``in_fmt``/``out``
+for elementwise ops); the results are the same bits either way."""
 
 from .bounds import gamma, input_cast_factor
 from .elementwise import add, div, fma, mul, sqrt, sub
