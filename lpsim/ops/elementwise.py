@@ -230,7 +230,6 @@ class _Fast(NamedTuple):
     odd: bool
     pv: np.ndarray
     to_odd: object          # the compiled entry point of ODD_KERNELS[op]
-    rounding: object        # lpsim.cpu.entry(mode, float64)
 
 
 def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offset):
@@ -271,12 +270,8 @@ def _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats, offs
     if bad >= 0 or unsafe:
         return None
     values = bits.view(np.float64)
-    if n < cpu.SERIAL_BELOW:
-        fast.rounding(values, values, fast.pv, fast.k, seed_lo, seed_hi, stream64, offset, 0,
-                      cpu.ntasks(n, offset), counts)
-    else:
-        cpu.run(values, values, fast.mode, fast.pv, fast.k, seed_lo, seed_hi, stream64, offset,
-                counts)
+    cpu.run(values, values, fast.mode, fast.pv, fast.k, seed_lo, seed_hi, stream64, offset,
+            counts)
     return values.astype(dtype).reshape(x.shape)
 
 
@@ -290,8 +285,8 @@ def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, bits, exact):
     if len(_FAST) >= 1024:              # a program whose requests moved on: start afresh
         _FAST.clear()
     try:
-        _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)] = _Fast(
-            mode, k, odd, pv, to_odd, cpu.entry(mode, _F64))
+        _FAST[op, fmt, rounding, dtype, sr_bits, type(sr_bits)] = _Fast(mode, k, odd, pv,
+                                                                         to_odd)
     except TypeError:       # unhashable
         pass
 

@@ -260,26 +260,30 @@ class _Product(NamedTuple):
     chain: bool              # the register chain (M = N = 1, blocked order), else gemm
     kernel: object           # the kernel's compiled entry point
 
+    def args(self, A, B, out, seed_lo, seed_hi, stream, counts):
+        """The kernel's arguments: A (M, K) and B (K, N) float64, out (M, N)."""
+        M, K, N = self.shape
+        s = self.setup
+        if self.chain:
+            return (A.reshape((1, K)), B.reshape((1, K)), out.reshape(1)) + s.common + \
+                (seed_lo, seed_hi, stream, s.blk or K, s.fused, s.hw, 0, 1, counts)
+        return (A.reshape((1, M, K)), B.reshape((1, K, N)), _NO_BATCH, _NO_BATCH,
+                out.reshape((1, M, N))) + s.common + (seed_lo, seed_hi, stream, s.order,
+                                                      s.blk or K, s.fused, s.hw, 0,
+                                                      self.nitems, counts)
+
     def __call__(self, a, b, seed, stream):
         """The (M, N) result of a (M, K) @ b (K, N) (or any shapes of those sizes)."""
         if self.in_fmt is not None:
             a, b = quantize(a, self.in_fmt), quantize(b, self.in_fmt)
         M, K, N = self.shape
         s = self.setup
-        A = np.array(a, np.float64)                             # copies: C order, writable
-        B = np.array(b, np.float64)
-        counts = np.zeros(NCOUNTS, np.int64)
-        seed_lo, seed_hi, stream64 = keys(seed, stream, max(s.mode, s.omode))
-        if self.chain:
-            out = np.empty(1)
-            self.kernel(A.reshape((1, K)), B.reshape((1, K)), out, *s.common, seed_lo,
-                        seed_hi, stream64, s.blk or K, s.fused, s.hw, 0, 1, counts)
-        else:
-            out = np.empty((1, M, N))
-            self.kernel(A.reshape((1, M, K)), B.reshape((1, K, N)), _NO_BATCH, _NO_BATCH, out,
-                        *s.common, seed_lo, seed_hi, stream64, s.order, s.blk or K, s.fused,
-                        s.hw, 0, self.nitems, counts)
-        return out.reshape((M, N)).astype(s.dtype, copy=False)
+        out = np.empty((M, N))
+        # np.array copies: C order, writable, as the kernel's signature has them
+        self.kernel(*self.args(np.array(a, np.float64), np.array(b, np.float64), out,
+                               *keys(seed, stream, max(s.mode, s.omode)),
+                               np.zeros(NCOUNTS, np.int64)))
+        return out.astype(s.dtype, copy=False)
 
 
 #: (op, a.dtype, b.dtype, a.shape, b.shape, model and its keywords) -> _Product
@@ -313,21 +317,15 @@ def _remember_product(key, a, b, m: AccumulationModel, op):
     chain_ = N == 1 and setup.order == ORDER_BLOCKED
     if setup.blas or min(M, K, N) == 0 or M * N * K >= PARALLEL_STEPS or (chain_ and M > 1):
         return
-    counts, blk = np.zeros(NCOUNTS, np.int64), setup.blk or K
-    if chain_:
-        kernel, nitems = chain, 1
-        args = (np.zeros((1, K)), np.zeros((1, K)), np.zeros(1)) + setup.common + \
-            (0, 0, 0, blk, setup.fused, setup.hw, 0, 1, counts)
-    else:
-        nitems = gemm_items(1, M, N, K)
-        kernel = gemm_kernel(setup.order, setup.mode, setup.omode)
-        args = (np.zeros((1, M, K)), np.zeros((1, K, N)), _NO_BATCH, _NO_BATCH,
-                np.zeros((1, M, N))) + setup.common + (0, 0, 0, setup.order, blk, setup.fused,
-                                                        setup.hw, 0, nitems, counts)
+    kernel = chain if chain_ else gemm_kernel(setup.order, setup.mode, setup.omode)
+    product = _Product(m.in_fmt, setup, (M, K, N), 1 if chain_ else gemm_items(1, M, N, K),
+                       chain_, None)
+    args = product.args(np.zeros((M, K)), np.zeros((K, N)), np.zeros((M, N)), 0, 0, 0,
+                        np.zeros(NCOUNTS, np.int64))
     if len(_PRODUCTS) >= MAX_CACHED:     # a program whose shapes moved on: start afresh
         _PRODUCTS.clear()
-    _PRODUCTS[key] = _Product(m.in_fmt, setup, (M, K, N), nitems, chain_,
-                              entry_point(kernel, args, f"lpsim.ops' {kernel.__name__} kernel"))
+    _PRODUCTS[key] = product._replace(
+        kernel=entry_point(kernel, args, f"lpsim.ops' {kernel.__name__} kernel"))
 
 
 def _finish(result, like_torch, out, op):
