@@ -254,6 +254,8 @@ class BlockParams(NamedTuple):
     pts: float       # per-tensor scale (1.0 without)
     pts_inv: float   # fp32(1 / pts)
     f32: int         # 1: float32 arrays take the element step on 32-bit words (element_fast32)
+    near32: int      # 1: ... and nearest rounding its float32 add (element_nearest32)
+    snear32: int     # 1: scales rounded to nearest by nearest32 (scale_words)
 
 
 def f2i(v):
@@ -494,10 +496,13 @@ def bits_value(a, M, EB):
 #
 # Without counters, a float32 array of a format where element_fast32 is exact (words_exact:
 # MX and NVFP4 are) takes the word kernel (_words_kernel, its own entry point, so that such
-# a call compiles nothing else): per chunk (_chunk_words) the scales of its blocks first,
-# then one element loop over the whole chunk on 32-bit words (eight AVX2 lanes, and no
-# per-block loop set-up), then the exact step for what it left.  One thread, 2**22
-# elements, MXFP4: about 2 ns/element against 5-6 for the per-block float64 loop.
+# a call compiles nothing else): per block (_chunk_words) the largest magnitude, the scale
+# in integer steps (scale_words), then the element loop on 32-bit words (eight AVX2 lanes),
+# a loop of literal length for blocks of 32 and 16 elements, with unsigned offsets (no
+# per-block array views, whose reference counting costs more than the block's elements).
+# Nearest rounding there is one float32 add and subtract per element (nearest32).  One
+# thread, 2**22 elements: MXFP8/MXFP4 nearest about 0.8 ns/element (2 ns before the add, 5-6
+# for the per-block float64 loop), about as fast as a copy on two threads.
 
 @register_jitable
 def _nonfinite_block(xs, outs, qs, want_q, c):
@@ -582,57 +587,173 @@ def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
     return dz
 
 
-@literal_jitable
-def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length,
-                 nblk, sc, rc):
-    """Blocks t .. t_end-1 (elements e_lo .. e_hi-1 of the flat float32 arrays) on 32-bit
-    words, without counters.
+@register_jitable(forceinline=True)
+def nearest32(yb, cw, lw):
+    """The float32 magnitude of the word ``yb`` rounded to nearest even in a format with
+    ``m`` mantissa bits and min normal exponent ``emin`` (``cw`` = 23 - m, ``lw`` = emin + 150
+    - m), subnormals included: (|y| + c) - c in float32 arithmetic, with c = 1.5 * 2**23 times
+    the quantum of y's binade (or of the format's subnormals), so the adder's own rounding
+    to nearest even is the decision.  Exact where :func:`nearest_words_exact` holds; an
+    exponent above the format's (past which the caller clamps) takes the largest c."""
+    a = yb & 0x7FFFFFFF
+    e = min(max((a >> 23) + cw, lw), 254)
+    c = bits_float32((e << 23) | 0x400000)
+    return (bits_float32(a) + c) - c
 
-    Per block the largest magnitude and the scale, spread over the elements as ``sc`` and
-    ``rc`` (its float32 reciprocal); then one :func:`element_fast32` loop over the whole
-    chunk (a block of 16 or 32 elements is too short a loop to run at vector speed); then
-    :func:`element_exact` for the elements it left.
+
+@register_jitable(forceinline=True)
+def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
+    """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
+    element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
+    max) carrying x's sign.  x * rc underflowing to a float32 subnormal or to 0 is harmless
+    here: such a quotient is below half the element's smallest subnormal and rounds to 0."""
+    yb = float32_bits(xv * rc)
+    q = min(nearest32(yb, cw, lw), maxe)
+    return bits_float32(float32_bits(q * s * pts) | (float32_bits(xv) & 0x80000000))
+
+
+@functools.lru_cache(maxsize=256)
+def nearest_words_exact(fmt: Format) -> bool:
+    """Whether :func:`nearest32` rounds every float32 to ``fmt`` (then clamped to its
+    largest value) as :func:`lpsim.rounding.round_bits` does to nearest: a signed format with
+    signed zero and subnormals whose smallest subnormal is above 2**-125 (so a float32
+    subnormal rounds to 0, and c stays a float32 normal) and whose exponents stay below
+    2**100 (so c saturates only where the clamp applies)."""
+    p = kernel_params(fmt, np.float32)
+    return (fmt.subnormals and fmt.signed and not p.uzero and not p.unsigned
+            and fmt.emin - fmt.m >= -124 and fmt.emax <= 100 and fmt.m <= 22)
+
+
+@register_jitable(forceinline=True)
+def scale_words(am, bp, sp):
+    """:func:`block_scale`'s scale (float64) of a block whose largest magnitude has the
+    finite float32 bits ``am``, in integer steps where they apply: a power-of-two scale by
+    floor, ceil or even of a float32 normal amax (the exponent field, its mantissa rounded
+    first for even), and a scale with mantissa bits rounded to nearest (``even``: NVFP4's
+    UE4M3) by :func:`nearest32`; else :func:`block_scale` itself."""
+    a = as_int64(am)
+    if bp.pow2 and bp.rule != RCEIL and a >= (np.int64(1) << 23) and bp.m_e <= 22:
+        if bp.rule == EVEN:                     # round to the element's mantissa, ties away
+            a = (a + (np.int64(1) << (22 - bp.m_e))) & (np.int64(255) << 23)
+        ex = (a >> 23) - 127 - bp.emax_e
+        if bp.rule == CEIL:
+            ex += np.int64((a & ((np.int64(1) << 23) - 1)) != 0)
+        ex = min(max(ex, bp.smin_exp), bp.smax_exp)
+        return i2f((ex + 1023) << 52)
+    amax = bits_value(a, 23, 127)
+    if bp.snear32 and a != 0:
+        t = np.float64(np.float32(amax / bp.max_e))
+        if bp.pts != 1.0:
+            t = np.float64(np.float32(t / bp.pts))
+        if t < bp.smin:
+            return bp.smin
+        if t > bp.smax:
+            return bp.smax
+        return np.float64(nearest32(float32_bits(np.float32(t)), word(23 - sp.m),
+                                    word(sp.emin + 150 - sp.m)))
+    s, _ = block_scale(amax, bp, sp)
+    return s
+
+
+@register_jitable(forceinline=True)
+def _elements_nearest32(xf, outf, lo, size, rc, s, pts, maxe, cw, lw):
+    """:func:`element_nearest32` over the ``size`` elements from ``lo`` (unsigned offsets:
+    no negative-index checks; a literal size is a loop LLVM unrolls into vector steps)."""
+    for i in range(size):
+        j = lo + np.uint64(i)
+        outf[j] = element_nearest32(xf[j], rc, s, pts, maxe, cw, lw)
+
+
+@register_jitable(forceinline=True)
+def _elements_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
+    """:func:`element_fast32` over the ``size`` elements from ``lo`` (random words from
+    ``r0``); returns how many it left to the exact step."""
+    rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
+    slow = word(np.int32(0))
+    for i in range(size):
+        j = lo + np.uint64(i)
+        _, v, ok, _ = element_fast32(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
+                                     mode, k, p32, bp)
+        outf[j] = v
+        slow += 1 - ok
+    return slow
+
+
+@register_jitable(forceinline=True)
+def _block_amax32(xb, lo, size):
+    """The largest magnitude bits of the ``size`` float32 words from ``lo``."""
+    am = word(np.int32(0))
+    for i in range(size):
+        am = max(am, word(xb[lo + np.uint64(i)]) & 0x7FFFFFFF)
+    return am
+
+
+@literal_jitable
+def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk):
+    """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
+    on 32-bit words, without counters.
+
+    Per block: the largest magnitude, the scale (:func:`scale_words`), the element loop
+    (:func:`element_nearest32` for nearest rounding where :func:`nearest_words_exact` holds,
+    else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
+    32 and 16 elements run loops of that literal length: a loop of a run-time length this
+    short spends more on its set-up than on its elements.  A block with a NaN or inf is
+    NaN (``nonfinite="nan"``) or takes the exact step throughout.
     """
     mode = _constant(mode)
-    rmask = -1 if mode >= STOCHASTIC else 0     # deterministic modes read rs[0] only
+    near = mode == NEAREST and bp.near32
     xb = as_bits(xf)
     size = bp.block
-    cmag, cinf = (np.int64(1) << 31) - 1, np.int64(255) << 23     # magnitude bits, inf's
+    cinf = word(np.int32(255 << 23))
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    cw, lw = word(23 - p32.m), word(p32.emin + 150 - p32.m)
     for tb in range(t, t_end):
-        lo, hi = _block_bounds(tb, nblk, length, size)
-        xbs = xb[lo:hi]
-        am = word(np.int32(0))
-        for i in range(xbs.size):
-            am = max(am, word(xbs[i]) & cmag)
-        s = np.nan                              # a NaN block: NaN in, left to the end
-        if am < cinf or not bp.nonfinite_nan:
-            amax = bits_value(as_int64(am), 23, 127) if am < cinf else \
-                _finite_amax(xf[lo:hi])
-            s, _ = block_scale(amax, bp, sp)
-        sf[tb] = s
-        s32, recip32 = np.float32(s), np.float32(block_recip(s, bp))
-        scb, rcb = sc[lo - e_lo:hi - e_lo], rc[lo - e_lo:hi - e_lo]
-        for i in range(scb.size):
-            scb[i] = s32
-            rcb[i] = recip32
-    xs, outs = xf[e_lo:e_hi], outf[e_lo:e_hi]
-    slow = word(np.int32(0))
-    for i in range(xs.size):
-        _, v, ok, _ = element_fast32(xs[i], word(rs[i & rmask]), rc[i], sc[i], mode, k,
-                                     p32, bp)
-        outs[i] = v
-        slow += 1 - ok
-    if slow != 0:
-        c = np.zeros(len(BLOCK_COUNTERS), np.int64)
-        for tb in range(t, t_end):
-            lo, hi = _block_bounds(tb, nblk, length, size)
-            s = sf[tb]
-            if s != s:
-                _nonfinite_block(xf[lo:hi], outf[lo:hi], outf, False, c)
+        lo_, hi_ = _block_bounds(tb, nblk, length, size)
+        lo, n = np.uint64(lo_), hi_ - lo_
+        if n == 32:
+            am = _block_amax32(xb, lo, 32)
+        elif n == 16:
+            am = _block_amax32(xb, lo, 16)
+        else:
+            am = _block_amax32(xb, lo, n)
+        if am >= cinf:                          # a NaN or inf in the block
+            if bp.nonfinite_nan:
+                sf[tb] = np.nan
+                for e in range(lo_, hi_):
+                    outf[e] = np.nan
                 continue
+            s, _ = block_scale(_finite_amax(xf[lo_:hi_]), bp, sp)
+            sf[tb] = s
             recip = block_recip(s, bp)
-            for e in range(lo, hi):
-                if element_ok32(xf[e], rc[e - e_lo], p32) == 0:
+            for e in range(lo_, hi_):
+                _, outf[e], _ = element_exact(xf[e], recip, s, mode,
+                                              np.int64(rs[(e - e_lo) & -np.int64(mode >=
+                                                                                  STOCHASTIC)]),
+                                              k, p, bp)
+            continue
+        s = scale_words(am, bp, sp)
+        sf[tb] = s
+        s32, rc = np.float32(s), np.float32(block_recip(s, bp))
+        if near:
+            if n == 32:
+                _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
+            elif n == 16:
+                _elements_nearest32(xf, outf, lo, 16, rc, s32, pts, maxe, cw, lw)
+            else:
+                _elements_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
+            continue
+        r0 = np.uint64(lo_ - e_lo)
+        if n == 32:
+            slow = _elements_words(xf, outf, rs, lo, r0, 32, rc, s32, mode, k, p32, bp)
+        elif n == 16:
+            slow = _elements_words(xf, outf, rs, lo, r0, 16, rc, s32, mode, k, p32, bp)
+        else:
+            slow = _elements_words(xf, outf, rs, lo, r0, n, rc, s32, mode, k, p32, bp)
+        if slow != 0:
+            recip = block_recip(s, bp)
+            rmask = -np.int64(mode >= STOCHASTIC)
+            for e in range(lo_, hi_):
+                if element_ok32(xf[e], rc, p32) == 0:
                     r = rs[(e - e_lo) & rmask]
                     _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k, p,
                                                   bp)
@@ -719,21 +840,19 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
 def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
                  offset, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D float32 ``x`` into out and sout by
-    :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time."""
+    :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time (one draw of random
+    words per chunk)."""
     stochastic = _constant(mode) >= STOCHASTIC
     length = x.shape[1]
     nblk = sout.shape[1]
-    size = bp.block
     xf, outf, sf = x.reshape(-1), out.reshape(-1), sout.reshape(-1)
-    per_chunk = max(1, chunk // size)
-    r = np.empty(per_chunk * size + 8 if stochastic else 1, np.uint32)
-    sc, rc = np.empty(per_chunk * size, np.float32), np.empty(per_chunk * size, np.float32)
+    per_chunk = max(1, chunk // bp.block)
+    r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
     t = t0
     while t < t1:
-        t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, size)
+        t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, bp.block)
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
-        _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, e_hi, mode, k, p, p32, sp, bp, length,
-                     nblk, sc, rc)
+        _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk)
         t = t_end
 
 
@@ -856,7 +975,10 @@ def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
                        float(el.max_finite), int(np.log2(smin)) if bfmt.pow2 else 0,
                        sc.emax if bfmt.pow2 else 0, float(smin), float(smax),
                        int(bfmt.nonfinite == "nan"), float(pts),
-                       float(np.float32(1.0 / np.float32(pts))), int(words_exact(bfmt)))
+                       float(np.float32(1.0 / np.float32(pts))), int(words_exact(bfmt)),
+                       int(words_exact(bfmt) and nearest_words_exact(el)),
+                       int(not bfmt.pow2 and bfmt.rule == "even" and nearest_words_exact(sc)
+                           and sc.fits(np.float32)[0]))
 
 
 @functools.lru_cache(maxsize=256)

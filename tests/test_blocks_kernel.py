@@ -227,3 +227,56 @@ def test_cuda_kernel_lanes_and_groups_equal_the_cpu_kernel(bfmt, rounding):
     assert same(got.elements.copy_to_host(), want.elements)
     assert same(got.scales.copy_to_host(), want.scales)
     assert np.array_equal(got.counts, want.counts)
+
+
+def word_kernel_data(rows, length, seed):
+    """float32 blocks whose largest magnitude lies anywhere in float32's range (subnormals
+    and near its largest value included), elements down to 2**-40 under it, a third of them
+    ties at a random bit (some land on the element grid: ties to even), zeros of both signs,
+    and a few NaN and inf."""
+    rng = np.random.default_rng(seed)
+    top = rng.integers(-149, 128, (rows, length // 16 + 1)).repeat(16, axis=1)[:, :length]
+    e = np.maximum(top - rng.integers(0, 40, (rows, length)), -149)
+    x = np.ldexp(1 + 0.99 * rng.random((rows, length)), e).astype(np.float32)
+    bits = x.view(np.uint32)
+    cut = rng.integers(1, 24, (rows, length)).astype(np.uint32)
+    tie = rng.random((rows, length)) < 1 / 3
+    bits[tie] = ((bits[tie] >> cut[tie]) << cut[tie]) | (np.uint32(1) << (cut[tie] - 1))
+    x *= rng.choice(np.float32([-1, 1]), (rows, length))
+    flat = x.reshape(-1)
+    picks = rng.choice(flat.size, 12, replace=False)
+    flat[picks] = np.float32([0, -0.0, 0, -0.0, np.nan, np.inf, -np.inf, 0, -0.0, 0, 0, 0])
+    return x
+
+
+WORD_FORMATS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4", "mxint8",
+                "nvfp4", blocks.block("e2m1fn", 16, "e4m3fn", "even"),
+                blocks.block("e5m2", 16, rule="even"), blocks.block("e3m2fn", 32, rule="ceil"),
+                blocks.block("e2m3fn", 32, rule="rceil"), blocks.block("e4m3fn", 24),
+                blocks.block("e2m1fn", 32, nonfinite="finite"),
+                blocks.block("fp(3,2,0, subnormals=False)", 32)]
+
+
+@pytest.mark.parametrize("bfmt", WORD_FORMATS, ids=str)
+def test_float32_word_kernel_equals_the_counted_kernel(bfmt):
+    """lpsim.quantize without stats runs the float32 word kernel: its scale in integer steps
+    (scale_words), nearest rounding as a float32 add (nearest32), blocks of 16 and 32 as
+    loops of a literal length.  Against the counted kernel (reference-tested above), bit
+    for bit, on 2**18 values per format built to reach every binade of every block, ties
+    included; rows of 1029 end in a partial block."""
+    bfmt = blocks.parse_block_format(bfmt)
+    x = word_kernel_data(256, 1029, seed=len(str(bfmt)))
+    bp = blocks.block_params(bfmt, 1.0)
+    # mxint8 (one unsigned zero) and a format without subnormals take element_fast32
+    assert bool(bp.near32) == (bfmt.element.specials != "fnuz" and bfmt.element.subnormals)
+    assert bool(bp.snear32) == (not bfmt.pow2)
+    for rounding in ("nearest", "stochastic", "up"):
+        counted = blocks.quantize_blocks(x, bfmt, rounding, seed=4)
+        words = blocks.quantize_blocks(x, bfmt, rounding, seed=4, want_elements=False,
+                                       want_counts=False)
+        assert words.counts is None                     # the word kernel ran
+        assert same(words.scales, counted.scales), rounding
+        got, want = words.values.view(np.uint32), counted.values.view(np.uint32)
+        bad = np.flatnonzero(got != want)
+        assert bad.size == 0, (rounding, x.reshape(-1)[bad[:3]], got.reshape(-1)[bad[:3]],
+                               want.reshape(-1)[bad[:3]])
