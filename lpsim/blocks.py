@@ -640,18 +640,19 @@ def scale_words(am, bp, sp):
             ex += np.int64((a & ((np.int64(1) << 23) - 1)) != 0)
         ex = min(max(ex, bp.smin_exp), bp.smax_exp)
         return i2f((ex + 1023) << 52)
-    amax = bits_value(a, 23, 127)
     if bp.snear32 and a != 0:
-        t = np.float64(np.float32(amax / bp.max_e))
+        # float32 divisions: the quotient of two float32 values rounded once to float32 is
+        # block_scale's float64 quotient rounded to float32 (53 >= 2 * 24 + 2 bits)
+        t = bits_float32(am) / np.float32(bp.max_e)
         if bp.pts != 1.0:
-            t = np.float64(np.float32(t / bp.pts))
+            t = t / np.float32(bp.pts)
         if t < bp.smin:
             return bp.smin
         if t > bp.smax:
             return bp.smax
-        return np.float64(nearest32(float32_bits(np.float32(t)), word(23 - sp.m),
+        return np.float64(nearest32(float32_bits(t), word(23 - sp.m),
                                     word(sp.emin + 150 - sp.m)))
-    s, _ = block_scale(amax, bp, sp)
+    s, _ = block_scale(bits_value(a, 23, 127), bp, sp)
     return s
 
 
@@ -733,7 +734,10 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
             continue
         s = scale_words(am, bp, sp)
         sf[tb] = s
-        s32, rc = np.float32(s), np.float32(block_recip(s, bp))
+        s32 = np.float32(s)
+        # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
+        # (the float64 quotient of float32 values rounded to float32 is the same)
+        rc = np.float32(block_recip(s, bp)) if bp.pow2 else np.float32(bp.pts_inv) / s32
         if near:
             if n == 32:
                 _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
