@@ -54,7 +54,7 @@ from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_ji
                   thread_pool, threads, word_buffer)
 from .philox import LANES, block_words, lane_word
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, fast_sub_ok,
-                       kernel_params, round_bits, round_fast_sub)
+                       kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub)
 from .stats import RoundingStats
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
@@ -588,20 +588,6 @@ def _block_slow(xs, outs, qs, rs, want_q, s, recip, mode, k, p, bp, c):
 
 
 @register_jitable(forceinline=True)
-def nearest32(yb, cw, lw):
-    """The float32 magnitude of the word ``yb`` rounded to nearest even in a format with
-    ``m`` mantissa bits and min normal exponent ``emin`` (``cw`` = 23 - m, ``lw`` = emin + 150
-    - m), subnormals included: (|y| + c) - c in float32 arithmetic, with c = 1.5 * 2**23 times
-    the quantum of y's binade (or of the format's subnormals), so the adder's own rounding
-    to nearest even is the decision.  Exact where :func:`nearest_words_exact` holds; an
-    exponent above the format's (past which the caller clamps) takes the largest c."""
-    a = yb & 0x7FFFFFFF
-    e = min(max((a >> 23) + cw, lw), 254)
-    c = bits_float32((e << 23) | 0x400000)
-    return (bits_float32(a) + c) - c
-
-
-@register_jitable(forceinline=True)
 def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
     """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
     element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
@@ -614,14 +600,10 @@ def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
 
 @functools.lru_cache(maxsize=256)
 def nearest_words_exact(fmt: Format) -> bool:
-    """Whether :func:`nearest32` rounds every float32 to ``fmt`` (then clamped to its
-    largest value) as :func:`lpsim.rounding.round_bits` does to nearest: a signed format with
-    signed zero and subnormals whose smallest subnormal is above 2**-125 (so a float32
-    subnormal rounds to 0, and c stays a float32 normal) and whose exponents stay below
-    2**100 (so c saturates only where the clamp applies)."""
-    p = kernel_params(fmt, np.float32)
-    return (fmt.subnormals and fmt.signed and not p.uzero and not p.unsigned
-            and fmt.emin - fmt.m >= -124 and fmt.emax <= 100 and fmt.m <= 22)
+    """Whether :func:`element_nearest32` rounds x / s to ``fmt`` as round_bits does to
+    nearest: :func:`lpsim.rounding.nearest32_exact`, and a smallest subnormal above 2**-125,
+    so that a quotient that underflows to a float32 subnormal rounds to 0 either way."""
+    return nearest32_exact(fmt) and fmt.emin - fmt.m >= -124 and fmt.emax <= 100
 
 
 @register_jitable(forceinline=True)

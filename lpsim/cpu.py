@@ -39,8 +39,8 @@ from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
-from .rounding import MODES, STOCHASTIC, Params, round_bits, round_fast
-from .word32 import as_int64, word
+from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, round_bits, round_fast)
+from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
 CHUNK = 8192
@@ -302,6 +302,56 @@ def _kernel(mode: int):
     return kernel
 
 
+def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, counts):
+    """The float32 nearest kernel without counters (``lpsim.quantize`` without stats, for a
+    format where :func:`lpsim.rounding.nearest32_exact` holds): the arguments and tasks of
+    :func:`_kernel`'s kernels, ``counts`` untouched.  One pass of :func:`nearest32`, a
+    float32 add and subtract per element (about half the general fast pass's time);
+    elements it cannot take (inf, NaN, magnitudes from 2**(105 + m) or from the format's
+    largest value) keep their value and go to round_bits after.  In place is the same loop: each element is read
+    before it is written."""
+    xa, oa = x.ctypes.data, out.ctypes.data
+    nbytes = x.size * x.itemsize
+    if xa != oa and xa < oa + nbytes and oa < xa + nbytes:
+        return OVERLAP
+    p = params_of(pv)
+    n = x.size
+    first = offset // CHUNK
+    lo = max((first + t0 * TASK) * CHUNK, offset) - offset
+    hi = min((first + t1 * TASK) * CHUNK, offset + n) - offset
+    cw, lw = word(23 - p.m), word(p.emin + 150 - p.m)
+    # below lim (2**(105 + m), and the format's largest value) the add decides alone
+    lim = bits_float32(word(min(min(232 + p.m, 255) << 23, p.maxb)))
+    slow = word(np.int32(0))
+    for j in range(hi - lo):
+        i = np.uint64(lo + j)
+        xv = x[i]
+        b = float32_bits(xv)
+        ok = abs(xv) < lim                      # false for NaN: a float compare, one lane op
+        v = bits_float32(float32_bits(nearest32(b, cw, lw)) | (b & 0x80000000))
+        out[i] = v if ok else xv
+        slow |= like(b, not ok)
+    if slow != 0:
+        # what the pass left holds its own value; a rounded value is its own rounding
+        outb = as_bits(out)
+        for i in range(lo, hi):
+            if not abs(out[i]) < lim:
+                outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), k, p)
+    return 0
+
+
+NEAREST32 = njit(nogil=True, cache=True)(round_nearest32)
+
+
+@functools.cache
+def nearest32_entry():
+    """The compiled entry point of :func:`round_nearest32` (float32 arrays)."""
+    x = np.zeros(1, np.float32)
+    args = (x, np.zeros_like(x), np.zeros(len(Params._fields), np.int64), 1, 0, 0, 0, 0, 0,
+            0, np.zeros(NCOUNTS, np.int64))
+    return entry_point(NEAREST32, args, "the CPU float32 nearest kernel")
+
+
 #: the dispatcher of each mode, compiled on first use (per container) and cached on disk
 KERNELS = {mode: njit(nogil=True, cache=True)(_kernel(mode)) for mode in MODES.values()}
 
@@ -382,18 +432,19 @@ def thread_pool(workers, pid):
     return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
 
 
-def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts) -> int:
+def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts, kernel=None) -> int:
     """Round the 1-D C-contiguous writable float array ``x`` into ``out`` (same dtype and
     size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
 
     Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones are
     split into one contiguous range per thread of :func:`threads` (at least
     PARALLEL_GRAIN elements each), the calling thread taking the first (the bits do not
-    depend on the split: the random words are counter-based).
+    depend on the split: the random words are counter-based).  ``kernel``: another entry
+    point of the same arguments (default: ``mode``'s for x's dtype).
     """
     n = x.size
     tasks = ntasks(n, offset)
-    kernel = entry(mode, x.dtype)
+    kernel = kernel or entry(mode, x.dtype)
     if n < SERIAL_BELOW:
         return kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, 0, tasks, counts)
     workers = min(threads(), tasks, n // PARALLEL_GRAIN)

@@ -21,7 +21,7 @@ from .fixed import Fixed, quantize_fixed
 from .formats import Format, parse_format
 from .generator import resolve as resolve_generator
 from .philox import LANES, MASK32, WORD_BITS, split_key
-from .rounding import STOCHASTIC, Params, kernel_params, mode_code
+from .rounding import NEAREST, STOCHASTIC, Params, kernel_params, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats
 
 #: counters of elements: ``offset + x.size`` must not exceed this (random-word counters and
@@ -126,6 +126,8 @@ class _Route(NamedTuple):
     k: int
     pv: np.ndarray          # tuple(Params) as int64 (lpsim.cpu.params_of)
     kernel: object          # lpsim.cpu.entry(mode, dtype)
+    quick: object           # without stats: lpsim.cpu.nearest32_entry() where it applies,
+    #                         else ``kernel``
 
 
 #: (fmt, rounding, dtype, sr_bits, type(sr_bits)) -> _Route; a few hundred entries at most
@@ -142,8 +144,12 @@ def _route(fmt, rounding, dtype, sr_bits) -> _Route:
     except TypeError:       # an unhashable argument: validation names it below
         key = None
     request = plan(fmt, rounding, dtype, sr_bits=sr_bits)
-    route = _Route(request.mode, request.k, np.array(request.params, np.int64),
-                   cpu.entry(request.mode, np.dtype(dtype)))
+    kernel = cpu.entry(request.mode, np.dtype(dtype))
+    quick = kernel
+    if request.mode == NEAREST and np.dtype(dtype) == np.float32 and \
+            nearest32_exact(parse_format(fmt)):
+        quick = cpu.nearest32_entry()
+    route = _Route(request.mode, request.k, np.array(request.params, np.int64), kernel, quick)
     if key is not None and len(_ROUTES) < 4096:
         _ROUTES[key] = route
     return route
@@ -190,16 +196,17 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
+    kernel = route.quick if stats is None else route.kernel
     if n < cpu.SERIAL_BELOW:
-        status = route.kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset,
-                              0, cpu.ntasks(n, offset), counts)
+        status = kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset, 0,
+                        cpu.ntasks(n, offset), counts)
     else:
         status = cpu.run(flat, dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
-                         offset, counts)
+                         offset, counts, kernel)
     if status == cpu.OVERLAP:
         # out overlaps x without being x: round a copy of x
         cpu.run(flat.copy(), dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
-                offset, counts)
+                offset, counts, kernel)
     if target is not out:
         out[...] = target
     return out

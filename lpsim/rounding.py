@@ -53,10 +53,10 @@ from typing import NamedTuple
 import numpy as np
 from numba.extending import register_jitable
 
-from .formats import CONTAINERS, Format
+from .formats import CONTAINERS, SPECIALS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
-from .word32 import like, widen
+from .word32 import bits_float32, like, widen
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -339,6 +339,35 @@ def round_fast_sub(bits, mode, r, k, p):
     okm = -ok
     signed = bits & SIGN & -(1 - (zero & p.uzero))
     return ((out | signed) & okm) | (bits & ~okm), ok, flags & okm
+
+
+@register_jitable(forceinline=True)
+def nearest32(yb, cw, lw):
+    """The float32 magnitude of the word ``yb`` rounded to nearest even in a format with
+    ``m`` mantissa bits and min normal exponent ``emin`` (``cw`` = 23 - m, ``lw`` = emin + 150
+    - m), subnormals included: (|y| + c) - c in float32 arithmetic, with c = 1.5 * 2**23 times
+    the quantum of y's binade (or of the format's subnormals), so the adder's own rounding
+    to nearest even is the decision.  Exact where :func:`nearest32_exact` holds, for |y|
+    below 2**(105 + m) (:func:`nearest32_top`); above it c saturates at the largest
+    exponent, which only a caller that clamps to a smaller largest value may use."""
+    a = yb & 0x7FFFFFFF
+    e = min(max((a >> 23) + cw, lw), 254)
+    c = bits_float32((e << 23) | 0x400000)
+    return (bits_float32(a) + c) - c
+
+
+def nearest32_exact(fmt) -> bool:
+    """Whether :func:`nearest32` is round_bits' nearest rounding of float32 values to
+    ``fmt`` (before overflow): a signed format with signed zero and subnormals, of at most
+    22 mantissa bits, whose values are float32 values (then c is a float32 normal)."""
+    return (fmt.subnormals and fmt.specials in SPECIALS and fmt.m <= 22
+            and fmt.fits(np.float32)[0])
+
+
+def nearest32_top(m: int) -> int:
+    """The float32 magnitude bits below which :func:`nearest32` has the right c for a
+    format of ``m`` mantissa bits (c's exponent field stays below 255): 2**(105 + m)."""
+    return min(232 + m, 255) << 23
 
 
 @register_jitable

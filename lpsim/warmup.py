@@ -36,6 +36,8 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
         raise ValueError(f"warmup: containers {bad} are not accepted; accepted: float32, "
                          "float64")
     jobs = [(lambda m=m, d=d: cpu.entry(MODES[m], d)) for m in modes for d in dtypes]
+    if "nearest" in modes and np.dtype(np.float32) in dtypes:
+        jobs.append(cpu.nearest32_entry)       # lpsim.quantize's float32 nearest, no stats
     if ops:
         jobs += _ops_jobs()
     show = sys.stderr.isatty() if progress is None else progress

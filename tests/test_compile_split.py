@@ -74,6 +74,7 @@ def test_warmup_prepares_both_gemm_kernels():
     lpsim.warmup(["nearest"], ["float32"], ops=True, progress=False)
     assert kernels.gemm_plain.overloads
     assert kernels.gemm.overloads
+    assert lpsim.cpu.NEAREST32.overloads       # lpsim.quantize's float32 nearest kernel
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -2,6 +2,7 @@
 to it: serial vs thread pool (lpsim.cpu, lpsim.ops.kernels.run), one chunk vs many, the
 scalar elementwise call vs the array one, the dot/sum register chain vs the GEMM kernel."""
 
+import importlib
 import zlib
 
 import ml_dtypes
@@ -13,6 +14,8 @@ from lpsim import RoundingStats, cpu, ops, quantize
 from lpsim.ops import kernels
 from lpsim.ops.reductions import _setup, resolve
 from lpsim.rounding import MODES
+
+quantize_module = importlib.import_module("lpsim.quantize")
 
 P = cpu.PARALLEL_GRAIN
 SIZES = [0, 1, 3, 4, 5, 63, 64, 65, cpu.GROUP * 3 + 1, cpu.CHUNK - 1, cpu.CHUNK, cpu.CHUNK + 1,
@@ -179,3 +182,56 @@ def test_gemm_work_items_across_rows_and_lane_counts(M, N, K, order):
                                  out_mode="nearest", fused=order != "pairwise", order=order,
                                  seed=3, stream=0, o=o)
             assert got[i, j] == float(want), (mode, o)
+
+
+QUICK_FORMATS = ["bf16", "fp16", "e4m3fn", "e5m2", "e2m1fn", "fp(5,4,2)", "tf32",
+                 "fp(4,3,0, saturate=True)"]
+
+
+def _patterns():
+    """About 2**20 float32 bit patterns: a stride through all 2**32 (every binade, NaN
+    payloads, subnormals) and ties at every bit position of random values."""
+    rng = np.random.default_rng(77)
+    stride = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32)
+    ties = rng.integers(0, 2 ** 32, 2 ** 18, dtype=np.uint64).astype(np.uint32)
+    cut = rng.integers(1, 24, ties.size).astype(np.uint32)
+    ties = ((ties >> cut) << cut) | (np.uint32(1) << (cut - 1))
+    return np.concatenate([stride, ties]).view(np.float32)
+
+
+@pytest.mark.parametrize("fmt", QUICK_FORMATS)
+def test_float32_nearest_kernel_equals_the_counted_kernel(fmt):
+    """lpsim.quantize without stats rounds float32 to nearest with lpsim.cpu.round_nearest32
+    (one float32 add per element); with stats, the general kernel.  The same bits on every
+    float32 binade and tie, in place and not, at every size threshold, with offsets; and
+    against ml_dtypes where it has the format."""
+    route = quantize_module._route(lpsim.parse_format(fmt), "nearest", np.dtype(np.float32),
+                                   None)
+    assert route.quick is not route.kernel
+    x = _patterns()
+    want = quantize(x, fmt, stats=RoundingStats())
+    got = quantize(x, fmt)
+    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    inplace = x.copy()
+    quantize(inplace, fmt, out=inplace)
+    assert inplace.tobytes() == want.tobytes()
+    ml = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3fn": ml_dtypes.float8_e4m3fn,
+          "e5m2": ml_dtypes.float8_e5m2, "e2m1fn": ml_dtypes.float4_e2m1fn}.get(fmt)
+    if ml is not None and fmt != "e2m1fn":       # ml_dtypes' e2m1fn: no NaN, inf saturates
+        with np.errstate(over="ignore", invalid="ignore"):
+            theirs = x.astype(ml).astype(np.float32)
+        assert np.array_equal(got, theirs, equal_nan=True)
+    for n in SIZES:
+        y = _data(n, np.float32, fmt)
+        for offset in (0, 3):
+            a = quantize(y, fmt, offset=offset)
+            b = quantize(y, fmt, offset=offset, stats=RoundingStats())
+            assert a.tobytes() == b.tobytes(), (n, offset)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fnuz", "fp(4,3,0, subnormals=False)", "fp(8,23)"])
+def test_formats_the_float32_nearest_kernel_does_not_take(fmt):
+    """Unsigned zero, no subnormals, a format as wide as float32: the general kernel."""
+    route = quantize_module._route(lpsim.parse_format(fmt), "nearest", np.dtype(np.float32),
+                                   None)
+    assert route.quick is route.kernel
