@@ -199,34 +199,50 @@ def _patterns():
     return np.concatenate([stride, ties]).view(np.float32)
 
 
+def _general_kernel(x, fmt, offset=0):
+    """(values, counts) of lpsim.cpu's general nearest kernel on the float32 array x."""
+    request = quantize_module.plan(fmt, "nearest", np.float32)
+    out, counts = np.empty_like(x), np.zeros(cpu.NCOUNTS, np.int64)
+    kernel = cpu.entry(MODES["nearest"], np.dtype(np.float32))
+    kernel(x, out, np.array(request.params, np.int64), request.k, 0, 0, 0, offset, 0,
+           cpu.ntasks(x.size, offset), counts)
+    return out, counts
+
+
 @pytest.mark.parametrize("fmt", QUICK_FORMATS)
-def test_float32_nearest_kernel_equals_the_counted_kernel(fmt):
+def test_float32_nearest_kernel_equals_the_general_kernel(fmt):
     """lpsim.quantize without stats rounds float32 to nearest with lpsim.cpu.round_nearest32
-    (one float32 add per element); with stats, the general kernel.  The same bits on every
-    float32 binade and tie, in place and not, at every size threshold, with offsets; and
-    against ml_dtypes where it has the format."""
+    (one float32 add per element); with stats, the general kernel.  Against the general
+    kernel called alone: the same bits (and counters) on every float32 binade and tie, in
+    place and not, at every size threshold (serial and threaded), with offsets; and
+    ml_dtypes where it has the format."""
     route = quantize_module._route(lpsim.parse_format(fmt), "nearest", np.dtype(np.float32),
                                    None)
-    assert route.quick is not route.kernel
+    assert route.quick is cpu.nearest32_entry() and route.kernel is not route.quick
     x = _patterns()
-    want = quantize(x, fmt, stats=RoundingStats())
-    got = quantize(x, fmt)
-    assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    want, want_counts = _general_kernel(x, fmt)
+    stats = RoundingStats()
+    for got in (quantize(x, fmt), quantize(x, fmt, stats=stats)):
+        assert got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+    assert np.array_equal(stats.counts, want_counts)
     inplace = x.copy()
     quantize(inplace, fmt, out=inplace)
     assert inplace.tobytes() == want.tobytes()
     ml = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3fn": ml_dtypes.float8_e4m3fn,
-          "e5m2": ml_dtypes.float8_e5m2, "e2m1fn": ml_dtypes.float4_e2m1fn}.get(fmt)
-    if ml is not None and fmt != "e2m1fn":       # ml_dtypes' e2m1fn: no NaN, inf saturates
+          "e5m2": ml_dtypes.float8_e5m2}.get(fmt)
+    if ml is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             theirs = x.astype(ml).astype(np.float32)
-        assert np.array_equal(got, theirs, equal_nan=True)
+        assert np.array_equal(want, theirs, equal_nan=True)
     for n in SIZES:
         y = _data(n, np.float32, fmt)
         for offset in (0, 3):
-            a = quantize(y, fmt, offset=offset)
-            b = quantize(y, fmt, offset=offset, stats=RoundingStats())
-            assert a.tobytes() == b.tobytes(), (n, offset)
+            ref, ref_counts = _general_kernel(y, fmt, offset)
+            stats = RoundingStats()
+            for got in (quantize(y, fmt, offset=offset),
+                        quantize(y, fmt, offset=offset, stats=stats)):
+                assert got.tobytes() == ref.tobytes(), (n, offset)
+            assert np.array_equal(stats.counts, ref_counts), (n, offset)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3fnuz", "fp(4,3,0, subnormals=False)", "fp(8,23)"])
