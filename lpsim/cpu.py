@@ -308,8 +308,8 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
     :func:`_kernel`'s kernels, ``counts`` untouched.  One pass of :func:`nearest32`, a
     float32 add and subtract per element (about half the general fast pass's time);
     elements it cannot take (inf, NaN, magnitudes from 2**(105 + m) or from the format's
-    largest value) keep their value and go to round_bits after.  In place is the same loop: each element is read
-    before it is written."""
+    largest value) keep their value and go to round_bits after.  In place, a chunk at a
+    time through a scratch buffer."""
     xa, oa = x.ctypes.data, out.ctypes.data
     nbytes = x.size * x.itemsize
     if xa != oa and xa < oa + nbytes and oa < xa + nbytes:
@@ -323,14 +323,24 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
     # below lim (2**(105 + m), and the format's largest value) the add decides alone
     lim = bits_float32(word(min(min(232 + p.m, 255) << 23, p.maxb)))
     slow = word(np.int32(0))
-    for j in range(hi - lo):
-        i = np.uint64(lo + j)
-        xv = x[i]
-        b = float32_bits(xv)
-        ok = abs(xv) < lim                      # false for NaN: a float compare, one lane op
-        v = bits_float32(float32_bits(nearest32(b, cw, lw)) | (b & 0x80000000))
-        out[i] = v if ok else xv
-        slow |= like(b, not ok)
+    if xa == oa:
+        # in place through a scratch chunk: a loop that stores back what it loaded where
+        # ok is 0 becomes masked stores, microcoded and slow on AMD (as in _round_task)
+        scratch = np.empty(min(hi - lo, CHUNK), np.float32)
+        for c in range(lo, hi, CHUNK):
+            m = min(CHUNK, hi - c)
+            for j in range(m):
+                v, ok = _nearest32_step(out[np.uint64(c + j)], cw, lw, lim)
+                scratch[np.uint64(j)] = v
+                slow |= ok ^ 1
+            for j in range(m):
+                out[np.uint64(c + j)] = scratch[np.uint64(j)]
+    else:
+        for j in range(hi - lo):
+            i = np.uint64(lo + j)
+            v, ok = _nearest32_step(x[i], cw, lw, lim)
+            out[i] = v
+            slow |= ok ^ 1
     if slow != 0:
         # what the pass left holds its own value; a rounded value is its own rounding
         outb = as_bits(out)
@@ -338,6 +348,15 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
             if not abs(out[i]) < lim:
                 outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), k, p)
     return 0
+
+
+@register_jitable(forceinline=True)
+def _nearest32_step(xv, cw, lw, lim):
+    """(nearest32 of the float32 xv with its sign, 1) where |x| < lim, else (xv, 0)."""
+    b = float32_bits(xv)
+    ok = abs(xv) < lim                          # false for NaN: a float compare, one lane op
+    v = bits_float32(float32_bits(nearest32(b, cw, lw)) | (b & 0x80000000))
+    return (v if ok else xv), like(b, ok)
 
 
 NEAREST32 = njit(nogil=True, cache=True)(round_nearest32)

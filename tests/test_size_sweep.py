@@ -243,6 +243,9 @@ def test_float32_nearest_kernel_equals_the_general_kernel(fmt):
                         quantize(y, fmt, offset=offset, stats=stats)):
                 assert got.tobytes() == ref.tobytes(), (n, offset)
             assert np.array_equal(stats.counts, ref_counts), (n, offset)
+            z = y.copy()
+            quantize(z, fmt, offset=offset, out=z)
+            assert z.tobytes() == ref.tobytes(), (n, offset)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3fnuz", "fp(4,3,0, subnormals=False)", "fp(8,23)"])
