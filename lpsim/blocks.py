@@ -690,8 +690,16 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
     cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     cw, lw = word(23 - p32.m), word(p32.emin + 150 - p32.m)
+    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
+    # block cost about as much as a 16-element block's rounding
+    row_lo, col = (t // nblk) * length, t % nblk
     for tb in range(t, t_end):
-        lo_, hi_ = _block_bounds(tb, nblk, length, size)
+        lo_ = row_lo + col * size
+        hi_ = min(lo_ + size, row_lo + length)
+        col += 1
+        if col == nblk:
+            col = 0
+            row_lo += length
         lo, n = np.uint64(lo_), hi_ - lo_
         if n == 32:
             am = _block_amax32(xb, lo, 32)
