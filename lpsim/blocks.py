@@ -998,9 +998,13 @@ def finite_amax(x):
     cmag = ~(np.int64(1) << 63) if wide else (np.int64(1) << 31) - 1
     cinf = (np.int64(2047) << 52) if wide else np.int64(255) << 23
     am = np.int64(0)
-    for i in range(xb.size):
-        a = word(xb[i]) & cmag
-        am = max(am, a if a < cinf else a & 0)
+    for i in range(xb.size):            # a plain max first: one vector op per element
+        am = max(am, word(xb[i]) & cmag)
+    if am >= cinf:                      # an inf or NaN: the max below inf's bits
+        am = am & 0
+        for i in range(xb.size):
+            a = word(xb[i]) & cmag
+            am = max(am, a if a < cinf else a & 0)
     return bits_value(as_int64(am), 52 if wide else 23, 1023 if wide else 127)
 
 
