@@ -156,6 +156,11 @@ class BlockFormat:
         """The element format with saturation: MX and NVFP4 clamp elements to +-max."""
         return replace(self.element, saturate=True)
 
+    @functools.cached_property
+    def tensor_scale_divisor(self) -> np.float32:
+        """fp32(scale max * element max): what the per-tensor scale divides amax by."""
+        return np.float32(self.scale.max_finite * self.element.max_finite)
+
     @property
     def name(self) -> str | None:
         for key, value in PRESETS.items():
@@ -942,8 +947,12 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
         head = (x2, out2, q2, s2, counts)
         args = (int(request.k), p, sp, bp, *seeds, bool(want_q), bool(want_counts), cm, ceb,
                 int(CHUNK))
-    nblocks = s2.size
-    n = x2.size
+    run_kernel(kernel, head, args, s2.size, x2.size)
+
+
+def run_kernel(kernel, head, args, nblocks: int, n: int) -> None:
+    """kernel(*head, t0, t1, *args) over blocks 0 .. nblocks-1 of n elements: in the calling
+    thread below SERIAL_BELOW, else one contiguous range of blocks per thread."""
     workers = min(threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
     if workers <= 1:
         kernel(*head, 0, nblocks, *args)
@@ -1013,8 +1022,7 @@ def tensor_scale_of(x, bfmt: BlockFormat) -> float:
     amax = float(finite_amax(np.ascontiguousarray(x).reshape(-1))) if x.size else 0.0
     if amax == 0:
         return 1.0
-    return float(np.float32(np.float32(amax) / np.float32(bfmt.scale.max_finite *
-                                                          bfmt.element.max_finite)))
+    return float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor))
 
 
 class Blocked(NamedTuple):
@@ -1111,13 +1119,91 @@ def add_counts(stats, counts, elements) -> None:
         stats.nan_blocks += int(totals[8])
 
 
+class _Words(NamedTuple):
+    """What a float32 call without stats needs besides its arrays and keys (the word
+    kernel's arguments), cached by :func:`_remember_words` after a first call validated
+    the request."""
+
+    bfmt: BlockFormat
+    mode: int
+    k: int
+    p: Params
+    p32: Params
+    sp: Params
+    bp: BlockParams         # with pts = 1 (formats with a tensor scale take theirs per call)
+    kernel: object
+
+
+#: (format as given, rounding, sr_bits, type(sr_bits)) -> _Words; cleared when full
+_WORDS: dict = {}
+MAX_CACHED = 256
+
+
+def _keys(seed, stream, mode):
+    from .quantize import keys
+    return keys(seed, stream, mode)
+
+
+def _remember_words(given, bfmt, rounding, sr_bits) -> None:
+    from .quantize import plan
+    request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
+    bp = block_params(bfmt, 1.0)
+    if not bp.f32:
+        return
+    if len(_WORDS) >= MAX_CACHED:
+        _WORDS.clear()
+    try:
+        _WORDS[given, rounding, sr_bits, type(sr_bits)] = _Words(
+            bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
+            element_params32(bfmt), kernel_params(bfmt.scale, np.float64), bp,
+            word_kernel_entry(request.mode))
+    except TypeError:                   # an unhashable argument: no cached path
+        pass
+
+
+def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
+    """:func:`quantize` of a float32 numpy array without stats by the word kernel, from the
+    plan a first call of the same (format as given, rounding, sr_bits) left; None where the
+    general path must run (no plan yet, other layouts, an ``out`` it cannot write straight
+    into, keys or offsets that need checking).  A few microseconds: lpsim.quantize calls it
+    before parsing the format."""
+    try:
+        words = _WORDS.get((fmt, rounding, sr_bits, type(sr_bits)))
+    except TypeError:                   # an unhashable argument
+        return None
+    if words is None or x.dtype != np.float32 or x.ndim == 0 or x.size == 0 or not x.flags.c_contiguous \
+            or type(axis) is not int or axis not in (-1, x.ndim - 1):
+        return None
+    if type(offset) is not int or offset < 0 or offset + x.size > 1 << 62:
+        return None
+    if (seed is not None and type(seed) is not int) or type(stream) is not int:
+        return None
+    if out is not None and not writes_into(out, x, axis):
+        return None
+    seed_lo, seed_hi, stream = _keys(seed, stream, words.mode)
+    bfmt = words.bfmt
+    bp = block_params(bfmt, tensor_scale_of(x, bfmt)) if bfmt.tensor_scale else words.bp
+    length = x.shape[-1]
+    x2 = x.reshape(-1, length)
+    result = np.empty_like(x) if out is None else out
+    s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
+    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2),
+               (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
+                CHUNK), s2.size, x.size)
+    return result
+
+
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
              stream: int = 0, sr_bits=None, stats=None, out=None, offset: int = 0,
              tensor_scale=None):
     """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
     with a block format lands here).  stats: a RoundingStats (element counters) or a
     :class:`BlockStats` (also block counters)."""
-    bfmt = parse_block_format(bfmt)
+    if stats is None and tensor_scale is None and type(x) is np.ndarray:
+        done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset)
+        if done is not None:
+            return done
+    given, bfmt = bfmt, parse_block_format(bfmt)
     module = type(x).__module__
     if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
                                           or "numba" in module and "cuda" in module):
@@ -1156,6 +1242,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                              want_elements=False, want_counts=stats is not None,
                              out=out if direct else None)
     add_counts(stats, result.counts, x.size)
+    if stats is None and x.dtype == np.float32:
+        _remember_words(given, bfmt, rounding, sr_bits)
     if out is not None:
         if not direct:
             out[...] = result.values

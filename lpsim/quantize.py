@@ -288,12 +288,17 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                     axis=-1):
     """Everything but a cached request on a float32/float64 numpy array: other formats,
     generators, tensors, scalars, array-likes, and first calls (validated here)."""
+    if stats is None and generator is None and type(x) is _ndarray:
+        from .blocks import quantize_cached      # a block format called before: its plan
+        done = quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset)
+        if done is not None:
+            return done
     bfmt = _block_format(fmt)
     if bfmt is not None:            # block-scaled formats (MX, NVFP4): lpsim.blocks
         mode_code(rounding)
         seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
         from .blocks import quantize as quantize_blocked
-        return quantize_blocked(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+        return quantize_blocked(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
                                 sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     if isinstance(fmt, Fixed):
         return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,

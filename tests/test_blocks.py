@@ -361,3 +361,34 @@ def test_block_formats_take_array_likes_and_check_out_first():
         lpsim.quantize(readonly, "mxfp4", out=readonly)
     with pytest.raises(TypeError, match="dtype object"):
         lpsim.quantize(np.array([1, "a"], object), "mxfp4")
+
+
+@pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4", blocks.block("e4m3fn", 16)], ids=str)
+def test_cached_calls_equal_the_general_path(bfmt, monkeypatch):
+    """A second lpsim.quantize call with the same block format, rounding and sr_bits on a
+    float32 array without stats runs from a cached plan (lpsim.blocks.quantize_cached,
+    without lpsim.blocks.quantize_blocks); the values are the general path's, with and
+    without out; in place, a transposed view and another axis (left to the general path)
+    and a 1-D array (cached too) as well."""
+    rng = np.random.default_rng(31)
+    x = (rng.standard_normal((3, 70)) * 2.0 ** rng.integers(-20, 20, (3, 70))).astype(np.float32)
+    cases = [("nearest", {}), ("stochastic", dict(seed=5, stream=2, offset=7)),
+             ("stochastic", dict(seed=6, sr_bits=4))]
+    for rounding, kw in cases:
+        want = blocks.quantize_blocks(x, bfmt, rounding, **kw).values
+        assert same(lpsim.quantize(x, bfmt, rounding, **kw), want)       # leaves a plan
+        key = (bfmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")))
+        assert key in blocks._WORDS
+        general = blocks.quantize_blocks
+        with monkeypatch.context() as m:
+            m.setattr(blocks, "quantize_blocks", None)      # the cached path never calls it
+            assert same(lpsim.quantize(x, bfmt, rounding, **kw), want)
+            out = np.full_like(x, np.nan)
+            assert lpsim.quantize(x, bfmt, rounding, out=out, **kw) is out
+            assert same(out, want)
+        inplace = x.copy()
+        lpsim.quantize(inplace, bfmt, rounding, out=inplace, **kw)
+        assert same(inplace, want)
+        for y, axis in ((x.T, -1), (x[1], -1), (x, 0)):
+            assert same(lpsim.quantize(y, bfmt, rounding, axis=axis, **kw),
+                        general(y, bfmt, rounding, axis=axis, **kw).values)
