@@ -1063,7 +1063,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
                         "float64 numpy array (lpsim.quantize also takes torch tensors)")
     request = plan(bfmt.saturating_element, rounding, x.dtype, seed=seed, stream=stream,
-                   sr_bits=sr_bits, offset=offset)
+                   sr_bits=sr_bits, offset=offset, size=x.size)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"axis={axis!r} must be an integer")
     x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \

@@ -155,7 +155,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         if x2.dtype not in (np.float32, np.float64):
             raise TypeError(f"x has dtype {x2.dtype}; accepted: float32, float64")
         request = plan(bfmt.saturating_element, rounding, x2.dtype, seed=seed, stream=stream,
-                       sr_bits=sr_bits, offset=offset)
+                       sr_bits=sr_bits, offset=offset, size=x2.size)
         pts = 1.0
         if bfmt.tensor_scale:
             pts = tensor_scale_of(x2.copy_to_host(), bfmt) if tensor_scale is None \

@@ -392,3 +392,17 @@ def test_cached_calls_equal_the_general_path(bfmt, monkeypatch):
         for y, axis in ((x.T, -1), (x[1], -1), (x, 0)):
             assert same(lpsim.quantize(y, bfmt, rounding, axis=axis, **kw),
                         general(y, bfmt, rounding, axis=axis, **kw).values)
+
+
+def test_offsets_past_the_counters_are_refused():
+    """Element i uses counter offset + i: a block call whose last counter passes 2**62 is
+    refused naming the offset, on the first call and on the cached path, as rounding to an
+    element format is."""
+    x = np.ones((2, 64), np.float32)
+    lpsim.quantize(x, "mxfp4", "stochastic", seed=1)            # leaves a cached plan
+    for bfmt in ("mxfp4", "nvfp4"):
+        for _ in range(2):
+            with pytest.raises(ValueError, match="offset=4611686018427387900"):
+                lpsim.quantize(x, bfmt, "stochastic", seed=1, offset=2 ** 62 - 4)
+    assert same(lpsim.quantize(x, "mxfp4", "stochastic", seed=1, offset=2 ** 62 - 128),
+                lpsim.quantize(x, "mxfp4", "stochastic", seed=1, offset=2 ** 62 - 128))
