@@ -6,6 +6,8 @@ For float32 containers the fast pass, its counts and its random words are 32-bit
 (:mod:`lpsim.word32`: eight AVX2 lanes where numba's int64 arithmetic has four).
 This module only walks an array: chunks of :data:`CHUNK` elements whose random words stay in
 cache, tasks of :data:`TASK` chunks, and a thread pool for arrays large enough to pay for it.
+Float32 rounding to nearest without counters has a kernel of its own
+(:func:`round_nearest32`: :func:`lpsim.rounding.nearest32`, one float32 add per element).
 
 Cost model: a call is one numba entry point taking two float arrays, an int64 parameter
 vector and integer keys (numba types all of them without looking inside), so the fixed cost
@@ -39,7 +41,8 @@ from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
-from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, round_bits, round_fast)
+from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top, round_bits,
+                       round_fast)
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
@@ -321,7 +324,7 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
     hi = min((first + t1 * TASK) * CHUNK, offset + n) - offset
     cw, lw = word(23 - p.m), word(p.emin + 150 - p.m)
     # below lim (2**(105 + m), and the format's largest value) the add decides alone
-    lim = bits_float32(word(min(min(232 + p.m, 255) << 23, p.maxb)))
+    lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
     slow = word(np.int32(0))
     if xa == oa:
         # in place through a scratch chunk: a loop that stores back what it loaded where

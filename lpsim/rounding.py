@@ -364,7 +364,8 @@ def nearest32_exact(fmt) -> bool:
             and fmt.fits(np.float32)[0])
 
 
-def nearest32_top(m: int) -> int:
+@register_jitable
+def nearest32_top(m):
     """The float32 magnitude bits below which :func:`nearest32` has the right c for a
     format of ``m`` mantissa bits (c's exponent field stays below 255): 2**(105 + m)."""
     return min(232 + m, 255) << 23
