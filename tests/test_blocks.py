@@ -406,3 +406,30 @@ def test_offsets_past_the_counters_are_refused():
                 lpsim.quantize(x, bfmt, "stochastic", seed=1, offset=2 ** 62 - 4)
     assert same(lpsim.quantize(x, "mxfp4", "stochastic", seed=1, offset=2 ** 62 - 128),
                 lpsim.quantize(x, "mxfp4", "stochastic", seed=1, offset=2 ** 62 - 128))
+
+
+def test_the_plan_cache_stays_bounded_and_right_under_threads(monkeypatch):
+    """Plans of many block formats: the cache clears when full (MAX_CACHED) and every call
+    still gives the general path's values, also with four threads filling and reading it at
+    once."""
+    import threading
+    monkeypatch.setattr(blocks, "MAX_CACHED", 8)
+    blocks._WORDS.clear()
+    x = np.random.default_rng(4).standard_normal((2, 48)).astype(np.float32)
+    formats = [block("e2m1fn", size) for size in range(1, 25)]
+    want = {f: blocks.quantize_blocks(x, f).values for f in formats}
+    errors = []
+
+    def work(part):
+        for _ in range(5):
+            for f in formats[part::4]:
+                if not same(lpsim.quantize(x, f), want[f]):
+                    errors.append(f)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert 0 < len(blocks._WORDS) <= 8
