@@ -677,7 +677,8 @@ def _block_amax32(xb, lo, size):
 
 
 @literal_jitable
-def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk):
+def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
+                 rct, ri0, rsh):
     """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
     on 32-bit words, without counters.
 
@@ -731,8 +732,13 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
         sf[tb] = s
         s32 = np.float32(s)
         # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
-        # (the float64 quotient of float32 values rounded to float32 is the same)
-        rc = np.float32(block_recip(s, bp)) if bp.pow2 else np.float32(bp.pts_inv) / s32
+        # (the float64 quotient of float32 values rounded to float32 is the same), from
+        # the table of the scale's values where there is one
+        if bp.pow2:
+            rc = np.float32(block_recip(s, bp))
+        else:
+            i = (as_int64(float32_bits(s32)) >> rsh) - ri0
+            rc = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
         if near:
             if n == 32:
                 _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
@@ -847,12 +853,33 @@ def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi
     xf, outf, sf = x.reshape(-1), out.reshape(-1), sout.reshape(-1)
     per_chunk = max(1, chunk // bp.block)
     r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
+    rct, ri0, rsh = _reciprocals(bp, sp)
     t = t0
     while t < t1:
         t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, bp.block)
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
-        _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk)
+        _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
+                     rct, ri0, rsh)
         t = t_end
+
+
+@register_jitable
+def _reciprocals(bp, sp):
+    """(table, i0, shift): fp32(pts_inv / v) for every value v of a scale format with
+    mantissa bits whose scales :func:`scale_words` rounds (``snear32``: float32 normals of
+    at most m bits, so v's bits >> (23 - m) index them), entry i for the v whose index is
+    i0 + i; one lookup per block where a division would stand in its dependency chain.
+    An empty table (every lookup falls back to the division) for other scale formats or
+    a table of more than 4096 entries."""
+    shift = 23 - sp.m
+    i0 = as_int64(float32_bits(np.float32(bp.smin))) >> shift
+    size = (as_int64(float32_bits(np.float32(bp.smax))) >> shift) - i0 + 1
+    if bp.pow2 or not bp.snear32 or size > 4096:
+        return np.empty(0, np.float32), i0, shift
+    table = np.empty(size, np.float32)
+    for i in range(size):
+        table[i] = np.float32(bp.pts_inv) / bits_float32(word((i0 + i) << shift))
+    return table, i0, shift
 
 
 def _words_kernel(mode: int):
