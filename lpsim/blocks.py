@@ -687,7 +687,8 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
     else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
     32 and 16 elements run loops of that literal length: a loop of a run-time length this
     short spends more on its set-up than on its elements.  A block with a NaN or inf is
-    NaN (``nonfinite="nan"``) or takes the exact step throughout.
+    NaN (``nonfinite="nan"``) or takes the exact step throughout.  ``rct``, ``ri0``,
+    ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`).
     """
     mode = _constant(mode)
     near = mode == NEAREST and bp.near32
