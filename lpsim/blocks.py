@@ -53,8 +53,10 @@ from .formats import Format, parse_format
 from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
                   thread_pool, threads, word_buffer)
 from .philox import LANES, block_words, lane_word
+from .quantize import MAX_COUNTER, keys
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, fast_sub_ok,
-                       kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub)
+                       kernel_params, nearest32, nearest32_exact, nearest32_words, round_bits,
+                       round_fast_sub)
 from .stats import RoundingStats
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
@@ -637,8 +639,8 @@ def scale_words(am, bp, sp):
             return bp.smin
         if t > bp.smax:
             return bp.smax
-        return np.float64(nearest32(float32_bits(t), word(23 - sp.m),
-                                    word(sp.emin + 150 - sp.m)))
+        cw, lw = nearest32_words(sp.m, sp.emin)
+        return np.float64(nearest32(float32_bits(t), cw, lw))
     s, _ = block_scale(bits_value(a, 23, 127), bp, sp)
     return s
 
@@ -692,11 +694,12 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
     """
     mode = _constant(mode)
     near = mode == NEAREST and bp.near32
+    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
     xb = as_bits(xf)
     size = bp.block
     cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
-    cw, lw = word(23 - p32.m), word(p32.emin + 150 - p32.m)
+    cw, lw = nearest32_words(p32.m, p32.emin)
     # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
     # block cost about as much as a 16-element block's rounding
     row_lo, col = (t // nblk) * length, t % nblk
@@ -725,9 +728,7 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
             recip = block_recip(s, bp)
             for e in range(lo_, hi_):
                 _, outf[e], _ = element_exact(xf[e], recip, s, mode,
-                                              np.int64(rs[(e - e_lo) & -np.int64(mode >=
-                                                                                  STOCHASTIC)]),
-                                              k, p, bp)
+                                              np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
             continue
         s = scale_words(am, bp, sp)
         sf[tb] = s
@@ -757,7 +758,6 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
             slow = _elements_words(xf, outf, rs, lo, r0, n, rc, s32, mode, k, p32, bp)
         if slow != 0:
             recip = block_recip(s, bp)
-            rmask = -np.int64(mode >= STOCHASTIC)
             for e in range(lo_, hi_):
                 if element_ok32(xf[e], rc, p32) == 0:
                     r = rs[(e - e_lo) & rmask]
@@ -1008,8 +1008,7 @@ def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
                        int(bfmt.nonfinite == "nan"), float(pts),
                        float(np.float32(1.0 / np.float32(pts))), int(words_exact(bfmt)),
                        int(words_exact(bfmt) and nearest_words_exact(el)),
-                       int(not bfmt.pow2 and bfmt.rule == "even" and nearest_words_exact(sc)
-                           and sc.fits(np.float32)[0]))
+                       int(not bfmt.pow2 and bfmt.rule == "even" and nearest_words_exact(sc)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -1167,11 +1166,6 @@ _WORDS: dict = {}
 MAX_CACHED = 256
 
 
-def _keys(seed, stream, mode):
-    from .quantize import keys
-    return keys(seed, stream, mode)
-
-
 def _remember_words(given, bfmt, rounding, sr_bits) -> None:
     from .quantize import plan
     request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
@@ -1199,16 +1193,16 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
         words = _WORDS.get((fmt, rounding, sr_bits, type(sr_bits)))
     except TypeError:                   # an unhashable argument
         return None
-    if words is None or x.dtype != np.float32 or x.ndim == 0 or x.size == 0 or not x.flags.c_contiguous \
-            or type(axis) is not int or axis not in (-1, x.ndim - 1):
+    if words is None or x.dtype != np.float32 or x.ndim == 0 or x.size == 0 \
+            or not x.flags.c_contiguous or type(axis) is not int or axis not in (-1, x.ndim - 1):
         return None
-    if type(offset) is not int or offset < 0 or offset + x.size > 1 << 62:
+    if type(offset) is not int or offset < 0 or offset + x.size > MAX_COUNTER:
         return None
     if (seed is not None and type(seed) is not int) or type(stream) is not int:
         return None
     if out is not None and not writes_into(out, x, axis):
         return None
-    seed_lo, seed_hi, stream = _keys(seed, stream, words.mode)
+    seed_lo, seed_hi, stream = keys(seed, stream, words.mode)
     bfmt = words.bfmt
     bp = block_params(bfmt, tensor_scale_of(x, bfmt)) if bfmt.tensor_scale else words.bp
     length = x.shape[-1]

@@ -41,8 +41,8 @@ from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
-from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top, round_bits,
-                       round_fast)
+from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top,
+                       nearest32_words, round_bits, round_fast)
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
@@ -322,7 +322,7 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
     first = offset // CHUNK
     lo = max((first + t0 * TASK) * CHUNK, offset) - offset
     hi = min((first + t1 * TASK) * CHUNK, offset + n) - offset
-    cw, lw = word(23 - p.m), word(p.emin + 150 - p.m)
+    cw, lw = nearest32_words(p.m, p.emin)
     # below lim (2**(105 + m), and the format's largest value) the add decides alone
     lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
     slow = word(np.int32(0))

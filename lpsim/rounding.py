@@ -56,7 +56,7 @@ from numba.extending import register_jitable
 from .formats import CONTAINERS, SPECIALS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
-from .word32 import bits_float32, like, widen
+from .word32 import bits_float32, like, widen, word
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -345,15 +345,23 @@ def round_fast_sub(bits, mode, r, k, p):
 def nearest32(yb, cw, lw):
     """The float32 magnitude of the word ``yb`` rounded to nearest even in a format with
     ``m`` mantissa bits and min normal exponent ``emin`` (``cw`` = 23 - m, ``lw`` = emin + 150
-    - m), subnormals included: (|y| + c) - c in float32 arithmetic, with c = 1.5 * 2**23 times
-    the quantum of y's binade (or of the format's subnormals), so the adder's own rounding
-    to nearest even is the decision.  Exact where :func:`nearest32_exact` holds, for |y|
-    below 2**(105 + m) (:func:`nearest32_top`); above it c saturates at the largest
-    exponent, which only a caller that clamps to a smaller largest value may use."""
+    - m: :func:`nearest32_words`), subnormals included: (|y| + c) - c in float32 arithmetic,
+    with c = 1.5 * 2**23 times the quantum of y's binade (or of the format's subnormals), so
+    the adder's own rounding to nearest even is the decision.  Exact where
+    :func:`nearest32_exact` holds, for |y| below 2**(105 + m) (:func:`nearest32_top`); above
+    it c saturates at the largest exponent, which only a caller that clamps to a smaller
+    largest value may use."""
     a = yb & 0x7FFFFFFF
     e = min(max((a >> 23) + cw, lw), 254)
     c = bits_float32((e << 23) | 0x400000)
     return (bits_float32(a) + c) - c
+
+
+@register_jitable
+def nearest32_words(m, emin):
+    """(cw, lw): :func:`nearest32`'s words for a format of ``m`` mantissa bits and min normal
+    exponent ``emin``."""
+    return word(23 - m), word(emin + 150 - m)
 
 
 def nearest32_exact(fmt) -> bool:
