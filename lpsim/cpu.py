@@ -308,20 +308,35 @@ def _kernel(mode: int):
 def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, counts):
     """The float32 nearest kernel without counters (``lpsim.quantize`` without stats, for a
     format where :func:`lpsim.rounding.nearest32_exact` holds): the arguments and tasks of
-    :func:`_kernel`'s kernels, ``counts`` untouched.  One pass of :func:`nearest32`, a
-    float32 add and subtract per element (about half the general fast pass's time);
-    elements it cannot take (inf, NaN, magnitudes from 2**(105 + m) or from the format's
-    largest value) keep their value and go to round_bits after.  In place, a chunk at a
-    time through a scratch buffer."""
+    :func:`_kernel`'s kernels, ``k``, the keys and ``counts`` unused.  One pass of
+    :func:`nearest32` (:func:`_nearest32_range`)."""
+    n = x.size
+    first = offset // CHUNK
+    lo = max((first + t0 * TASK) * CHUNK, offset) - offset
+    hi = min((first + t1 * TASK) * CHUNK, offset + n) - offset
+    return _nearest32_range(x, out, pv, lo, hi)
+
+
+def round_nearest32_all(x, out, pv):
+    """:func:`round_nearest32` of the whole array in the calling thread, holding the GIL:
+    three arguments to unbox where the tasked kernel has eleven (``lpsim.quantize``'s small
+    calls)."""
+    return _nearest32_range(x, out, pv, 0, x.size)
+
+
+@register_jitable
+def _nearest32_range(x, out, pv, lo, hi):
+    """Round elements lo .. hi-1 of the float32 ``x`` into ``out`` to nearest: a float32 add
+    and subtract per element (about half the general fast pass's time); elements it cannot
+    take (inf, NaN, magnitudes from 2**(105 + m) or from the format's largest value) keep
+    their value and go to round_bits after.  In place, a chunk at a time through a scratch
+    buffer.  Returns OVERLAP (nothing written) when x and out overlap without being one
+    array, else 0."""
     xa, oa = x.ctypes.data, out.ctypes.data
     nbytes = x.size * x.itemsize
     if xa != oa and xa < oa + nbytes and oa < xa + nbytes:
         return OVERLAP
     p = params_of(pv)
-    n = x.size
-    first = offset // CHUNK
-    lo = max((first + t0 * TASK) * CHUNK, offset) - offset
-    hi = min((first + t1 * TASK) * CHUNK, offset + n) - offset
     cw, lw = nearest32_words(p.m, p.emin)
     # below lim (2**(105 + m), and the format's largest value) the add decides alone
     lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
@@ -349,7 +364,7 @@ def round_nearest32(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, cou
         outb = as_bits(out)
         for i in range(lo, hi):
             if not abs(out[i]) < lim:
-                outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), k, p)
+                outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), 0, p)
     return 0
 
 
@@ -363,6 +378,8 @@ def _nearest32_step(xv, cw, lw, lim):
 
 
 NEAREST32 = njit(nogil=True, cache=True)(round_nearest32)
+#: holds the GIL: releasing and taking it back costs more than rounding 100 elements
+NEAREST32_ALL = njit(cache=True)(round_nearest32_all)
 
 
 @functools.cache
@@ -372,6 +389,14 @@ def nearest32_entry():
     args = (x, np.zeros_like(x), np.zeros(len(Params._fields), np.int64), 1, 0, 0, 0, 0, 0,
             0, np.zeros(NCOUNTS, np.int64))
     return entry_point(NEAREST32, args, "the CPU float32 nearest kernel")
+
+
+@functools.cache
+def nearest32_all_entry():
+    """The compiled entry point of :func:`round_nearest32_all` (float32 arrays)."""
+    x = np.zeros(1, np.float32)
+    args = (x, np.zeros_like(x), np.zeros(len(Params._fields), np.int64))
+    return entry_point(NEAREST32_ALL, args, "the CPU float32 nearest kernel for small calls")
 
 
 #: the dispatcher of each mode, compiled on first use (per container) and cached on disk

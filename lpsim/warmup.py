@@ -38,6 +38,7 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
     jobs = [(lambda m=m, d=d: cpu.entry(MODES[m], d)) for m in modes for d in dtypes]
     if "nearest" in modes and np.dtype(np.float32) in dtypes:
         jobs.append(cpu.nearest32_entry)       # lpsim.quantize's float32 nearest, no stats
+        jobs.append(cpu.nearest32_all_entry)   # ... and its small calls
     if ops:
         jobs += _ops_jobs()
     show = sys.stderr.isatty() if progress is None else progress

@@ -75,6 +75,7 @@ def test_warmup_prepares_both_gemm_kernels():
     assert kernels.gemm_plain.overloads
     assert kernels.gemm.overloads
     assert lpsim.cpu.NEAREST32.overloads       # lpsim.quantize's float32 nearest kernel
+    assert lpsim.cpu.NEAREST32_ALL.overloads   # ... and its small calls
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -254,3 +254,59 @@ def test_formats_the_float32_nearest_kernel_does_not_take(fmt):
     route = quantize_module._route(lpsim.parse_format(fmt), "nearest", np.dtype(np.float32),
                                    None)
     assert route.quick is route.kernel
+
+
+def test_small_calls_take_the_three_argument_kernel(monkeypatch):
+    """A small 1-D float32 call to nearest with nothing else asked runs lpsim.cpu's
+    whole-array nearest32 kernel from lpsim.quantize itself (_round_array is never called);
+    the same bits as the general kernel, out of place, into ``out`` and in place; every
+    other call falls back to the general path with its bits and errors."""
+    fmt = "bf16"
+    quantize(np.ones(4, np.float32), fmt)                       # the route, validated
+    assert quantize_module._SMALL[fmt, "nearest"][0] is cpu.nearest32_all_entry()
+    general = quantize_module._round_array
+    with monkeypatch.context() as m:
+        m.setattr(quantize_module, "_round_array", None)        # a call would raise
+        for n in [s for s in SIZES if s < quantize_module.SMALL_BELOW] + [
+                quantize_module.SMALL_BELOW - 1]:
+            y = _data(n, np.float32, "small")
+            ref, _ = _general_kernel(y, fmt)
+            assert quantize(y, fmt).tobytes() == ref.tobytes(), n
+            out = np.full_like(y, np.nan)
+            assert quantize(y, fmt, out=out) is out and out.tobytes() == ref.tobytes(), n
+            z = y.copy()
+            assert quantize(z, fmt, out=z) is z and z.tobytes() == ref.tobytes(), n
+    calls = []
+    monkeypatch.setattr(quantize_module, "_round_array",
+                        lambda *args: calls.append(1) or general(*args))
+    y = _data(1000, np.float32, "fallback")
+    ref, _ = _general_kernel(y, fmt)
+    readonly = y.copy()
+    readonly.flags.writeable = False
+    fallbacks = [
+        lambda: quantize(y.reshape(10, 100), fmt).reshape(-1),        # 2-D
+        lambda: quantize(readonly, fmt),                               # read-only x
+        lambda: quantize(np.repeat(y, 2)[::2], fmt),                   # strided x
+        lambda: quantize(y, fmt, out=np.empty(2 * y.size, np.float32)[::2]),  # strided out
+        lambda: quantize(y, fmt, stream=1),
+        lambda: quantize(y, fmt, seed=7),
+        lambda: quantize(y, fmt, stats=RoundingStats()),
+        lambda: quantize(y.astype(np.float64), fmt).astype(np.float32),      # float64
+    ]
+    for i, call in enumerate(fallbacks):
+        before = len(calls)
+        assert call().tobytes() == ref.tobytes(), i
+        assert len(calls) == before + 1, i
+    both = np.concatenate([y, y[:1]])                                  # out overlaps x
+    quantize(both[:-1], fmt, out=both[1:])
+    assert both[1:].tobytes() == ref.tobytes()
+    shifted = _data(1000, np.float32, "fallback")
+    assert quantize(shifted, fmt, offset=5).tobytes() == ref.tobytes()
+    bad_out = readonly.copy()
+    bad_out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        quantize(y, fmt, out=bad_out)
+    with pytest.raises(ValueError, match="dtype float32"):
+        quantize(y, fmt, out=np.empty(y.size, np.float64))
+    with pytest.raises(ValueError, match="shape"):
+        quantize(y, fmt, out=np.empty(y.size - 1, np.float32))
