@@ -106,6 +106,10 @@ def machine() -> dict:
     }
 
 
+#: rounds of --sweep: each times a batch of every case in turn (timing.per_call_rounds)
+ROUNDS = 9
+
+
 def sweep(args, info) -> int:
     """float32 -> bf16 at every size: per-call time against the peers, and the targets."""
     import ml_dtypes
@@ -113,7 +117,7 @@ def sweep(args, info) -> int:
     from tqdm import tqdm
 
     import lpsim
-    from timing import per_call, throughput_plot
+    from timing import per_call_rounds, throughput_plot
 
     try:
         from qtorch.quant import float_quantize
@@ -147,8 +151,10 @@ def sweep(args, info) -> int:
             "qtorch nearest": None if float_quantize is None else
             (lambda: float_quantize(t, 8, 7, rounding="nearest")),
         }
-        for name, fn in calls.items():
-            table[name].append(None if fn is None else per_call(fn, budget=args.budget))
+        timed = per_call_rounds({name: fn for name, fn in calls.items() if fn is not None},
+                                budget=args.budget, rounds=ROUNDS)
+        for name in calls:
+            table[name].append(timed.get(name))
 
     print(f"# lpsim CPU rounding across sizes, {info['date']}, {info['cpu']}, {info['cores']} "
           f"cores (numba threads {info['numba_threads']}, torch threads "
@@ -158,8 +164,9 @@ def sweep(args, info) -> int:
           f"lpsim {info['lpsim']}")
     print(f"# command: python benchmarks/bench_quantize.py --sweep --min-log2n "
           f"{args.min_log2n} --max-log2n {args.max_log2n}")
-    print("# float32 -> bf16, microseconds per call (median of 5 batches, each ~"
-          f"{args.budget / 5 * 1e3:.0f} ms of calls); load average at the end: "
+    print(f"# float32 -> bf16, microseconds per call (median of {ROUNDS} rounds; each round times "
+          f"a batch of every case in turn, ~{args.budget / ROUNDS * 1e3:.0f} ms of calls each); "
+          "load average at the end: "
           + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     short = ["nearest", "+stats", "SR", "SR+stats", "ml_dtypes", "torch", "qtorch"]
     print(f"{'n':>6s} " + " ".join(f"{c:>10s}" for c in short) + f" {'best peer':>10s} "

@@ -43,6 +43,33 @@ def per_call(fn, *, budget: float = 0.2, repeats: int = 5) -> float:
     return float(np.median(times))
 
 
+def per_call_rounds(calls: dict, *, budget: float = 0.2, rounds: int = 5) -> dict:
+    """Seconds per call of each of ``calls`` (name -> fn), timed in alternation: after a
+    warm-up as in :func:`per_call`, each round times one batch of every case in turn (a
+    batch is about ``budget / rounds`` seconds of calls); the median over the rounds.
+
+    Alternating keeps a drift of this machine's speed (up to 2x within minutes) from
+    favouring whichever case ran in a fast phase.
+    """
+    number = {}
+    for name, fn in calls.items():
+        fn()
+        start = time.perf_counter()
+        fn()
+        once = max(time.perf_counter() - start, 1e-7)
+        for _ in range(int(budget / 5 / once)):
+            fn()
+        number[name] = max(1, int(budget / rounds / once))
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            for _ in range(number[name]):
+                fn()
+            times[name].append((time.perf_counter() - start) / number[name])
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
 def throughput_plot(path, sizes, series: dict, *, title: str, ylabel: str, note: str = ""):
     """A log-log plot of one line per series (name -> values per size; None skips)."""
     import matplotlib
