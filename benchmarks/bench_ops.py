@@ -45,11 +45,15 @@ def best(fn, repeat):
     return min(times)
 
 
+#: rounds of --sweep: each times a batch of every case of a size in turn
+ROUNDS = 9
+
+
 def sweep(args):
     """Per-call times of the simulated ops across sizes, against numpy in the same run."""
     from tqdm import tqdm
 
-    from timing import per_call, throughput_plot
+    from timing import per_call_rounds, throughput_plot
 
     rng = np.random.default_rng(0)
     rows = []
@@ -58,43 +62,45 @@ def sweep(args):
         rows.append({"case": case, "size": size, "unit": unit, "seconds": seconds,
                      "peer_seconds": peer, "work_per_s": None if work is None else work / seconds})
 
-    scalar = per_call(lambda: ops.add(1.0, 2.0 ** -9, "bf16"), budget=args.budget)
-    add("ops.add scalar bf16 nearest", 1, "call", scalar,
-        per_call(lambda: 1.0 + 2.0 ** -9, budget=args.budget))
-    add("ops.add scalar bf16 stochastic", 1, "call",
-        per_call(lambda: ops.add(1.0, 2.0 ** -9, "bf16", "stochastic", seed=1),
-                 budget=args.budget))
+    def timed(calls):
+        return per_call_rounds(calls, budget=args.budget, rounds=ROUNDS)
+
+    t = timed({"nearest": lambda: ops.add(1.0, 2.0 ** -9, "bf16"),
+               "stochastic": lambda: ops.add(1.0, 2.0 ** -9, "bf16", "stochastic", seed=1),
+               "python": lambda: 1.0 + 2.0 ** -9})
+    scalar = t["nearest"]
+    add("ops.add scalar bf16 nearest", 1, "call", scalar, t["python"])
+    add("ops.add scalar bf16 stochastic", 1, "call", t["stochastic"])
     sizes = [1 << k for k in range(4, args.max_log2n + 1, 2)]
     for n in tqdm(sizes, desc="elementwise and dot", file=sys.stderr):
         a = rng.standard_normal(n).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
-        add("ops.add bf16 nearest", n, "elements",
-            per_call(lambda: ops.add(a, b, "bf16"), budget=args.budget),
-            per_call(lambda: np.add(a, b), budget=args.budget), n)
-        add("ops.add bf16 stochastic", n, "elements",
-            per_call(lambda: ops.add(a, b, "bf16", "stochastic", seed=1), budget=args.budget),
-            None, n)
-        add("ops.dot sequential bf16 acc nearest", n, "steps",
-            per_call(lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential"),
-                     budget=args.budget),
-            per_call(lambda: np.dot(a, b), budget=args.budget), n)
-        add("ops.dot sequential bf16 acc stochastic", n, "steps",
-            per_call(lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential",
-                                     acc_rounding="stochastic", seed=1), budget=args.budget),
-            None, n)
+        t = timed({
+            "add": lambda: ops.add(a, b, "bf16"),
+            "numpy add": lambda: np.add(a, b),
+            "add SR": lambda: ops.add(a, b, "bf16", "stochastic", seed=1),
+            "dot": lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential"),
+            "numpy dot": lambda: np.dot(a, b),
+            "dot SR": lambda: ops.dot(a, b, acc_fmt="bf16", order="sequential",
+                                      acc_rounding="stochastic", seed=1)})
+        add("ops.add bf16 nearest", n, "elements", t["add"], t["numpy add"], n)
+        add("ops.add bf16 stochastic", n, "elements", t["add SR"], None, n)
+        add("ops.dot sequential bf16 acc nearest", n, "steps", t["dot"], t["numpy dot"], n)
+        add("ops.dot sequential bf16 acc stochastic", n, "steps", t["dot SR"], None, n)
     for n in tqdm([4, 8, 16, 32, 64, 128, 256], desc="matmul", file=sys.stderr):
         a = rng.standard_normal((n, n)).astype(np.float32)
         b = rng.standard_normal((n, n)).astype(np.float32)
-        add("ops.matmul fp16 in, fp16 acc", n, "MAC",
-            per_call(lambda: ops.matmul(a, b, in_fmt="fp16", acc_fmt="fp16"),
-                     budget=args.budget),
-            per_call(lambda: np.matmul(a, b), budget=args.budget), n ** 3)
+        t = timed({"lpsim": lambda: ops.matmul(a, b, in_fmt="fp16", acc_fmt="fp16"),
+                   "numpy": lambda: np.matmul(a, b)})
+        add("ops.matmul fp16 in, fp16 acc", n, "MAC", t["lpsim"], t["numpy"], n ** 3)
 
     print(f"# lpsim.ops across sizes, {datetime.datetime.now().isoformat(timespec='seconds')}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, numba "
           f"{numba.__version__} ({lpsim_threads()} threads), numpy {np.__version__}")
     print(f"# command: python benchmarks/bench_ops.py --sweep --max-log2n {args.max_log2n}; "
           "load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(f"# per-call times: median of {ROUNDS} rounds; each round times a batch of every case "
+          "of a size in turn (timing.per_call_rounds)")
     print(f"{'case':42s} {'size':>9s} {'us/call':>10s} {'numpy us':>10s} {'per second':>12s}")
     for r in rows:
         peer = "" if r["peer_seconds"] is None else f"{r['peer_seconds'] * 1e6:.2f}"
