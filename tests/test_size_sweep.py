@@ -131,6 +131,89 @@ def test_the_register_chain_equals_the_gemm_kernel(mode, order, fused):
         assert list(got_counts) == list(want_counts), acc
 
 
+def _veltkamp_cases(m):
+    """float64 sums around every kind of point of an m-bit grid: just off midpoints (one
+    float64 ulp either side), just off grid points, just below powers of two, random."""
+    rng = np.random.default_rng(m)
+    n = 1 << 14
+    e = rng.integers(-60, 60, n)
+    keep = rng.integers(0, 1 << m, n) | (1 << m)            # m + 1 significant bits
+    shift = 52 - m
+    half = 1 << (shift - 1)
+    rem = np.select([rng.random(n) < 0.25, rng.random(n) < 0.5, rng.random(n) < 0.75],
+                    [half + rng.integers(-3, 4, n), rng.integers(1, 4, n),
+                     (1 << shift) - rng.integers(1, 4, n)],
+                    rng.integers(1, 1 << shift, n))
+    rem = np.clip(rem, 1, (1 << shift) - 1)
+    keep[::7] = (1 << (m + 1)) - 1                         # the top of a binade
+    mant = (keep.astype(np.uint64) << np.uint64(shift)) | rem.astype(np.uint64)
+    s = np.ldexp(mant.astype(np.float64), e - 52)            # exact: mant < 2**53
+    s[rem == half] = np.nextafter(s[rem == half], np.inf)    # never a midpoint itself
+    return np.concatenate([s, -s])
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 10, 23, 50])
+def test_veltkamp_split_is_nearest_off_midpoints(m):
+    """The register chain's nearest step (kernels._split_nearest) against round_fast to
+    nearest, wherever the chain takes it: round_fast's fast range, off grid points and
+    midpoints; on sums one float64 ulp from midpoints, grid points and binade tops."""
+    from numba import njit
+    from lpsim.ops.exact import f2i, i2f
+    from lpsim.rounding import NEAREST, kernel_params, round_fast
+    fmt = lpsim.parse_format(f"fp(8,{m})")
+    p = kernel_params(fmt, np.float64)
+    factor = kernels.veltkamp_factor(p)
+    assert factor == 2.0 ** (52 - m) + 1
+
+    @njit
+    def check(s, p, factor):
+        bad = taken = 0
+        for v in s:
+            nb, ok = kernels._nearby(0.0, v, NEAREST, 0, p)
+            if ok:
+                taken += 1
+                bad += kernels._split_nearest(v, factor) != i2f(nb)
+        return bad, taken
+
+    bad, taken = check(_veltkamp_cases(m), p, factor)
+    assert bad == 0 and taken > 20000
+
+
+def test_veltkamp_split_only_where_it_holds():
+    from lpsim.rounding import kernel_params
+    for fmt, taken in (("bf16", True), ("fp(5,2,0)", True), ("fp(8,50)", True),
+                       ("fp(8,51)", False), ("fp(4,0,7)", False), ("e8m0fnu", False)):
+        factor = kernels.veltkamp_factor(kernel_params(lpsim.parse_format(fmt), np.float64))
+        assert (factor != 0) == taken, fmt
+
+
+@pytest.mark.parametrize("acc", ["bf16", "fp(5,1,3)", "fp32", "fp(8,50)"])
+def test_long_chains_to_nearest_equal_the_gemm_kernel(acc):
+    """Long sequential dots (the chain's Veltkamp step) equal the GEMM kernel bit for bit,
+    counters too, from float32 operands as they are and from float64 ones."""
+    rng = np.random.default_rng(zlib.crc32(acc.encode()))
+    K = 20000
+    x = (rng.standard_normal((3, K)) * np.exp2(rng.integers(-12, 12, (3, K)))).astype(np.float32)
+    y = rng.standard_normal((3, K)).astype(np.float32)
+    x[1] = np.abs(x[1])                                   # growth: every binade upward
+    x[2, 1::2] = -x[2, 0:K - 1:2]                          # cancellation
+    model = lpsim.ops.AccumulationModel("fp32", acc, "fp64", True, "sequential", "nearest",
+                                        "nearest")
+    got, got_counts, want, want_counts = _chain_and_gemm(x, y, model, seed=3)
+    assert got.tobytes() == want.tobytes()
+    assert list(got_counts) == list(want_counts)
+    # the chain compiled for float32 operands (ops.dot's path for float32 vectors)
+    setup = _setup(resolve(model, np.float32), np.dtype(np.float32), True, "dot")
+    out = np.empty(3)
+    counts = kernels.run(kernels.chain, 3, K, 1, x, y, out, setup.mode, setup.omode, 32, 32,
+                         setup.pva, setup.pvo, 3, 0, 7, K, True, setup.hw)
+    assert out.tobytes() == want.tobytes()
+    assert list(counts) == list(want_counts)
+    for row in range(3):
+        for a, b in ((x[row], y[row]), (x[row].astype(np.float64), y[row].astype(np.float64))):
+            assert np.float64(ops.dot(a, b, model=model)).tobytes() == want[row].tobytes()
+
+
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])
 def test_thread_pool_products_equal_the_serial_ones(mode, monkeypatch):
     rng = np.random.default_rng(4)

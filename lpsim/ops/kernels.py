@@ -42,6 +42,26 @@ NCOUNTS = 7
 
 
 @register_jitable
+def veltkamp_factor(p):
+    """2**(52 - m) + 1 where Veltkamp's split rounds a float64 to nearest in the format of
+    ``p`` (signed, 1 <= m <= 50: Boldo's 2 <= sigma <= 51), else 0."""
+    if p.unsigned or p.M != 52 or not 1 <= p.m <= 50:
+        return 0.0
+    return np.float64(np.int64(1) << (52 - p.m)) + 1.0
+
+
+@register_jitable
+def _split_nearest(s, factor):
+    """Veltkamp's split: s rounded to m + 1 significant bits, to nearest (an integer-free
+    chain of a product and two differences: shorter than bits out, round_fast, bits back).
+    Exact where s is inside the format's normal range below its top binade and not a
+    midpoint (Boldo, "Pitfalls of a full floating-point proof", IJCAR 2006: the result is a
+    rounding to nearest; off a midpoint there is only one)."""
+    c = s * factor
+    return c - (c - s)
+
+
+@register_jitable
 def _nearby(acc, v, mode, k, p):
     """(bits of fl(acc + v), ok) for a deterministic mode, from s = RN64(acc + v) alone.
 
@@ -414,15 +434,23 @@ def _step(acc, v, accumulate, mode, r, k, p, hw, cnt):
     return i2f(nb), flags & 1
 
 
+@register_jitable(forceinline=True)
+def _exact_product(a, b):
+    """The exact float64 product of two operands that fit float32 (float32 or float64)."""
+    return np.float64(a) * np.float64(b)
+
+
 @njit(nogil=True, cache=True)
 def chain(X, Y, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, blk, fused, hw,
           o_lo, o_hi, cnt):
     """out[o] = fl(sum_t X[o, t] Y[o, t]) for o in o_lo .. o_hi-1, in blocked order with
     chunks of ``blk`` terms (blk = K: sequential): the same roundings, random words and
     counters as :func:`gemm` gives a single output column.  The accumulator and the common
-    counters stay in registers."""
+    counters stay in registers.  X and Y: float64, or both float32 (read as they are: a
+    float64 copy of a long vector cost a fifth of the chain, and page faults after)."""
     K = X.shape[1]
     pa, po = params_of(pva), params_of(pvo)
+    split = veltkamp_factor(pa)
     stoch = mode >= STOCHASTIC
     ostoch = omode >= STOCHASTIC
     cache = np.full((2, 5), -1, np.int64)     # product slots, addition slots
@@ -435,12 +463,22 @@ def chain(X, Y, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, blk
         for h in range(0, K, blk):
             if stoch:
                 r = _cached_word(base + h, cache[0], stream, seed_lo, seed_hi)
-            d, inx = _step(0.0, x[h] * y[h], False, mode, r, k, pa, hw, cnt)
+            d, inx = _step(0.0, _exact_product(x[h], y[h]), False, mode, r, k, pa, hw, cnt)
             inexact += inx
             end = min(h + blk, K)
-            if fused and not stoch and not hw:
+            if fused and not stoch and not hw and mode == NEAREST and split != 0.0:
+                for t in range(h + 1, end):         # the hot loop, to nearest
+                    v = _exact_product(x[t], y[t])
+                    _, ok = _nearby(d, v, mode, k, pa)      # off the dependency chain
+                    if ok:
+                        d = _split_nearest(d + v, split)
+                        inexact += 1
+                    else:
+                        d, inx = _step(d, v, True, mode, r, k, pa, False, cnt)
+                        inexact += inx
+            elif fused and not stoch and not hw:
                 for t in range(h + 1, end):         # the hot loop
-                    v = x[t] * y[t]
+                    v = _exact_product(x[t], y[t])
                     nb, ok = _nearby(d, v, mode, k, pa)
                     if ok:
                         d = i2f(nb)
@@ -450,7 +488,7 @@ def chain(X, Y, out, mode, omode, k, ko, pva, pvo, seed_lo, seed_hi, stream, blk
                         inexact += inx
             else:
                 for t in range(h + 1, end):
-                    v = x[t] * y[t]
+                    v = _exact_product(x[t], y[t])
                     if not fused:
                         if stoch:
                             r = _cached_word(base + t, cache[0], stream, seed_lo, seed_hi)

@@ -175,15 +175,17 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
                   bool(m.fused), common)
 
 
-def _kernel_array(x):
+def _kernel_array(x, keep=False):
     """x as a C-contiguous writable float64 array (numba compiles read-only or non-C arrays
-    as other signatures), copying only when needed."""
-    if x.dtype is _F64 and x.flags.c_contiguous and x.flags.writeable:
+    as other signatures), copying only when needed; keep: a float32 x that is all three
+    stays float32 (the chain reads it as it is)."""
+    if (x.dtype is _F64 or keep and x.dtype is _F32) and x.flags.c_contiguous and \
+            x.flags.writeable:
         return x
     return np.array(x, np.float64, order="C")
 
 
-_F64 = np.dtype(np.float64)
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _ndarray = np.ndarray
 #: operand dtypes a cached product takes as they are (others are converted, and checked,
 #: by as_array on every call)
@@ -219,9 +221,18 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
         out[...] = 0.0
         return out.astype(dtype)
     order, blk = setup.order, setup.blk or K
+    threads = cpu_threads() if out.size * K >= PARALLEL_STEPS else 1
+    if N == 1 and order == ORDER_BLOCKED and not batch and M == 1:
+        # a dot product: the register chain, on float32 operands as they are
+        keep = a2.dtype is _F32 and b2.dtype is _F32
+        X, Y = _kernel_array(a2.reshape(1, K), keep), _kernel_array(b2.reshape(1, K), keep)
+        counts = run(chain, 1, K, threads, X, Y, out.reshape(-1), *setup.common, seed_lo,
+                     seed_hi, stream64, blk, setup.fused, setup.hw)
+        if stats is not None:
+            stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
+        return out.astype(dtype, copy=False)
     # C-contiguous and writable (numba compiles read-only arrays as another signature)
     A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
-    threads = cpu_threads() if out.size * K >= PARALLEL_STEPS else 1
     if N == 1 and order == ORDER_BLOCKED and not batch:
         # one output column: the register chain (X[o], Y[o] the operands of output o)
         X, Y = A.reshape(-1, K), B.reshape(-1, K)
@@ -259,6 +270,7 @@ class _Product(NamedTuple):
     nitems: int
     chain: bool              # the register chain (M = N = 1, blocked order), else gemm
     kernel: object           # the kernel's compiled entry point
+    keep: bool               # float32 operands go to the chain as they are (else float64)
 
     def args(self, A, B, out, seed_lo, seed_hi, stream, counts):
         """The kernel's arguments: A (M, K) and B (K, N) float64, out (M, N)."""
@@ -279,8 +291,8 @@ class _Product(NamedTuple):
         M, K, N = self.shape
         s = self.setup
         out = np.empty((M, N))
-        # np.array copies: C order, writable, as the kernel's signature has them
-        self.kernel(*self.args(np.array(a, np.float64), np.array(b, np.float64), out,
+        # C order and writable, as the kernel's signature has them
+        self.kernel(*self.args(_kernel_array(a, self.keep), _kernel_array(b, self.keep), out,
                                *keys(seed, stream, max(s.mode, s.omode)),
                                np.zeros(NCOUNTS, np.int64)))
         return out.astype(s.dtype, copy=False)
@@ -318,10 +330,12 @@ def _remember_product(key, a, b, m: AccumulationModel, op):
     if setup.blas or min(M, K, N) == 0 or M * N * K >= PARALLEL_STEPS or (chain_ and M > 1):
         return
     kernel = chain if chain_ else gemm_kernel(setup.order, setup.mode, setup.omode)
+    keep = chain_ and a.dtype is _F32 and b.dtype is _F32
     product = _Product(m.in_fmt, setup, (M, K, N), 1 if chain_ else gemm_items(1, M, N, K),
-                       chain_, None)
-    args = product.args(np.zeros((M, K)), np.zeros((K, N)), np.zeros((M, N)), 0, 0, 0,
-                        np.zeros(NCOUNTS, np.int64))
+                       chain_, None, keep)
+    work = np.float32 if keep else np.float64
+    args = product.args(np.zeros((M, K), work), np.zeros((K, N), work), np.zeros((M, N)), 0,
+                        0, 0, np.zeros(NCOUNTS, np.int64))
     if len(_PRODUCTS) >= MAX_CACHED:     # a program whose shapes moved on: start afresh
         _PRODUCTS.clear()
     _PRODUCTS[key] = product._replace(
