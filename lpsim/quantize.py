@@ -7,8 +7,8 @@ both paths run the same scalar decision (:func:`lpsim.rounding.round_bits`; the 
 A call on a float32/float64 numpy array costs one or two microseconds before the kernel
 runs: the parsed format, the decision's parameters and the kernel's entry point are looked
 up once per (format, rounding, dtype, sr_bits), and everything else is a few checks.  A
-small 1-D float32 call to nearest with nothing else asked takes the shortest path, about a
-microsecond in all on a 2-core VM (as fast as ml_dtypes' round trip).
+small C-contiguous float32 call to nearest with nothing else asked takes the shortest path,
+about a microsecond in all on a 2-core VM (as fast as ml_dtypes' round trip).
 """
 
 from __future__ import annotations
@@ -282,17 +282,19 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         dtype = x.dtype
         if (dtype is _F32 and sr_bits is None and stats is None and seed is None
                 and type(stream) is int is type(offset) and not (stream or offset)):
-            # a small 1-D float32 call to nearest with nothing else asked: a few checks and
-            # the 3-argument kernel (the checks cost as much as rounding 2**11 elements)
+            # a small C-contiguous float32 call to nearest with nothing else asked: a few
+            # checks and the 3-argument kernel (they cost as much as rounding 2**11 elements)
             small = _SMALL.get((fmt, rounding))
-            if small is not None:
-                n = x.size
-                if n < SMALL_BELOW and x.ndim == 1 and x.flags.carray:
-                    if out is None:
-                        out = np.empty(n, _F32)
-                    if (out is x or type(out) is _ndarray and out.dtype is _F32
-                            and out.size == n and out.ndim == 1 and out.flags.carray) and \
-                            small[0](x, out, small[1]) == 0:
+            if small is not None and x.size < SMALL_BELOW and x.flags.carray:
+                if out is None:
+                    out = np.empty(x.shape, _F32)
+                if out is x or type(out) is _ndarray and out.dtype is _F32 and \
+                        out.shape == x.shape and out.flags.carray:
+                    if x.ndim == 1:
+                        status = small[0](x, out, small[1])
+                    else:
+                        status = small[0](x.reshape(-1), out.reshape(-1), small[1])
+                    if status == 0:
                         return out
         routes = _ROUTES32 if dtype is _F32 else _ROUTES64 if dtype is _F64 else None
         try:    # sr_bits' type too: True and 4.0 equal 1 and 4 but are refused

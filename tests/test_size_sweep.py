@@ -340,10 +340,10 @@ def test_formats_the_float32_nearest_kernel_does_not_take(fmt):
 
 
 def test_small_calls_take_the_three_argument_kernel(monkeypatch):
-    """A small 1-D float32 call to nearest with nothing else asked runs lpsim.cpu's
+    """A small C-contiguous float32 call to nearest with nothing else asked runs lpsim.cpu's
     whole-array nearest32 kernel from lpsim.quantize itself (_round_array is never called);
-    the same bits as the general kernel, out of place, into ``out`` and in place; every
-    other call falls back to the general path with its bits and errors."""
+    the same bits as the general kernel, out of place, into ``out`` and in place, 1-D, 2-D
+    and 0-d; every other call falls back to the general path with its bits and errors."""
     fmt = "bf16"
     quantize(np.ones(4, np.float32), fmt)                       # the route, validated
     assert quantize_module._SMALL[fmt, "nearest"][0] is cpu.nearest32_all_entry()
@@ -359,6 +359,12 @@ def test_small_calls_take_the_three_argument_kernel(monkeypatch):
             assert quantize(y, fmt, out=out) is out and out.tobytes() == ref.tobytes(), n
             z = y.copy()
             assert quantize(z, fmt, out=z) is z and z.tobytes() == ref.tobytes(), n
+            if n % 3 == 0 and n:
+                two = quantize(y.reshape(3, -1), fmt)
+                assert two.shape == (3, n // 3) and two.tobytes() == ref.tobytes(), n
+        y = np.array(3.0 + 2.0 ** -10, np.float32)
+        got = quantize(y, fmt)
+        assert got.shape == () and got == np.float32(3.0)
     calls = []
     monkeypatch.setattr(quantize_module, "_round_array",
                         lambda *args: calls.append(1) or general(*args))
@@ -367,7 +373,7 @@ def test_small_calls_take_the_three_argument_kernel(monkeypatch):
     readonly = y.copy()
     readonly.flags.writeable = False
     fallbacks = [
-        lambda: quantize(y.reshape(10, 100), fmt).reshape(-1),        # 2-D
+        lambda: quantize(y.reshape(100, 10).T, fmt).T.reshape(-1),    # Fortran order
         lambda: quantize(readonly, fmt),                               # read-only x
         lambda: quantize(np.repeat(y, 2)[::2], fmt),                   # strided x
         lambda: quantize(y, fmt, out=np.empty(2 * y.size, np.float32)[::2]),  # strided out
