@@ -3,6 +3,7 @@ to it: serial vs thread pool (lpsim.cpu, lpsim.ops.kernels.run), one chunk vs ma
 scalar elementwise call vs the array one, the dot/sum register chain vs the GEMM kernel."""
 
 import importlib
+import math
 import zlib
 
 import ml_dtypes
@@ -85,6 +86,49 @@ def test_scalar_elementwise_ops_equal_the_array_path(mode):
                 assert type(got) is float
                 assert np.array([got]).tobytes() == want.tobytes(), (op.__name__, a, b)
                 assert s_scalar == s_array, (op.__name__, a, b)
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if MODES[m] < MODES["stochastic"]])
+def test_repeated_scalar_calls_take_the_cached_route(mode, monkeypatch):
+    """A Python-float call to a deterministic mode with nothing else asked runs from the
+    route its first call cached (_cached_route is not called again): the array path's bits,
+    for every op; a call with anything else asked validates as before."""
+    elementwise = importlib.import_module("lpsim.ops.elementwise")
+    fmt = "fp(4,3,4)" if mode != "nearest" else "bf16"
+    values = [(1.0, 2.0 ** -9, 0.75), (3.3, -3.3, 0.1), (1e-30, 7.0, -2.0),
+              (240.0, 17.5, 1e-3), (-0.0, 0.0, -0.0), (1.7e308, 1.7e308, 1.0),
+              (float("nan"), 1.0, 1.0), (float("inf"), 1.0, -1.0), (2.0, 0.0, 0.0)]
+    calls = [(ops.add, 2), (ops.sub, 2), (ops.mul, 2), (ops.div, 2), (ops.fma, 3),
+             (ops.sqrt, 1)]
+    for op, arity in calls:
+        op(*values[0][:arity], fmt, mode)                    # validated, cached
+    route = elementwise._cached_route
+    monkeypatch.setattr(elementwise, "_cached_route", None)  # a call would raise
+    for op, arity in calls:
+        for v in values:
+            with np.errstate(all="ignore"):
+                args = (v[0], 0.5, v[2]) if op is ops.fma else v[:arity]   # exact a*b
+                if any(not 0.0 < abs(a) < 1e300 for a in args) or \
+                        (op is ops.sqrt and args[0] < 0):
+                    continue       # NaN, inf, zeros, float64 overflow: the array path, below
+                got = op(*args, fmt, mode)
+            monkeypatch.setattr(elementwise, "_cached_route", route)
+            want = op(*(np.array([a]) for a in args), fmt, mode)
+            monkeypatch.setattr(elementwise, "_cached_route", None)
+            assert type(got) is float and np.array([got]).tobytes() == want.tobytes(), \
+                (op.__name__, args)
+    monkeypatch.setattr(elementwise, "_cached_route", route)
+    for op, arity in calls:                      # special values: the same bits either way
+        for v in values:
+            args = (v[0], 0.5, v[2]) if op is ops.fma else v[:arity]
+            with np.errstate(all="ignore"):
+                got = op(*args, fmt, mode)
+                want = op(*(np.array([a]) for a in args), fmt, mode)
+            assert np.array([got]).tobytes() == want.tobytes(), (op.__name__, args)
+    with pytest.raises(ValueError, match="offset"):
+        ops.add(1.0, 2.0, fmt, mode, offset=-1)
+    with pytest.raises(TypeError, match="stats"):
+        ops.add(1.0, 2.0, fmt, mode, stats=3)
 
 
 def _chain_and_gemm(x, y, model, seed):

@@ -216,6 +216,9 @@ def _buffers(n: int):
 
 #: _scalar's entry point, made on first use (see lpsim.cpu.entry_point)
 _SCALAR = []
+#: (op, fmt, rounding) -> (odd, mode, k, pv) of Python-float calls to a deterministic mode
+#: without sr_bits, validated once (the scalar fast path of _apply)
+_SCALARS: dict = {}
 
 
 #: (op, fmt, rounding, dtype, sr_bits) -> _Fast
@@ -292,7 +295,23 @@ def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, bits, exact):
 
 
 def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
-    if in_fmt is None and out is None and type(operands[0]) is _ndarray:
+    first = operands[0]
+    if type(first) is float:
+        # Python floats to a deterministic mode with nothing else asked: the scalar kernel
+        # with the route a call before cached (_SCALARS), no validation left to do
+        scalar = _SCALARS.get((op, fmt, rounding))
+        if (scalar is not None and type(operands[-1]) is float and stats is None
+                and seed is None and sr_bits is None and in_fmt is None and out is None
+                and type(stream) is int is type(offset) and not (stream or offset)
+                and (len(operands) < 3 or type(operands[1]) is float)):
+            odd, mode, k, pv = scalar
+            y = operands[1] if len(operands) > 1 else first
+            z = operands[2] if len(operands) > 2 else first
+            value, unsafe, bad = _SCALAR[0](op, first, y, z, odd, mode, k, pv, 0, 0, 0, 0,
+                                            _DISCARD)
+            if not (unsafe or bad):
+                return value
+    elif in_fmt is None and out is None and type(first) is _ndarray:
         result = _fast_arrays(op, operands, fmt, rounding, seed, stream, sr_bits, stats,
                               offset)
         if result is not None:
@@ -300,6 +319,7 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     name = _NAMES[op]
     if in_fmt is None and out is None and all(type(x) is float for x in operands):
         # Python floats: one compiled call, no arrays
+        given_fmt = fmt
         fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, _F64, sr_bits)
         counts = _check_stats(name, stats)
         offset = check_offset(offset, 1)
@@ -309,6 +329,13 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         if not _SCALAR:
             _SCALAR.append(cpu.entry_point(_scalar, args, "lpsim.ops' scalar kernel"))
         value, unsafe, bad = _SCALAR[0](*args)
+        if sr_bits is None and mode < STOCHASTIC:
+            if len(_SCALARS) >= 1024:           # a program whose formats moved on
+                _SCALARS.clear()
+            try:
+                _SCALARS[op, given_fmt, rounding] = odd, mode, k, pv
+            except TypeError:                   # an unhashable fmt: validated each call
+                pass
         if not (unsafe or bad):
             return value
     names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)
