@@ -42,7 +42,7 @@ from ..cpu import entry_point
 from ..cpu import threads as cpu_threads
 from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
-from ..rounding import kernel_params
+from ..rounding import STOCHASTIC, kernel_params
 from ..stats import RoundingStats
 from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
@@ -111,6 +111,8 @@ def _promote(a, b, op):
     return a2, b2, batch
 
 
+#: the counters of cached products (calls without stats: written, never read)
+_DISCARD = np.zeros(NCOUNTS, np.int64)
 #: the batch index of an unbatched product (writable, as the kernels' signature has it;
 #: they never write it)
 _NO_BATCH = np.zeros(1, np.int64)
@@ -288,13 +290,16 @@ class _Product(NamedTuple):
         """The (M, N) result of a (M, K) @ b (K, N) (or any shapes of those sizes)."""
         if self.in_fmt is not None:
             a, b = quantize(a, self.in_fmt), quantize(b, self.in_fmt)
-        M, K, N = self.shape
         s = self.setup
-        out = np.empty((M, N))
+        out = np.empty(self.shape[::2])
+        if seed is None and type(stream) is int and stream == 0 and s.mode < STOCHASTIC and \
+                s.omode < STOCHASTIC:
+            seeds = (0, 0, 0)               # what keys() gives a deterministic request
+        else:
+            seeds = keys(seed, stream, max(s.mode, s.omode))
         # C order and writable, as the kernel's signature has them
         self.kernel(*self.args(_kernel_array(a, self.keep), _kernel_array(b, self.keep), out,
-                               *keys(seed, stream, max(s.mode, s.omode)),
-                               np.zeros(NCOUNTS, np.int64)))
+                               *seeds, _DISCARD))
         return out.astype(s.dtype, copy=False)
 
 
