@@ -124,7 +124,7 @@ def sweep(args):
         for case in ("ops.add bf16 nearest", "ops.add bf16 stochastic",
                      "ops.dot sequential bf16 acc nearest",
                      "ops.dot sequential bf16 acc stochastic"):
-            series[case] = [r["work_per_s"] for r in rows if r["case"] == case]
+            series["lpsim " + case] = [r["work_per_s"] for r in rows if r["case"] == case]
         series["numpy add (peer)"] = [r["size"] / r["peer_seconds"] for r in rows
                                       if r["case"] == "ops.add bf16 nearest"]
         series["numpy float32 dot (peer)"] = [r["size"] / r["peer_seconds"] for r in rows
