@@ -253,9 +253,17 @@ def test_long_chains_to_nearest_equal_the_gemm_kernel(acc):
                          setup.pva, setup.pvo, 3, 0, 7, K, True, setup.hw)
     assert out.tobytes() == want.tobytes()
     assert list(counts) == list(want_counts)
+    readonly = x[0].copy()
+    readonly.flags.writeable = False
+    strided = np.repeat(x[0], 2)[::2]
     for row in range(3):
-        for a, b in ((x[row], y[row]), (x[row].astype(np.float64), y[row].astype(np.float64))):
+        for a, b in ((x[row], y[row]), (x[row].astype(np.float64), y[row].astype(np.float64)),
+                     (x[row], y[row].astype(np.float64))):
             assert np.float64(ops.dot(a, b, model=model)).tobytes() == want[row].tobytes()
+    kw = dict(acc_fmt=acc, out_fmt="fp64", order="sequential")    # a cached product
+    for a in (x[0], readonly, strided):     # float32 copies where the chain needs them
+        for _ in range(2):                  # the general path, then the cached one
+            assert np.float64(ops.dot(a, y[0], **kw)).tobytes() == want[0].tobytes()
 
 
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])

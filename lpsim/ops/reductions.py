@@ -179,12 +179,12 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
 
 def _kernel_array(x, keep=False):
     """x as a C-contiguous writable float64 array (numba compiles read-only or non-C arrays
-    as other signatures), copying only when needed; keep: a float32 x that is all three
-    stays float32 (the chain reads it as it is)."""
-    if (x.dtype is _F64 or keep and x.dtype is _F32) and x.flags.c_contiguous and \
-            x.flags.writeable:
+    as other signatures), copying only when needed; keep: a float32 x stays float32 (the
+    chain reads it as it is), copied only when it is read-only or not C-contiguous."""
+    dtype = _F32 if keep and x.dtype is _F32 else _F64
+    if x.dtype is dtype and x.flags.c_contiguous and x.flags.writeable:
         return x
-    return np.array(x, np.float64, order="C")
+    return np.array(x, dtype, order="C")
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
