@@ -18,38 +18,16 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def per_call(fn, *, budget: float = 0.2, repeats: int = 5) -> float:
-    """Seconds per call of ``fn``: the median over ``repeats`` batches, each batch as many
-    calls as fit in ``budget`` seconds (one call at least), after warm-up calls for a fifth
-    of the budget (one call at least).
-
-    Small arrays need thousands of calls per batch for a stable microsecond figure; large
-    ones one call.  The warm-up is more than one call because a process's first hundreds
-    of microsecond calls run at half speed here (caches, branch history, the clock).
-    """
-    fn()
-    start = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - start, 1e-7)
-    for _ in range(int(budget / 5 / once)):
-        fn()
-    number = max(1, int(budget / repeats / once))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return float(np.median(times))
-
-
 def per_call_rounds(calls: dict, *, budget: float = 0.2, rounds: int = 5) -> dict:
-    """Seconds per call of each of ``calls`` (name -> fn), timed in alternation: after a
-    warm-up as in :func:`per_call`, each round times one batch of every case in turn (a
-    batch is about ``budget / rounds`` seconds of calls); the median over the rounds.
+    """Seconds per call of each of ``calls`` (name -> fn), timed in alternation: each round
+    times one batch of every case in turn, a batch being as many calls as fit in
+    ``budget / rounds`` seconds (one call at least); the median over the rounds.
 
     Alternating keeps a drift of this machine's speed (up to 2x within minutes) from
-    favouring whichever case ran in a fast phase.
+    favouring whichever case ran in a fast phase.  Small arrays need thousands of calls per
+    batch for a stable microsecond figure; large ones one call.  Each case first warms up
+    for a fifth of the budget (one call at least): a process's first hundreds of
+    microsecond calls run at half speed here (caches, branch history, the clock).
     """
     number = {}
     for name, fn in calls.items():
