@@ -284,16 +284,19 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                 and type(stream) is int is type(offset) and not (stream or offset)):
             # a small C-contiguous float32 call to nearest with nothing else asked: a few
             # checks and the 3-argument kernel (they cost as much as rounding 2**11 elements)
-            small = _SMALL.get((fmt, rounding))
-            if small is not None and x.size < SMALL_BELOW and x.flags.carray:
+            try:
+                kernel, pv = _SMALL[fmt, rounding]
+            except (KeyError, TypeError):       # unhashable: validated below, by name
+                kernel = None
+            if kernel is not None and x.size < SMALL_BELOW and x.flags.carray:
                 if out is None:
                     out = np.empty(x.shape, _F32)
                 if out is x or type(out) is _ndarray and out.dtype is _F32 and \
                         out.shape == x.shape and out.flags.carray:
                     if x.ndim == 1:
-                        status = small[0](x, out, small[1])
+                        status = kernel(x, out, pv)
                     else:
-                        status = small[0](x.reshape(-1), out.reshape(-1), small[1])
+                        status = kernel(x.reshape(-1), out.reshape(-1), pv)
                     if status == 0:
                         return out
         routes = _ROUTES32 if dtype is _F32 else _ROUTES64 if dtype is _F64 else None

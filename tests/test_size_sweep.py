@@ -127,6 +127,10 @@ def test_repeated_scalar_calls_take_the_cached_route(mode, monkeypatch):
             assert np.array([got]).tobytes() == want.tobytes(), (op.__name__, args)
     with pytest.raises(ValueError, match="offset"):
         ops.add(1.0, 2.0, fmt, mode, offset=-1)
+    with pytest.raises(TypeError, match="a format is an lpsim.Format or a string"):
+        ops.add(1.0, 2.0, [fmt], mode)
+    with pytest.raises((TypeError, ValueError), match="rounding"):
+        ops.add(1.0, 2.0, fmt, [mode])
     with pytest.raises(TypeError, match="stats"):
         ops.add(1.0, 2.0, fmt, mode, stats=3)
 
@@ -443,6 +447,10 @@ def test_small_calls_take_the_three_argument_kernel(monkeypatch):
     assert both[1:].tobytes() == ref.tobytes()
     shifted = _data(1000, np.float32, "fallback")
     assert quantize(shifted, fmt, offset=5).tobytes() == ref.tobytes()
+    with pytest.raises(TypeError, match="a format is an lpsim.Format or a string"):
+        quantize(y, ["bf16"])                   # unhashable: named, as on the general path
+    with pytest.raises((TypeError, ValueError), match="rounding"):
+        quantize(y, fmt, ["nearest"])
     bad_out = readonly.copy()
     bad_out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):

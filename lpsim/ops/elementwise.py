@@ -299,7 +299,10 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     if type(first) is float:
         # Python floats to a deterministic mode with nothing else asked: the scalar kernel
         # with the route a call before cached (_SCALARS), no validation left to do
-        scalar = _SCALARS.get((op, fmt, rounding))
+        try:
+            scalar = _SCALARS[op, fmt, rounding]
+        except (KeyError, TypeError):           # unhashable: validated below, by name
+            scalar = None
         if (scalar is not None and type(operands[-1]) is float and stats is None
                 and seed is None and sr_bits is None and in_fmt is None and out is None
                 and type(stream) is int is type(offset) and not (stream or offset)
