@@ -224,20 +224,11 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
         return out.astype(dtype)
     order, blk = setup.order, setup.blk or K
     threads = cpu_threads() if out.size * K >= PARALLEL_STEPS else 1
-    if N == 1 and order == ORDER_BLOCKED and not batch and M == 1:
-        # a dot product: the register chain, on float32 operands as they are
-        keep = a2.dtype is _F32 and b2.dtype is _F32
-        X, Y = _kernel_array(a2.reshape(1, K), keep), _kernel_array(b2.reshape(1, K), keep)
-        counts = run(chain, 1, K, threads, X, Y, out.reshape(-1), *setup.common, seed_lo,
-                     seed_hi, stream64, blk, setup.fused, setup.hw)
-        if stats is not None:
-            stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
-        return out.astype(dtype, copy=False)
-    # C-contiguous and writable (numba compiles read-only arrays as another signature)
-    A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
     if N == 1 and order == ORDER_BLOCKED and not batch:
-        # one output column: the register chain (X[o], Y[o] the operands of output o)
-        X, Y = A.reshape(-1, K), B.reshape(-1, K)
+        # one output column: the register chain (X[o], Y[o] the operands of output o), on
+        # float32 operands as they are
+        keep = a2.dtype is _F32 and b2.dtype is _F32
+        X, Y = _kernel_array(a2, keep), _kernel_array(b2.reshape(1, K), keep)
         if M > 1:
             Y = np.repeat(Y, M, axis=0)
         counts = run(chain, M, K, threads, X, Y, out.reshape(-1), *setup.common, seed_lo,
@@ -245,6 +236,8 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
         if stats is not None:
             stats.add(counts[NCOUNTS - 1], counts[:NCOUNTS - 1])
         return out.astype(dtype, copy=False)
+    # C-contiguous and writable (numba compiles read-only arrays as another signature)
+    A, B = _kernel_array(a2.reshape((-1, M, K))), _kernel_array(b2.reshape((-1, K, N)))
     ia, ib = _batch_index(a2.shape[:-2], batch), _batch_index(b2.shape[:-2], batch)
     common = setup.common + (seed_lo, seed_hi, stream64)
     if N == 1 and order == ORDER_BLOCKED:
@@ -275,7 +268,8 @@ class _Product(NamedTuple):
     keep: bool               # float32 operands go to the chain as they are (else float64)
 
     def args(self, A, B, out, seed_lo, seed_hi, stream, counts):
-        """The kernel's arguments: A (M, K) and B (K, N) float64, out (M, N)."""
+        """The kernel's arguments: A (M, K) and B (K, N) float64 (float32 for a chain that
+        keeps them), out (M, N)."""
         M, K, N = self.shape
         s = self.setup
         if self.chain:
