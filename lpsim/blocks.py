@@ -678,46 +678,37 @@ def _block_amax32(xb, lo, size):
     return am
 
 
-@literal_jitable
-def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
-                 rct, ri0, rsh):
-    """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
-    on 32-bit words, without counters.
+#: blocks of :func:`_chunk_words` whose scales are found before their elements are rounded:
+#: one block's scale is a chain of dependent steps (largest magnitude, divisions, rounding,
+#: reciprocal), and with the scales of a group found first the chains of different blocks
+#: overlap one another and the element loops
+SCALE_AHEAD = 16
 
-    Per block: the largest magnitude, the scale (:func:`scale_words`), the element loop
-    (:func:`element_nearest32` for nearest rounding where :func:`nearest_words_exact` holds,
-    else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
-    32 and 16 elements run loops of that literal length: a loop of a run-time length this
-    short spends more on its set-up than on its elements.  A block with a NaN or inf is
-    NaN (``nonfinite="nan"``) or takes the exact step throughout.  ``rct``, ``ri0``,
-    ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`).
-    """
+
+@register_jitable
+def scale_ahead_scratch():
+    """The per-group arrays of :func:`_chunk_words`: first element and length of each block
+    (a length below 0: a block with a NaN or inf), its float32 scale and reciprocal."""
+    return (np.empty(SCALE_AHEAD, np.int64), np.empty(SCALE_AHEAD, np.int64),
+            np.empty(SCALE_AHEAD, np.float32), np.empty(SCALE_AHEAD, np.float32))
+
+
+@literal_jitable
+def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead):
+    """The element phase of :func:`_chunk_words` for blocks g0 .. g1-1 in every case (blocks
+    with a NaN or inf, the general element step): a function of its own, so that the
+    nearest-rounding loop of :func:`_chunk_words` compiles without this code around it."""
     mode = _constant(mode)
     near = mode == NEAREST and bp.near32
     rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
-    xb = as_bits(xf)
-    size = bp.block
-    cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     cw, lw = nearest32_words(p32.m, p32.emin)
-    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
-    # block cost about as much as a 16-element block's rounding
-    row_lo, col = (t // nblk) * length, t % nblk
-    for tb in range(t, t_end):
-        lo_ = row_lo + col * size
-        hi_ = min(lo_ + size, row_lo + length)
-        col += 1
-        if col == nblk:
-            col = 0
-            row_lo += length
-        lo, n = np.uint64(lo_), hi_ - lo_
-        if n == 32:
-            am = _block_amax32(xb, lo, 32)
-        elif n == 16:
-            am = _block_amax32(xb, lo, 16)
-        else:
-            am = _block_amax32(xb, lo, n)
-        if am >= cinf:                          # a NaN or inf in the block
+    los, ns, s32s, rcs = ahead
+    for tb in range(g0, g1):                # the group's elements
+        j = tb - g0
+        lo_, n = los[j], ns[j]
+        if n < 0:
+            hi_ = lo_ - n
             if bp.nonfinite_nan:
                 sf[tb] = np.nan
                 for e in range(lo_, hi_):
@@ -730,17 +721,7 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
                 _, outf[e], _ = element_exact(xf[e], recip, s, mode,
                                               np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
             continue
-        s = scale_words(am, bp, sp)
-        sf[tb] = s
-        s32 = np.float32(s)
-        # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
-        # (the float64 quotient of float32 values rounded to float32 is the same), from
-        # the table of the scale's values where there is one
-        if bp.pow2:
-            rc = np.float32(block_recip(s, bp))
-        else:
-            i = (as_int64(float32_bits(s32)) >> rsh) - ri0
-            rc = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
+        lo, rc, s32 = np.uint64(lo_), rcs[j], s32s[j]
         if near:
             if n == 32:
                 _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
@@ -757,12 +738,114 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
         else:
             slow = _elements_words(xf, outf, rs, lo, r0, n, rc, s32, mode, k, p32, bp)
         if slow != 0:
+            s = sf[tb]
             recip = block_recip(s, bp)
-            for e in range(lo_, hi_):
+            for e in range(lo_, lo_ + n):
                 if element_ok32(xf[e], rc, p32) == 0:
                     r = rs[(e - e_lo) & rmask]
-                    _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k, p,
-                                                  bp)
+                    _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k,
+                                                  p, bp)
+
+
+@literal_jitable
+def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
+                 rct, ri0, rsh, steps, ahead):
+    """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
+    on 32-bit words, without counters.
+
+    Per group of SCALE_AHEAD blocks, first each block's largest magnitude, scale
+    (:func:`scale_words`) and reciprocal, then each block's element loop
+    (:func:`element_nearest32` for nearest rounding where :func:`nearest_words_exact` holds,
+    else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
+    32 and 16 elements run loops of that literal length: a loop of a run-time length this
+    short spends more on its set-up than on its elements.  A block with a NaN or inf is
+    NaN (``nonfinite="nan"``) or takes the exact step throughout.  ``rct``, ``ri0``,
+    ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`); ``steps``: the
+    scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
+    :func:`scale_ahead_scratch`.
+    """
+    near = _constant(mode) == NEAREST and bp.near32
+    xb = as_bits(xf)
+    size = bp.block
+    cinf = word(np.int32(255 << 23))
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    cw, lw = nearest32_words(p32.m, p32.emin)
+    los, ns, s32s, rcs = ahead
+    step_base, step_thr, svals, rvals, kshift = steps
+    full = length == nblk * size                # every block of a row has size elements
+    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
+    # block cost about as much as a 16-element block's rounding
+    row_lo, col = (t // nblk) * length, t % nblk
+    for g0 in range(t, t_end, SCALE_AHEAD):
+        g1 = min(g0 + SCALE_AHEAD, t_end)
+        nonfinite = 0
+        # a group of whole blocks within one row: its bounds without the count's carried
+        # dependency, which costs a sixth of a 16-element block
+        simple = col + (g1 - g0) < nblk or (col + (g1 - g0) == nblk and full)
+        if simple:
+            base = row_lo + col * size
+            for j in range(g1 - g0):
+                los[j] = base + j * size
+                ns[j] = size
+            col += g1 - g0
+            if col == nblk:
+                col = 0
+                row_lo += length
+        else:
+            for j in range(g1 - g0):
+                lo_ = row_lo + col * size
+                los[j] = lo_
+                ns[j] = min(lo_ + size, row_lo + length) - lo_
+                col += 1
+                if col == nblk:
+                    col = 0
+                    row_lo += length
+        for tb in range(g0, g1):                # the group's scales
+            j = tb - g0
+            lo_, n_ = los[j], ns[j]
+            lo = np.uint64(lo_)
+            if n_ == 32:
+                am = _block_amax32(xb, lo, 32)
+            elif n_ == 16:
+                am = _block_amax32(xb, lo, 16)
+            else:
+                am = _block_amax32(xb, lo, n_)
+            if am >= cinf:                      # a NaN or inf in the block
+                ns[j] = -n_
+                nonfinite += 1
+                continue
+            if step_base.size:                  # the table of the scale's steps
+                a = as_int64(am)
+                key = a >> kshift
+                i = step_base[key] + np.int64(a >= step_thr[key])
+                s32 = svals[i]
+                sf[tb] = s32
+                s32s[j] = s32
+                rcs[j] = rvals[i]
+                continue
+            s = scale_words(am, bp, sp)
+            sf[tb] = s
+            s32 = np.float32(s)
+            s32s[j] = s32
+            # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
+            # (the float64 quotient of float32 values rounded to float32 is the same), from
+            # the table of the scale's values where there is one
+            if bp.pow2:
+                rcs[j] = np.float32(block_recip(s, bp))
+            else:
+                i = (as_int64(float32_bits(s32)) >> rsh) - ri0
+                rcs[j] = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
+        if near and nonfinite == 0:             # the group's elements, to nearest
+            for j in range(g1 - g0):
+                lo, n, rc, s32 = np.uint64(los[j]), ns[j], rcs[j], s32s[j]
+                if n == 32:
+                    _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
+                elif n == 16:
+                    _elements_nearest32(xf, outf, lo, 16, rc, s32, pts, maxe, cw, lw)
+                else:
+                    _elements_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
+            continue
+        _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead)
 
 
 @register_jitable
@@ -855,12 +938,14 @@ def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi
     per_chunk = max(1, chunk // bp.block)
     r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
     rct, ri0, rsh = _reciprocals(bp, sp)
+    steps = _scale_steps(bp, sp, rct, ri0, rsh, t1 - t0)
+    ahead = scale_ahead_scratch()
     t = t0
     while t < t1:
         t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, bp.block)
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
         _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
-                     rct, ri0, rsh)
+                     rct, ri0, rsh, steps, ahead)
         t = t_end
 
 
@@ -881,6 +966,108 @@ def _reciprocals(bp, sp):
     for i in range(size):
         table[i] = np.float32(bp.pts_inv) / bits_float32(word((i0 + i) << shift))
     return table, i0, shift
+
+
+#: blocks of a call (of a thread's range) from which the word kernel finds scales rounded
+#: to nearest (``snear32``: NVFP4's UE4M3) in :func:`_scale_steps`' table instead of by two
+#: divisions and a rounding per block: the table costs about 20 us, what 6000 blocks save
+STEPS_FROM = 1 << 13
+
+
+@register_jitable
+def _scale_of(a, bp, sp):
+    """:func:`scale_words`' scale (float32) of the largest magnitude bits ``a`` (int64)."""
+    return np.float32(scale_words(word(a), bp, sp))
+
+
+@register_jitable
+def _next_step(a, s, bp, sp):
+    """The least magnitude bits above ``a`` whose scale exceeds ``s`` (the scale of a), or -1
+    if there is none below inf's bits: from a guess at the midpoint to the next value up,
+    galloping to a bracket and halving it (the scale is non-decreasing in the bits)."""
+    top = np.int64(255) << 23
+    # the next value up if s is a normal of the scale format (else a value below it: the
+    # search gallops on from there), and the bits a whose quotient meets the midpoint
+    up = bits_float32(word(as_int64(float32_bits(s)) + (np.int64(1) << (23 - sp.m))))
+    guess = (np.float64(s) + np.float64(up)) * 0.5 * bp.max_e * bp.pts
+    g = as_int64(float32_bits(np.float32(min(guess, 3.0e38))))
+    g = min(max(g, a + 1), top - 1)
+    if _scale_of(g, bp, sp) > s:                        # bracket (lo, hi]: lo's scale is s
+        hi, d = g, np.int64(1)
+        lo = max(g - d, a)
+        while lo > a and _scale_of(lo, bp, sp) > s:
+            hi = lo
+            d *= 2
+            lo = max(hi - d, a)
+    else:
+        lo, d = g, np.int64(1)
+        hi = min(g + d, top - 1)
+        while _scale_of(hi, bp, sp) <= s:
+            if hi == top - 1:                   # the largest finite bits: no step above a
+                return np.int64(-1)
+            lo = hi
+            d *= 2
+            hi = min(lo + d, top - 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _scale_of(mid, bp, sp) > s:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@register_jitable
+def _scale_steps(bp, sp, rct, ri0, rsh, blocks):
+    """(base, thr, svals, rvals, kshift): :func:`scale_words`' scales rounded to nearest
+    (``snear32``) as the step function of the largest magnitude bits ``a`` that they are,
+    for a call of ``blocks`` blocks: with key = a >> kshift (a's exponent and its top m + 1
+    mantissa bits, m the scale's), scale index i = base[key] + (a >= thr[key]), scale
+    svals[i] and its reciprocal rvals[i] (as :func:`_chunk_words` takes them from ``rct``).
+    Each step (the least a of a larger scale) is found by evaluating scale_words itself, so
+    the table gives its scales exactly; a bucket of keys holding two steps, a call of fewer
+    than STEPS_FROM blocks or another kind of scale give empty tables (the divisions then
+    run per block)."""
+    kshift = np.int64(22 - sp.m)
+    none = (np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32),
+            np.empty(0, np.float32), kshift)
+    if bp.pow2 or not bp.snear32 or blocks < STEPS_FROM or sp.m > 8:
+        return none
+    cap = 1 << 13
+    steps = np.empty(cap, np.int64)
+    svals = np.empty(cap, np.float32)
+    s = _scale_of(np.int64(0), bp, sp)
+    steps[0], svals[0], count = 0, s, 1
+    a = np.int64(0)
+    while True:
+        a = _next_step(a, s, bp, sp)
+        if a < 0:
+            break
+        if count == cap:
+            return none
+        s = _scale_of(a, bp, sp)
+        steps[count], svals[count] = a, s
+        count += 1
+    nkeys = (np.int64(255) << 23) >> kshift
+    base = np.empty(nkeys, np.int32)
+    thr = np.empty(nkeys, np.int32)
+    j = 0
+    for key in range(nkeys):
+        lo, hi = key << kshift, (key + 1) << kshift
+        while j + 1 < count and steps[j + 1] <= lo:
+            j += 1
+        base[key] = j
+        thr[key] = np.int32(255 << 23)                  # no step inside: never reached
+        if j + 1 < count and steps[j + 1] < hi:
+            if j + 2 < count and steps[j + 2] < hi:
+                return none
+            thr[key] = steps[j + 1]
+    rvals = np.empty(count, np.float32)
+    for i in range(count):
+        v = svals[i]
+        r = (as_int64(float32_bits(v)) >> rsh) - ri0
+        rvals[i] = rct[r] if 0 <= r < rct.size else np.float32(bp.pts_inv) / v
+    return base, thr, svals[:count], rvals, kshift
 
 
 def _words_kernel(mode: int):
@@ -1044,9 +1231,30 @@ def finite_amax(x):
     return bits_value(as_int64(am), 52 if wide else 23, 1023 if wide else 127)
 
 
+#: elements per thread of :func:`tensor_amax`'s pass: one integer max per element, about a
+#: copy's cost, so a thread pays only on a range many times its start-up
+AMAX_GRAIN = 1 << 20
+
+
+def tensor_amax(flat: np.ndarray) -> float:
+    """:func:`finite_amax` of a flat array, over lpsim's threads from 2 * AMAX_GRAIN elements
+    (one contiguous range each, the calling thread taking the first): NVFP4's per-tensor
+    pass reads the whole tensor once more before the blocks are rounded."""
+    n = flat.size
+    workers = min(threads(), n // AMAX_GRAIN)
+    if workers <= 1:
+        return float(finite_amax(flat))
+    bounds = [n * w // workers for w in range(workers + 1)]
+    pool = thread_pool(workers - 1, os.getpid())
+    futures = [pool.submit(finite_amax, flat[bounds[w]:bounds[w + 1]])
+               for w in range(1, workers)]
+    first = float(finite_amax(flat[:bounds[1]]))
+    return max([first] + [float(future.result()) for future in futures])
+
+
 def tensor_scale_of(x, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale: fp32(amax / (scale max * element max)); 1 if amax 0."""
-    amax = float(finite_amax(np.ascontiguousarray(x).reshape(-1))) if x.size else 0.0
+    amax = tensor_amax(np.ascontiguousarray(x).reshape(-1)) if x.size else 0.0
     if amax == 0:
         return 1.0
     return float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor))

@@ -263,20 +263,87 @@ def test_float32_word_kernel_equals_the_counted_kernel(bfmt):
     (scale_words), nearest rounding as a float32 add (nearest32), blocks of 16 and 32 as
     loops of a literal length.  Against the counted kernel (reference-tested above), bit
     for bit, on 2**18 values per format built to reach every binade of every block, ties
-    included; rows of 1029 end in a partial block."""
+    included; rows of 1029 end in a partial block, rows of 1024 do not (the word kernel
+    finds a group's bounds in one step where its blocks are whole and in one row)."""
     bfmt = blocks.parse_block_format(bfmt)
-    x = word_kernel_data(256, 1029, seed=len(str(bfmt)))
     bp = blocks.block_params(bfmt, 1.0)
     # mxint8 (one unsigned zero) and a format without subnormals take element_fast32
     assert bool(bp.near32) == (bfmt.element.specials != "fnuz" and bfmt.element.subnormals)
     assert bool(bp.snear32) == (not bfmt.pow2)
-    for rounding in ("nearest", "stochastic", "up"):
-        counted = blocks.quantize_blocks(x, bfmt, rounding, seed=4)
-        words = blocks.quantize_blocks(x, bfmt, rounding, seed=4, want_elements=False,
-                                       want_counts=False)
-        assert words.counts is None                     # the word kernel ran
-        assert same(words.scales, counted.scales), rounding
-        got, want = words.values.view(np.uint32), counted.values.view(np.uint32)
-        bad = np.flatnonzero(got != want)
-        assert bad.size == 0, (rounding, x.reshape(-1)[bad[:3]], got.reshape(-1)[bad[:3]],
-                               want.reshape(-1)[bad[:3]])
+    for rows, length in ((256, 1029), (48, 1024)):
+        x = word_kernel_data(rows, length, seed=len(str(bfmt)) + length)
+        for rounding in ("nearest", "stochastic", "up"):
+            counted = blocks.quantize_blocks(x, bfmt, rounding, seed=4)
+            words = blocks.quantize_blocks(x, bfmt, rounding, seed=4, want_elements=False,
+                                           want_counts=False)
+            assert words.counts is None                     # the word kernel ran
+            assert same(words.scales, counted.scales), (length, rounding)
+            got, want = words.values.view(np.uint32), counted.values.view(np.uint32)
+            bad = np.flatnonzero(got != want)
+            assert bad.size == 0, (length, rounding, x.reshape(-1)[bad[:3]],
+                                   got.reshape(-1)[bad[:3]], want.reshape(-1)[bad[:3]])
+
+
+@njit(cache=True)
+def _steps_against_scale_words(bp, sp, extra):
+    """Mismatches between :func:`lpsim.blocks._scale_steps`' table and scale_words (scale and
+    reciprocal as the word kernel takes it) at every step, two bits either side of each, and
+    the magnitude bits ``extra``; the number of scale values and the steps (none: no table)."""
+    rct, ri0, rsh = blocks._reciprocals(bp, sp)
+    base, thr, svals, rvals, kshift = blocks._scale_steps(bp, sp, rct, ri0, rsh, 1 << 30)
+    # the steps: inside a bucket (thr) or on its first bits (where base moves on)
+    starts = np.flatnonzero(base[1:] != base[:-1] + (thr[:-1] < (255 << 23))) + 1
+    steps = np.sort(np.concatenate((thr[thr < (255 << 23)].astype(np.int64),
+                                    starts.astype(np.int64) << kshift)))
+    bad = 0
+    for a in np.concatenate((steps - 2, steps - 1, steps, steps + 1, steps + 2, extra)):
+        if base.size == 0 or a < 0 or a >= (np.int64(255) << 23):
+            continue
+        i = base[a >> kshift] + np.int64(a >= thr[a >> kshift])
+        s = np.float32(blocks.scale_words(word(a), bp, sp))
+        r = (as_int64(np.float32(s).view(np.int32)) >> rsh) - ri0
+        rc = rct[r] if 0 <= r < rct.size else np.float32(bp.pts_inv) / s
+        bad += np.int64(svals[i] != s) | np.int64(rvals[i] != rc)
+    return bad, svals.size, steps
+
+
+@pytest.mark.parametrize("bfmt", ["nvfp4", blocks.block("e2m1fn", 16, "fp(4,5)", "even"),
+                                  blocks.block("e4m3fn", 32, "e5m2", "even")], ids=str)
+@pytest.mark.parametrize("pts", [1.0, 3.7e-3, 1.2345e-30, 2.5e30, 1 / 3, 1.2535e35])
+def test_scale_step_table_equals_scale_words(bfmt, pts):
+    """The word kernel takes scales rounded to nearest (NVFP4's UE4M3) from a table of the
+    steps of scale_words in the largest magnitude's bits, for calls of STEPS_FROM blocks or
+    more: at every step, next to it, at 0, at the top and at 2**16 random bits, the table's
+    scale and reciprocal are scale_words' own, for per-tensor scales from 1e-30 to 1e35 (where
+    the last step lies just under float32's largest value)."""
+    bfmt = blocks.parse_block_format(bfmt)
+    bp = blocks.block_params(bfmt, float(np.float32(pts)))
+    sp = kernel_params(bfmt.scale, np.float64)
+    extra = np.concatenate([[0, 1, (255 << 23) - 1],
+                            np.random.default_rng(7).integers(0, 255 << 23, 1 << 16)])
+    bad, values, steps = _steps_against_scale_words(bp, sp, extra.astype(np.int64))
+    assert values > 8 and steps.size == values - 1 and bad == 0, (values, steps.size, bad)
+
+
+def test_word_kernel_takes_the_step_table_on_large_calls():
+    """An NVFP4 call of 2**19 elements (32768 blocks: the table in each thread's range)
+    equals the counted kernel bit for bit, to nearest: blocks whose largest magnitude is a
+    step of the table or one bit either side of it, and random blocks over 2**-60 .. 2**60."""
+    rng = np.random.default_rng(11)
+    bfmt = blocks.parse_block_format("nvfp4")
+    pts = 0.01171875
+    _, _, steps = _steps_against_scale_words(blocks.block_params(bfmt, pts),
+                                             kernel_params(bfmt.scale, np.float64),
+                                             np.zeros(0, np.int64))
+    x = (rng.standard_normal((128, 4096)) * np.exp2(rng.integers(-60, 60, (128, 256))
+                                                    .repeat(16, axis=1))).astype(np.float32)
+    tops = np.concatenate([steps - 1, steps, steps + 1]).astype(np.uint32).view(np.float32)
+    x.reshape(-1, 16)[:tops.size] *= 0.5 * tops[:, None] / np.abs(x.reshape(-1, 16)[:tops.size]).max(1, keepdims=True)
+    x.reshape(-1, 16)[:tops.size, 3] = tops * rng.choice([-1, 1], tops.size)
+    assert x.size // 16 >= 2 * blocks.STEPS_FROM
+    counted = blocks.quantize_blocks(x, bfmt, tensor_scale=pts)
+    words = blocks.quantize_blocks(x, bfmt, tensor_scale=pts, want_elements=False,
+                                   want_counts=False)
+    assert words.counts is None
+    assert same(words.scales, counted.scales)
+    assert np.array_equal(words.values.view(np.uint32), counted.values.view(np.uint32))
