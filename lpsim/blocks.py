@@ -1212,6 +1212,22 @@ def element_params32(bfmt: BlockFormat) -> Params:
                          else PRESETS["mxfp4"].saturating_element, np.float32)
 
 
+@register_jitable
+def finite_bits(a, cmag, cinf):
+    """The magnitude bits of container bits ``a`` if finite (below inf's bits ``cinf``), else
+    0: what the per-tensor largest magnitude takes of each element, on the CPU and in
+    lpsim_cuda."""
+    a = a & cmag
+    return a if a < cinf else a & 0
+
+
+def container_bits(dtype) -> tuple:
+    """(magnitude mask, inf's bits, M, EB) of a float32 or float64 container."""
+    if np.dtype(dtype).itemsize == 8:
+        return (1 << 63) - 1, 2047 << 52, 52, 1023
+    return (1 << 31) - 1, 255 << 23, 23, 127
+
+
 @njit(cache=True, nogil=True)
 def finite_amax(x):
     """The largest finite magnitude of a flat float32/float64 array (0.0 if none): an integer
@@ -1226,8 +1242,7 @@ def finite_amax(x):
     if am >= cinf:                      # an inf or NaN: the max below inf's bits
         am = am & 0
         for i in range(xb.size):
-            a = word(xb[i]) & cmag
-            am = max(am, a if a < cinf else a & 0)
+            am = max(am, finite_bits(word(xb[i]), cmag, cinf))
     return bits_value(as_int64(am), 52 if wide else 23, 1023 if wide else 127)
 
 
@@ -1253,8 +1268,14 @@ def tensor_amax(flat: np.ndarray) -> float:
 
 
 def tensor_scale_of(x, bfmt: BlockFormat) -> float:
-    """NVFP4's per-tensor FP32 scale: fp32(amax / (scale max * element max)); 1 if amax 0."""
-    amax = tensor_amax(np.ascontiguousarray(x).reshape(-1)) if x.size else 0.0
+    """NVFP4's per-tensor FP32 scale of the array x (:func:`tensor_scale_from`)."""
+    return tensor_scale_from(tensor_amax(np.ascontiguousarray(x).reshape(-1)) if x.size
+                             else 0.0, bfmt)
+
+
+def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
+    """NVFP4's per-tensor FP32 scale of a tensor whose largest finite magnitude is ``amax``:
+    fp32(amax / (scale max * element max)); 1 if amax is 0."""
     if amax == 0:
         return 1.0
     return float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor))

@@ -15,8 +15,9 @@ import numpy as np
 from numba import cuda
 
 from lpsim.blocks import (BLOCK_COUNTERS, Blocked, _element_params, add_counts, block_params,
-                          block_recip, block_scale, element_exact, element_fast, element_word,
-                          parse_block_format, tensor_scale_of)
+                          block_recip, block_scale, container_bits, element_exact,
+                          element_fast, element_word, finite_bits, parse_block_format,
+                          tensor_scale_from)
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
@@ -113,6 +114,31 @@ def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed
         base += step
 
 
+@cuda.jit
+def _amax_kernel(bits, cmag, cinf, out):
+    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.finite_bits): a
+    grid-stride max per thread, then one atomic max each."""
+    am = np.int64(0)
+    i = cuda.grid(1)
+    while i < bits.size:
+        am = max(am, finite_bits(np.int64(bits[i]), cmag, cinf))
+        i += cuda.gridsize(1)
+    cuda.atomic.max(out, 0, am)
+
+
+def tensor_amax(x2) -> float:
+    """The largest finite magnitude of the device array ``x2`` (float32/float64), found on
+    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale)."""
+    cmag, cinf, M, EB = container_bits(x2.dtype)
+    bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
+    out = cuda.to_device(np.zeros(1, np.int64))
+    if bits.size:
+        _amax_kernel[launch.grid_size(bits.size, launch.current_device()), THREADS](
+            bits, cmag, cinf, out)
+    a = int(out.copy_to_host()[0])
+    return float(np.int64(a).view(np.float64) if M == 52 else np.int32(a).view(np.float32))
+
+
 @cuda.jit(device=True)
 def _group_reduce(amax_sh, sums_sh, t, lane, span, nsums):
     """Tree reduction over each group of ``span`` threads: max of amax_sh, sums of the first
@@ -158,7 +184,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                        sr_bits=sr_bits, offset=offset, size=x2.size)
         pts = 1.0
         if bfmt.tensor_scale:
-            pts = tensor_scale_of(x2.copy_to_host(), bfmt) if tensor_scale is None \
+            pts = tensor_scale_from(tensor_amax(x2), bfmt) if tensor_scale is None \
                 else float(tensor_scale)
         bp = block_params(bfmt, pts)
         p = _element_params(bfmt.saturating_element, request.params.W)

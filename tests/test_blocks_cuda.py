@@ -34,6 +34,22 @@ def test_cuda_blocks_equal_the_cpu_kernel(bfmt, rounding, sr_bits, dtype):
     assert np.array_equal(got.counts, want.counts)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+def test_cuda_tensor_amax_is_the_cpu_pass(dtype):
+    """NVFP4's per-tensor largest finite magnitude is found on the device (8 bytes come
+    back, not the tensor): the CPU pass's value with NaN, inf, the largest finite value
+    negated, subnormals only, and nothing finite at all."""
+    info = np.finfo(dtype)
+    cases = [block_data(2, 40, seed=3, dtype=dtype),
+             np.array([np.nan, -np.inf, 1.5, -info.max, np.inf, 0.0], dtype),
+             np.array([info.smallest_subnormal * 3, -info.smallest_subnormal, -0.0], dtype),
+             np.array([np.nan, np.inf, -np.inf], dtype), np.zeros(0, dtype)]
+    for x in cases:
+        want = lpsim.blocks.finite_amax(x.reshape(-1)) if x.size else 0.0
+        got = lpsim_cuda.blocks.tensor_amax(cuda.to_device(x))
+        assert got == want and type(got) is float, (x, got, want)
+
+
 @pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4"])
 def test_cuda_values_without_counters_equal_the_counted_ones(bfmt):
     """stats=None skips the per-block counters (want_counts=False): same values and scales,

@@ -96,6 +96,12 @@ with mock.patch.object(dispatcher, "get_current_device",
                                       tuple(numba.typeof(a) for a in args), cc=(9, 0))
             print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
             report(f"blocks {name} {np.dtype(dtype)}", ptx)
+    for bits in (numba.int32[::1], numba.int64[::1]):       # NVFP4's per-tensor amax
+        ptx, _ = cuda.compile_ptx(B._amax_kernel.py_func,
+                                  (bits, numba.int64, numba.int64, numba.int64[::1]), cc=(9, 0))
+        assert "atom.global.max.s64" in ptx, "no 64-bit atomic max"
+        print("amax", bits.dtype, "ok", len(ptx))
+        report(f"blocks amax {bits.dtype}", ptx)
 """
 
 
@@ -149,9 +155,10 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
 
 def test_block_kernel_compiles_for_sm90():
     lines = _compile(_PREAMBLE + BLOCKS).splitlines()
-    assert len([x for x in lines if " ok " in x]) == 6, lines
+    assert len([x for x in lines if " ok " in x and " fma " in x]) == 6, lines
+    assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 2, lines
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
-    assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
+    assert all(x.endswith("fma 0") for x in lines if " fma " in x), lines
 
 
 def test_casgd_kernels_compile_for_sm90_without_contractions():
