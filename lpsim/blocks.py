@@ -23,8 +23,11 @@ smallest scale.  Scale formats with mantissa bits (NVFP4's ``e4m3fn``) take
 max))`` when ``tensor_scale``), clamped to the scale format's range and rounded to it: to
 nearest (``even``), up (``ceil``, ``rceil``) or down (``floor``); the elements are then
 ``fp32(x * r)`` with the float32 reciprocal ``r = fp32(fp32(1/pts) / s)``, as torchao's NVFP4
-and TransformerEngine compute them.  The fake-quantized value is ``q * s`` (``* pts``) rounded
-once to the container.
+and TransformerEngine compute them.  The per-tensor scale is a float32 (a given one is
+rounded to float32) of at least :func:`min_tensor_scale` (about 2**-119 for NVFP4), so that
+``r`` stays finite for the smallest block scale: a tensor whose largest magnitude is below
+about 4e-33 is scaled as if it reached it.  The fake-quantized value is ``q * s``
+(``* pts``) rounded once to the container.
 
 A block holding a NaN or inf gets a NaN scale and decodes to NaN (``nonfinite="nan"``, OCP),
 or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays NaN, inf
@@ -655,6 +658,18 @@ def _elements_nearest32(xf, outf, lo, size, rc, s, pts, maxe, cw, lw):
 
 
 @register_jitable(forceinline=True)
+def _block_nearest32(xf, outf, lo, n, rc, s, pts, maxe, cw, lw):
+    """:func:`_elements_nearest32` over a block of n elements from ``lo``: a loop of literal
+    length for blocks of 32 and 16."""
+    if n == 32:
+        _elements_nearest32(xf, outf, lo, 32, rc, s, pts, maxe, cw, lw)
+    elif n == 16:
+        _elements_nearest32(xf, outf, lo, 16, rc, s, pts, maxe, cw, lw)
+    else:
+        _elements_nearest32(xf, outf, lo, n, rc, s, pts, maxe, cw, lw)
+
+
+@register_jitable(forceinline=True)
 def _elements_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
     """:func:`element_fast32` over the ``size`` elements from ``lo`` (random words from
     ``r0``); returns how many it left to the exact step."""
@@ -723,12 +738,7 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
             continue
         lo, rc, s32 = np.uint64(lo_), rcs[j], s32s[j]
         if near:
-            if n == 32:
-                _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
-            elif n == 16:
-                _elements_nearest32(xf, outf, lo, 16, rc, s32, pts, maxe, cw, lw)
-            else:
-                _elements_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
+            _block_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
             continue
         r0 = np.uint64(lo_ - e_lo)
         if n == 32:
@@ -837,13 +847,8 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
                 rcs[j] = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
         if near and nonfinite == 0:             # the group's elements, to nearest
             for j in range(g1 - g0):
-                lo, n, rc, s32 = np.uint64(los[j]), ns[j], rcs[j], s32s[j]
-                if n == 32:
-                    _elements_nearest32(xf, outf, lo, 32, rc, s32, pts, maxe, cw, lw)
-                elif n == 16:
-                    _elements_nearest32(xf, outf, lo, 16, rc, s32, pts, maxe, cw, lw)
-                else:
-                    _elements_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
+                _block_nearest32(xf, outf, np.uint64(los[j]), ns[j], rcs[j], s32s[j], pts,
+                                 maxe, cw, lw)
             continue
         _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead)
 
@@ -1273,12 +1278,55 @@ def tensor_scale_of(x, bfmt: BlockFormat) -> float:
                              else 0.0, bfmt)
 
 
+def _reciprocal_finite(pts, smin) -> bool:
+    """Whether the kernels' reciprocal of the smallest block scale under the per-tensor
+    scale ``pts`` is finite: fp32(fp32(1 / pts) / smin), as block_params and scale_recip
+    form it (a zero element times an infinite reciprocal would be NaN)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return bool(np.isfinite(np.float32(np.float32(1.0 / np.float32(pts)) / smin)))
+
+
+@functools.lru_cache(maxsize=256)
+def min_tensor_scale(bfmt: BlockFormat) -> float:
+    """The least per-tensor scale of ``bfmt`` (a float32): the least with
+    :func:`_reciprocal_finite`, about 2**-119 for an E4M3 scale (smallest 2**-9)."""
+    smin = np.float32(bfmt.scale.min_subnormal)
+    pts = np.float32(1.0 / (float(np.finfo(np.float32).max) * float(smin)))
+    while not _reciprocal_finite(pts, smin):
+        pts = np.nextafter(pts, np.float32(np.inf))
+    while _reciprocal_finite(np.nextafter(pts, np.float32(0)), smin):
+        pts = np.nextafter(pts, np.float32(0))
+    return float(pts)
+
+
 def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale of a tensor whose largest finite magnitude is ``amax``:
-    fp32(amax / (scale max * element max)); 1 if amax is 0."""
+    fp32(amax / (scale max * element max)), at least :func:`min_tensor_scale` (NVFP4 scales
+    a tensor below about 4e-33 as if it reached that, rather than make its zeros NaN);
+    1 if amax is 0."""
     if amax == 0:
         return 1.0
-    return float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor))
+    return max(float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor)),
+               min_tensor_scale(bfmt))
+
+
+def checked_tensor_scale(value, bfmt: BlockFormat) -> float:
+    """A per-tensor scale given by the caller, as the kernels take it: rounded to float32
+    (NVFP4's is an FP32, and both CPU kernels must see the same value), and refused unless
+    it is then finite and at least :func:`min_tensor_scale`."""
+    try:
+        pts = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"tensor_scale={value!r} must be a number") from None
+    with np.errstate(over="ignore"):
+        pts32 = float(np.float32(pts))
+    least = min_tensor_scale(bfmt)
+    if not (np.isfinite(pts32) and pts32 >= least):
+        raise ValueError(f"tensor_scale={value!r} must be a float32 from {least:.9g} to "
+                         f"{float(np.finfo(np.float32).max):.9g}: the per-tensor scale is an "
+                         "FP32, and the reciprocals of the block scales under it must be "
+                         "finite")
+    return pts32
 
 
 class Blocked(NamedTuple):
@@ -1326,9 +1374,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         if x.ndim else (x.reshape(1, 1), (1,))
     pts = 1.0
     if bfmt.tensor_scale:
-        pts = tensor_scale_of(x, bfmt) if tensor_scale is None else float(tensor_scale)
-        if not (np.isfinite(pts) and pts > 0):
-            raise ValueError(f"tensor_scale={tensor_scale!r} must be a positive finite number")
+        pts = tensor_scale_of(x, bfmt) if tensor_scale is None \
+            else checked_tensor_scale(tensor_scale, bfmt)
     bp = block_params(bfmt, pts)
     p = _element_params(bfmt.saturating_element, request.params.W)
     p32 = element_params32(bfmt)

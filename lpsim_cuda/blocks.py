@@ -15,9 +15,9 @@ import numpy as np
 from numba import cuda
 
 from lpsim.blocks import (BLOCK_COUNTERS, Blocked, _element_params, add_counts, block_params,
-                          block_recip, block_scale, container_bits, element_exact,
-                          element_fast, element_word, finite_bits, parse_block_format,
-                          tensor_scale_from)
+                          block_recip, block_scale, checked_tensor_scale, container_bits,
+                          element_exact, element_fast, element_word, finite_bits,
+                          parse_block_format, tensor_scale_from)
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
@@ -185,7 +185,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         pts = 1.0
         if bfmt.tensor_scale:
             pts = tensor_scale_from(tensor_amax(x2), bfmt) if tensor_scale is None \
-                else float(tensor_scale)
+                else checked_tensor_scale(tensor_scale, bfmt)
         bp = block_params(bfmt, pts)
         p = _element_params(bfmt.saturating_element, request.params.W)
         sp = kernel_params(bfmt.scale, np.float64)

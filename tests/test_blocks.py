@@ -3,6 +3,7 @@ casts (their scale rules) and lpsim.reference (every rule and rounding mode); SR
 given the scale; counters; errors."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -256,6 +257,40 @@ def test_bad_calls_name_the_value():
         lpsim.quantize(np.array([2 ** 60 + 1]), "mxfp4")        # not exact in float64
     with pytest.raises(ValueError, match="unknown rounding"):
         lpsim.quantize(np.zeros(4, np.float32), "mxfp4", "nearest_even")
+
+
+def test_tensor_scales_are_float32_with_finite_reciprocals():
+    """NVFP4's per-tensor scale is an FP32, and the reciprocals of the block scales under it
+    scale the elements: a given one is rounded to float32 (the word and counted kernels then
+    agree: they disagreed on 0.1), one below min_tensor_scale (about 2**-119: below it the
+    smallest block scale's reciprocal overflows, and zeros became NaN, 0 * inf) or not a
+    positive finite float32 is refused by name, and a tensor below about 4e-33 gets the
+    least scale instead of an underflowing one."""
+    x = block_data(64, 512, seed=8, lo=-6, hi=6)
+    x[5, :40] = 0.0                                     # zero blocks: the smallest scale
+    least = blocks.min_tensor_scale(parse_block_format("nvfp4"))
+    assert 2.0 ** -119 <= least < 2.0 ** -118
+    for given in (0.1, 1e-30, 3e38, least):
+        want = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=float(np.float32(given)))
+        counted = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=given)
+        words = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=given,
+                                             want_elements=False, want_counts=False)
+        assert counted.tensor_scale == float(np.float32(given)), given
+        assert not np.isnan(counted.values).any(), given
+        assert same(counted.values, want.values) and same(words.values, want.values), given
+    below = float(np.nextafter(np.float32(least), np.float32(0)))
+    for bad in (below, 2.0 ** -126, 0.0, -1.0, np.inf, np.nan, 1e39):
+        with pytest.raises(ValueError, match=re.escape(f"tensor_scale={bad!r} must be a float32")):
+            lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=bad)
+    with pytest.raises(TypeError, match="tensor_scale='a' must be a number"):
+        lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale="a")
+    tiny = (x * 1e-36).astype(np.float32)               # amax / 2688 is far below the least
+    counted = lpsim.blocks.quantize_blocks(tiny, "nvfp4")
+    assert counted.tensor_scale == least
+    for values in (counted.values, lpsim.quantize(tiny, "nvfp4")):
+        assert not np.isnan(values).any()
+        assert same(values[5, :40], tiny[5, :40])       # zeros stay zeros, signs and all
+        assert same(values, counted.values)
 
 
 # --- codes ----------------------------------------------------------------------------------

@@ -50,6 +50,17 @@ def test_cuda_tensor_amax_is_the_cpu_pass(dtype):
         assert got == want and type(got) is float, (x, got, want)
 
 
+def test_cuda_tensor_scales_are_checked_as_on_the_cpu():
+    """A given per-tensor scale is rounded to float32 and checked as the CPU path does."""
+    x = block_data(2, 32, seed=14)
+    got, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), "nvfp4", tensor_scale=0.1)
+    want = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=0.1)
+    assert got.tensor_scale == want.tensor_scale == float(np.float32(0.1))
+    assert same(got.values.copy_to_host(), want.values)
+    with pytest.raises(ValueError, match="tensor_scale=0.0 must be a float32 from"):
+        lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), "nvfp4", tensor_scale=0.0)
+
+
 @pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4"])
 def test_cuda_values_without_counters_equal_the_counted_ones(bfmt):
     """stats=None skips the per-block counters (want_counts=False): same values and scales,
