@@ -1031,14 +1031,14 @@ def _scale_steps(bp, sp, rct, ri0, rsh, blocks):
     svals[i] and its reciprocal rvals[i] (as :func:`_chunk_words` takes them from ``rct``).
     Each step (the least a of a larger scale) is found by evaluating scale_words itself, so
     the table gives its scales exactly; a bucket of keys holding two steps, a call of fewer
-    than STEPS_FROM blocks or another kind of scale give empty tables (the divisions then
-    run per block)."""
+    than STEPS_FROM blocks, or a scale without the table of its values ``rct`` (other kinds,
+    or more than 4096 values) give empty tables (the divisions then run per block)."""
     kshift = np.int64(22 - sp.m)
     none = (np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32),
             np.empty(0, np.float32), kshift)
-    if bp.pow2 or not bp.snear32 or blocks < STEPS_FROM or sp.m > 8:
+    if bp.pow2 or not bp.snear32 or rct.size == 0 or blocks < STEPS_FROM or sp.m > 8:
         return none
-    cap = 1 << 13
+    cap = rct.size + 1                                  # at most one step per value
     steps = np.empty(cap, np.int64)
     svals = np.empty(cap, np.float32)
     s = _scale_of(np.int64(0), bp, sp)
