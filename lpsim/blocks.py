@@ -1315,7 +1315,9 @@ def checked_tensor_scale(value, bfmt: BlockFormat) -> float:
     (NVFP4's is an FP32, and both CPU kernels must see the same value), and refused unless
     it is then finite and at least :func:`min_tensor_scale`."""
     try:
-        pts = float(value)
+        if isinstance(value, (str, bytes, bool, np.bool_)):
+            raise TypeError
+        pts = float(value)              # numbers, numpy scalars, 0-d tensors
     except (TypeError, ValueError):
         raise TypeError(f"tensor_scale={value!r} must be a number") from None
     with np.errstate(over="ignore"):

@@ -282,8 +282,11 @@ def test_tensor_scales_are_float32_with_finite_reciprocals():
     for bad in (below, 2.0 ** -126, 0.0, -1.0, np.inf, np.nan, 1e39):
         with pytest.raises(ValueError, match=re.escape(f"tensor_scale={bad!r} must be a float32")):
             lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=bad)
-    with pytest.raises(TypeError, match="tensor_scale='a' must be a number"):
-        lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale="a")
+    for bad in ("a", "0.5", True, None.__class__):
+        with pytest.raises(TypeError, match=re.escape(f"tensor_scale={bad!r} must be a number")):
+            lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=bad)
+    assert lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=np.float16(0.5)).tensor_scale \
+        == 0.5
     tiny = (x * 1e-36).astype(np.float32)               # amax / 2688 is far below the least
     counted = lpsim.blocks.quantize_blocks(tiny, "nvfp4")
     assert counted.tensor_scale == least
