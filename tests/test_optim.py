@@ -97,6 +97,37 @@ def test_fused_counts_the_slow_pass_like_the_reference(update):
     assert_same(*runs)
 
 
+def test_fused_bf16_moments_equal_the_reference_on_extreme_gradients():
+    """bfloat16 AdamW states to nearest take one fused loop (the moments, then a float32 add
+    and subtract per rounding) and round_bits where it declines: gradients of inf, NaN, near
+    float32's largest value, subnormal and zero (moments past bfloat16's largest value and
+    below its smallest) give the reference's moments bit for bit, and its weights up to the
+    payload of a NaN."""
+    n = 4099
+    gen = torch.Generator().manual_seed(9)
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 3.3e38, -3.3e38, 1e-40,
+                            -1e-45, 0.0, -0.0, 6e19, 1.7e19, -2e-20])
+
+    def grads():
+        g = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-130, 128, (n,),
+                                                                     generator=gen).float())
+        g[:special.numel()] = special
+        return g
+
+    runs = []
+    for impl in ("reference", "fused"):
+        make = lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.1, seed=3, implementation=impl)
+        gen.manual_seed(9)
+        runs.append(run(make, torch.bfloat16, steps=3, n=n, grads=grads))
+    (pr, orf), (pf, ofu) = runs
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(bits(orf.state[pr][key]), bits(ofu.state[pf][key])), key
+        assert torch.isinf(orf.state[pr][key]).any() or key == "exp_avg_sq"
+    nan = torch.isnan(pr.detach())
+    assert torch.equal(nan, torch.isnan(pf.detach())) and nan.any()
+    assert torch.equal(bits(pr)[~nan], bits(pf)[~nan])
+
+
 # -- the papers' lines against exact arithmetic ------------------------------------------
 
 def f32(x):

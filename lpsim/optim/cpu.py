@@ -5,8 +5,9 @@ Two routes to the same bits, both through :mod:`lpsim.optim.step`:
 * the vectorised route (float32 / bfloat16 storage): per chunk of CHUNK elements held in
   cache, one simple loop per line of the step (the functions of :mod:`lpsim.optim.step`),
   and every rounding through lpsim.quantize's own vectorised pass
-  (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest), so each loop
-  vectorises and the data still crosses memory once;
+  (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest; bfloat16 AdamW
+  states to nearest in one loop with their moments, :func:`_moments_nearest32`), so each
+  loop vectorises and the data still crosses memory once;
 * the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage), which lpsim_cuda
   runs too.
 
@@ -23,9 +24,10 @@ import torch
 from numba import njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import (GROUP, entry_point, fast_pass, fill_words, slow_pass, thread_pool,
-                       threads)
-from lpsim.rounding import NEAREST, STOCHASTIC
+from lpsim.cpu import (GROUP, _nearest32_step, as_bits, entry_point, fast_pass, fill_words,
+                       slow_pass, thread_pool, threads)
+from lpsim.rounding import NEAREST, STOCHASTIC, nearest32_top, nearest32_words, round_bits
+from lpsim.word32 import bits_float32, word
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
                    adamw_update, join_remainder, kahan_comp, kahan_y, sgd_buffer,
@@ -87,6 +89,32 @@ def _round(xb, yb, mode, k, p, rs, left, counts):
 
 
 @register_jitable
+def _moments_nearest32(gf, xf, yf, hp, p):
+    """xf, yf = AdamW's moments from gf, xf, yf (float32 arrays, in place) rounded to nearest
+    in ``p``'s format (bfloat16 states) in one loop: the moments and lpsim.rounding.nearest32
+    (a float32 add and subtract, exact for bfloat16), round_bits for what it declines (inf,
+    NaN, the largest values) after.  The same bits as the moments then two rounding passes,
+    in about half the time."""
+    cw, lw = nearest32_words(p.m, p.emin)
+    lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
+    slow = word(np.int32(0))
+    for j in range(gf.size):
+        m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
+        mr, okm = _nearest32_step(m, cw, lw, lim)
+        vr, okv = _nearest32_step(v, cw, lw, lim)
+        xf[j] = mr
+        yf[j] = vr
+        slow |= (okm & okv) ^ 1
+    if slow != 0:           # declined elements hold their moment; a rounded value is its own
+        xb, yb = as_bits(xf), as_bits(yf)
+        for j in range(gf.size):
+            if not abs(xf[j]) < lim:
+                xb[j], _ = round_bits(np.int64(xb[j]), NEAREST, np.int64(0), 0, p)
+            if not abs(yf[j]) < lim:
+                yb[j], _ = round_bits(np.int64(yb[j]), NEAREST, np.int64(0), 0, p)
+
+
+@register_jitable
 def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, s32, s64,
            words, left, counts, scratch_counts):
     """Step local elements lo .. hi-1 (one chunk) by the vectorised route: simple loops over
@@ -121,10 +149,13 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
         _decode(mb[lo:hi], skind, x)
     if algo == ADAMW:
         _decode(vb[lo:hi], skind, y)
-        for j in range(n):
-            mf[j], vf[j] = adamw_moments(gf[j], xf[j], yf[j], hp)
-        _round(m, x, smode, sk, ps, rms, left, scratch_counts)
-        _round(v, y, smode, sk, ps, rvs, left, scratch_counts)
+        if smode == NEAREST and skind == STORE_BF16:
+            _moments_nearest32(gf, xf, yf, hp, ps)
+        else:
+            for j in range(n):
+                mf[j], vf[j] = adamw_moments(gf[j], xf[j], yf[j], hp)
+            _round(m, x, smode, sk, ps, rms, left, scratch_counts)
+            _round(v, y, smode, sk, ps, rvs, left, scratch_counts)
         for j in range(n):
             uf[j] = adamw_update(xf[j], yf[j], wf[j], hp)
         _encode(x, skind, mb[lo:hi])
