@@ -337,9 +337,7 @@ def _nearest32_range(x, out, pv, lo, hi):
     if xa != oa and xa < oa + nbytes and oa < xa + nbytes:
         return OVERLAP
     p = params_of(pv)
-    cw, lw = nearest32_words(p.m, p.emin)
-    # below lim (2**(105 + m), and the format's largest value) the add decides alone
-    lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
+    cw, lw, lim = nearest32_consts(p)
     slow = word(np.int32(0))
     if xa == oa:
         # in place through a scratch chunk: a loop that stores back what it loaded where
@@ -360,12 +358,28 @@ def _nearest32_range(x, out, pv, lo, hi):
             out[i] = v
             slow |= ok ^ 1
     if slow != 0:
-        # what the pass left holds its own value; a rounded value is its own rounding
-        outb = as_bits(out)
-        for i in range(lo, hi):
-            if not abs(out[i]) < lim:
-                outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), 0, p)
+        nearest32_rest(out, lo, hi, lim, p)
     return 0
+
+
+@register_jitable
+def nearest32_consts(p):
+    """(cw, lw, lim) of a nearest32 pass to ``p``'s format (float32 container): the words of
+    :func:`lpsim.rounding.nearest32_words`, and the magnitude below which the add decides
+    alone (2**(105 + m), and the format's largest value)."""
+    cw, lw = nearest32_words(p.m, p.emin)
+    return cw, lw, bits_float32(word(min(nearest32_top(p.m), p.maxb)))
+
+
+@register_jitable
+def nearest32_rest(out, lo, hi, lim, p):
+    """round_bits (nearest) over the elements lo .. hi-1 of the float32 ``out`` that a
+    nearest32 pass left (|value| not below lim, NaN included): they hold their own value,
+    and a rounded value is its own rounding."""
+    outb = as_bits(out)
+    for i in range(lo, hi):
+        if not abs(out[i]) < lim:
+            outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), 0, p)
 
 
 @register_jitable(forceinline=True)

@@ -15,7 +15,8 @@ import numpy as np
 from numba import cuda
 
 from lpsim.blocks import (BLOCK_COUNTERS, Blocked, _element_params, add_counts, block_params,
-                          block_recip, block_scale, checked_tensor_scale, container_bits,
+                          bits_value, block_recip, block_scale, checked_tensor_scale,
+                          container_bits,
                           element_exact, element_fast, element_word, finite_bits,
                           parse_block_format, tensor_scale_from)
 from lpsim.philox import LANES
@@ -135,8 +136,7 @@ def tensor_amax(x2) -> float:
     if bits.size:
         _amax_kernel[launch.grid_size(bits.size, launch.current_device()), THREADS](
             bits, cmag, cinf, out)
-    a = int(out.copy_to_host()[0])
-    return float(np.int64(a).view(np.float64) if M == 52 else np.int32(a).view(np.float32))
+    return float(bits_value(out.copy_to_host()[0], M, EB))
 
 
 @cuda.jit(device=True)

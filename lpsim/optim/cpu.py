@@ -24,10 +24,10 @@ import torch
 from numba import njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import (GROUP, _nearest32_step, as_bits, entry_point, fast_pass, fill_words,
-                       slow_pass, thread_pool, threads)
-from lpsim.rounding import NEAREST, STOCHASTIC, nearest32_top, nearest32_words, round_bits
-from lpsim.word32 import bits_float32, word
+from lpsim.cpu import (GROUP, _nearest32_step, entry_point, fast_pass, fill_words,
+                       nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
+from lpsim.rounding import NEAREST, STOCHASTIC
+from lpsim.word32 import word
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
                    adamw_update, join_remainder, kahan_comp, kahan_y, sgd_buffer,
@@ -95,8 +95,7 @@ def _moments_nearest32(gf, xf, yf, hp, p):
     (a float32 add and subtract, exact for bfloat16), round_bits for what it declines (inf,
     NaN, the largest values) after.  The same bits as the moments then two rounding passes,
     in one pass over the chunk instead of three (6% off a bfloat16 step)."""
-    cw, lw = nearest32_words(p.m, p.emin)
-    lim = bits_float32(word(min(nearest32_top(p.m), p.maxb)))
+    cw, lw, lim = nearest32_consts(p)
     slow = word(np.int32(0))
     for j in range(gf.size):
         m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
@@ -105,13 +104,9 @@ def _moments_nearest32(gf, xf, yf, hp, p):
         xf[j] = mr
         yf[j] = vr
         slow |= (okm & okv) ^ 1
-    if slow != 0:           # declined elements hold their moment; a rounded value is its own
-        xb, yb = as_bits(xf), as_bits(yf)
-        for j in range(gf.size):
-            if not abs(xf[j]) < lim:
-                xb[j], _ = round_bits(np.int64(xb[j]), NEAREST, np.int64(0), 0, p)
-            if not abs(yf[j]) < lim:
-                yb[j], _ = round_bits(np.int64(yb[j]), NEAREST, np.int64(0), 0, p)
+    if slow != 0:                       # declined elements hold their moment
+        nearest32_rest(xf, 0, xf.size, lim, p)
+        nearest32_rest(yf, 0, yf.size, lim, p)
 
 
 @register_jitable
