@@ -1260,6 +1260,11 @@ def tensor_amax(flat: np.ndarray) -> float:
     """:func:`finite_amax` of a flat array, over lpsim's threads from 2 * AMAX_GRAIN elements
     (one contiguous range each, the calling thread taking the first): NVFP4's per-tensor
     pass reads the whole tensor once more before the blocks are rounded."""
+    if not isinstance(flat, np.ndarray) or flat.dtype not in (np.float32, np.float64) \
+            or flat.ndim != 1:
+        raise TypeError(f"tensor_amax takes a flat float32/float64 numpy array, not "
+                        f"{getattr(flat, 'dtype', type(flat).__name__)} of shape "
+                        f"{getattr(flat, 'shape', None)}")
     n = flat.size
     workers = min(threads(), n // AMAX_GRAIN)
     if workers <= 1:
@@ -1286,10 +1291,14 @@ def _reciprocal_finite(pts, smin) -> bool:
         return bool(np.isfinite(np.float32(np.float32(1.0 / np.float32(pts)) / smin)))
 
 
-@functools.lru_cache(maxsize=256)
-def min_tensor_scale(bfmt: BlockFormat) -> float:
-    """The least per-tensor scale of ``bfmt`` (a float32): the least with
+def min_tensor_scale(bfmt) -> float:
+    """The least per-tensor scale of the block format ``bfmt`` (a float32): the least with
     :func:`_reciprocal_finite`, about 2**-119 for an E4M3 scale (smallest 2**-9)."""
+    return _min_tensor_scale(parse_block_format(bfmt))
+
+
+@functools.lru_cache(maxsize=256)
+def _min_tensor_scale(bfmt: BlockFormat) -> float:
     smin = np.float32(bfmt.scale.min_subnormal)
     pts = np.float32(1.0 / (float(np.finfo(np.float32).max) * float(smin)))
     while not _reciprocal_finite(pts, smin):

@@ -269,7 +269,10 @@ def test_tensor_scales_are_float32_with_finite_reciprocals():
     x = block_data(64, 512, seed=8, lo=-6, hi=6)
     x[5, :40] = 0.0                                     # zero blocks: the smallest scale
     least = blocks.min_tensor_scale(parse_block_format("nvfp4"))
-    assert 2.0 ** -119 <= least < 2.0 ** -118
+    assert 2.0 ** -119 <= least < 2.0 ** -118 and blocks.min_tensor_scale("nvfp4") == least
+    for bad in (np.arange(4), np.zeros(4, np.float16), np.zeros((2, 2), np.float32), [1.0]):
+        with pytest.raises(TypeError, match="tensor_amax takes a flat float32/float64"):
+            blocks.tensor_amax(bad)
     for given in (0.1, 1e-30, 3e38, least):
         want = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=float(np.float32(given)))
         counted = lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=given)
