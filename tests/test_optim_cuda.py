@@ -31,8 +31,9 @@ CONFIGS = [
 ]
 
 
-def inputs(cls, dtype, kw, n, offset, t=3):
-    """The kernel arguments of one parameter at step t, as numpy bit arrays."""
+def inputs(cls, dtype, kw, n, offset, t=3, specials=()):
+    """The kernel arguments of one parameter at step t, as numpy bit arrays; ``specials``:
+    gradient values put at its elements 3, 4, ..."""
     gen = torch.Generator().manual_seed(n + offset)
     p = torch.nn.Parameter(torch.randn(n, generator=gen).to(dtype))
     opt = cls([p], lr=0.05, seed=77, **kw)
@@ -44,7 +45,9 @@ def inputs(cls, dtype, kw, n, offset, t=3):
             state[name].copy_(torch.rand(n, generator=gen).to(state[name].dtype) * 0.1)
         elif torch.is_tensor(state[name]):
             state[name].copy_(torch.randint(-2 ** 15, 2 ** 15, (n,), generator=gen))
-    grad = torch.randn(n, generator=gen).to(dtype)
+    grad = torch.randn(n, generator=gen)
+    grad[3:3 + len(specials)] = torch.tensor(specials)
+    grad = grad.to(dtype)
     names = opt._state_names(group)
     sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
     arrays = [cpu.bits_view(p), cpu.bits_view(grad)] + \
@@ -71,6 +74,24 @@ def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
         np.testing.assert_array_equal(got.copy_to_host(), want)
     np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
     assert counts_cpu[0] > 0                   # the step did round something
+
+
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_cuda_kernel_stores_the_cpu_kernels_nans(cls, dtype, kw):
+    """NaN and inf gradients: weights and states stored as the same NaN codes (a GPU's
+    arithmetic makes one canonical NaN, a CPU's keeps an operand's; both store QUIET_NAN)."""
+    arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0, specials=(
+        float("nan"), float("inf"), float("-inf"), -float("nan"), 3e38, -3e38))
+    host = [a.copy() for a in arrays]
+    cpu.step(*host, *kargs, setup)
+    device = [cuda.to_device(a) for a in arrays]
+    step_arrays(*device, *kargs, setup, cuda.to_device(np.zeros(core.NCOUNTS, np.int64)))
+    w = host[0]
+    w = w.view(np.float16) if setup.kinds[0] == core.STORE_F16 else \
+        (w.astype(np.int32) << (16 if w.itemsize == 2 else 0)).view(np.float32)
+    assert np.isnan(w[[3, 6]]).all() and not np.isnan(w[7:]).any()
+    for want, got in zip(host, device):
+        np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_rebind_compiles_the_same_source_with_another_product():

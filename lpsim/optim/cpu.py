@@ -27,11 +27,11 @@ from numba.extending import register_jitable
 from lpsim.cpu import (GROUP, _nearest32_step, entry_point, fast_pass, fill_words,
                        nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
 from lpsim.rounding import NEAREST, STOCHASTIC
-from lpsim.word32 import word
+from lpsim.word32 import as_int64, word
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
                    adamw_update, join_remainder, kahan_comp, kahan_y, sgd_buffer,
-                   sgd_gradient, sgd_update, split_remainder, step_quad)
+                   quiet_nan, sgd_gradient, sgd_update, split_remainder, step_quad)
 
 #: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
 CHUNK = 2048
@@ -73,19 +73,30 @@ def _encode(src, kind, dst):
 
 
 @register_jitable
+def _quiet_nans(bits):
+    """Every NaN of a float32 bits array made QUIET_NAN, in place (lpsim.optim.step.quiet_nan,
+    in 32-bit words): run on the arrays whose rounding left elements to the slow pass,
+    since round_fast declines every NaN, so a chunk without NaNs pays nothing (the loop
+    costs 0.06 ns an element, 5% of a bfloat16 step if it ran on every stored array)."""
+    for j in range(bits.size):
+        bits[j] = as_int64(quiet_nan(word(bits[j])))
+
+
+@register_jitable
 def _round(xb, yb, mode, k, p, rs, left, counts):
     """yb = xb rounded (container bits), quantize's vectorised pass then its slow pass;
-    mode < 0: copied unrounded.  Returns the inexact count of the fast pass."""
+    mode < 0: copied unrounded.  Returns (the inexact count of the fast pass, whether yb may
+    hold a NaN: the fast pass left elements, or nothing was rounded)."""
     if mode < 0:
         yb[:] = xb
-        return 0
+        return 0, True
     if mode == STOCHASTIC:
         slow, inexact = fast_pass(xb, yb, rs, STOCHASTIC, k, p, left)
     else:
         slow, inexact = fast_pass(xb, yb, rs, NEAREST, k, p, left)
     if slow:
         slow_pass(yb, rs, mode, k, p, left, counts, 0)
-    return inexact
+    return inexact, slow != 0
 
 
 @register_jitable
@@ -94,7 +105,8 @@ def _moments_nearest32(gf, xf, yf, hp, p):
     in ``p``'s format (bfloat16 states) in one loop: the moments and lpsim.rounding.nearest32
     (a float32 add and subtract, exact for bfloat16), round_bits for what it declines (inf,
     NaN, the largest values) after.  The same bits as the moments then two rounding passes,
-    in one pass over the chunk instead of three (6% off a bfloat16 step)."""
+    in one pass over the chunk instead of three (6% off a bfloat16 step).  Returns whether
+    the moments may hold a NaN (elements were declined)."""
     cw, lw, lim = nearest32_consts(p)
     slow = word(np.int32(0))
     for j in range(gf.size):
@@ -107,6 +119,7 @@ def _moments_nearest32(gf, xf, yf, hp, p):
     if slow != 0:                       # declined elements hold their moment
         nearest32_rest(xf, 0, xf.size, lim, p)
         nearest32_rest(yf, 0, yf.size, lim, p)
+    return slow != 0
 
 
 @register_jitable
@@ -145,14 +158,17 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     if algo == ADAMW:
         _decode(vb[lo:hi], skind, y)
         if smode == NEAREST and skind == STORE_BF16:
-            _moments_nearest32(gf, xf, yf, hp, ps)
+            nans = _moments_nearest32(gf, xf, yf, hp, ps)
         else:
             for j in range(n):
                 mf[j], vf[j] = adamw_moments(gf[j], xf[j], yf[j], hp)
-            _round(m, x, smode, sk, ps, rms, left, scratch_counts)
-            _round(v, y, smode, sk, ps, rvs, left, scratch_counts)
+            nans = _round(m, x, smode, sk, ps, rms, left, scratch_counts)[1]
+            nans |= _round(v, y, smode, sk, ps, rvs, left, scratch_counts)[1]
         for j in range(n):
             uf[j] = adamw_update(xf[j], yf[j], wf[j], hp)
+        if nans:
+            _quiet_nans(x)
+            _quiet_nans(y)
         _encode(x, skind, mb[lo:hi])
         _encode(y, skind, vb[lo:hi])
     else:
@@ -161,7 +177,8 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
         if hasm:
             for j in range(n):
                 mf[j] = sgd_buffer(gf[j], xf[j], hp, first)
-            _round(m, x, smode, sk, ps, rms, left, scratch_counts)
+            if _round(m, x, smode, sk, ps, rms, left, scratch_counts)[1]:
+                _quiet_nans(x)
             _encode(x, skind, mb[lo:hi])
         for j in range(n):
             uf[j] = sgd_update(gf[j], xf[j], hp, nesterov)
@@ -179,12 +196,15 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
             sf[j] = np.float64(wf[j]) - np.float64(uf[j])
     # not counts[0] += _round(..., counts): the slow pass adds its own inexact elements to
     # counts[0] inside the call, and the += would store over them with the value read before
-    fast_inexact = _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left, counts)
+    fast_inexact, nans = _round(s, t, wmode if update < KAHAN else NEAREST, wk, pw, rws, left,
+                                counts)
     counts[0] += fast_inexact
     # the new weights go through the float32 array xf and are read back as bits (x): a
     # scalar .view(np.int32) in the loop keeps it from vectorising (5x slower)
     for j in range(n):
         xf[j] = np.float32(tf[j])
+    if nans:                # compared and stored as QUIET_NAN, as the quad route does
+        _quiet_nans(x)
     if update == REMAINDER:
         cancelled = 0
         for j in range(n):
@@ -197,10 +217,12 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     if update == KAHAN:
         for j in range(n):
             sf[j] = kahan_comp(tf[j], wf[j], cf[j])
-        _round(s, s64[2, :n], NEAREST, wk, pc, rws, left, scratch_counts)
+        nans = _round(s, s64[2, :n], NEAREST, wk, pc, rws, left, scratch_counts)[1]
         cc = s64[2, :n].view(np.float64)
         for j in range(n):
             cf[j] = np.float32(cc[j])
+        if nans:
+            _quiet_nans(c)
         _encode(c, skind, cb[lo:hi])
     cancelled = 0
     for j in range(n):

@@ -19,9 +19,10 @@ from lpsim.formats import parse_format
 from lpsim.quantize import plan, quantize
 from lpsim.rounding import kernel_params
 from lpsim.stats import RoundingStats
+from lpsim.storage import pack
 
 from .setup import FP32, Setup
-from .step import ADAMW, KAHAN, REMAINDER
+from .step import ADAMW, KAHAN, QUIET_NAN, REMAINDER
 
 
 def _f(x) -> torch.Tensor:
@@ -58,6 +59,43 @@ def _bits(x32: torch.Tensor) -> torch.Tensor:
     return x32.view(torch.int32).to(torch.int64)
 
 
+def _load(t: torch.Tensor) -> torch.Tensor:
+    """float32 values of a stored tensor, NaNs as the kernels decode them
+    (:func:`lpsim.optim.step.load`): torch's float16 cast gives a NaN 0x7FC00000 in its
+    vectorised loop and 0x7FFFFFFF in its scalar tail; the kernels keep sign and payload."""
+    x = t.detach().float().clone()        # a copy: .float() of a float32 tensor is itself
+    if t.dtype == torch.float16:
+        h = t.detach().contiguous().view(torch.int16).to(torch.int64).reshape(x.shape)
+        nan = ((h & 0x7C00) == 0x7C00) & ((h & 0x3FF) != 0)
+        b = (((h >> 15) & 1) << 31) | 0x7F800000 | ((h & 0x3FF) << 13)
+        b = torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)
+        x = torch.where(nan, b, x)
+    return x
+
+
+def _quiet(x32: torch.Tensor) -> torch.Tensor:
+    """x32 with every NaN the quiet NaN the kernels store (lpsim.optim.step.QUIET_NAN)."""
+    x32 = x32.float().contiguous()
+    nan = torch.tensor(QUIET_NAN, dtype=torch.int32).view(torch.float32)
+    return torch.where(torch.isnan(x32), nan, x32)
+
+
+def _store(dst: torch.Tensor, x32: torch.Tensor) -> None:
+    """dst[:] = float32 values already rounded to dst's format, re-encoded as the fused
+    kernels store them (:func:`lpsim.optim.step.store`): bfloat16 the float32 bits' top
+    half, float16 :func:`lpsim.storage.pack`, a NaN as QUIET_NAN.  Not ``dst.copy_``: torch's casts write a NaN
+    as one of several codes (0xFFFF from its vectorised bfloat16 cast, 0x7FC0 from its
+    scalar one), so the reference's NaNs would depend on torch's path."""
+    x32 = _quiet(x32)
+    if dst.dtype == torch.bfloat16:
+        dst.view(torch.int16).copy_((x32.view(torch.int32) >> 16).to(torch.int16).view_as(dst))
+    elif dst.dtype == torch.float16:
+        codes = pack(x32.numpy(), "float16", "fp16")
+        dst.view(torch.int16).copy_(torch.from_numpy(codes).view_as(dst))
+    else:
+        dst.copy_(x32)
+
+
 def join_remainder(code: torch.Tensor, rem: torch.Tensor) -> torch.Tensor:
     """float32 master of bfloat16 codes and int16 remainders (see lpsim.optim.step)."""
     hi = code.view(torch.int16).to(torch.int64) & 0xFFFF
@@ -86,46 +124,47 @@ def step(algo: int, param, grad, state: dict, s: Setup, hp, nesterov: bool, firs
     ``apply_update``.  streams = (weight, first moment, second moment).
     """
     lr, decay, b1, omb1, b2, omb2, c1, c2, eps, wd, mu, omd = hp
-    w = param.detach().float().clone()     # .float() of a float32 tensor is the tensor
-    g = grad.float()
+    w = _load(param)
+    g = _load(grad)
     qs = dict(fmt=s.state_format, rounding=s.state_rounding, seed=seed, sr_bits=s.sr_bits,
               offset=offset)
     if algo == ADAMW:
-        m = _f(b1) * state["exp_avg"].float() + _f(omb1) * g
+        m = _f(b1) * _load(state["exp_avg"]) + _f(omb1) * g
         m = _q(m, stream=streams[1], **qs)
-        v = _f(b2) * state["exp_avg_sq"].float() + _f(omb2) * (g * g)
+        v = _f(b2) * _load(state["exp_avg_sq"]) + _f(omb2) * (g * g)
         v = _q(v, stream=streams[2], **qs)
-        state["exp_avg"].copy_(m)
-        state["exp_avg_sq"].copy_(v)
+        _store(state["exp_avg"], m)
+        _store(state["exp_avg_sq"], v)
         u = _f(lr) * ((m / _f(c1)) / (_sqrt(v / _f(c2)) + _f(eps))) + _f(decay) * w
     else:
         g = g + _f(wd) * w
         d = g
         if mu != 0:
-            buf = g if first else _f(mu) * state["momentum_buffer"].float() + _f(omd) * g
+            buf = g if first else _f(mu) * _load(state["momentum_buffer"]) + _f(omd) * g
             buf = _q(buf, stream=streams[1], **qs)
-            state["momentum_buffer"].copy_(buf)
+            _store(state["momentum_buffer"], buf)
             d = g + _f(mu) * buf if nesterov else buf
         u = _f(lr) * d
     if s.update == REMAINDER:
         master = join_remainder(param.detach(), state["remainder"])
         new = _q_update(master.double() - u.double(), FP32, "nearest", seed, streams[0], None,
                         offset, stats).float()
+        new = _quiet(new)
         code, rem = split_remainder(new)
         param.detach().copy_(code)
         state["remainder"].copy_(rem)
         return int(((u != 0) & (_bits(new) == _bits(master))).sum())
     if s.update == KAHAN:
-        c = state["kahan_comp"].float()
+        c = _load(state["kahan_comp"])
         y = -u - c
         new = _q_update(w.double() + y.double(), s.weight_format, "nearest", seed, streams[0],
                         None, offset, stats)
         comp = _q((new - w.double()) - y.double(), s.state_format, "nearest", seed, streams[0],
                   None, offset)
-        state["kahan_comp"].copy_(comp.float())
+        _store(state["kahan_comp"], comp)
     else:
         new = _q_update(w.double() - u.double(), s.weight_format, s.update_rounding, seed,
                         streams[0], s.sr_bits, offset, stats)
-    new = new.float()
-    param.detach().copy_(new)
+    new = _quiet(new)
+    _store(param.detach(), new)
     return int(((u != 0) & (_bits(new) == _bits(w))).sum())

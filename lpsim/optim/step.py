@@ -12,6 +12,11 @@ Algorithm 1); weight decay is part of the update ``u`` and is rounded with it.  
 below ``2**-29 |w|``, and rounded once to the weight format (``lpsim.rounding``): nearest or
 stochastic, so small updates are not lost to an intermediate float32 rounding.
 
+NaNs.  Every NaN a step stores (weight, state, compensation, remainder) is the quiet NaN
+0x7FC00000 (bfloat16 0x7FC0, float16 lpsim.storage's NaN code): which NaN an operation
+returns differs between CPUs (the first operand's, sign flips or not), GPUs (one canonical
+NaN) and torch's casts (0xFFFF or 0x7FC0), and the stored bits must not (:func:`quiet_nan`).
+
 Products go through :func:`fmul` so that the CUDA build can make them ``fmul_rn``: numba.cuda
 would otherwise contract ``a*b + c`` into an FMA and round differently from the CPU.
 """
@@ -26,6 +31,7 @@ from numba.extending import register_jitable
 from lpsim.philox import block_words, lane_word
 from lpsim.rounding import NEAREST, STOCHASTIC, round_fast, round_one
 from lpsim.storage import pack_bits
+from lpsim.word32 import like
 
 #: update_rounding names -> codes
 UPDATES = {"nearest": 0, "stochastic": 1, "kahan": 2, "remainder": 3}
@@ -89,6 +95,18 @@ def half_to_bits(code):
     return bits - (np.int64(1) << 32) if sign else bits
 
 
+#: the NaN a step stores, as float32 container bits
+QUIET_NAN = 0x7FC00000
+
+
+@register_jitable
+def quiet_nan(bits):
+    """float32 container bits (int64 or a 32-bit word) with a NaN made QUIET_NAN.  Branch-free
+    and in integers: a float select would let LLVM fold it away (it treats NaNs as equal)."""
+    nan = -like(bits, (bits & 0x7FFFFFFF) > 0x7F800000)        # all ones for a NaN
+    return (bits & ~nan) | (QUIET_NAN & nan)
+
+
 @register_jitable
 def load(code, kind):
     """float32 container bits (signed, int64) of a stored element."""
@@ -101,7 +119,9 @@ def load(code, kind):
 
 @register_jitable
 def store(bits, kind, sp16):
-    """The stored code of float32 container bits already rounded to the storage's format."""
+    """The stored code of float32 container bits already rounded to the storage's format
+    (a NaN: QUIET_NAN's)."""
+    bits = quiet_nan(np.int64(bits))
     if kind == STORE_BF16:
         return np.int64(bits) >> 16
     if kind == STORE_F16:
@@ -258,7 +278,7 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
         master = join_remainder(wb >> 16, rem)
         s, ok, flags = round64(np.float64(as_f32(master)) - np.float64(u), NEAREST, 0, wk, pw,
                                fast)
-        new = bits_f32(np.float32(s))                      # exact: s is a float32 value
+        new = quiet_nan(bits_f32(np.float32(s)))           # exact: s is a float32 value
         code, rem = split_remainder(new)
         return code << 16, c, rem, flags, (u != 0) & (new == master), ok
     if update == KAHAN:
@@ -269,7 +289,7 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
         ok &= okc
     else:
         w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
-    new = bits_f32(np.float32(w2))
+    new = quiet_nan(bits_f32(np.float32(w2)))
     return new, c, rem, flags, (u != 0) & (new == wb), ok
 
 
