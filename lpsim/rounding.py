@@ -366,10 +366,13 @@ def nearest32_words(m, emin):
 
 def nearest32_exact(fmt) -> bool:
     """Whether :func:`nearest32` is round_bits' nearest rounding of float32 values to
-    ``fmt`` (before overflow): a signed format with signed zero and subnormals, of at most
-    22 mantissa bits, whose values are float32 values (then c is a float32 normal)."""
-    return (fmt.subnormals and fmt.specials in SPECIALS and fmt.m <= 22
-            and fmt.fits(np.float32)[0])
+    ``fmt`` (before overflow): a signed format with signed zero and subnormals, of 1 to 22
+    mantissa bits, whose values are float32 values (then c is a float32 normal) and whose
+    normals start at float32's or above (a float32 subnormal's quantum is then the format's
+    subnormal one).  Not m = 0: a tie there goes to the even exponent code, which the bias
+    decides and the float32 add does not see (it takes the even power of two's significand)."""
+    return (fmt.subnormals and fmt.specials in SPECIALS and 1 <= fmt.m <= 22
+            and fmt.emin >= -126 and fmt.fits(np.float32)[0])
 
 
 @register_jitable

@@ -254,7 +254,8 @@ WORD_FORMATS = ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4",
                 blocks.block("e5m2", 16, rule="even"), blocks.block("e3m2fn", 32, rule="ceil"),
                 blocks.block("e2m3fn", 32, rule="rceil"), blocks.block("e4m3fn", 24),
                 blocks.block("e2m1fn", 32, nonfinite="finite"),
-                blocks.block("fp(3,2,0, subnormals=False)", 32)]
+                blocks.block("fp(3,2,0, subnormals=False)", 32),
+                blocks.block("fp(3,0,0)", 32, "e8m0fnu", "floor")]   # m = 0: ties by code
 
 
 @pytest.mark.parametrize("bfmt", WORD_FORMATS, ids=str)
@@ -267,8 +268,9 @@ def test_float32_word_kernel_equals_the_counted_kernel(bfmt):
     finds a group's bounds in one step where its blocks are whole and in one row)."""
     bfmt = blocks.parse_block_format(bfmt)
     bp = blocks.block_params(bfmt, 1.0)
-    # mxint8 (one unsigned zero) and a format without subnormals take element_fast32
-    assert bool(bp.near32) == (bfmt.element.specials != "fnuz" and bfmt.element.subnormals)
+    # mxint8 (one unsigned zero), a format without subnormals and m = 0 take element_fast32
+    e = bfmt.element
+    assert bool(bp.near32) == (e.specials != "fnuz" and e.subnormals and e.m >= 1)
     assert bool(bp.snear32) == (not bfmt.pow2)
     for rows, length in ((256, 1029), (48, 1024)):
         x = word_kernel_data(rows, length, seed=len(str(bfmt)) + length)

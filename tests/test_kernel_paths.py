@@ -18,7 +18,7 @@ from lpsim import RoundingStats, quantize
 from lpsim.philox import random_words
 from lpsim import cpu
 from lpsim.cpu import CHUNK, PARALLEL_GRAIN, TASK, ntasks
-from lpsim.quantize import plan
+from lpsim.quantize import SMALL_BELOW, plan
 from lpsim.rounding import round_bits
 
 N = 2000
@@ -30,6 +30,7 @@ FORMATS = {
     "e5m2-nosub": lpsim.fp(5, 2, subnormals=False),
     "e4m3-saturate": lpsim.fp(4, 3, specials="saturate"),
     "fp(3,0,1)": "fp(3,0,1)",   # m = 0 with an even bias: ties look at the exponent code
+    "fp(3,0,0)": "fp(3,0,0)",   # and an odd one: the even code is the odd power of two
 }
 MODES = [(name, None) for name in lpsim.rounding.MODES] + [("stochastic", 4)]
 DTYPES = {np.float32: np.int32, np.float64: np.int64}
@@ -162,6 +163,21 @@ def test_every_path_equals_the_scalar_decision(dtype, key, mode, sr_bits):
         assert out is None or got is out
         check(got, [getattr(stats, f) for f in lpsim.stats.COUNTERS], offset,
               f"non-contiguous input, out={'strided' if out is not None else None}")
+
+
+@pytest.mark.parametrize("key", FORMATS)
+def test_calls_without_stats_equal_the_scalar_decision(key):
+    """The routes a call without stats takes (float32 to nearest: lpsim.rounding.nearest32's
+    whole-array kernel below quantize.SMALL_BELOW elements, its threaded kernel above) give
+    round_bits' bits; they once rounded m = 0 ties by the power of two's parity, and float32
+    subnormals with the quantum of 2**-127 in formats whose normals reach below it."""
+    x = values(np.float32, key)
+    want = expected(np.float32, key, "nearest", None, 0)[0]
+    n = SMALL_BELOW + 5
+    for y, w in ((x, want), (np.resize(x, n), np.resize(want, n))):
+        got = quantize(y, FORMATS[key]).view(np.int32)
+        bad = np.flatnonzero(got != w)
+        assert bad.size == 0, (y.size, y[bad[0]], got[bad[0]], w[bad[0]])
 
 
 @pytest.mark.parametrize("mode", ["nearest", "stochastic"])
