@@ -363,10 +363,16 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
         if out is not None:
             raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
                             "rounded (pass a numpy array to round into out)")
+        if isinstance(x, np.floating) and x.dtype.itemsize > 8:
+            return _round_long_double(x, fmt, rounding, seed, stream, sr_bits, stats, offset)
         array = np.array(x, dtype=np.float64 if isinstance(x, float) else _container(x.dtype))
         rounded = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                            stats=stats, offset=offset)
         return float(rounded) if isinstance(x, float) else rounded[()]
+    if isinstance(x, (list, tuple)):
+        done = _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
+        if done is not None:
+            return done
     array = as_container_array(x)
     return quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                     stats=stats, out=out, offset=offset)
@@ -411,6 +417,16 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
                              "exactly; accepted: integers of at most 53 bits in an array "
                              "(a Python int scalar is rounded exactly)")
         return wide
+    if kind == "O" and array.size and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in array.reshape(-1)):
+        # Python ints beyond int64: float64 when every one is exact there
+        inexact = [v for v in array.reshape(-1) if not _exact_in_float64(v)]
+        if inexact:
+            raise ValueError(f"{name} holds the integer {inexact[0]}, which float64 cannot "
+                             "hold exactly; accepted here: integers exact in float64 "
+                             f"(float({name}) accepts its float64 rounding; lpsim.quantize "
+                             "rounds Python ints and lists of them exactly to element formats)")
+        return array.astype(np.float64)
     raise TypeError(f"cannot round {name} (a {type(x).__name__}) of dtype {array.dtype}; "
                     "accepted: float arrays "
                     "(float16, bfloat16, float32, float64), integer arrays exact in float64, "
@@ -425,15 +441,26 @@ def _is_float_like(array) -> bool:
         return False
 
 
+def _exact_in_float64(value: int) -> bool:
+    try:
+        return float(value) == value
+    except OverflowError:
+        return False
+
+
 def _round_int(value: int, fmt: Format, rounding, seed, stream, sr_bits, stats, offset):
     """A Python int, rounded as float64 when exact there, otherwise from its exact value."""
-    try:
-        exact = float(value) == value
-    except OverflowError:
-        exact = False
-    if exact:
+    if _exact_in_float64(value):
         return float(quantize(np.array(float(value)), fmt, rounding, seed=seed, stream=stream,
                               sr_bits=sr_bits, stats=stats, offset=offset))
+    return _round_exact(value, fmt, rounding, seed, stream, sr_bits, stats, offset)
+
+
+def _round_exact(value, fmt: Format, rounding, seed, stream, sr_bits, stats, offset,
+                 count: int = 1) -> float:
+    """An int or Fraction rounded from its exact value (lpsim.reference), with the random
+    word a float64 array's element ``offset`` would draw; ``count``: the elements it adds to
+    ``stats`` (0 where the caller counted the element already)."""
     from fractions import Fraction
 
     from .philox import random_words
@@ -449,8 +476,49 @@ def _round_int(value: int, fmt: Format, rounding, seed, stream, sr_bits, stats, 
     few = request.k if rounding == "stochastic" and request.k < width else None
     result = round_exact(value, fmt, rounding, uniform=uniform, sr_bits=few)
     if stats is not None:
-        stats.add(1, [int(name in result.flags) for name in COUNTERS])
+        stats.add(count, [int(name in result.flags) for name in COUNTERS])
     return float(result.value)
+
+
+def _round_long_double(x, fmt, rounding, seed, stream, sr_bits, stats, offset):
+    """A numpy long double scalar: as float64 where it is exact there (inf and NaN too),
+    else from its exact value; a float64 scalar back."""
+    wide = np.float64(x)
+    if not np.isfinite(x) or np.longdouble(wide) == x:
+        return quantize(np.array(wide), fmt, rounding, seed=seed, stream=stream,
+                        sr_bits=sr_bits, stats=stats, offset=offset)[()]
+    from fractions import Fraction
+    return np.float64(_round_exact(Fraction(*x.as_integer_ratio()), fmt, rounding, seed,
+                                   stream, sr_bits, stats, offset))
+
+
+def _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset):
+    """A list or tuple holding Python ints beyond 2**53: the array rounded in float64, each
+    int that float64 cannot hold exactly rounded from its exact value (np.asarray would
+    round it to float64 first, a double rounding, or make an object array beyond int64);
+    None when it holds none."""
+    try:
+        objects = np.array(x, dtype=object)
+    except (ValueError, TypeError):
+        return None
+    flat = objects.reshape(-1)
+    ints = [i for i, v in enumerate(flat) if isinstance(v, (int, np.integer))
+            and not isinstance(v, (bool, np.bool_))
+            and not (-2 ** 53 <= v <= 2 ** 53)]    # the ints numpy may round or refuse
+    if not ints:
+        return None
+    rest = flat.copy()
+    big = [i for i in ints if not _exact_in_float64(int(flat[i]))]
+    for i in ints:
+        rest[i] = 0.0 if i in big else float(flat[i])
+    array = as_container_array(rest.tolist()).reshape(objects.shape)
+    check_offset(offset, array.size)
+    result = quantize(array.astype(np.float64), fmt, rounding, seed=seed, stream=stream,
+                      sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    for i in big:        # the zero in its place was counted as an element with no flags
+        result.reshape(-1)[i] = _round_exact(int(flat[i]), fmt, rounding, seed, stream,
+                                             sr_bits, stats, offset + i, count=0)
+    return result
 
 
 def round_into(flat, out, request: Plan):

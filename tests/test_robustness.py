@@ -91,6 +91,42 @@ def test_the_int_reported_in_the_issue():
     assert quantize(2 ** 53 + 1, "fp64", "up") == 2.0 ** 53 + 2
 
 
+BIG = [0.5, 2 ** 60 - 1, -(2 ** 70) - 3, 2 ** 70, 3, 10 ** 400, 2 ** 53 + 1, -7.25]
+
+
+@pytest.mark.parametrize("fmt, mode", [("fp32", "toward_zero"), ("fp32", "up"),
+                                       ("bf16", "nearest"), ("fp64", "stochastic")])
+def test_big_python_ints_in_lists_are_rounded_from_their_exact_value(fmt, mode):
+    """Each element as the scalar call rounds it (with its own counter): np.asarray would
+    round 2**60 - 1 to float64 first (2**60, a double rounding) and refuse 2**70."""
+    stats, each = RoundingStats(), RoundingStats()
+    got = quantize(BIG, fmt, mode, seed=3, offset=5, stats=stats)
+    want = [quantize(v, fmt, mode, seed=3, offset=5 + i, stats=each) for i, v in enumerate(BIG)]
+    assert got.dtype == np.float64 and got.tolist() == want
+    assert stats == each and stats.elements == len(BIG) and stats.inexact >= 3
+    assert quantize(tuple(BIG[1:3]), fmt, mode, seed=3, offset=6).tolist() == want[1:3]
+
+
+def test_big_ints_in_block_formats_are_refused_by_name_unless_exact_in_float64():
+    assert quantize(2 ** 70, "mxfp8_e4m3") == 2.0 ** 70
+    with pytest.raises(ValueError, match=f"the integer {2 ** 70 + 1}, which float64"):
+        quantize(2 ** 70 + 1, "mxfp8_e4m3")
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).nmant <= 52, reason="long double is float64 here")
+@pytest.mark.parametrize("fmt, mode, want", [("fp32", "up", 1 + 2 ** -23),
+                                             ("bf16", "odd", 1 + 2 ** -7),
+                                             ("fp32", "nearest", 1.0)])
+def test_long_double_scalars_are_rounded_from_their_exact_value(fmt, mode, want):
+    """np.longdouble(1) + 2**-60 was cast to float64 first (1.0: a double rounding)."""
+    x = np.longdouble(1) + np.longdouble(2) ** -60
+    stats = RoundingStats()
+    got = quantize(x, fmt, mode, stats=stats)
+    assert type(got) is np.float64 and got == want and stats.inexact == 1
+    assert quantize(np.longdouble(0.75), fmt, mode) == 0.75      # exact in float64
+    assert np.isnan(quantize(np.longdouble("nan"), fmt, mode))
+
+
 # --- IEEE 754 section 6.3: the sign of an exact zero sum -----------------------------------
 @pytest.mark.parametrize("call, sign", [
     (lambda m: ops.sub(1.0, 1.0, "fp16", m), "-+"),
