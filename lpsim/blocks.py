@@ -1520,21 +1520,19 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
         return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, stats=stats,
                                           out=out, offset=offset, tensor_scale=tensor_scale)
-    if module.startswith("torch"):
-        if x.is_cuda:
+    if module.startswith("torch") or type(out).__module__.startswith("torch"):
+        # lpsim.quantize's torch rules (lpsim.torch.tensors): dtypes, autograd, out=
+        from .torch.tensors import quantize_tensor
+
+        def round_with(src, fmt, rounding, *, out=None, **kw):
+            if isinstance(src, np.ndarray):
+                return quantize(src, fmt, rounding, axis=axis, tensor_scale=tensor_scale,
+                                out=out, **kw)
             import lpsim_cuda.blocks
-            return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
-                                              stream=stream, sr_bits=sr_bits, stats=stats,
-                                              out=out, offset=offset,
-                                              tensor_scale=tensor_scale)
-        import torch
-        result = quantize(x.detach().numpy(), bfmt, rounding, axis=axis, seed=seed,
-                          stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
-                          tensor_scale=tensor_scale)
-        if out is not None:
-            out.copy_(torch.from_numpy(result))
-            return out
-        return torch.from_numpy(result)
+            return lpsim_cuda.blocks.quantize(src, fmt, rounding, axis=axis, out=out,
+                                              tensor_scale=tensor_scale, **kw)
+        return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                               stats=stats, out=out, offset=offset, round_with=round_with)
     from .quantize import _check_out, as_container_array
     if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
         value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
@@ -1592,7 +1590,7 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
                         sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale)
     codes = encode_values(r.elements, bfmt.element).astype(_code_dtype(bfmt.element))
     scales = encode_values(r.scales, bfmt.scale).astype(_code_dtype(bfmt.scale))
-    shape = np.moveaxis(x, axis, -1).shape if x.ndim else (1,)
+    shape = np.moveaxis(x, axis, -1).shape if x.ndim else ()
     return Encoded(codes, scales, r.tensor_scale, bfmt, shape, axis)
 
 
@@ -1604,6 +1602,8 @@ def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
     s = np.repeat(decode_codes(encoded.scales, bfmt.scale), bfmt.block, axis=1)[:, :q.shape[1]]
     values = q * s * (encoded.tensor_scale if bfmt.tensor_scale else 1.0)
     values = np.where(np.isnan(s), np.nan, values).astype(dtype)
+    if encoded.shape == ():                                 # a 0-d x: one block of one
+        return values.reshape(())
     return np.moveaxis(values.reshape(encoded.shape), -1, encoded.axis)
 
 

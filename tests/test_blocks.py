@@ -332,6 +332,10 @@ def test_encode_decode_round_trip(name):
     x = edge_data(np.float32)[:, :32].T.copy()           # blocks along axis 0
     enc = lpsim.blocks.encode(x, name, axis=0)
     assert same(lpsim.blocks.decode(enc), lpsim.quantize(x, name, axis=0))
+    scalar = np.array(-3.3, np.float32)                   # 0-d: decoded as 0-d (was (1,))
+    assert same(lpsim.blocks.decode(lpsim.blocks.encode(scalar, name)),
+                lpsim.quantize(scalar, name))
+    assert lpsim.blocks.decode(lpsim.blocks.encode(scalar, name)).shape == ()
     bfmt = enc.format
     if bfmt.element.bits == 4:
         from lpsim.storage import pack_nibbles, unpack_nibbles

@@ -143,3 +143,28 @@ def test_a_torch_out_is_refused_on_the_cached_path_too():
     lpsim.quantize(x, "e5m2")                      # caches the route
     with pytest.raises(TypeError, match="out is a torch tensor but x is a ndarray"):
         lpsim.quantize(x, "e5m2", out=torch.ones(3))
+
+
+def test_block_formats_follow_the_same_tensor_rules():
+    """MX and NVFP4 on tensors: half inputs upcast (a raw torch TypeError before), the
+    straight-through graph kept (it was detached), an out that cannot hold the values
+    refused (nvfp4's were rounded again to bfloat16), a numpy out refused by name."""
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3)) * 7
+    want = lpsim.quantize(x.numpy(), "mxfp4", axis=0)
+    half = lt.quantize(x.bfloat16(), "mxfp4")
+    assert half.dtype == torch.float32
+    assert np.array_equal(half.numpy(), lpsim.quantize(x.bfloat16().float().numpy(), "mxfp4"))
+    xg = x.clone().requires_grad_()
+    y = lpsim.blocks.quantize(xg, "mxfp4", axis=0)
+    assert y.requires_grad and np.array_equal(_np(y), want)
+    (y * 3).sum().backward()
+    assert torch.equal(xg.grad, torch.full_like(x, 3.0))
+    stats = lpsim.blocks.BlockStats()
+    out = torch.empty(4, 32)
+    assert lt.quantize(x, "nvfp4", "stochastic", seed=2, out=out, stats=stats) is out
+    assert np.array_equal(out.numpy(), lpsim.quantize(x.numpy(), "nvfp4", "stochastic", seed=2))
+    assert stats.elements == 128
+    with pytest.raises(ValueError, match="do not all fit out's dtype torch.bfloat16"):
+        lt.quantize(x, "nvfp4", out=torch.empty(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="x is a torch tensor but out is a ndarray"):
+        lt.quantize(x, "mxfp4", out=np.zeros((4, 32), np.float32))

@@ -17,6 +17,7 @@ Rules (torch's own conventions for in-place ops):
   (ValueError otherwise).  A torch ``x`` needs a torch ``out`` and the reverse (TypeError).
 * CUDA tensors run in :mod:`lpsim_cuda`, CPU tensors in lpsim's numba kernels; the random
   bits of element ``i`` are the same on both.
+* Block formats (MX, NVFP4: :mod:`lpsim.blocks`) follow the same rules.
 """
 
 from __future__ import annotations
@@ -56,21 +57,25 @@ def container(dtype) -> torch.dtype:
     return dtype if dtype in _CONTAINERS else torch.float32
 
 
-def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, out=None):
+def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, out=None,
+                   round_with=None):
     """Round the values of ``x`` (no autograd) into ``out`` or a new container tensor.
 
-    ``out``, when given, has the container dtype and x's shape and device.
+    ``out``, when given, has the container dtype and x's shape and device.  ``round_with``:
+    what rounds the container array (a numpy array, or a CUDA tensor) with these keywords and
+    ``out``; None: lpsim.quantize (lpsim_cuda.quantize).  lpsim.blocks passes its own.
     """
     src = x.detach()
     src = src.to(container(src.dtype))
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset)
     if src.is_cuda:
         import lpsim_cuda
+        cuda_round = round_with or lpsim_cuda.quantize
         src = src.contiguous()
         if out is not None and out.is_contiguous():
-            lpsim_cuda.quantize(src, fmt, rounding, out=out.detach(), **kwargs)
+            cuda_round(src, fmt, rounding, out=out.detach(), **kwargs)
             return out
-        result = lpsim_cuda.quantize(src, fmt, rounding, **kwargs)
+        result = cuda_round(src, fmt, rounding, **kwargs)
         if out is None:
             return result
         out.detach().copy_(result)
@@ -78,7 +83,7 @@ def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, ou
     if src.device.type != "cpu":
         raise TypeError(f"x is on {src.device}; lpsim rounds CPU and CUDA tensors")
     target = None if out is None else out.detach().numpy()
-    result = _lp_quantize(src.numpy(), fmt, rounding, out=target, **kwargs)
+    result = (round_with or _lp_quantize)(src.numpy(), fmt, rounding, out=target, **kwargs)
     return out if out is not None else torch.from_numpy(result)
 
 
@@ -101,10 +106,12 @@ def _exact_in(values: torch.Tensor, dtype) -> bool:
 
 
 def quantize_tensor(x, fmt, rounding="nearest", *, seed=None, stream=0, sr_bits=None,
-                    stats=None, out=None, offset=0):
-    """:func:`lpsim.quantize` of a torch tensor (rules in the module docstring)."""
+                    stats=None, out=None, offset=0, round_with=None):
+    """:func:`lpsim.quantize` of a torch tensor (rules in the module docstring); element
+    and block formats alike (``round_with``: :func:`round_detached`)."""
     _check(x, out)
-    kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset)
+    kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
+                  round_with=round_with)
     grad_on = torch.is_grad_enabled()
     if out is None:
         if grad_on and x.requires_grad:
