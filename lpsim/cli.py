@@ -1,7 +1,8 @@
 """The lpsim command: format presets, and values rounded in many formats and modes.
 
 Every rounded value is shown exactly: the shortest decimal that reads back to it (Python's
-repr), its hex float, and its bit pattern in the format as sign|exponent|mantissa.
+repr), its hex float, and its code in the format as sign|exponent|mantissa (ml_dtypes' bit
+pattern; unsigned formats have no sign field).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from . import __version__
 from .formats import PRESETS, Format, parse_format
 from .quantize import quantize
 from .rounding import MODES, STOCHASTIC_MODES
+from .storage import encode_values
 
 DEFAULT_FORMATS = ["bf16", "fp16", "e5m2", "e4m3fn", "fp(4,3,4)"]
 
@@ -69,29 +71,22 @@ def _shield_negative_numbers(argv: list[str]) -> list[str]:
 
 
 def bit_fields(value: float, fmt: Format) -> str:
-    """The code of ``value`` (representable in ``fmt``) as sign|exponent|mantissa bits."""
-    sign = int(math.copysign(1.0, value) < 0)
-    top = 2 ** fmt.e - 1
-    if math.isnan(value):
-        if not fmt.has_nan:
-            return "NaN (no code)"
-        code, mantissa = top, (2 ** fmt.m - 1 if fmt.specials == "fn" else 2 ** max(fmt.m - 1, 0))
-    elif math.isinf(value):
-        if not fmt.has_inf:
-            return "inf (no code)"
-        code, mantissa = top, 0
-    elif value == 0:
-        code, mantissa = 0, 0
-    else:
-        _, exponent = math.frexp(abs(value))           # abs(value) = f * 2**exponent, f in [0.5, 1)
-        exponent = max(exponent - 1, fmt.emin)           # subnormals share emin's scale
-        scaled = math.ldexp(abs(value), fmt.m - exponent)
-        if scaled != int(scaled):
-            return "not representable"
-        code = exponent + fmt.bias if scaled >= 2 ** fmt.m else 0
-        mantissa = int(scaled) - (2 ** fmt.m if code else 0)
-    exp_bits = format(code, f"0{fmt.e}b")
-    return f"{sign}|{exp_bits}|{format(mantissa, f'0{fmt.m}b')}" if fmt.m else f"{sign}|{exp_bits}|"
+    """The code of ``value`` (a value of ``fmt``) as sign|exponent|mantissa bits (no sign
+    field in unsigned formats): lpsim.storage.encode_values' code, ml_dtypes' bit pattern."""
+    if math.isnan(value) and (not fmt.has_nan or (fmt.specials == "ieee" and not fmt.m)):
+        return "NaN (no code)"                   # ieee with m = 0: the top code is inf only
+    if math.isinf(value) and not fmt.has_inf:
+        return "inf (no code)"
+    try:
+        code = int(encode_values(np.array([value]), fmt)[0])
+    except ValueError:                           # unsigned with m > 0: no standard code
+        return "no code"
+    if math.isnan(value) and fmt.specials in ("ieee", "fn") and math.copysign(1, value) < 0:
+        code |= 1 << (fmt.bits - 1)              # these NaN codes come in both signs
+    bits = format(code, f"0{fmt.bits}b")
+    s = int(fmt.signed)
+    fields = f"{bits[s:s + fmt.e]}|{bits[s + fmt.e:]}"
+    return f"{bits[0]}|{fields}" if fmt.signed else fields
 
 
 # --- tables ---------------------------------------------------------------------------------
@@ -173,7 +168,8 @@ def round_tables(values: list[float], specs: list[str], modes: list[str], seed: 
                 table.add_column("value / hex float / sign|exponent|mantissa", overflow="fold")
                 for r in rows:
                     table.add_row(r["mode"], escape(f"{r['value']}\n{r['hex']}\n{r['bits']}"))
-            table.caption = f"bits: 1 sign | {fmt.e} exponent | {fmt.m} mantissa" + (
+            sign = "1 sign | " if fmt.signed else ""
+            table.caption = f"bits: {sign}{fmt.e} exponent | {fmt.m} mantissa" + (
                 f"; stochastic modes: seed {seed}, one draw" if any(
                     m.startswith("stochastic") for m in modes) else "")
             tables.append(table)

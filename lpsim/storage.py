@@ -144,22 +144,23 @@ def pack(rounded: np.ndarray, storage, fmt) -> np.ndarray:
 
 # --- codes of any small format (block elements and scales) --------------------------------
 
-def _code_layout(fmt: Format):
+def _code_layout(fmt: Format, max_bits: int = 16):
     if fmt.specials == "fnu" and fmt.m:
         raise ValueError(f"codes of {fmt!r}: unsigned formats without zero are encoded with "
                          "m = 0 only (E8M0)")
-    if fmt.bits > 16:
-        raise ValueError(f"codes of {fmt!r}: formats of at most 16 bits have codes here")
+    if fmt.bits > max_bits:
+        raise ValueError(f"codes of {fmt!r}: formats of at most {max_bits} bits have codes here")
     return fmt.e + fmt.m, (1 << fmt.m) - 1
 
 
 def encode_values(values, fmt) -> np.ndarray:
-    """The bit patterns (uint16) of values of ``fmt`` (already rounded to it), as ml_dtypes
-    lays them out: sign, exponent code, mantissa; NaN as the format's NaN code (fn: all ones,
-    fnuz: 0x80, fnu: all ones, saturate: 0, which a NaN block scale marks), E8M0 as
-    exponent + 127.  Use ``.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)`` etc."""
+    """The bit patterns (uint16; uint64 for formats wider than 16 bits) of values of ``fmt``
+    (already rounded to it), as ml_dtypes lays them out: sign, exponent code, mantissa; NaN
+    as the format's NaN code (fn: all ones, fnuz: 0x80, fnu: all ones, saturate: 0, which a
+    NaN block scale marks), E8M0 as exponent + 127.  Use
+    ``.astype(np.uint8).view(ml_dtypes.float4_e2m1fn)`` etc."""
     fmt = parse_format(fmt)
-    shift, mmask = _code_layout(fmt)
+    shift, mmask = _code_layout(fmt, 64)
     v = np.asarray(values, np.float64)
     a = np.abs(v)
     nan = np.isnan(v)
@@ -183,7 +184,8 @@ def encode_values(values, fmt) -> np.ndarray:
     nan_code = {"ieee": (((1 << fmt.e) - 1) << fmt.m) | (1 << max(fmt.m - 1, 0)),
                 "fn": (1 << shift) - 1, "fnuz": 1 << shift, "fnu": (1 << shift) - 1,
                 "saturate": 0}[fmt.specials]
-    return np.where(nan, nan_code, code).astype(np.uint16)
+    code = np.where(nan, np.uint64(nan_code), code.astype(np.uint64))  # bit 63: the sign of fp64
+    return code.astype(np.uint16 if fmt.bits <= 16 else np.uint64)
 
 
 def decode_codes(codes, fmt) -> np.ndarray:

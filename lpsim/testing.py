@@ -114,25 +114,38 @@ def _significands(fmt: Format, code: int) -> int:
     return fmt.max_mantissa + 1 if code == fmt.top_finite_code else 2 ** fmt.m
 
 
-def _signed(draw, value: float, dtype: np.dtype):
+def _signed(draw, value: float, dtype: np.dtype, fmt: Format | None = None):
+    """+-value; with ``fmt``, only signs that its values have (none in fnu, no -0 in fnuz)."""
+    if fmt is not None and not (fmt.signed and (value != 0 or fmt.has_negative_zero)):
+        return dtype.type(value)
     return dtype.type(-value if draw(st.booleans()) else value)
+
+
+def _lowest(fmt: Format) -> tuple[int, int]:
+    """(exponent code, mantissa) of the smallest nonnegative value: fnu has no zero."""
+    if fmt.specials != "fnu":
+        return 0, 0
+    return (0, 1) if fmt.subnormals and fmt.m else (1, 0)
 
 
 def representable(fmt, *, dtype=np.float64, allow_nan: bool = False,
                   allow_infinity: bool = False) -> st.SearchStrategy:
-    """Values of ``fmt`` (both signs, +-0, subnormals if on) as ``dtype`` scalars.
+    """Values of ``fmt`` (negatives, zero and -0 where it has them, subnormals if on) as
+    ``dtype`` scalars: each rounds to itself in every mode.
 
     Uniform over exponent codes, then mantissas, so every binade is exercised; inf and NaN
     only where the format has them and they are allowed.
     """
     fmt, dtype = _fitting(fmt, dtype)
+    first_code, first_mant = _lowest(fmt)
 
     @st.composite
     def draw_value(draw):
-        code = draw(st.integers(0, fmt.top_finite_code))
-        mant = draw(st.integers(0, _significands(fmt, code) - 1))
+        code = draw(st.integers(first_code, fmt.top_finite_code))
+        low = first_mant if code == first_code else 0
+        mant = draw(st.integers(low, _significands(fmt, code) - 1))
         sig = mant if code == 0 else 2 ** fmt.m + mant
-        return _signed(draw, math.ldexp(sig, _quantum(fmt, code)), dtype)
+        return _signed(draw, math.ldexp(sig, _quantum(fmt, code)), dtype, fmt)
 
     specials = []
     if allow_infinity and fmt.has_inf:
@@ -143,10 +156,12 @@ def representable(fmt, *, dtype=np.float64, allow_nan: bool = False,
 
 
 def midpoints(fmt, *, dtype=np.float64) -> st.SearchStrategy:
-    """Exact midpoints between adjacent finite values of ``fmt`` (both signs) as ``dtype``.
+    """Exact midpoints between adjacent finite values of ``fmt`` (negative ones where it has
+    negatives; none below the smallest value of fnu, which has no zero) as ``dtype``.
 
     Ties are where the nearest modes differ; raises ValueError when ``dtype`` cannot hold
-    them (they need m + 1 bits and one exponent below the format's finest spacing).
+    them (they need m + 1 bits and one exponent below the format's finest spacing) or when
+    the format has fewer than two finite values.
     """
     fmt, dtype = _fitting(fmt, dtype)
     cm, _, cemin, _ = CONTAINERS[dtype]
@@ -157,14 +172,18 @@ def midpoints(fmt, *, dtype=np.float64) -> st.SearchStrategy:
                          "or a narrower format")
     top = fmt.top_finite_code
     last = top if _significands(fmt, top) > 1 else top - 1   # max_finite has no successor
+    first_code, first_mant = _lowest(fmt)       # the midpoint above value (code, mantissa)
+    if first_code > last or (first_code == last and
+                             first_mant >= _significands(fmt, last) - (last == top)):
+        raise ValueError(f"{fmt!r} has fewer than two finite values: no midpoints")
 
     @st.composite
     def draw_midpoint(draw):
-        code = draw(st.integers(0, last))
+        code = draw(st.integers(first_code, last))
         count = _significands(fmt, code) - (code == top)
-        mant = draw(st.integers(0, count - 1))
+        mant = draw(st.integers(first_mant if code == first_code else 0, count - 1))
         sig = mant if code == 0 else 2 ** fmt.m + mant
-        return _signed(draw, math.ldexp(2 * sig + 1, _quantum(fmt, code) - 1), dtype)
+        return _signed(draw, math.ldexp(2 * sig + 1, _quantum(fmt, code) - 1), dtype, fmt)
 
     return draw_midpoint()
 

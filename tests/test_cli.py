@@ -123,6 +123,75 @@ def test_bit_fields_match_ml_dtypes_codes():
             assert bit_fields(float(value), fmt) == want, (spec, value)
 
 
+
+ML_DTYPES = [("e8m0fnu", ml_dtypes.float8_e8m0fnu), ("e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
+             ("e5m2fnuz", ml_dtypes.float8_e5m2fnuz), ("e4m3fn", ml_dtypes.float8_e4m3fn),
+             ("e5m2", ml_dtypes.float8_e5m2), ("e2m1fn", ml_dtypes.float4_e2m1fn),
+             ("e2m3fn", ml_dtypes.float6_e2m3fn), ("e3m2fn", ml_dtypes.float6_e3m2fn),
+             ("bf16", ml_dtypes.bfloat16), ("fp16", np.float16)]
+
+
+def _fields(code: int, fmt) -> str:
+    """``code`` split as sign|exponent|mantissa, or exponent|mantissa when unsigned."""
+    bits = format(code, f"0{fmt.bits}b")
+    sign = bits[:fmt.bits - fmt.e - fmt.m]
+    rest = f"{bits[len(sign):len(sign) + fmt.e]}|{bits[len(sign) + fmt.e:]}"
+    return f"{sign}|{rest}" if fmt.signed else rest
+
+
+@pytest.mark.parametrize("spec, dtype", ML_DTYPES, ids=[spec for spec, _ in ML_DTYPES])
+def test_bit_fields_are_ml_dtypes_codes_at_every_code(spec, dtype):
+    """Every code point of ml_dtypes' type: bit_fields of its value is that code (a NaN code
+    where there are several: one that ml_dtypes reads as NaN); e8m0fnu has no sign bit, fnuz
+    NaN is 0x80."""
+    fmt, dtype = lpsim.parse_format(spec), np.dtype(dtype)
+    codes = np.arange(2 ** fmt.bits, dtype=np.uint8 if fmt.bits <= 8 else np.uint16)
+    with np.errstate(invalid="ignore"):
+        values = codes.view(dtype).astype(np.float64)
+        nan_codes = {int(c) for c, v in zip(codes, values) if math.isnan(v)}
+    for code, value in zip(codes.tolist(), values.tolist()):
+        shown = bit_fields(value, fmt)
+        if math.isnan(value):
+            assert int(shown.replace("|", ""), 2) in nan_codes, (spec, code, shown)
+            assert shown == _fields(int(shown.replace("|", ""), 2), fmt)
+        else:
+            assert shown == _fields(code, fmt), (spec, hex(code), value)
+
+
+def test_round_prints_unsigned_and_fnuz_codes():
+    """1 and 0.125 in e8m0fnu are 0x7F and 0x7C (8 exponent bits, no sign); NaN in the fnuz
+    formats is 0x80, not 0|1111|100 (the number 192 in e4m3fnuz)."""
+    names = {"e8m0fnu": ml_dtypes.float8_e8m0fnu, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+             "e5m2fnuz": ml_dtypes.float8_e5m2fnuz}
+    values = ["1", "0.125", "nan"]
+    done = lpsim_cmd("round", *values, *(a for n in names for a in ("-f", n)), "-r", "nearest",
+                     columns=200)
+    assert done.returncode == 0, done.stderr
+    shown = [line.split("│")[-2].strip() for line in done.stdout.splitlines()
+             if "nearest" in line]
+    want = [_fields(int(np.array([float(v)]).astype(d).view(np.uint8)[0]),
+                    lpsim.parse_format(n)) for v in values for n, d in names.items()]
+    assert shown == want
+    assert want[:3] == ["01111111|", "0|1000|000", "0|10000|00"]
+    assert want[-2:] == ["1|0000|000", "1|00000|00"]
+    assert done.stdout.count("bits: 8 exponent | 0 mantissa") == 3
+    assert done.stdout.count("bits: 1 sign | 4 exponent | 3 mantissa") == 3
+
+
+def test_bit_fields_of_wide_formats_are_numpy_codes():
+    """fp32 and fp64 codes (wider than 16 bits) are numpy's float32 and float64 bits."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(300) * 10.0 ** rng.integers(-320, 300, 300)
+    x = np.concatenate([x, [0.0, -0.0, np.inf, -np.inf, 5e-324, -np.finfo(np.float64).max]])
+    for spec, dtype, view in [("fp64", np.float64, np.uint64), ("fp32", np.float32, np.uint32)]:
+        fmt = lpsim.parse_format(spec)
+        with np.errstate(over="ignore", under="ignore"):
+            values = x.astype(dtype)
+        for value, code in zip(values.astype(np.float64).tolist(), values.view(view).tolist()):
+            assert bit_fields(value, fmt) == _fields(code, fmt), (spec, value)
+    assert bit_fields(math.nan, lpsim.fp(3, 0)) == "NaN (no code)"     # its top code is inf
+    assert bit_fields(math.nan, lpsim.parse_format("e2m1fn")) == "NaN (no code)"
+
 # --- inputs ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("text, value", [("0x1.8p-3", 0.1875), ("-0x1p-3", -0.125),
                                          ("-1e-30", -1e-30), ("1E5", 1e5), ("-inf", -math.inf)])

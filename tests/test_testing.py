@@ -1,5 +1,7 @@
 """lpsim.testing: the strategies generate what they promise; assert_rounded catches wrong kernels."""
 
+import bisect
+import functools
 import math
 from fractions import Fraction
 
@@ -186,3 +188,46 @@ def test_assert_rounded_takes_the_uniforms_of_stochastic_rounding():
         testing.assert_rounded(got, x, "e4m3", "stochastic", uniforms=flipped, sr_bits=4)
     with pytest.raises(ValueError, match="needs exactly one of seed"):
         testing.assert_rounded(got, x, "e4m3", "stochastic")
+
+
+# --- values of every kind of format: unsigned, no zero, unsigned zero, saturating ---------
+
+KINDS = ["e8m0fnu", "e4m3fnuz", "e5m2fnuz", "e2m1fn", "e4m3fn", "bf16", lpsim.fp(3, 0, 0),
+         lpsim.fp(4, 3, 0, saturate=True), lpsim.fp(3, 1, 0, specials="fnu"),
+         lpsim.fp(4, 2, 0, subnormals=False, specials="fnu")]
+
+
+@functools.lru_cache(maxsize=None)
+def _finite_values(fmt) -> list[Fraction]:
+    """Every finite value of ``fmt``, ascending, negatives included where it has them."""
+    fmt = lpsim.parse_format(fmt)
+    values = reference.enumerate_values(fmt)
+    return sorted(set(values) | {-v for v in values}) if fmt.signed else values
+
+
+@pytest.mark.parametrize("fmt", KINDS, ids=str)
+@given(data=st.data())
+def test_representable_values_round_to_themselves_in_every_mode(fmt, data):
+    """Negatives of an unsigned format, zero where there is none, or -0 of an unsigned zero
+    are not values: quantize maps them to NaN, or -0 to +0."""
+    x = data.draw(arrays(np.float64, st.integers(1, 32), elements=testing.representable(fmt)))
+    for mode in lpsim.rounding.MODES:
+        y = lpsim.quantize(x, fmt, mode, seed=0)
+        assert np.array_equal(y.view(np.int64), x.view(np.int64)), (mode, x, y)
+
+
+@pytest.mark.parametrize("fmt", KINDS, ids=str)
+@given(data=st.data())
+def test_midpoints_lie_strictly_between_adjacent_values(fmt, data):
+    values = _finite_values(fmt)
+    x = data.draw(arrays(np.float64, st.integers(1, 32), elements=testing.midpoints(fmt)))
+    for v in x:
+        i = bisect.bisect_left(values, exact(v))
+        assert 0 < i < len(values), (v, "outside the format's values")
+        lo, hi = values[i - 1], values[i]
+        assert lo < exact(v) < hi and exact(v) == (lo + hi) / 2, (v, lo, hi)
+
+
+def test_midpoints_refuse_a_format_with_one_value():
+    with pytest.raises(ValueError, match="fewer than two finite values"):
+        testing.midpoints(lpsim.fp(1, 0, 0, specials="fnu"))
