@@ -1,9 +1,12 @@
 """Bad input to lpsim.ops raises an error that names the value and what is accepted."""
 
+import re
+
 import numpy as np
 import pytest
 
 import lpsim.ops as ops
+from lpsim.ops.hardware import HARDWARE_MODELS
 
 A = np.ones((3, 4), np.float32)
 B = np.ones((4, 2), np.float32)
@@ -46,6 +49,22 @@ B = np.ones((4, 2), np.float32)
     (lambda: ops.matmul(A, B, order=("blocked", 2.0)), ValueError, "k=2.0.*integer >= 1"),
     (lambda: ops.matmul(A, B, order=("blocked", np.int64(0))), ValueError,
      "k=np.int64\\(0\\).*integer >= 1"),
+    (lambda: ops.matmul(A, B, order=("blocked", 2 ** 70)), ValueError,
+     r"k=1180591620717411303424.*<= 2\*\*63 - 1"),
+    (lambda: ops.sum(A, acc_fmt="bf16", order=("blocked", np.uint64(2 ** 63))), ValueError,
+     r"k=np.uint64\(9223372036854775808\).*<= 2\*\*63 - 1"),
+    (lambda: ops.matmul(A, B, model="hopper-fp8", acc_fmt="bf16"), ValueError,
+     "acc_fmt='bf16' is not accepted with the tensor-core model 'hopper-fp8'.*accepted with "
+     "it: in_fmt, out_fmt, out_rounding"),
+    (lambda: ops.matmul(A, B, model="mxfp8-fp32", acc_rounding="stochastic", seed=1),
+     ValueError, "acc_rounding='stochastic' is not accepted with the tensor-core model "
+     "'mxfp8-fp32'"),
+    (lambda: ops.matmul(A, B, model="nvfp4-fp32", order="sequential"), ValueError,
+     "order='sequential' is not accepted with the tensor-core model 'nvfp4-fp32'"),
+    (lambda: ops.matmul(A, B, model=HARDWARE_MODELS["hopper-fp8"], fused=False), ValueError,
+     "fused=False is not accepted with the tensor-core model a TensorCoreModel"),
+    (lambda: ops.matmul(A, B, model="hopper-fp8-promote128", stats={}), TypeError,
+     r"stats=\{\} is a dict"),
     (lambda: ops.gamma(10, float("nan")), ValueError, "gamma: u=nan.*finite non-negative"),
     (lambda: ops.gamma(10, float("inf")), ValueError, "u=inf.*finite non-negative"),
     (lambda: ops.gamma(10, -2.0 ** -8), ValueError, "u=-0.00390625.*non-negative"),
@@ -71,3 +90,32 @@ def test_blocked_order_accepts_any_integer_type():
         assert np.array_equal(ops.matmul(a, B, acc_fmt="bf16", order=("blocked", k)), want)
         order = ops.MODELS["fp32"].with_(order=("blocked", k)).order
         assert order == ("blocked", 3) and type(order[1]) is int
+
+
+@pytest.mark.parametrize("op", ["matmul", "matmul_column", "dot", "sum"])
+def test_blocked_order_check_does_not_depend_on_earlier_calls(op):
+    """("blocked", 3.0) and ("blocked", True) are refused even after ("blocked", 3) and
+    ("blocked", 1) ran: the per-call caches key on values, and 3.0 == 3, True == 1."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    calls = {"matmul": lambda k: ops.matmul(a, B, acc_fmt="bf16", order=("blocked", k)),
+             "matmul_column": lambda k: ops.matmul(a, B[:, :1], acc_fmt="bf16",
+                                                   order=("blocked", k)),
+             "dot": lambda k: ops.dot(a[0], a[1], acc_fmt="bf16", order=("blocked", k)),
+             "sum": lambda k: ops.sum(a, acc_fmt="bf16", order=("blocked", k))}
+    call = calls[op]
+    for good, bad in ((3, 3.0), (1, True), (np.int64(2), np.float64(2.0))):
+        call(good)
+        call(good)
+        with pytest.raises(ValueError, match=re.escape(f"k={bad!r} is not accepted")):
+            call(bad)
+
+
+def test_blocked_order_takes_the_largest_int64():
+    """k = 2**63 - 1, the kernels' bound, is one block: the sequential order."""
+    a = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    k = 2 ** 63 - 1
+    for kw in ({}, {"acc_rounding": "stochastic", "seed": 2}, {"fused": False}):
+        assert np.array_equal(ops.matmul(a, B, acc_fmt="bf16", order=("blocked", k), **kw),
+                              ops.matmul(a, B, acc_fmt="bf16", order="sequential", **kw))
+        assert ops.sum(a, acc_fmt="bf16", order=("blocked", np.uint64(k)), **kw) == \
+            ops.sum(a, acc_fmt="bf16", order="sequential", **kw)

@@ -16,7 +16,22 @@ blocks' scales exactly, as block-scaled MMA applies them):
    toward zero: the new partial sum.
 3. At the end of each interval the partial sum is added to the FP32 accumulator, rounded to
    nearest (``acc_fmt``; without promotion the partial sum is the accumulator).
-4. The output is the accumulator rounded to ``out_fmt``.
+4. The output is the accumulator rounded to ``out_fmt`` with ``out_rounding`` by
+   :func:`lpsim.quantize` (random words: counter o, C order over the output, of
+   ``(seed, stream + 2)``; the inputs use streams ``stream`` and ``stream + 1``).
+
+NaN and inf follow IEEE 754, as an FP32 accumulator does: a chunk with a NaN or infinite
+term (a product, or the partial sum) sums to the IEEE sum of those terms alone (finite
+terms cannot change it), so the output is NaN where a product is NaN (a NaN input, or
+inf * 0) or where +inf and -inf meet, ±inf where infinite terms of one sign enter, and a
+NaN or inf partial sum or accumulator stays.  An input that ``in_fmt`` cannot hold as inf
+becomes what its rounding gives: e4m3fn has no inf, so inf inputs of the Hopper models are
+NaN, as on the hardware; a block with a NaN or inf element has a NaN scale (MX, NVFP4).
+Finite inputs give the steps above bit for bit.
+
+Rounding counters (``stats``): every rounding, as in :func:`lpsim.ops.matmul`: the inputs'
+to in_fmt, each chunk's partial sum, each promotion and the output.  The alignment's
+truncation of terms is the model's, not a rounding to a format, and is not counted.
 
 :func:`reference_matmul` repeats these steps with Fractions (:mod:`lpsim.reference`).
 
@@ -40,13 +55,14 @@ import numpy as np
 from numba import njit, prange
 
 from ..formats import Format, parse_format
-from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits
+from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits, tally
 from .exact import f2i, i2f, sum_to_odd
 
 
 @dataclass(frozen=True)
 class TensorCoreModel:
-    """Inputs, chunk alignment, promotion interval and formats of a tensor-core GEMM."""
+    """Inputs, chunk alignment, promotion interval and formats of a tensor-core GEMM; NaN and
+    inf as IEEE 754 (the module's docstring)."""
 
     in_fmt: object = None               # Format, block format (lpsim.blocks) or None
     chunk: int = 32                     # products aligned together
@@ -117,11 +133,11 @@ def hardware_model(model) -> TensorCoreModel | None:
     return None
 
 
-def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0):
+def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0, stats=None):
     """a and b block-quantized along K (a's last axis, b's first): the exact values q * s."""
     from ..blocks import quantize as quantize_blocks
-    a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream)
-    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1)
+    a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream, stats=stats)
+    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1, stats=stats)
     return np.ascontiguousarray(a), np.ascontiguousarray(b)
 
 
@@ -138,49 +154,79 @@ def _exponent(t):
     return e - 1
 
 
+@njit(cache=True)
+def _chunk_sum(terms, n, align_bits):
+    """Step 2's exact sum of terms[:n] aligned and truncated; the IEEE sum of the NaN and inf
+    terms alone when there are any (no finite term changes it)."""
+    top = -100000
+    special = 0.0
+    specials = False
+    for t in range(n):
+        if not math.isfinite(terms[t]):
+            special += terms[t]
+            specials = True
+        elif terms[t] != 0.0:
+            top = max(top, _exponent(terms[t]))
+    if specials:
+        return special
+    s = 0.0
+    if top > -100000:
+        q = top - align_bits + 1
+        for t in range(n):
+            s += _trunc_to(terms[t], q)
+    return s
+
+
 @njit(parallel=True, cache=True)
-def _tc_gemm(a, b, out, chunk, align_bits, promote, pp, ap, op, omode):
+def _tc_gemm(a, b, out, counts, chunk, align_bits, promote, pp, ap):
+    """out[i, j]: the accumulator of c_ij (steps 1-3); counts[i*N + j]: the six rounding
+    counters of its partial-sum and accumulator roundings, then their number."""
     M, K = a.shape
     N = b.shape[1]
     for ij in prange(M * N):
         i, j = ij // N, ij % N
         acc = 0.0
         partial = 0.0
+        c = (0, 0, 0, 0, 0, 0)
+        rounded = 0
         terms = np.empty(chunk + 1)
         for k0 in range(0, K, chunk):
             n = min(chunk, K - k0)
             terms[0] = partial
-            top = -100000
             for t in range(n):
                 terms[t + 1] = np.float64(a[i, k0 + t]) * np.float64(b[k0 + t, j])
-            for t in range(n + 1):
-                if terms[t] != 0.0:
-                    top = max(top, _exponent(terms[t]))
-            s = 0.0
-            if top > -100000:
-                q = top - align_bits + 1
-                for t in range(n + 1):
-                    s += _trunc_to(terms[t], q)
-            bits, _ = round_bits(f2i(s), TOWARD_ZERO, 0, 64, pp)
+            s = _chunk_sum(terms, n + 1, align_bits)
+            bits, flags = round_bits(f2i(s), TOWARD_ZERO, 0, 64, pp)
+            c = tally(c, flags)
+            rounded += 1
             partial = i2f(bits)
             if promote > 0 and ((k0 + n) % promote == 0 or k0 + n == K):
-                bits, _ = round_bits(sum_to_odd(acc, partial), NEAREST, 0, 64, ap)
+                bits, flags = round_bits(sum_to_odd(acc, partial), NEAREST, 0, 64, ap)
+                c = tally(c, flags)
+                rounded += 1
                 acc = i2f(bits)
                 partial = 0.0
         if promote == 0:
             acc = partial
-        bits, _ = round_bits(f2i(acc), omode, 0, 64, op)
-        out[i, j] = i2f(bits)
+        out[i, j] = acc
+        for t in range(6):
+            counts[ij, t] = c[t]
+        counts[ij, 6] = rounded
 
 
-def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0):
-    """a @ b (2-D, or 1-D as numpy.matmul) under a TensorCoreModel; float64 result holding
-    out_fmt values (inputs rounded to the model's in_fmt with ``rounding``)."""
+def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=None):
+    """a @ b (2-D, or 1-D as numpy.matmul) under a TensorCoreModel (inputs rounded to the
+    model's in_fmt with ``rounding``); the container is numpy's result type of a and b,
+    float64 when out_fmt does not fit float32, as :func:`lpsim.ops.matmul`'s.  stats: a
+    RoundingStats counting every rounding (the module's docstring)."""
     from ..blocks import BlockFormat
     from ..quantize import quantize
     from .operands import as_array
     model = hardware_model(model)
     a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
+    dtype = np.result_type(a, b)
+    if not model.out_fmt.fits(dtype)[0]:
+        dtype = np.dtype(np.float64)
     squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
     a = a[None, :] if squeeze_a else a
     b = b[:, None] if squeeze_b else b
@@ -188,16 +234,22 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0):
         raise ValueError(f"matmul with a tensor-core model: shapes {a.shape} and {b.shape}; "
                          "accepted: (M, K) and (K, N) (or 1-D)")
     if isinstance(model.in_fmt, BlockFormat):
-        a, b = block_inputs(a, b, model.in_fmt, rounding, seed=seed, stream=stream)
+        a, b = block_inputs(a, b, model.in_fmt, rounding, seed=seed, stream=stream,
+                            stats=stats)
     elif model.in_fmt is not None:
-        a = quantize(a, model.in_fmt, rounding, seed=seed, stream=stream)
-        b = quantize(b, model.in_fmt, rounding, seed=seed, stream=stream + 1)
-    out = np.empty((a.shape[0], b.shape[1]))
+        a = quantize(a, model.in_fmt, rounding, seed=seed, stream=stream, stats=stats)
+        b = quantize(b, model.in_fmt, rounding, seed=seed, stream=stream + 1, stats=stats)
+    acc = np.empty((a.shape[0], b.shape[1]))
+    counts = np.zeros((acc.size, 7), np.int64)
     f64 = np.float64
-    _tc_gemm(np.ascontiguousarray(a, f64), np.ascontiguousarray(b, f64), out, model.chunk,
-             model.align_bits, model.promote or 0, kernel_params(model.partial_fmt, f64),
-             kernel_params(model.acc_fmt, f64), kernel_params(model.out_fmt, f64),
-             mode_code(model.out_rounding))
+    _tc_gemm(np.ascontiguousarray(a, f64), np.ascontiguousarray(b, f64), acc, counts,
+             model.chunk, model.align_bits, model.promote or 0,
+             kernel_params(model.partial_fmt, f64), kernel_params(model.acc_fmt, f64))
+    if stats is not None:
+        total = counts.sum(axis=0)
+        stats.add(total[6], total[:6])
+    out = quantize(acc, model.out_fmt, model.out_rounding, seed=seed, stream=stream + 2,
+                   stats=stats).astype(dtype, copy=False)
     if squeeze_a:
         out = out[0]
     if squeeze_b:
@@ -207,38 +259,52 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0):
 
 def reference_matmul(a, b, model):
     """The steps of this module's docstring with Fractions, on inputs already rounded to the
-    model's in_fmt (exact values, e.g. :func:`block_inputs`' results); float64 array."""
+    model's in_fmt (exact values, e.g. :func:`block_inputs`' results); float64 array.  NaN
+    and inf terms stay floats and are added as floats (IEEE 754), the rest are Fractions."""
     from .. import reference as ref
+    from ..quantize import quantize
     model = hardware_model(model)
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     M, K = a.shape
     N = b.shape[1]
     out = np.empty((M, N))
 
-    def value(r):
+    def rounded(x, fmt, mode):
+        if isinstance(x, float):        # NaN or inf: the format's policy decides
+            y = float(quantize(np.array(x), fmt, mode))
+            return y if not math.isfinite(y) else Fraction(y)
+        r = ref.round_exact(x, fmt, mode)
         return Fraction(0) if r.value == 0 else r.value
+
+    def product(x, y):
+        x, y = float(x), float(y)
+        return Fraction(x) * Fraction(y) if math.isfinite(x) and math.isfinite(y) else x * y
 
     for i in range(M):
         for j in range(N):
             acc, partial = Fraction(0), Fraction(0)
             for k0 in range(0, K, model.chunk):
                 ks = range(k0, min(k0 + model.chunk, K))
-                terms = [partial] + [Fraction(float(a[i, k])) * Fraction(float(b[k, j]))
-                                     for k in ks]
+                terms = [partial] + [product(a[i, k], b[k, j]) for k in ks]
+                specials = [t for t in terms if isinstance(t, float)]
                 nonzero = [abs(t) for t in terms if t]
                 total = Fraction(0)
-                if nonzero:
+                if specials:
+                    total = sum(specials, 0.0)
+                elif nonzero:
                     q = max(ref._floor_log2(t) for t in nonzero) - model.align_bits + 1
                     unit = ref._pow2(q)
                     total = sum((math.trunc(t / unit) * unit for t in terms), Fraction(0))
-                partial = value(ref.round_exact(total, model.partial_fmt, "toward_zero"))
+                partial = rounded(total, model.partial_fmt, "toward_zero")
                 end = ks.stop
                 if model.promote and (end % model.promote == 0 or end == K):
-                    acc = value(ref.round_exact(acc + partial, model.acc_fmt, "nearest"))
+                    both = acc + partial if isinstance(acc, Fraction) and \
+                        isinstance(partial, Fraction) else float(acc) + float(partial)
+                    acc = rounded(both, model.acc_fmt, "nearest")
                     partial = Fraction(0)
             if not model.promote:
                 acc = partial
-            out[i, j] = float(ref.round_exact(acc, model.out_fmt, model.out_rounding).value)
+            out[i, j] = float(rounded(acc, model.out_fmt, model.out_rounding))
     return out
 
 
@@ -257,12 +323,20 @@ def _passes_through_cached(model, in_fmt) -> bool:
     return hardware_model(model) is None and as_block_format(in_fmt) is None
 
 
-def dispatch(a, b, model, in_fmt, seed, stream):
+#: matmul's keywords that a tensor-core model takes (its own accumulator fixes the others)
+TC_KEYWORDS = ("in_fmt", "out_fmt", "out_rounding")
+
+
+def dispatch(a, b, model, in_fmt, seed, stream, stats=None, **keywords):
     """lpsim.ops.matmul's hook: (result, a, b, model, in_fmt).
 
-    A tensor-core model computes the result here; a block in_fmt block-quantizes a and b
+    A tensor-core model computes the result here, with in_fmt, out_fmt and out_rounding
+    replacing its own; ``keywords`` (matmul's acc_fmt, out_fmt, acc_rounding, out_rounding,
+    fused, order) other than these must be None, as the model's chunked accumulator fixes
+    them: a ValueError names the first one given.  A block in_fmt block-quantizes a and b
     along K and hands them back with in_fmt None and the model's input rounding removed (the
-    block values are the inputs); anything else passes through with result None.
+    block values are the inputs); anything else passes through with result None.  stats
+    counts the roundings done here.
     """
     if _passes_through(model, in_fmt):
         return None, a, b, model, in_fmt
@@ -270,15 +344,27 @@ def dispatch(a, b, model, in_fmt, seed, stream):
     from .models import get_model
     hw = hardware_model(model)
     if hw is not None:
-        if in_fmt is not None:
-            hw = hw.with_(in_fmt=in_fmt)
-        return tc_matmul(a, b, hw, seed=seed, stream=stream), a, b, model, in_fmt
+        for name, value in keywords.items():
+            if value is not None and name not in TC_KEYWORDS:
+                label = repr(model) if isinstance(model, str) else "a TensorCoreModel"
+                raise ValueError(
+                    f"matmul: {name}={value!r} is not accepted with the tensor-core model "
+                    f"{label}, whose chunked accumulator fixes acc_fmt, acc_rounding, fused "
+                    f"and order; accepted with it: {', '.join(TC_KEYWORDS)}, seed, stream, "
+                    "stats, out (or a TensorCoreModel with other fields)")
+        changes = dict(in_fmt=in_fmt, out_fmt=keywords.get("out_fmt"),
+                       out_rounding=keywords.get("out_rounding"))
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if changes:
+            hw = hw.with_(**changes)
+        return tc_matmul(a, b, hw, seed=seed, stream=stream, stats=stats), a, b, model, \
+            in_fmt
     bfmt = as_block_format(in_fmt)
     if bfmt is None:
         return None, a, b, model, in_fmt
     from .operands import as_array
     a, b = block_inputs(as_array(a, "a", "matmul"), as_array(b, "b", "matmul"), bfmt,
-                        seed=seed, stream=stream)
+                        seed=seed, stream=stream, stats=stats)
     if model is not None:
         model = replace(get_model(model), in_fmt=None)
     return None, a, b, model, None

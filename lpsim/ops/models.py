@@ -15,22 +15,29 @@ from ..rounding import mode_code
 ORDERS = ("sequential", "pairwise", "('blocked', k)")
 
 
+#: the largest block width k: the kernels take it as an int64
+MAX_BLOCK = 2 ** 63 - 1
+
+
 def check_order(order):
     """The order as "sequential", "pairwise", ("blocked", k) with k a Python int, or None.
 
     None: any order (BLAS allowed).  k may be any integer type (numpy integers too), not a
-    bool or a float.
+    bool or a float, up to MAX_BLOCK.  lpsim.ops calls it before its caches, which key on
+    values (("blocked", 3.0) == ("blocked", 3), True == 1).
     """
-    if isinstance(order, str) and order in ("sequential", "pairwise"):
-        return order
     if order is None:
         return None
+    if isinstance(order, str) and order in ("sequential", "pairwise"):
+        return order
     if isinstance(order, tuple) and len(order) == 2 and isinstance(order[0], str) and \
             order[0] == "blocked":
         k = order[1]
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not \
+                1 <= k <= MAX_BLOCK:
             raise ValueError(f"order={order!r}: the block width k={k!r} is not accepted; "
-                             "accepted: an integer >= 1 (int or numpy integer, not bool)")
+                             "accepted: an integer >= 1 and <= 2**63 - 1 (the kernels' int64; "
+                             "int or numpy integer, not bool)")
         return ("blocked", int(k))
     raise ValueError(f"unknown order {order!r}; accepted: None (any order), "
                      f"{', '.join(ORDERS)}")

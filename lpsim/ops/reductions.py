@@ -48,14 +48,16 @@ from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
 from .kernels import gemm_items, gemm_kernel, run
 from .hardware import _passes_through, dispatch
-from .models import AccumulationModel, get_model
+from .models import AccumulationModel, check_order, get_model
 from .operands import as_array, container_format, deliver, is_torch, round_inputs
 
 
 def resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
             out_rounding=None, fused=None, order=None) -> AccumulationModel:
     """The model a call asks for: a named model with overrides, or the keywords alone
-    (cached: building and validating a model costs more than a small product)."""
+    (cached: building and validating a model costs more than a small product; the order is
+    checked first, as the cache keys on values and ("blocked", 3.0) == ("blocked", 3))."""
+    order = check_order(order)
     key = (model, dtype, in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding, fused, order)
     try:
         return _resolve_cached(*key)
@@ -305,7 +307,10 @@ MAX_CACHED = 256
 
 def _cached_product(op, a, b, stats, out, model_keys):
     """(the _Product of this call or None, its key or None when it is not one to cache):
-    numpy float32/float64 operands, no stats, no out."""
+    numpy float32/float64 operands, no stats, no out.  The order (the last model key) is
+    checked first: the key compares values, and ("blocked", True) == ("blocked", 1)."""
+    if model_keys[-1] is not None:
+        model_keys = model_keys[:-1] + (check_order(model_keys[-1]),)
     if type(a) is not _ndarray or type(b) is not _ndarray or stats is not None or \
             out is not None or a.dtype not in _CONTAINER_DTYPES or \
             b.dtype not in _CONTAINER_DTYPES:
@@ -366,7 +371,9 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     "fp32" that equals a float32 loop bit for bit).  Steps, orders, the BLAS path and the
     counter of each random word: this module's docs.  The result container is numpy's result
     type, float64 when out_fmt does not fit float32.  stats counts every rounding
-    (accumulator and output; on the BLAS path the output only).
+    (accumulator and output; on the BLAS path the output only).  A tensor-core model
+    (:mod:`lpsim.ops.hardware`) takes in_fmt, out_fmt and out_rounding; its own accumulator
+    fixes the rest, so acc_fmt, acc_rounding, fused and order raise a ValueError with it.
     """
     op = "matmul"
     product, key = _cached_product(op, a, b, stats, out, (model, in_fmt, acc_fmt, out_fmt,
@@ -376,7 +383,12 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
         return product(a, b, seed, stream)
     like_torch = is_torch(a) or is_torch(b)
     if not _passes_through(model, in_fmt):   # tensor-core models, block in_fmt
-        done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream)
+        _check_stats(stats, op)
+        done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream, stats,
+                                             acc_fmt=acc_fmt, out_fmt=out_fmt,
+                                             acc_rounding=acc_rounding,
+                                             out_rounding=out_rounding, fused=fused,
+                                             order=order)
         if done is not None:
             return _finish(done, like_torch, out, op)
     a, b = as_array(a, "a", op), as_array(b, "b", op)
