@@ -421,3 +421,137 @@ def test_a_parameter_listed_twice_is_refused():
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="listed twice"):
         opt.add_param_group({"params": [p, p]})
     assert len(opt.param_groups) == 1
+
+
+# -- options and states changed between steps -----------------------------------------------
+
+ROUTES = [dict(implementation="fused", foreach=True), dict(implementation="fused",
+                                                           foreach=False),
+          dict(implementation="reference")]
+
+
+@pytest.mark.parametrize("change", [("momentum", 0.9), ("update_rounding", "kahan"),
+                                    ("update_rounding", "remainder")])
+def test_an_option_turned_on_mid_run_starts_its_state_at_zero(change):
+    """Momentum warm-up, or Kahan / remainder switched on: the state it needs starts at zero
+    on every route (the fused kernels wrote past a 1-element stand-in before: heap
+    corruption), and the routes agree bit for bit."""
+    name, value = change
+    runs = []
+    for route in ROUTES:
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(3000).to(torch.bfloat16))
+        opt = (SGD([p], lr=0.1, seed=2, **route) if name == "momentum"
+               else AdamW([p], lr=1e-2, seed=2, **route))
+        gen = torch.Generator().manual_seed(1)
+        for i in range(3):
+            p.grad = torch.randn(3000, generator=gen).to(torch.bfloat16)
+            if i == 1:
+                opt.param_groups[0][name] = value
+            opt.step()
+        runs.append((p, opt))
+    state = runs[0][1].state[runs[0][0]]
+    extra = {0.9: "momentum_buffer", "kahan": "kahan_comp", "remainder": "remainder"}[value]
+    assert state[extra].numel() == 3000 and state[extra].abs().sum() > 0
+    for other in runs[1:]:
+        assert_same(runs[0], other)
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=["foreach", "per-tensor", "reference"])
+@pytest.mark.parametrize("bad, match", [
+    (lambda st, p: st.__setitem__("exp_avg", torch.zeros(100)), "holds 100 elements"),
+    (lambda st, p: st.__setitem__("exp_avg", st["exp_avg"].bfloat16()), "torch.bfloat16"),
+    (lambda st, p: st.__setitem__("exp_avg_sq", torch.zeros(200, 2)[:, 0]), "not contiguous"),
+    (lambda st, p: st.__setitem__("exp_avg", None), "holds a NoneType"),
+    (lambda st, p: st.__setitem__("step", 2.5), "'step' is 2.5")])
+def test_a_state_that_does_not_fit_its_parameter_is_refused(route, bad, match):
+    """A checkpoint of another model or a parameter whose dtype changed: a ValueError naming
+    the state (the kernels indexed it as the parameter: out-of-bounds writes), nothing
+    stepped, the step count kept."""
+    p = torch.nn.Parameter(torch.randn(200))
+    opt = AdamW([p], lr=1e-2, seed=2, **route)
+    p.grad = torch.randn(200)
+    opt.step()
+    before = p.detach().clone()
+    bad(opt.state[p], p)
+    with pytest.raises(ValueError, match=match):
+        opt.step()
+    assert torch.equal(p.detach(), before) and opt.state[p]["step"] in (1, 2.5)
+
+
+@pytest.mark.parametrize("option, value, match", [
+    ("update_rounding", "Stochastic", "unknown update_rounding"),
+    ("implementation", "referense", "unknown implementation"),
+    ("state_rounding", "up", "unknown state_rounding"), ("foreach", "no", "not a bool"),
+    ("sr_bits", 0, "sr_bits=0 is out of range"), ("sr_bits", 99, "out of range"),
+    ("seed", -1, "seed=-1")])
+def test_group_options_are_checked_at_every_step(option, value, match):
+    """param_groups are dicts a user changes: sr_bits=-3 gave wrong weights in the fused
+    kernel, 'referense' ran fused and state_rounding='up' ran nearest, silently."""
+    p, q = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+    opt = AdamW([p], lr=1e-2, seed=2)
+    p.grad = torch.randn(5)
+    opt.param_groups[0][option] = value
+    with pytest.raises((ValueError, TypeError), match=match):
+        opt.step()
+    assert opt.state[p] == {}
+    with pytest.raises((ValueError, TypeError), match=match):
+        opt.add_param_group({"params": [q], option: value})
+    assert len(opt.param_groups) == 1
+
+
+def test_a_torch_optim_state_dict_loads():
+    """torch.optim.AdamW's state dict (no lpsim options, a tensor step) loads its moments
+    and step count; the group keeps its lpsim options (a KeyError at the next step before)."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(100))
+    q = torch.nn.Parameter(p.detach().clone())
+    ref = torch.optim.AdamW([p], lr=1e-2, weight_decay=0.0)
+    for _ in range(3):
+        p.grad = torch.randn(100)
+        ref.step()
+    opt = AdamW([q], lr=5.0, seed=1, update_rounding="stochastic", weight_decay=0.0)
+    opt.load_state_dict(ref.state_dict())
+    group = opt.param_groups[0]
+    assert group["lr"] == 1e-2 and group["update_rounding"] == "stochastic"
+    assert group["foreach"] is True and opt.state[q]["step"] == 3
+    assert torch.equal(opt.state[q]["exp_avg"], ref.state[p]["exp_avg"])
+    with torch.no_grad():
+        q.copy_(p)
+    q.grad = p.grad = torch.randn(100)
+    opt.step()
+    ref.step()
+    assert torch.allclose(q, p, rtol=0, atol=1e-6)
+
+
+def test_copies_and_pickles_step_on():
+    """copy.deepcopy and pickle keep the counters and the copy steps (an AttributeError on
+    _stats before), with the original's bits."""
+    import pickle
+    p = torch.nn.Parameter(torch.randn(50).to(torch.bfloat16))
+    opt = AdamW([p], lr=1e-2, seed=4, update_rounding="stochastic")
+    p.grad = torch.randn(50).to(torch.bfloat16)
+    opt.step()
+    for copied in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        q = copied.param_groups[0]["params"][0]
+        assert copied.update_stats == opt.update_stats
+        q.grad = p.grad.clone()
+        copied.step()
+        assert copied.update_stats.elements == 100
+    pa = copy.deepcopy(p)
+    opt.step()
+    assert torch.equal(bits(p), bits(q)) and not torch.equal(bits(p), bits(pa))
+
+
+def test_numpy_scalar_hyperparameters_give_the_python_floats_bits():
+    """torch.optim takes numpy scalars; the constants are formed from Python floats, so
+    lr=np.float32(x) steps as lr=float(np.float32(x)) does."""
+    runs = []
+    for cast in (np.float32, float):
+        make = lambda ps: AdamW(ps, lr=cast(np.float32(3e-2)), eps=cast(np.float32(1e-6)),
+                                betas=(cast(np.float32(0.9)), 0.99),
+                                weight_decay=cast(np.float32(0.1)), seed=5)
+        runs.append(run(make, torch.bfloat16))
+    assert_same(*runs)
+    with pytest.raises(TypeError, match="real number"):
+        AdamW([torch.nn.Parameter(torch.zeros(1))], lr=np.bool_(True))

@@ -185,8 +185,11 @@ def test_errors_on_the_multi_tensor_route():
         opt.step()
     p.grad = torch.zeros(4, 4)
     opt.step()
-    del opt.state[p]["exp_avg_sq"]
-    with pytest.raises(ValueError, match="exp_avg_sq"):
+    del opt.state[p]["exp_avg_sq"]         # a missing state starts again at zero
+    opt.step()
+    assert opt.state[p]["exp_avg_sq"].shape == (4, 4) and opt.state[p]["step"] == 2
+    opt.state[p]["exp_avg_sq"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="'exp_avg_sq' holds 3 elements"):
         opt.step()
     r = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     r.grad = torch.zeros(2, dtype=torch.float64)

@@ -168,3 +168,17 @@ def test_block_formats_follow_the_same_tensor_rules():
         lt.quantize(x, "nvfp4", out=torch.empty(4, 32, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="x is a torch tensor but out is a ndarray"):
         lt.quantize(x, "mxfp4", out=np.zeros((4, 32), np.float32))
+
+
+def test_lazily_negated_tensors_round_and_take_results():
+    """x = z.conj().imag is a view with torch's negative bit set, which has no numpy view:
+    rounded and written as any tensor (torch's RuntimeError before)."""
+    z = torch.tensor([1 + 0.3j, 2 - 2.0j], dtype=torch.complex64)
+    x = z.conj().imag
+    assert x.is_neg()
+    want = lpsim.quantize(x.resolve_neg().numpy(), "bf16")
+    assert np.array_equal(lt.quantize(x, "bf16").numpy(), want)
+    assert np.array_equal(lpsim.quantize(x, "bf16", "stochastic", seed=3).numpy(),
+                          lpsim.quantize(x.resolve_neg().numpy(), "bf16", "stochastic", seed=3))
+    lpsim.quantize(torch.tensor([1.1, 1.3]), "e2m1fn", out=x)
+    assert x.tolist() == [1.0, 1.5] and z.imag.tolist() == [-1.0, -1.5]

@@ -8,6 +8,7 @@ The class validates and holds hyperparameters and state; the math of a step live
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 import secrets
 
@@ -29,12 +30,56 @@ _PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
 def _check_number(name, value, low=0.0, high=None, open_high=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    """A real hyperparameter (Python or numpy scalar, not a bool) in range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
+            math.isnan(value):
         raise TypeError(f"{name}={value!r} must be a real number")
     if value < low or (high is not None and (value >= high if open_high else value > high)):
         bound = f"< {high}" if open_high else f"<= {high}"
         raise ValueError(f"{name}={value!r} is out of range; accepted: {low} <= {name}"
                          + (f" {bound}" if high is not None else ""))
+
+
+#: the options of a param group lpsim reads at every step
+OPTIONS = ("update_rounding", "weight_format", "state_format", "state_rounding", "sr_bits",
+           "seed", "implementation", "foreach")
+
+
+def check_options(group: dict) -> None:
+    """A clear error for an lpsim option of a param group that is not accepted: at
+    construction, in add_param_group and at every step (param_groups are plain dicts a user
+    or a loaded state dict may change)."""
+    missing = [name for name in OPTIONS if name not in group]
+    if missing:
+        raise ValueError(f"a param group has no {missing[0]!r}; lpsim's options ("
+                         f"{', '.join(OPTIONS)}) must be in every group")
+    update_rounding, state_rounding, implementation, foreach, sr_bits = (
+        group["update_rounding"], group["state_rounding"], group["implementation"],
+        group["foreach"], group["sr_bits"])
+    if update_rounding not in UPDATES:
+        raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
+                         f"{', '.join(UPDATES)}")
+    if state_rounding not in STATE_ROUNDINGS:
+        raise ValueError(f"unknown state_rounding {state_rounding!r}; accepted: "
+                         f"{', '.join(STATE_ROUNDINGS)}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}; accepted: "
+                         f"{', '.join(IMPLEMENTATIONS)}")
+    for name in ("weight_format", "state_format"):
+        if group[name] is not None:
+            parse_format(group[name])          # a clear error now, not in a kernel
+    if not isinstance(foreach, bool):
+        raise TypeError(f"foreach={foreach!r} is not a bool; accepted: True or False")
+    if sr_bits is not None:
+        if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
+            raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
+        if not 1 <= sr_bits <= 32:
+            raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
+    split_key(group["seed"], "seed")
+
+
+#: (state names, update, state dtype) -> LowPrecisionOptimizer._needed's answer
+_NEEDED: dict = {}
 
 
 class LowPrecisionOptimizer(torch.optim.Optimizer):
@@ -53,6 +98,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     per tensor (False); the bits are the same.  CUDA tensors and DTensors are stepped one by
     one (one launch per tensor); parameters are not gathered into flat buffers.
 
+    Options and states are checked at every step: a param group's lpsim options as at
+    construction (param_groups are plain dicts), and each state tensor against its parameter
+    (size, dtype, device) before a kernel takes it.  A state that the options need but the
+    parameter lacks (momentum, Kahan or remainder turned on mid-run) starts at zero.
+
     After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
     (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
     the weight unchanged: the stagnation of nearest rounding.
@@ -63,28 +113,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults, *, update_rounding="nearest", weight_format=None,
                  state_format=None, state_rounding="nearest", sr_bits=None, seed=None,
                  implementation="fused", foreach=True):
-        if update_rounding not in UPDATES:
-            raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
-                             f"{', '.join(UPDATES)}")
-        if state_rounding not in STATE_ROUNDINGS:
-            raise ValueError(f"unknown state_rounding {state_rounding!r}; accepted: "
-                             f"{', '.join(STATE_ROUNDINGS)}")
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"unknown implementation {implementation!r}; accepted: "
-                             f"{', '.join(IMPLEMENTATIONS)}")
-        for name, fmt in (("weight_format", weight_format), ("state_format", state_format)):
-            if fmt is not None:
-                parse_format(fmt)          # a clear error now, not at the first step
-        if not isinstance(foreach, bool):
-            raise TypeError(f"foreach={foreach!r} is not a bool; accepted: True or False")
-        if sr_bits is not None:
-            if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
-                raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
-            if not 1 <= sr_bits <= 32:
-                raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
         if seed is None:
             seed = secrets.randbits(64)
-        split_key(seed, "seed")
+        check_options(dict(update_rounding=update_rounding, weight_format=weight_format,
+                           state_format=state_format, state_rounding=state_rounding,
+                           sr_bits=sr_bits, seed=seed, implementation=implementation,
+                           foreach=foreach))
         defaults.update(update_rounding=update_rounding, weight_format=weight_format,
                         state_format=state_format, state_rounding=state_rounding,
                         sr_bits=None if sr_bits is None else int(sr_bits), seed=int(seed),
@@ -98,6 +132,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         """torch's add_param_group, refusing a parameter listed twice in one group (torch
         only warns; lpsim would step it twice per step, with two keys)."""
         super().add_param_group(param_group)
+        try:
+            check_options(self.param_groups[-1])
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
         params = self.param_groups[-1]["params"]
         if len({id(p) for p in params}) != len(params):
             self.param_groups.pop()
@@ -106,6 +145,19 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             raise ValueError(f"parameter {position} of a param group (shape "
                              f"{tuple(params[position].shape)}) is listed twice; accepted: each "
                              "parameter once")
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        self._drain()
+        return {**state, "_stats": self._stats.__copy__(), "_cancelled": self._cancelled}
+
+    def __setstate__(self, state):
+        state = dict(state)
+        stats, cancelled = state.pop("_stats", None), state.pop("_cancelled", 0)
+        super().__setstate__(state)
+        self._stats = stats if stats is not None else RoundingStats()
+        self._cancelled = cancelled
+        self._gpu_counts = {}
 
     @property
     def update_stats(self) -> RoundingStats:
@@ -135,17 +187,52 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # -- state -----------------------------------------------------------------------------
-    def _init_state(self, p, local, group, setup: Setup) -> dict:
+    def _needed(self, group, setup: Setup) -> tuple:
+        """(name, dtype) of each state tensor a parameter needs under these options."""
+        key = (self._state_names(group), setup.update, setup.state_dtype)
+        needed = _NEEDED.get(key)
+        if needed is None:
+            names, dtype = tuple((name, setup.state_dtype) for name in key[0]), key[2]
+            needed = _NEEDED[key] = names + {KAHAN: (("kahan_comp", dtype),),
+                                             REMAINDER: (("remainder", torch.int16),)
+                                             }.get(setup.update, ())
+        return needed
+
+    def _init_state(self, p, local, group, setup: Setup, index: int | None = None) -> dict:
+        """The parameter's state, its tensors made (zeros) where missing; with ``index``,
+        each checked against the parameter (:meth:`_check_states`)."""
         state = self.state[p]
         if "step" not in state:
             state["step"] = 0
-            for name in self._state_names(group):
-                state[name] = torch.zeros_like(local, dtype=setup.state_dtype)
-            if setup.update == KAHAN:
-                state["kahan_comp"] = torch.zeros_like(local, dtype=setup.state_dtype)
-            elif setup.update == REMAINDER:
-                state["remainder"] = torch.zeros_like(local, dtype=torch.int16)
+        needed = self._needed(group, setup)
+        for name, dtype in needed:
+            if name not in state:   # new, or an option that needs it was turned on mid-run
+                state[name] = torch.zeros_like(local, dtype=dtype)
+        if index is not None:
+            self._check_states(state, local, group, setup, index)
         return state
+
+    def _check_states(self, state, local, group, setup: Setup, index: int) -> None:
+        """A clear error unless each state tensor the options need matches the parameter in
+        size, dtype and device and is contiguous: the kernels index them as the parameter
+        (a checkpoint of another model, or a parameter whose dtype changed, wrote out of
+        bounds before)."""
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"parameter {index}'s state 'step' is {step!r}; accepted: an "
+                             "integer >= 0")
+        for name, dtype in self._needed(group, setup):
+            t = state[name]
+            if not torch.is_tensor(t) or t.numel() != local.numel() or t.dtype != dtype or \
+                    t.device != local.device or not t.is_contiguous():
+                what = (f"a {type(t).__name__}" if not torch.is_tensor(t) else
+                        f"{t.numel()} elements of {t.dtype} on {t.device}"
+                        + ("" if t.is_contiguous() else ", not contiguous"))
+                raise ValueError(
+                    f"parameter {index}'s state {name!r} holds {what}; its options need "
+                    f"{local.numel()} contiguous elements of {dtype} on {local.device} (a "
+                    "state dict of another model, or a parameter whose dtype changed after "
+                    "its state was made: convert or drop that state)")
 
     def load_state_dict(self, state_dict) -> None:
         """torch's load_state_dict, except that state tensors keep their dtypes.
@@ -153,20 +240,31 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         torch casts every floating state tensor to its parameter's dtype; lpsim's states have
         their own (float32 moments of bfloat16 weights, the int16 remainder of a float32
         master), which that cast would round or convert, so they are set back afterwards,
-        copied to the parameter's device.
+        copied to the parameter's device.  A torch.optim state dict (no lpsim options in its
+        groups, its step a tensor) loads its hyperparameters and states; the groups keep
+        their lpsim options.  The next step checks every state against its parameter.
         """
         tensors = {k: {name: v for name, v in s.items() if torch.is_tensor(v)}
                    for k, s in state_dict["state"].items()}
         stripped = dict(state_dict)
         stripped["state"] = {k: {name: v for name, v in s.items() if not torch.is_tensor(v)}
                              for k, s in state_dict["state"].items()}
+        options = [{name: group[name] for name in OPTIONS} for group in self.param_groups]
         super().load_state_dict(stripped)
+        for group, own in zip(self.param_groups, options):
+            for name, value in own.items():     # a torch.optim state dict has none of them
+                if name not in group or (name == "foreach" and group[name] is None):
+                    group[name] = value             # (torch's own foreach is None or a bool)
+            check_options(group)
         ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
         by_id = dict(zip(ids, params))
         for k, values in tensors.items():
             p = by_id[k]
             for name, value in values.items():
+                if name == "step":      # torch.optim keeps its step count as a tensor
+                    self.state[p][name] = int(value.item())
+                    continue
                 self.state[p][name] = value.detach().to(device=p.device, copy=True)
 
     def memory_bytes(self) -> float:
@@ -234,6 +332,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for group in self.param_groups:
+            check_options(group)
         base = 0
         for group in self.param_groups:
             params = group["params"]
@@ -273,6 +373,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             st = state[p]
             if "step" not in st:
                 st = self._init_state(p, p, group, setup)
+            elif type(st["step"]) is not int:       # a numpy integer, or not a count at all
+                self._check_states(st, p, group, setup, base + j)
+                st["step"] = int(st["step"])
             t = st["step"] + 1          # stored once every check has passed
             if last[0] is not setup or last[1] != t:        # a set other than the last one's
                 last = (setup, t)
@@ -285,9 +388,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             entry[4].append(st)
         for (_, t), (setup, positions, params, grads, states) in sets.items():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
+            table = self._table(group, base, setup, positions, params, states)
             for st in states:
                 st["step"] = t
-            table = self._table(group, base, setup, positions, params, states)
             table.refresh(grads)
             hp = hyper.get(t)
             if hp is None:
@@ -310,17 +413,17 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         key = (id(group), base, id(setup), tuple(positions))
         cached = cache.get(key)
         if (cached is not None and cached[0] is group and cached[1] == ptrs
+                and len(cached[3]) == len(held)
                 and all(map(operator.is_, cached[2], params))
                 and all(map(operator.is_, cached[3], held))):
             return cached[4]
         if len(cache) >= 256:           # bounded: sets that keep changing are rebuilt anyway
             cache.clear()
-        for k, t in enumerate(held):
-            if t is None:       # the kernel would write past a stand-in array
-                raise ValueError(f"parameter {base + positions[k // len(names)]} has no state "
-                                 f"{names[k % len(names)]!r}, which update_rounding="
-                                 f"{setup.update_rounding!r} needs; load a state dict saved "
-                                 "with the same options")
+        # states made where an option turned on mid-run needs them, and every one checked:
+        # the kernel indexes them as the parameter
+        for k, (j, p) in enumerate(zip(positions, params)):
+            self._init_state(p, p, group, setup, base + j)
+        held = [st.get(name) for st in states for name in names]
         moments = self._state_names(group)
         rows = []
         for k, (j, p) in enumerate(zip(positions, params)):
@@ -341,14 +444,16 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         """The numpy bit views of a parameter and its states (lpsim.optim.cpu.bits_view),
         kept between steps while the same tensors hold the same storage (making six views
         cost more than stepping a small parameter)."""
-        *tensors, setup = tensors_and_setup
+        *tensors, setup, state, group = tensors_and_setup
         # the same tensor objects (states are replaced, not reassigned, by load_state_dict),
-        # and the parameter's storage (module.to() reassigns param.data)
-        ident = (tensors[0].data_ptr(), *map(id, tensors))
+        # and the parameter's storage, dtype and size (module.to() reassigns param.data)
+        w = tensors[0]
+        ident = (w.data_ptr(), w.dtype, w.numel(), *map(id, tensors))
         cache = self.__dict__.setdefault("_view_cache", {})     # not in torch's pickled state
         cached = cache.get(index)
         if cached is not None and cached[0] == ident:
             return cached[2]
+        self._check_states(state, w, group, setup, index)      # the kernel indexes them as w
         sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
         w, m, v, c, r = tensors
         views = (cpu.bits_view(w), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
@@ -371,19 +476,27 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if not (local.is_contiguous() and grad.is_contiguous()):
             raise ValueError(f"parameter {index} (shape {tuple(local.shape)}) or its gradient is "
                              "not contiguous; lpsim.optim steps contiguous tensors")
+        if grad.numel() != local.numel() or grad.device != local.device:
+            raise ValueError(f"parameter {index} has {local.numel()} elements on "
+                             f"{local.device}, its gradient {grad.numel()} on {grad.device}")
         setup = resolve(group, local, grad.dtype)
-        state = self._init_state(p, local, group, setup)
-        state["step"] += 1
-        t = state["step"]
+        cpu_fused = group["implementation"] == "fused" and not local.is_cuda
+        # the CPU kernel's states are checked where its views are made (:meth:`_views`)
+        state = self._init_state(p, local, group, setup, None if cpu_fused else index)
+        if type(state["step"]) is not int:
+            self._check_states(state, local, group, setup, index)
+            state["step"] = int(state["step"])
+        t = state["step"] + 1
+        streams = tuple(keys.stream(t, index, slot) for slot in range(3))  # range-checked
         hp = hyper.get(t)
         if hp is None:
             hp = hyper[t] = self._hyper(group, t)
         nesterov = bool(group.get("nesterov", False))
         first = t == 1
         seed = group["seed"]
-        streams = tuple(keys.stream(t, index, slot) for slot in range(3))
         names = self._state_names(group)
         if group["implementation"] == "reference":
+            state["step"] = t       # stored once every check has passed (here and below)
             stats = RoundingStats()
             cancelled = reference.step(self._algo, local, grad, state, setup, hp, nesterov,
                                        first, seed, streams, offset, stats)
@@ -406,10 +519,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             if device not in self._gpu_counts:
                 with cuda.gpus[device]:
                     self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
+            state["step"] = t
             cuda_step(local, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
             self._stats.add(local.numel(), [0] * 6)
             return
-        wb, mb, vb, cb, rb = self._views(index, local, m, v, c, r, setup)
+        wb, mb, vb, cb, rb = self._views(index, local, m, v, c, r, setup, state, group)
+        state["step"] = t
         counts = cpu.step(wb, cpu.bits_view(grad), mb, vb, cb, rb, *kargs, setup)
         self._stats.counts[0] += wb.size
         self._stats.counts[1:] += counts[:6]
@@ -443,7 +558,9 @@ class AdamW(LowPrecisionOptimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _hyper(self, group, step):
-        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        # Python floats first: a numpy float32 lr would make lr * wd a float32 product
+        lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+        b1, b2 = (float(b) for b in group["betas"])
         f = np.float32
         return (f(lr), f(lr * wd), f(b1), f(1 - b1), f(b2), f(1 - b2), f(1 - b1 ** step),
                 f(1 - b2 ** step), f(eps), f(wd), f(0), f(1))
@@ -476,7 +593,7 @@ class SGD(LowPrecisionOptimizer):
 
     def _hyper(self, group, step):
         f = np.float32
-        lr, mu, damp, wd = group["lr"], group["momentum"], group["dampening"], \
-            group["weight_decay"]
+        lr, mu, damp, wd = (float(group[name]) for name in ("lr", "momentum", "dampening",
+                                                             "weight_decay"))
         return (f(lr), f(0), f(0), f(0), f(0), f(0), f(1), f(1), f(0), f(wd), f(mu),
                 f(1 - damp))

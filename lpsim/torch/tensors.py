@@ -65,7 +65,7 @@ def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, ou
     what rounds the container array (a numpy array, or a CUDA tensor) with these keywords and
     ``out``; None: lpsim.quantize (lpsim_cuda.quantize).  lpsim.blocks passes its own.
     """
-    src = x.detach()
+    src = x.detach().resolve_neg()      # a lazily negated view (x.conj().imag) has no numpy
     src = src.to(container(src.dtype))
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset)
     if src.is_cuda:
@@ -82,8 +82,10 @@ def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, ou
         return out
     if src.device.type != "cpu":
         raise TypeError(f"x is on {src.device}; lpsim rounds CPU and CUDA tensors")
-    target = None if out is None else out.detach().numpy()
+    target = None if out is None or out.is_neg() else out.detach().numpy()
     result = (round_with or _lp_quantize)(src.numpy(), fmt, rounding, out=target, **kwargs)
+    if out is not None and target is None:
+        out.detach().copy_(torch.from_numpy(result))    # a negated view: written through torch
     return out if out is not None else torch.from_numpy(result)
 
 
