@@ -86,10 +86,16 @@ def _quiet_nans(bits):
 def _round(xb, yb, mode, k, p, rs, left, counts):
     """yb = xb rounded (container bits), quantize's vectorised pass then its slow pass;
     mode < 0: copied unrounded.  Returns (the inexact count of the fast pass, whether yb may
-    hold a NaN: the fast pass left elements, or nothing was rounded)."""
+    hold a NaN: the fast pass left elements, or a copied element is one)."""
     if mode < 0:
-        yb[:] = xb
-        return 0, True
+        if xb.itemsize != 4:            # float64 bits: not a state (states are float32)
+            yb[:] = xb
+            return 0, True
+        nan = 0
+        for j in range(xb.size):
+            yb[j] = xb[j]
+            nan |= np.int64((xb[j] & 0x7FFFFFFF) > 0x7F800000)
+        return 0, nan != 0
     if mode == STOCHASTIC:
         slow, inexact = fast_pass(xb, yb, rs, STOCHASTIC, k, p, left)
     else:
