@@ -516,8 +516,8 @@ def _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
     result = quantize(array.astype(np.float64), fmt, rounding, seed=seed, stream=stream,
                       sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     for i in big:        # the zero in its place was counted as an element with no flags
-        result.reshape(-1)[i] = _round_exact(int(flat[i]), fmt, rounding, seed, stream,
-                                             sr_bits, stats, offset + i, count=0)
+        result[np.unravel_index(i, result.shape)] = _round_exact(
+            int(flat[i]), fmt, rounding, seed, stream, sr_bits, stats, offset + i, count=0)
     return result
 
 

@@ -105,6 +105,9 @@ def test_big_python_ints_in_lists_are_rounded_from_their_exact_value(fmt, mode):
     assert got.dtype == np.float64 and got.tolist() == want
     assert stats == each and stats.elements == len(BIG) and stats.inexact >= 3
     assert quantize(tuple(BIG[1:3]), fmt, mode, seed=3, offset=6).tolist() == want[1:3]
+    out = np.zeros((len(BIG), 3))[:, 1]                 # a strided out takes them too
+    assert quantize(BIG, fmt, mode, seed=3, offset=5, out=out) is out
+    assert out.tolist() == want
 
 
 def test_big_ints_in_block_formats_are_refused_by_name_unless_exact_in_float64():
