@@ -84,11 +84,18 @@ def _size_and_lanes(x) -> tuple[int, int]:
     if isinstance(x, (int, float)):
         return 1, 2                              # rounded as float64
     numel = getattr(x, "numel", None)
-    n = int(numel()) if callable(numel) else int(np.size(x))
-    itemsize = getattr(x, "itemsize", None)
-    if itemsize is None:
-        itemsize = np.dtype(getattr(x, "dtype", np.float64)).itemsize
-    return n, 2 if itemsize == 8 else 4         # bf16/fp16 round in float32 containers
+    if callable(numel):                          # torch: float tensors of 2 or 4 bytes
+        return int(numel()), 4 if x.element_size() <= 4 else 2
+    if not hasattr(x, "dtype"):
+        x = np.asarray(x)                        # lists: float64 or integers
+    n = int(np.size(x))
+    try:
+        dtype = np.dtype(x.dtype)
+    except TypeError:                            # another library's dtype: by its size
+        return n, 4 if getattr(x, "itemsize", 8) <= 4 else 2
+    # float16, bfloat16 and float32 round in float32 containers; integers of any width and
+    # float64 in float64 (lpsim.quantize.as_container_array)
+    return n, 4 if dtype.kind in "fV" and dtype.itemsize <= 4 else 2
 
 
 def resolve(generator, x, rounding, seed, stream, offset):

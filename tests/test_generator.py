@@ -61,6 +61,18 @@ def test_float64_calls_use_two_lanes():
                                             seed=3, offset=12))
 
 
+@pytest.mark.parametrize("make", [lambda: np.full(5, 5, np.int8), lambda: np.full(5, 5, np.int32),
+                                  lambda: np.full(5, 5, np.uint16), lambda: [5, 5, 5, 5, 5],
+                                  lambda: [5.0] * 5, lambda: np.full(5, 5, np.int64)])
+def test_integer_and_list_calls_reserve_the_float64_blocks_they_draw(make):
+    """Integer arrays and lists round in float64 (two lanes a block); the generator counted
+    four for int8/16/32 and reserved half the blocks, so the next call drew the same words."""
+    g = lpsim.Generator(3)
+    a = lpsim.quantize(make(), "fp(5,1,0)", "stochastic", generator=g)
+    assert g.get_state() == (3, 3)
+    assert np.array_equal(a, lpsim.quantize(np.full(5, 5.0), "fp(5,1,0)", "stochastic", seed=3))
+
+
 def test_save_and_restore_replays():
     g = lpsim.Generator(99)
     x = np.linspace(1, 2, 1000, dtype=np.float32)
