@@ -283,3 +283,26 @@ def test_casgd_step_checks_x(data):
     x = casgd_step(Y, yI, np.zeros(40), 0.5, 4, 2, recipe="fp64")
     ref = casgd(Y, yI, eta=0.5, b=4, s=2, H=0, recipe="fp64").x   # same checks pass through
     assert x.shape == ref.shape == (40,) and np.linalg.norm(x) > 0
+
+
+@pytest.mark.parametrize("scale", [1e160, 1e-170, 2.0 ** 600, 1e-300])
+def test_rows_of_huge_or_tiny_values_normalise_as_their_scaled_rows(scale):
+    """Their squares overflow or underflow float64: rows of 1e160 * a became zeros and rows
+    of 1e-170 * a were left unscaled; now they normalise as a does (scaling by a power of
+    two is exact, so the results agree to a few ulps)."""
+    from lpsim.casgd import normalize_rows
+    a = np.random.default_rng(4).standard_normal((6, 5))
+    want = normalize_rows(a)
+    got = normalize_rows(a * scale)
+    np.testing.assert_allclose(got, want, rtol=4e-16 * 8, atol=0)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-15)
+
+
+def test_normalize_rows_copies_a_view_of_its_input():
+    """copy=True on an ndarray subclass (a memmap, a matrix): np.asarray's view of it was
+    scaled in place."""
+    from lpsim.casgd import normalize_rows
+    for a in (np.matrix([[3.0, 4.0], [1.0, 0.0]]), np.array([[3.0, 4.0], [1.0, 0.0]]).view(
+            np.recarray)):
+        normalize_rows(a)
+        assert np.asarray(a).tolist() == [[3.0, 4.0], [1.0, 0.0]]

@@ -30,7 +30,8 @@ def normalize_rows(A, copy: bool = True):
                             "place; accepted: a float32/float64 array, or copy=True")
         X = X.astype(np.float64)
     check_finite("A", X, "finite values")
-    X = np.array(X, copy=True) if copy and X is A else X
+    if copy and isinstance(A, np.ndarray) and np.may_share_memory(X, A):
+        X = np.array(X, copy=True)              # a view of A (a memmap, a matrix) is A too
     X /= _row_norms(X)[:, None].astype(X.dtype)
     return X
 
@@ -40,6 +41,14 @@ def _row_norms(X) -> np.ndarray:
     row's norm does not depend on the array's layout or on the rows around it)."""
     X = np.ascontiguousarray(X)
     norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
+    # rows whose squares overflow or underflow float64: summed again scaled by a power of
+    # two near their largest magnitude (exact), so 1e160 * a normalises as a does
+    far = np.flatnonzero(~(norms <= 2.0 ** 480) | ((norms < 2.0 ** -480) & (norms > 0))
+                         | ((norms == 0) & np.any(X != 0, axis=1)))
+    for i in far:
+        _, k = np.frexp(np.max(np.abs(X[i])))
+        row = np.ldexp(X[i].astype(np.float64), -k)
+        norms[i] = np.ldexp(np.sqrt(np.dot(row, row)), k)
     norms[norms == 0] = 1.0
     return norms
 

@@ -150,9 +150,10 @@ class _CASGD(BaseEstimator):
         """(t, c): rows are [t a_i, c t] (t = 1 without normalize); see the class docstring."""
         c = self.intercept_scaling
         if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) \
-                or not 0 < c < math.inf:
-            raise ValueError(f"intercept_scaling={c!r} is not accepted; accepted: a finite "
-                             "number > 0")
+                or not 0 < c <= 1e150:
+            raise ValueError(f"intercept_scaling={c!r} is not accepted; accepted: a number "
+                             "in (0, 1e150] (rows are scaled by 1/sqrt(1 + c**2), which "
+                             "underflows to 0 beyond)")
         c = float(c)
         return (1.0 / math.sqrt(1.0 + c * c) if self.normalize else 1.0), c
 
