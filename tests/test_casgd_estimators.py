@@ -1,9 +1,9 @@
 """CASGDClassifier / CASGDRegressor as scikit-learn estimators (and without scikit-learn)."""
 
 import os
+import re
 import subprocess
 import sys
-import re
 import textwrap
 
 import numpy as np
