@@ -60,7 +60,7 @@ from .quantize import MAX_COUNTER, keys
 from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, fast_sub_ok,
                        kernel_params, nearest32, nearest32_exact, nearest32_words, round_bits,
                        round_fast_sub)
-from .stats import RoundingStats
+from .stats import RoundingStats, check_stats
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per extra thread, and the size below which a call runs in the calling thread: an
@@ -75,6 +75,10 @@ FLOOR, CEIL, EVEN, RCEIL = range(4)
 #: per-block counter columns of the kernels
 BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
                   "clipped_scale", "flushed", "nan_block")
+
+
+#: what a block format's ``stats`` may be
+STATS_ACCEPTED = "an lpsim.RoundingStats, an lpsim.blocks.BlockStats or None"
 
 
 class BlockStats(RoundingStats):
@@ -1356,7 +1360,8 @@ def _blocked_view(x, axis):
         raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
     moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
     length = moved.shape[-1] if moved.ndim else 1
-    return np.ascontiguousarray(moved).reshape(-1, length), moved.shape
+    rows = int(np.prod(moved.shape[:-1])) if moved.ndim else 1   # -1 fails on length 0
+    return np.ascontiguousarray(moved).reshape(rows, length), moved.shape
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
@@ -1508,6 +1513,17 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
     with a block format lands here).  stats: a RoundingStats (element counters) or a
     :class:`BlockStats` (also block counters)."""
+    check_stats(stats, STATS_ACCEPTED)
+    if isinstance(x, np.ndarray) and x.size == 0:      # no blocks: checked, nothing rounded
+        from .quantize import _check_out, as_container_array
+        from .rounding import mode_code
+        parse_block_format(bfmt)
+        mode_code(rounding)
+        x = as_container_array(x)
+        _blocked_view(x, axis)                  # a clear error for an axis out of range
+        if out is None:
+            return np.empty_like(x)
+        return _check_out(out, x)
     if stats is None and tensor_scale is None and type(x) is np.ndarray:
         done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset)
         if done is not None:

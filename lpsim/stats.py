@@ -129,3 +129,10 @@ class RoundingStats:
 
     def __deepcopy__(self, memo) -> "RoundingStats":
         return self.__copy__()
+
+
+def check_stats(stats, accepted: str = "an lpsim.RoundingStats or None"):
+    """``stats``, or a TypeError naming it unless it is a RoundingStats (or None)."""
+    if stats is not None and not isinstance(stats, RoundingStats):
+        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: {accepted}")
+    return stats

@@ -14,14 +14,14 @@ import numba
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks import (BLOCK_COUNTERS, Blocked, _element_params, add_counts, block_params,
-                          bits_value, block_recip, block_scale, checked_tensor_scale,
-                          container_bits,
-                          element_exact, element_fast, element_word, finite_bits,
-                          parse_block_format, tensor_scale_from)
+from lpsim.blocks import (BLOCK_COUNTERS, STATS_ACCEPTED, Blocked, _element_params,
+                          add_counts, block_params, bits_value, block_recip, block_scale,
+                          checked_tensor_scale, container_bits, element_exact, element_fast,
+                          element_word, finite_bits, parse_block_format, tensor_scale_from)
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
+from lpsim.stats import check_stats
 
 from . import launch
 from .launch import THREADS
@@ -214,6 +214,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: :func:`lpsim.blocks.quantize`'s results."""
+    check_stats(stats, STATS_ACCEPTED)
     result, moved_shape = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, offset=offset,
                                           tensor_scale=tensor_scale, want_elements=False,

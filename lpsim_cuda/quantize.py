@@ -21,7 +21,7 @@ from numba import cuda
 from lpsim.formats import parse_format
 from lpsim.quantize import plan
 from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, tally
-from lpsim.stats import RoundingStats
+from lpsim.stats import RoundingStats, check_stats
 from lpsim.storage import NO_PACKING, storage_name, storage_params
 
 from . import arrays, counters, launch
@@ -122,6 +122,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     different seeds or offsets.
     """
     fmt = parse_format(fmt)
+    check_stats(stats)
     with launch.device_of(x):
         src = arrays.source(x)
         request = plan(fmt, rounding, src.dtype, seed=seed, stream=stream, sr_bits=sr_bits,

@@ -478,3 +478,27 @@ def test_the_plan_cache_stays_bounded_and_right_under_threads(monkeypatch):
         t.join()
     assert not errors
     assert 0 < len(blocks._WORDS) <= 8
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 32), (2, 0, 5)])
+def test_empty_arrays_round_to_empty_arrays(shape):
+    """As element formats do (numpy's reshape error before); a bad axis, out or stats still
+    gets its error."""
+    x = np.zeros(shape, np.float32)
+    for name in ("mxfp4", "nvfp4"):
+        stats = lpsim.blocks.BlockStats()
+        got = lpsim.quantize(x, name, "stochastic", seed=1, axis=0, stats=stats)
+        assert got.shape == shape and got.dtype == np.float32 and stats.elements == 0
+        out = np.ones(shape, np.float32)
+        assert lpsim.quantize(x, name, out=out) is out
+    with pytest.raises(ValueError, match="axis=3 is out of range"):
+        lpsim.quantize(x, "mxfp4", axis=3)
+    with pytest.raises(TypeError, match="stats=3 is a int"):
+        lpsim.quantize(x, "mxfp4", stats=3)
+    with pytest.raises(ValueError, match="out must be"):
+        lpsim.quantize(x, "mxfp4", out=np.zeros(7, np.float32))
+
+
+def test_a_stats_that_is_not_a_rounding_stats_is_refused_by_name():
+    with pytest.raises(TypeError, match="stats=3 is a int; accepted: an lpsim.RoundingStats"):
+        lpsim.quantize(np.ones(32, np.float32), "mxfp4", stats=3)

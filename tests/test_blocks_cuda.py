@@ -86,3 +86,13 @@ def test_cuda_quantize_counts_into_stats():
     assert same(got.copy_to_host(), want) and cpu == gpu and gpu.blocks == 2
     with pytest.raises(ValueError, match="axis=0"):
         lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4", axis=0)
+
+
+def test_cuda_quantize_refuses_a_stats_by_name():
+    """A stats that is not a RoundingStats: a TypeError naming it (AttributeError before)."""
+    import lpsim_cuda
+    x = cuda.to_device(np.ones(32, np.float32))
+    with pytest.raises(TypeError, match="stats=3 is a int"):
+        lpsim_cuda.quantize(x, "bf16", stats=3)
+    with pytest.raises(TypeError, match="stats=3 is a int"):
+        lpsim_cuda.blocks.quantize(x, "mxfp4", stats=3)
