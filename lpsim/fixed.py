@@ -38,6 +38,14 @@ class Fixed:
         if not 1 <= self.wl <= 53:
             raise ValueError(f"fixed(): wl={self.wl} is out of range; accepted: 1 <= wl <= 53 "
                              "(24 in float32 containers)")
+        # rounding runs on the carrier, whose range reaches 2**(wl-fl+1): it and the quantum
+        # 2**-fl must be finite and nonzero in float64, or no container can hold the grid
+        lo_fl, hi_fl = self.wl - 1022, 1074
+        if not lo_fl <= self.fl <= hi_fl:
+            raise ValueError(
+                f"fixed(): fl={self.fl} is out of range for wl={self.wl}; accepted: {lo_fl} <= "
+                f"fl <= {hi_fl} (wl - 1022 <= fl <= 1074: the quantum 2**-fl must be nonzero "
+                "in float64 and the rounding range, up to 2**(wl-fl+1), finite there)")
         if self.symmetric and self.wl < 2:
             raise ValueError("fixed(): symmetric=True needs wl >= 2")
         object.__setattr__(self, "symmetric", bool(self.symmetric))
@@ -110,35 +118,50 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
     Torch tensors: the gradient is the straight-through one inside the range and 0 where a
     value saturated (torch.clamp's).
     """
-    from .quantize import quantize
+    from .quantize import _check_out, as_container_array, quantize
+    from .stats import check_stats
+    check_stats(stats)
     lo, hi = fmt.min_finite, fmt.max_finite
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, offset=offset, generator=generator)
-    if isinstance(x, (int, float, np.floating)) and not isinstance(x, bool):
+    if isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool):
         if out is not None:
-            raise TypeError("out= applies to arrays; a scalar is returned rounded")
+            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
+                            "rounded (pass a numpy array to round into out)")
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = type(rounded)(min(max(rounded, lo), hi)) if rounded == rounded else rounded
         if stats is not None:
             stats.add(1, _count(np.array([x]), np.array([y]), lo, hi, np.array([rounded])))
         return y
-    if isinstance(x, np.ndarray):
-        rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
-        y = np.clip(rounded, lo, hi, out=out)
-        if stats is not None:
-            stats.add(x.size, _count(x, y, lo, hi, rounded))
-        return y
     if type(x).__module__.startswith("torch"):
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = rounded.clamp(lo, hi)
+        # counted before out is written (out may be x) and added once it was written
+        counts = None if stats is None else _count(x, y, lo, hi, rounded)
+        if out is not None:
+            # write through lpsim.quantize's tensor rules (version counter, leaf refusal): the
+            # values are on the carrier's grid, so rounding them again is exact
+            y = quantize(y, fmt.carrier, "nearest", out=out)
         if stats is not None:
-            stats.add(x.numel(), _count(x, y, lo, hi, rounded))
-        if out is None:
-            return y
-        # write through lpsim.quantize's tensor rules (version counter, leaf refusal): the
-        # values are on the carrier's grid, so rounding them again is exact
-        return quantize(y, fmt.carrier, "nearest", out=out)
+            stats.add(x.numel(), counts)
+        return y
+    if not hasattr(x, "__cuda_array_interface__") and not type(x).__module__.startswith(
+            "numba.cuda"):
+        # array-likes and other dtypes in their container, as lpsim.quantize converts them
+        x = as_container_array(x)
+        if out is not None:
+            _check_out(out, x)      # before anything is rounded, written or counted
+        rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
+        if stats is None:       # rounded is a fresh array: clamped in place (a 0-d one too)
+            return np.clip(rounded, lo, hi, out=rounded if out is None else out)
+        y = np.clip(rounded, lo, hi, out=np.empty_like(rounded))
+        counts = _count(x, y, lo, hi, rounded)     # x intact: out is written after this
+        if out is not None:
+            np.copyto(out, y)
+            y = out
+        stats.add(x.size, counts)
+        return y
     raise TypeError(f"cannot round a {type(x).__name__} to {fmt}; accepted: a float32/float64 "
-                    "numpy array, a Python int or float, a numpy float scalar, a torch tensor")
+                    "numpy array or array-like, a Python or numpy number, a CPU torch tensor")
 
 
 __all__ = ["Fixed", "fixed", "quantize_fixed"]

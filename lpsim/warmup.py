@@ -25,13 +25,21 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
     from tqdm import tqdm
 
     from . import cpu
-    modes = list(MODES) if modes is None else list(modes)
-    unknown = [m for m in modes if m not in MODES]
+    modes = list(MODES) if modes is None else _names(modes, "modes")
+    unknown = [m for m in modes if not isinstance(m, str) or m not in MODES]
     if unknown:
         raise ValueError(f"warmup: unknown rounding modes {unknown}; accepted: "
                          f"{', '.join(MODES)}")
-    dtypes = [np.dtype(c) for c in containers]
-    bad = [str(d) for d in dtypes if d not in (np.float32, np.float64)]
+    dtypes, bad = [], []
+    for c in _names(containers, "containers"):
+        try:    # np.dtype(None) is float64: None is refused, not taken for it
+            d = None if c is None else np.dtype(c)
+        except (TypeError, ValueError):
+            d = None
+        if d in (np.float32, np.float64):
+            dtypes.append(d)
+        else:
+            bad.append(c)
     if bad:
         raise ValueError(f"warmup: containers {bad} are not accepted; accepted: float32, "
                          "float64")
@@ -49,6 +57,18 @@ def warmup(modes=None, containers=CONTAINERS, *, ops: bool = True, progress=None
     finally:
         cpu.NOTICE_AFTER = notice
     return len(jobs)
+
+
+def _names(value, what):
+    """``value`` as a list: one name (a string, or a dtype for containers) is a list of one,
+    so that a string is not taken letter by letter."""
+    if isinstance(value, (str, np.dtype, type)):
+        return [value]
+    try:
+        return list(value)
+    except TypeError:
+        raise TypeError(f"warmup: {what}={value!r} is a {type(value).__name__}; accepted: a "
+                        "name or a list of names") from None
 
 
 def _ops_jobs():

@@ -84,3 +84,72 @@ def test_torch_tensors():
     v = w._version
     lpsim.quantize(w, fmt, out=w)
     assert torch.equal(w, torch.tensor([0.25, 7.75])) and w._version > v
+
+
+def test_in_place_counts_as_out_of_place():
+    # counters come from the input: rounding into x itself must not count the overwritten x
+    fmt = lpsim.fixed(8, 4)
+    x = np.array([0.1, 0.03, 100.0, -100.0, 1.0, np.nan, np.inf])
+    apart, inplace = lpsim.RoundingStats(), lpsim.RoundingStats()
+    want = lpsim.quantize(x.copy(), fmt, stats=apart)
+    xi = x.copy()
+    assert lpsim.quantize(xi, fmt, stats=inplace, out=xi) is xi
+    assert np.array_equal(xi, want, equal_nan=True)
+    assert inplace.as_dict() == apart.as_dict() == dict(
+        elements=7, inexact=5, overflow=2, underflow=1, subnormal=0, nan=1, inf=1)
+
+
+@pytest.mark.parametrize("out, error, match", [
+    (np.zeros(2, np.float32), ValueError, r"out must be .* dtype float64.* got \(2,\) float32"),
+    (np.zeros((3, 2)), ValueError, r"out must be .* shape \(2,\)"),
+    (np.zeros(5), ValueError, r"out must be .* shape \(2,\)"),
+    (np.zeros(2, np.int64), ValueError, r"out must be .* got \(2,\) int64"),
+    ("readonly", ValueError, "out is read-only"),
+    ([0.0, 0.0], TypeError, "out is a list"),
+])
+def test_out_is_checked_before_anything_is_written_or_counted(out, error, match):
+    # a float32 out for float64 data would round twice; a broadcastable one would be filled
+    if isinstance(out, str):
+        out = np.zeros(2)
+        out.flags.writeable = False
+    before = out.copy() if isinstance(out, np.ndarray) else None
+    stats = lpsim.RoundingStats()
+    with pytest.raises(error, match=match):
+        lpsim.quantize(np.array([1000 + 2.0 ** -20, 3.0]), lpsim.fixed(40, 20), out=out,
+                       stats=stats)
+    assert stats.elements == 0
+    if before is not None:
+        assert np.array_equal(out, before)
+    with pytest.raises(TypeError, match="out= applies to arrays"):
+        lpsim.quantize(0.3, lpsim.fixed(8, 4), out=np.zeros(()))
+
+
+def test_array_likes_and_numpy_scalars_as_float_formats_take_them():
+    fmt = lpsim.fixed(8, 4)
+    for x in ([0.3, 1.7], (0.3, 1.7), [[1, 200]], np.array([1, 2], np.int32),
+              np.array([0.3], np.float16)):
+        got, ref = lpsim.quantize(x, fmt), lpsim.quantize(x, "bf16")
+        assert type(got) is np.ndarray and got.dtype == ref.dtype and got.shape == ref.shape
+        assert np.array_equal(got, lpsim.quantize(np.asarray(x, ref.dtype), fmt))
+    for x in (np.int64(3), np.int8(100), np.uint16(1), np.float16(0.3), np.array(0.3)):
+        got, ref = lpsim.quantize(x, fmt), lpsim.quantize(x, "bf16")
+        assert type(got) is type(ref) and getattr(got, "dtype", None) == getattr(ref, "dtype", None)
+    assert lpsim.quantize(np.int64(100), fmt) == 127 / 16
+    with pytest.raises(TypeError, match="dtype bool"):
+        lpsim.quantize(np.bool_(True), fmt)
+
+
+@pytest.mark.parametrize("wl, fl", [(8, -1100), (8, -1015), (53, -970), (1, 1075), (8, 10**6)])
+def test_fl_out_of_the_float64_range_is_refused(wl, fl):
+    with pytest.raises(ValueError, match=rf"fl={fl} is out of range for wl={wl}; accepted: "
+                                         rf"{wl - 1022} <= fl <= 1074 .*float64"):
+        lpsim.fixed(wl, fl)
+
+
+@pytest.mark.parametrize("wl, fl", [(8, -1014), (53, -969), (1, -1021), (1, 1074), (53, 1074)])
+def test_fl_at_the_ends_of_the_range_works(wl, fl):
+    fmt = lpsim.fixed(wl, fl)
+    x = np.array([1e308, -1e308, 2.0 ** -1074, 3.0, np.inf, -np.inf])
+    y = lpsim.quantize(x, fmt)
+    assert np.all(np.isfinite(y)) and y[0] == fmt.max_finite and y[1] == fmt.min_finite
+    assert np.all(y % fmt.quantum == 0)
