@@ -59,6 +59,10 @@ def _worker(rank, world, port, mode, out):
         params = [p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
                   for p in model.parameters()]
         torch.save([p.view(torch.int16).clone() for p in params], f"{out}/rank{rank}.pt")
+        # both ranks done before either tears down: a rank whose peer closed its gloo pairs
+        # first was seen to abort in teardown ("terminate called without an active
+        # exception", once in a CI run on 2 busy cores)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
