@@ -1513,21 +1513,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
     with a block format lands here).  stats: a RoundingStats (element counters) or a
     :class:`BlockStats` (also block counters)."""
-    check_stats(stats, STATS_ACCEPTED)
-    if isinstance(x, np.ndarray) and x.size == 0:      # no blocks: checked, nothing rounded
-        from .quantize import _check_out, as_container_array
-        from .rounding import mode_code
-        parse_block_format(bfmt)
-        mode_code(rounding)
-        x = as_container_array(x)
-        _blocked_view(x, axis)                  # a clear error for an axis out of range
-        if out is None:
-            return np.empty_like(x)
-        return _check_out(out, x)
     if stats is None and tensor_scale is None and type(x) is np.ndarray:
         done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset)
         if done is not None:
             return done
+    check_stats(stats, STATS_ACCEPTED)
     given, bfmt = bfmt, parse_block_format(bfmt)
     module = type(x).__module__
     if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")

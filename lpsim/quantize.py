@@ -24,7 +24,7 @@ from .formats import Format, parse_format
 from .generator import resolve as resolve_generator
 from .philox import LANES, MASK32, WORD_BITS, split_key
 from .rounding import NEAREST, STOCHASTIC, Params, kernel_params, mode_code, nearest32_exact
-from .stats import COUNTERS, RoundingStats
+from .stats import COUNTERS, RoundingStats, check_stats
 
 #: counters of elements: ``offset + x.size`` must not exceed this (random-word counters and
 #: the kernels' index arithmetic stay in int64)
@@ -193,8 +193,7 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     elif type(stats) is RoundingStats or isinstance(stats, RoundingStats):
         counts = stats.counts
     else:
-        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
-                        "lpsim.RoundingStats or None")
+        check_stats(stats)                              # raises: not a RoundingStats
     xflags = x.flags
     if out is None:
         out = target = np.empty(x.shape, x.dtype)     # C order whatever x's layout
@@ -338,9 +337,7 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
     given, fmt = fmt, parse_format(fmt)     # the cache keys on the format as the caller gave it
     mode_code(rounding)
     seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
-    if stats is not None and not isinstance(stats, RoundingStats):
-        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: an "
-                        "lpsim.RoundingStats or None")
+    check_stats(stats)
     if _is_torch(x) or _is_torch(out):
         from .torch.tensors import quantize_tensor
         return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
@@ -510,7 +507,7 @@ def _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
     rest = flat.copy()
     big = [i for i in ints if not _exact_in_float64(int(flat[i]))]
     for i in ints:
-        rest[i] = 0.0 if i in big else float(flat[i])
+        rest[i] = float(flat[i]) if _exact_in_float64(int(flat[i])) else 0.0
     array = as_container_array(rest.tolist()).reshape(objects.shape)
     check_offset(offset, array.size)
     result = quantize(array.astype(np.float64), fmt, rounding, seed=seed, stream=stream,

@@ -131,8 +131,10 @@ class RoundingStats:
         return self.__copy__()
 
 
-def check_stats(stats, accepted: str = "an lpsim.RoundingStats or None"):
-    """``stats``, or a TypeError naming it unless it is a RoundingStats (or None)."""
+def check_stats(stats, accepted: str = "an lpsim.RoundingStats or None", where: str = ""):
+    """``stats``, or a TypeError naming it (after ``where``, e.g. "matmul: ") unless it is a
+    RoundingStats (or None): the one check of every entry point that takes stats."""
     if stats is not None and not isinstance(stats, RoundingStats):
-        raise TypeError(f"stats={stats!r} is a {type(stats).__name__}; accepted: {accepted}")
+        raise TypeError(f"{where}stats={stats!r} is a {type(stats).__name__}; accepted: "
+                        f"{accepted}")
     return stats

@@ -43,9 +43,9 @@ def _row_norms(X) -> np.ndarray:
     norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
     # rows whose squares overflow or underflow float64: summed again scaled by a power of
     # two near their largest magnitude (exact), so 1e160 * a normalises as a does
-    far = np.flatnonzero(~(norms <= 2.0 ** 480) | ((norms < 2.0 ** -480) & (norms > 0))
-                         | ((norms == 0) & np.any(X != 0, axis=1)))
-    for i in far:
+    far = np.flatnonzero(~(norms <= 2.0 ** 480) | ((norms < 2.0 ** -480) & (norms > 0)))
+    zero = np.flatnonzero(norms == 0)               # all squares underflowed, or a zero row
+    for i in np.concatenate((far, zero[np.any(X[zero] != 0, axis=1)])):
         _, k = np.frexp(np.max(np.abs(X[i])))
         row = np.ldexp(X[i].astype(np.float64), -k)
         norms[i] = np.ldexp(np.sqrt(np.dot(row, row)), k)

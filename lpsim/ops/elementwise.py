@@ -46,7 +46,7 @@ from ..formats import parse_format
 from ..philox import WORD_BITS, block_words, lane_word, random_words
 from ..quantize import MAX_COUNTER, check_offset, keys, plan
 from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
-from ..stats import COUNTERS, RoundingStats
+from ..stats import COUNTERS, RoundingStats, check_stats
 from .exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
 from .exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
 from .operands import as_array, check_out, round_inputs
@@ -184,9 +184,7 @@ def _cached_route(name, fmt, rounding, dtype, sr_bits):
 
 
 def _check_stats(name, stats):
-    if stats is not None and not isinstance(stats, RoundingStats):
-        raise TypeError(f"{name}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
-                        "lpsim.RoundingStats or None")
+    check_stats(stats, where=f"{name}: ")
     return stats.counts if stats is not None else _DISCARD
 
 

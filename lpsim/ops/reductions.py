@@ -43,7 +43,7 @@ from ..cpu import threads as cpu_threads
 from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
 from ..rounding import STOCHASTIC, kernel_params
-from ..stats import RoundingStats
+from ..stats import check_stats
 from .exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
 from .kernels import gemm_items, gemm_kernel, run
@@ -488,6 +488,4 @@ def _axes(axis, ndim: int, op: str) -> tuple:
 
 
 def _check_stats(stats, op: str) -> None:
-    if stats is not None and not isinstance(stats, RoundingStats):
-        raise TypeError(f"{op}: stats={stats!r} is a {type(stats).__name__}; accepted: an "
-                        "lpsim.RoundingStats or None")
+    check_stats(stats, where=f"{op}: ")

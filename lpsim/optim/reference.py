@@ -83,9 +83,9 @@ def _quiet(x32: torch.Tensor) -> torch.Tensor:
 def _store(dst: torch.Tensor, x32: torch.Tensor) -> None:
     """dst[:] = float32 values already rounded to dst's format, re-encoded as the fused
     kernels store them (:func:`lpsim.optim.step.store`): bfloat16 the float32 bits' top
-    half, float16 :func:`lpsim.storage.pack`, a NaN as QUIET_NAN.  Not ``dst.copy_``: torch's casts write a NaN
-    as one of several codes (0xFFFF from its vectorised bfloat16 cast, 0x7FC0 from its
-    scalar one), so the reference's NaNs would depend on torch's path."""
+    half, float16 :func:`lpsim.storage.pack`, a NaN as QUIET_NAN.  Not ``dst.copy_``:
+    torch's casts write a NaN as one of several codes (0xFFFF from its vectorised bfloat16
+    cast, 0x7FC0 from its scalar one), so the reference's NaNs would depend on torch's path."""
     x32 = _quiet(x32)
     if dst.dtype == torch.bfloat16:
         dst.view(torch.int16).copy_((x32.view(torch.int32) >> 16).to(torch.int16).view_as(dst))
