@@ -288,15 +288,19 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
             except (KeyError, TypeError):       # unhashable: validated below, by name
                 kernel = None
             if kernel is not None and x.size < SMALL_BELOW and x.flags.carray:
+                # the kernel's entry point unboxes 1-D C arrays unchecked: shape and layout
+                # are checked here (1-D first: a size and ndim cost less than a shape)
                 if out is None:
-                    out = np.empty(x.shape, _F32)
-                if out is x or type(out) is _ndarray and out.dtype is _F32 and \
-                        out.shape == x.shape and out.flags.carray:
+                    out = np.empty_like(x)
+                elif out is not x and not (type(out) is _ndarray and out.dtype is _F32
+                                           and out.flags.carray):
+                    kernel = None
+                if kernel is not None:
                     if x.ndim == 1:
-                        status = kernel(x, out, pv)
-                    else:
-                        status = kernel(x.reshape(-1), out.reshape(-1), pv)
-                    if status == 0:
+                        if out.ndim == 1 and out.size == x.size and kernel(x, out, pv) == 0:
+                            return out
+                    elif out.shape == x.shape and \
+                            kernel(x.reshape(-1), out.reshape(-1), pv) == 0:
                         return out
         routes = _ROUTES32 if dtype is _F32 else _ROUTES64 if dtype is _F64 else None
         try:    # sr_bits' type too: True and 4.0 equal 1 and 4 but are refused
