@@ -1,5 +1,6 @@
 """CASGDClassifier / CASGDRegressor as scikit-learn estimators (and without scikit-learn)."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from lpsim.casgd import (CASGDClassifier, CASGDRegressor, casgd, load_dataset, m
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.base import clone  # noqa: E402
+from sklearn.metrics import accuracy_score, r2_score  # noqa: E402
 from sklearn.model_selection import cross_val_score  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
@@ -270,3 +272,148 @@ def test_verbose_and_silence(offset, capsys):
     lines = out.out.splitlines()
     assert len(lines) == 4 and lines[0].startswith("-- Outer iteration 0/3: F(x) = ")
     assert f"F(x) = {reg.loss_curve_[-1]:.8g}" in lines[-1] and out.err == ""
+
+
+# --- the fallback path (no scikit-learn) against the scikit-learn path, in one process ------
+@pytest.fixture(scope="module")
+def fallback():
+    """A private copy of lpsim.casgd.estimators run with scikit-learn's imports blocked: the
+    fallback path beside the scikit-learn one, with no other module reloaded or replaced."""
+    from lpsim.casgd import estimators
+    spec = importlib.util.spec_from_file_location("lpsim.casgd._estimators_without_sklearn",
+                                                  estimators.__file__)
+    module = importlib.util.module_from_spec(spec)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ["sklearn"] + [n for n in sys.modules if n.startswith("sklearn.")]:
+            mp.setitem(sys.modules, name, None)          # `from sklearn... import` fails
+        spec.loader.exec_module(module)
+    assert module.validate_data is None and estimators.validate_data is not None
+    return module
+
+
+TINY = dict(n_iter=3, s=2, b=4)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    X = np.random.default_rng(0).standard_normal((20, 3))
+    return X, np.where(X[:, 0] > 0, "yes", "no"), X @ [1.0, 2.0, 3.0]
+
+
+def test_fallback_accepts_array_likes(fallback, tiny):
+    # lists (and bool / object entries) are array-likes to validate_data: the same fits
+    X, labels, y = tiny
+    for module in (fallback, sys.modules["lpsim.casgd.estimators"]):
+        clf = module.CASGDClassifier(**TINY).fit(X.tolist(), labels.tolist())
+        reg = module.CASGDRegressor(**TINY).fit(X.tolist(), y.tolist())
+        ref_clf = CASGDClassifier(**TINY).fit(X, labels)
+        ref_reg = CASGDRegressor(**TINY).fit(X, y)
+        np.testing.assert_array_equal(clf.coef_, ref_clf.coef_)
+        np.testing.assert_array_equal(reg.coef_, ref_reg.coef_)
+        np.testing.assert_array_equal(clf.predict(X.tolist()), ref_clf.predict(X))
+        np.testing.assert_array_equal(clf.decision_function(X.tolist()),
+                                      ref_clf.decision_function(X))
+        np.testing.assert_array_equal(reg.predict(X.tolist()), ref_reg.predict(X))
+        assert clf.score(X.tolist(), labels.tolist()) == ref_clf.score(X, labels)
+        assert reg.score(X.tolist(), y.tolist()) == ref_reg.score(X, y)
+        for other in (X > 0, (X > 0).astype(object)):
+            np.testing.assert_array_equal(module.CASGDRegressor(**TINY).fit(other, y).coef_,
+                                          CASGDRegressor(**TINY).fit(other, y).coef_)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_fallback_refuses_non_finite_labels(fallback, tiny, bad):
+    # scikit-learn refuses NaN/inf in y; the fallback took NaN for a third class
+    X, labels, y = tiny
+    yc = (labels == "yes").astype(float)
+    yc[3] = bad
+    with pytest.raises(ValueError, match="Input y contains"):
+        CASGDClassifier(**TINY).fit(X, yc)
+    match = re.escape(f"y[3] = {bad!r}: NaN/inf; accepted: finite labels")
+    with pytest.raises(ValueError, match=match):
+        fallback.CASGDClassifier(**TINY).fit(X, yc)
+    with pytest.raises(ValueError, match=match):
+        fallback.CASGDClassifier(**TINY).partial_fit(X, yc, classes=[0.0, 1.0])
+
+
+def test_fallback_r2_is_r2_score(fallback, tiny):
+    # r2_score (force_finite=True): constant y gives 1.0 predicted exactly, 0.0 otherwise
+    # (the fallback gave NaN and -inf); fewer than two samples give NaN and a warning
+    X, labels, y = tiny
+    const = np.full(len(X), 2.5)
+    w = np.arange(len(X), dtype=float)
+    for module in (fallback, sys.modules["lpsim.casgd.estimators"]):
+        reg = module.CASGDRegressor(**TINY).fit(X, y)
+        assert reg.score(X, const) == r2_score(const, reg.predict(X)) == 0.0
+        assert reg.score(X, y) == r2_score(y, reg.predict(X))
+        assert reg.score(X, y, sample_weight=w) == r2_score(y, reg.predict(X), sample_weight=w)
+        with pytest.warns(UserWarning, match="less than two samples"):
+            assert np.isnan(reg.score(X[:1], y[:1]))
+        reg.coef_, reg.intercept_ = np.zeros(3), 2.5          # predicts 2.5 exactly
+        assert reg.score(X, const) == r2_score(const, reg.predict(X)) == 1.0
+        clf = module.CASGDClassifier(**TINY).fit(X, labels)
+        assert clf.score(X, labels, sample_weight=w) == accuracy_score(
+            labels, clf.predict(X), sample_weight=w)
+
+
+def test_fallback_score_checks_y(fallback, tiny):
+    # one finite label per row of X, as the metrics check (the fallback broadcast y)
+    X, labels, y = tiny
+    reg = fallback.CASGDRegressor(**TINY).fit(X, y)
+    clf = fallback.CASGDClassifier(**TINY).fit(X, labels)
+    for est, target in ((reg, y), (clf, labels)):
+        for short in (target[:1], target[:-1]):
+            with pytest.raises(ValueError, match=re.escape(
+                    f"y has shape ({len(short)},) for 20 rows of X; accepted: one label per "
+                    "row")):
+                est.score(X, short)
+    bad = y.copy()
+    bad[2] = np.nan
+    with pytest.raises(ValueError, match=r"y\[2\] = nan: NaN/inf; accepted: finite labels"):
+        reg.score(X, bad)
+    with pytest.raises(ValueError, match=r"sample_weight has shape \(3,\); accepted: \(20,\)"):
+        reg.score(X, y, sample_weight=np.ones(3))
+
+
+def test_fallback_checks_name_X(fallback, tiny):
+    # the fallback's messages name X (not check_data's A), as scikit-learn's do
+    X, labels, y = tiny
+    reg = fallback.CASGDRegressor(**TINY)
+    with pytest.raises(ValueError, match=r"X has shape \(20,\); accepted: a 2-D array .*"
+                                         r"X\.reshape\(-1, 1\)"):
+        reg.fit(X[:, 0], y)
+    bad = X.copy()
+    bad[1, 2] = np.inf
+    with pytest.raises(ValueError, match=r"X\[1, 2\] = inf: NaN/inf; accepted: finite"):
+        reg.fit(bad, y)
+    with pytest.raises(ValueError, match=r"y has 19 labels for 20 rows of X; accepted: one "
+                                         "label per row"):
+        reg.fit(X, y[:-1])
+    with pytest.raises(ValueError, match=r"X has dtype complex128 .*accepted: real numbers"):
+        reg.fit(X + 1j, y)
+    with pytest.raises(ValueError, match="CASGDRegressor requires y to be passed, but the "
+                                         "target y is None"):
+        reg.fit(X, None)
+    with pytest.raises(ValueError, match=r"y has shape \(20, 2\); accepted: a 1-D array"):
+        reg.fit(X, np.c_[y, y])
+    with pytest.raises(ValueError, match=r"X has shape \(3,\); accepted: a 2-D array"):
+        reg.fit(X, y).predict(X[0])
+
+
+def test_fallback_label_types(fallback, tiny):
+    # check_classification_targets' refusals: continuous, mixed or non-string object, bytes
+    X, labels, y = tiny
+    mixed = labels.astype(object)
+    mixed[0] = 1
+    for module in (fallback, sys.modules["lpsim.casgd.estimators"]):
+        clf = module.CASGDClassifier(**TINY)
+        with pytest.raises(ValueError, match=r"y\[0\] = 0\.5 is not a class label \(y is "
+                                             r"continuous\)|Unknown label type: continuous"):
+            clf.fit(X, np.r_[0.5, np.zeros(19)])
+        with pytest.raises(ValueError, match=r"y has the label 1 of type int in an object "
+                                             r"array|Unknown label type: unknown"):
+            clf.fit(X, mixed)
+        with pytest.raises(TypeError, match="bytes"):
+            clf.fit(X, labels.astype(bytes))
+        np.testing.assert_array_equal(clf.fit(X, labels.astype(object)).classes_,
+                                      ["no", "yes"])

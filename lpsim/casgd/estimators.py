@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import numpy as np
 
 from .data import normalize_rows
 from .losses import get_loss
 from .recipes import as_recipe
-from .solvers import (casgd, check_data, check_eta, check_int, check_sample_weight, check_seed,
-                      check_sparse, diverged, is_sparse)
+from .solvers import (casgd, check_data, check_eta, check_finite, check_int,
+                      check_sample_weight, check_seed, check_sparse, diverged, is_sparse)
 
 try:
     from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
@@ -46,15 +47,146 @@ except ImportError:        # scikit-learn is an optional dependency (the "test" 
             return self
 
     class ClassifierMixin:
-        def score(self, X, y):
-            """Mean accuracy."""
-            return float(np.mean(self.predict(X) == np.asarray(y)))
+        def score(self, X, y, sample_weight=None):
+            """Mean accuracy, weighted by sample_weight: sklearn.metrics.accuracy_score."""
+            pred = self.predict(X)
+            y, weights = _score_targets(y, pred, sample_weight)
+            return float(np.average(y == pred, weights=weights))
 
     class RegressorMixin:
-        def score(self, X, y):
-            """Coefficient of determination R^2."""
-            y = np.asarray(y, np.float64)
-            return float(1 - ((y - self.predict(X)) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+        def score(self, X, y, sample_weight=None):
+            """Coefficient of determination R^2, weighted by sample_weight, as
+            sklearn.metrics.r2_score (force_finite=True) computes it."""
+            pred = self.predict(X)
+            y, weights = _score_targets(_float_targets(y), pred, sample_weight)
+            return _r2_score(y, pred, weights)
+
+
+def _first(arr: np.ndarray):
+    """The first entry of ``arr`` (None if empty), for error messages."""
+    return (arr.reshape(-1)[:1].tolist() or [None])[0]
+
+
+def _fallback_X(X):
+    """X as validate_data makes it without scikit-learn: an array-like (a list, a DataFrame)
+    as a 2-D float array (bool, int and object entries as float64); sparse X is left to
+    check_sparse."""
+    if is_sparse(X):
+        return X
+    X = np.asarray(X)
+    if np.iscomplexobj(X):
+        raise ValueError(f"X has dtype {X.dtype} (first entry {_first(X)!r}); accepted: real "
+                         "numbers (complex data is not supported)")
+    if X.dtype not in (np.float32, np.float64):
+        try:
+            X = X.astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"X has dtype {X.dtype} (first entry {_first(X)!r}); accepted: "
+                             "real numbers (float, int or bool entries)") from None
+    if X.ndim != 2 or 0 in X.shape:
+        raise ValueError(f"X has shape {X.shape}; accepted: a 2-D array (m samples x n "
+                         "features) with m >= 1 and n >= 1; reshape one feature with "
+                         "X.reshape(-1, 1), one sample with X.reshape(1, -1)")
+    check_finite("X", X, "finite values (drop or impute missing entries first)")
+    return X
+
+
+def _float_targets(y):
+    """y as float64 where it converts (y_numeric: object entries), else unchanged for
+    check_data to name its dtype."""
+    y = np.asarray(y)
+    if y.dtype == object:
+        try:
+            return y.astype(np.float64)
+        except (TypeError, ValueError):
+            pass
+    return y
+
+
+def _fallback_y(y, m: int, estimator: str, numeric: bool):
+    """y as validate_data makes it without scikit-learn: a 1-D array (a column is
+    flattened), one finite label per row of X; numeric: object entries as float64."""
+    if y is None:
+        raise ValueError(f"{estimator} requires y to be passed, but the target y is None; "
+                         "accepted: one label per row of X")
+    y = _float_targets(y) if numeric else np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.ndim != 1:
+        raise ValueError(f"y has shape {y.shape}; accepted: a 1-D array, one label per row "
+                         "of X")
+    if y.shape[0] != m:
+        raise ValueError(f"y has {y.shape[0]} labels for {m} rows of X; accepted: one label "
+                         "per row")
+    if np.iscomplexobj(y):
+        raise ValueError(f"y has dtype {y.dtype} (first entry {_first(y)!r}); accepted: real "
+                         "labels (complex data is not supported)")
+    if y.dtype.kind == "f":
+        check_finite("y", y, "finite labels")
+    return y
+
+
+def _check_labels(y: np.ndarray):
+    """check_classification_targets' refusals without scikit-learn: bytes, object labels
+    that are not all strings (None, mixed types), continuous (non-integral float) labels."""
+    if y.dtype.kind == "S":
+        raise TypeError(f"y has bytes labels (first {_first(y)!r}); accepted: strings, "
+                        "integers or bools (decode the bytes first)")
+    if y.dtype == object:
+        bad = [v for v in y.reshape(-1) if not isinstance(v, str)][:1]
+        if bad:
+            bad = bad[0]
+            raise ValueError(f"y has the label {bad!r} of type {type(bad).__name__} in an "
+                             "object array; accepted: labels of one kind, numbers (a numeric "
+                             "array) or strings")
+    if y.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):      # as type_of_target: y != y.astype(int)
+            continuous = y != y.astype(int)
+        if continuous.any():
+            i = int(np.argmax(continuous))
+            raise ValueError(f"y[{i}] = {float(y.reshape(-1)[i])!r} is not a class label (y "
+                             "is continuous); accepted: class labels (integers, integral "
+                             "floats, strings, bools); use CASGDRegressor for real targets")
+
+
+def _score_targets(y, pred: np.ndarray, sample_weight):
+    """(y, sample_weight) for score without scikit-learn: one finite label per prediction
+    and one weight per row, as the metrics check them."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.shape != pred.shape:
+        raise ValueError(f"y has shape {y.shape} for {pred.shape[0]} rows of X; accepted: "
+                         "one label per row")
+    if y.dtype.kind == "f":
+        check_finite("y", y, "finite labels")
+    if sample_weight is not None:
+        sample_weight = np.asarray(sample_weight, np.float64)
+        if sample_weight.shape != pred.shape:
+            raise ValueError(f"sample_weight has shape {sample_weight.shape}; accepted: "
+                             f"{pred.shape}, one weight per row of X")
+        check_finite("sample_weight", sample_weight, "finite weights")
+    return y, sample_weight
+
+
+def _r2_score(y: np.ndarray, pred: np.ndarray, weights) -> float:
+    """sklearn.metrics.r2_score(y, pred, sample_weight=weights) with force_finite=True, the
+    same operations on the same (m, 1) columns: 1.0 for a perfect prediction (constant y
+    included), 0.0 for an imperfect one of constant y, NaN (and a warning) for m < 2."""
+    if y.shape[0] < 2:
+        warnings.warn("R^2 score is not well-defined with less than two samples.",
+                      UserWarning, stacklevel=3)
+        return float("nan")
+    y, pred = y.reshape(-1, 1), pred.astype(np.float64).reshape(-1, 1)
+    weight = 1.0 if weights is None else weights[:, None]
+    numerator = float(np.sum(weight * (y - pred) ** 2, axis=0)[0])
+    denominator = float(np.sum(weight * (y - np.average(y, axis=0, weights=weights)) ** 2,
+                               axis=0)[0])
+    if numerator == 0:
+        return 1.0
+    if denominator == 0:
+        return 0.0
+    return 1 - numerator / denominator
 
 
 #: _validate's y when there is none (predict): fit passes its y, None included
@@ -134,8 +266,14 @@ class _CASGD(BaseEstimator):
                     self, ClassifierMixin), **kwargs)
             else:
                 X = validate_data(self, X, **kwargs)
-        elif not reset and not hasattr(self, "coef_"):
-            raise ValueError(f"this {type(self).__name__} is not fitted; call fit(X, y) first")
+        else:                             # the same conversions and refusals without it
+            if not reset and not hasattr(self, "coef_"):
+                raise ValueError(f"this {type(self).__name__} is not fitted; call fit(X, y) "
+                                 "first")
+            X = _fallback_X(X)
+            if y is not _NO_Y:
+                y = _fallback_y(y, X.shape[0], type(self).__name__,
+                                numeric=not isinstance(self, ClassifierMixin))
         m = X.shape[0] if is_sparse(X) or np.ndim(X) == 2 else 0
         X, _ = (check_sparse if is_sparse(X) else check_data)(X, np.zeros(m),
                                                               get_loss("linear"))
@@ -268,6 +406,8 @@ class CASGDClassifier(ClassifierMixin, _CASGD):
                 raise ValueError("Only binary classification is supported. The type of the "
                                  f"target is {kind} ({np.unique(y).size} classes); accepted: "
                                  "exactly two classes")
+        elif name == "y":
+            _check_labels(y)
         classes = np.unique(y)
         if classes.size != 2:
             raise ValueError(f"{name} has {classes.size} classes ({classes[:5]!r}); accepted: "
