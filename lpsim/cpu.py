@@ -42,7 +42,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
 from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top,
-                       nearest32_words, round_bits, round_fast)
+                       nearest32_words, round_bits, round_fast, round_fast_sub)
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
@@ -59,6 +59,8 @@ SERIAL_BELOW = 2 * PARALLEL_GRAIN
 #: elements per group whose slow elements are counted together, so that the slow pass
 #: looks only into groups that have some
 GROUP = 64
+#: groups with at most this many elements left by the fast pass finish them one at a time
+SUB_SCALAR = 4
 #: counters a kernel adds into: elements, then lpsim.stats.COUNTERS
 NCOUNTS = 7
 #: a kernel's return value when its input and output overlap without being the same array
@@ -242,6 +244,16 @@ def fast_pass(xs, ys, rs, mode, k, p, left):
 
 
 @register_jitable
+def _slow_element(ys, rs, j, mode, k, p, counts, first):
+    """round_bits of ys[j] (random word rs[j]), its six counters added to counts[first:]."""
+    r = np.int64(rs[j]) if mode >= STOCHASTIC else np.int64(0)
+    bits, flags = round_bits(ys[j], mode, r, k, p)
+    ys[j] = bits
+    for f in range(6):
+        counts[first + f] += (flags >> f) & 1
+
+
+@register_jitable
 def slow_pass(ys, rs, mode, k, p, left, counts, first):
     """round_bits over the elements of ``ys`` that :func:`fast_pass` left as they were; its
     six counters go to counts[first:first + 6]."""
@@ -252,11 +264,101 @@ def slow_pass(ys, rs, mode, k, p, left, counts, first):
             for j in range(g, min(g + GROUP, ys.size)):
                 a = np.int64(ys[j]) & p.MAG
                 if a < a_lo or a >= a_hi:
-                    r = np.int64(rs[j]) if mode >= STOCHASTIC else np.int64(0)
-                    bits, flags = round_bits(ys[j], mode, r, k, p)
-                    ys[j] = bits
-                    for f in range(6):
-                        counts[first + f] += (flags >> f) & 1
+                    _slow_element(ys, rs, j, mode, k, p, counts, first)
+
+
+def sub_scratch(xb):
+    """:func:`sub_pass`'s scratch, a group's results and marks in xb's integer type
+    (compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(sub_scratch)
+def _sub_scratch(xb):
+    return lambda xb: np.empty((2, GROUP), xb.dtype)
+
+
+@literal_jitable
+def sub_pass(ys, rs, mode, k, p, left, counts):
+    """Finish what :func:`fast_pass` left in ``ys``, group by group: first
+    :func:`lpsim.rounding.round_fast_sub` over the whole group in a loop that vectorises
+    (the format's subnormal results and a saturating format's overflow, which round_fast
+    declines: FP8 and FP4 formats leave many elements there), then round_bits
+    (:func:`slow_pass`'s step, the mode at run time) over what that declines too (NaN, inf,
+    container subnormals, overflow to inf).  Counters go to counts[1:7]."""
+    mode = _constant(mode)
+    a_lo = p.fast_lo << p.M
+    a_hi = (p.fast_hi + 1) << p.M
+    tmp = sub_scratch(ys)
+    out, mark = tmp[0], tmp[1]
+    for g in range((ys.size + GROUP - 1) // GROUP):
+        if left[g] == 0:
+            continue
+        yg = ys[g * GROUP:(g + 1) * GROUP]
+        rg = rs[g * GROUP:(g + 1) * GROUP] if mode >= STOCHASTIC else rs
+        n = yg.size
+        if left[g] <= SUB_SCALAR:
+            # a few elements: one at a time (the group's vector pass costs more)
+            span = np.uint64(a_hi - a_lo)
+            for j in range(n):
+                y = np.int64(yg[j])
+                if np.uint64((y & p.MAG) - a_lo) >= span:     # outside [a_lo, a_hi)
+                    r = np.int64(rg[j]) if mode >= STOCHASTIC else np.int64(0)
+                    bits, ok, flags = round_fast_sub(y, mode, r, k, p)
+                    if ok:
+                        yg[j] = bits
+                        for f in range(4):
+                            counts[1 + f] += (flags >> f) & 1
+                    else:
+                        _slow_element(yg, rg, j, np.int64(mode), k, p, counts, 1)
+            continue
+        zero = like(word(yg[0]), 0)         # counts in the container's width
+        f0 = f1 = f2 = f3 = still = zero
+        for j in range(n):
+            y = word(yg[j])
+            a = y & p.MAG
+            dec = like(y, a < a_lo) | like(y, a >= a_hi)       # left by fast_pass
+            r = word(rg[j]) if mode >= STOCHASTIC else zero
+            bits, ok, flags = round_fast_sub(y, mode, r, k, p)
+            take = -(dec & ok)                                  # all ones where taken
+            out[j] = as_int64((bits & take) | (y & ~take))
+            rest = dec & (1 - ok)
+            mark[j] = as_int64(rest)
+            still += rest
+            flags &= take
+            f0 += flags & 1
+            f1 += (flags >> 1) & 1
+            f2 += (flags >> 2) & 1
+            f3 += (flags >> 3) & 1
+        for j in range(n):
+            yg[j] = out[j]
+        counts[1] += as_int64(f0)
+        counts[2] += as_int64(f1)
+        counts[3] += as_int64(f2)
+        counts[4] += as_int64(f3)
+        if still != 0:
+            for j in range(n):
+                if mark[j] != 0:
+                    _slow_element(yg, rg, j, np.int64(mode), k, p, counts, 1)
+
+
+def finish_pass(ys, rs, mode, k, p, left, counts):
+    """What :func:`fast_pass` left in ``ys``, counters to counts[1:7]: :func:`sub_pass` for
+    float32 containers rounded to nearest or stochastically (FP8 and FP4 simulations, where
+    most of the left elements are), else :func:`slow_pass` with the mode at run time (typed
+    once for every kernel: sub_pass's vector loop costs each kernel that has it about 60%
+    more compile time).  Compiled code only."""
+    raise NotImplementedError
+
+
+@overload(finish_pass, prefer_literal=True)
+def _finish_pass(ys, rs, mode, k, p, left, counts):
+    if isinstance(mode, types.IntegerLiteral) and ys.dtype.bitwidth == 32 and \
+            mode.literal_value in (NEAREST, STOCHASTIC):
+        return lambda ys, rs, mode, k, p, left, counts: sub_pass(ys, rs, mode, k, p, left,
+                                                                 counts)
+    return lambda ys, rs, mode, k, p, left, counts: slow_pass(ys, rs, np.int64(mode), k, p,
+                                                              left, counts, 1)
 
 
 @literal_jitable
@@ -291,8 +393,7 @@ def _round_task(xb, outb, t, mode, k, p, seed_lo, seed_hi, stream, offset, inpla
         counts[0] += hi - lo
         counts[1] += inexact
         if slow:
-            # the rare path, with the mode at run time: typed once for every kernel
-            slow_pass(outb[lo:hi], rs, np.int64(mode), k, p, left, counts, 1)
+            finish_pass(outb[lo:hi], rs, mode, k, p, left, counts)
 
 
 def _kernel(mode: int):

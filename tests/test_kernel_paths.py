@@ -240,3 +240,57 @@ def test_round_one_equals_round_bits(name, dtype):
             one, ones, bits, flags = out
             assert np.array_equal(one, bits), (mode, k)
             assert np.array_equal(ones, flags), (mode, k)
+
+
+#: elements a group of the fast pass leaves for the rest of the kernel, group by group:
+#: none, one at a time (lpsim.cpu.SUB_SCALAR and below), and the vector pass above it
+LEFT_PER_GROUP = (0, 1, 2, cpu.SUB_SCALAR, cpu.SUB_SCALAR + 1, 8, 33, cpu.GROUP)
+
+
+@functools.cache
+def grouped_values(dtype, key):
+    """Groups of GROUP elements: values round_fast takes (the format's normals below its
+    top binade), with LEFT_PER_GROUP[g % 8] of them swapped for values it leaves (subnormal
+    results, underflow, overflow, NaN, inf, container subnormals)."""
+    fmt = lpsim.parse_format(FORMATS[key])
+    rng = np.random.default_rng(zlib.crc32(f"grouped {dtype.__name__} {key}".encode()))
+    groups = 3 * len(LEFT_PER_GROUP)
+    x = (rng.random(groups * cpu.GROUP) + 1) * np.exp2(
+        rng.integers(fmt.emin, fmt.emax, groups * cpu.GROUP).astype(float))
+    x *= rng.choice([-1.0, 1.0], x.size)
+    with np.errstate(over="ignore"):
+        left = np.concatenate([
+            (rng.random(64) + 0.01) * float(fmt.min_normal),          # subnormal results
+            rng.random(16) * float(fmt.min_subnormal),               # underflow
+            (rng.random(16) + 1) * float(fmt.max_finite),            # overflow
+            [np.inf, -np.inf, np.nan], np.array([1, 5], DTYPES[dtype]).view(dtype)])
+        x, left = x.astype(dtype), left.astype(dtype)
+    for g in range(groups):
+        n = LEFT_PER_GROUP[g % len(LEFT_PER_GROUP)]
+        at = g * cpu.GROUP + rng.choice(cpu.GROUP, n, replace=False)
+        x[at] = rng.choice(left, n)
+    return x
+
+
+@pytest.mark.parametrize("mode, sr_bits", [("nearest", None), ("stochastic", None),
+                                           ("stochastic", 4), ("up", None),
+                                           ("toward_zero", None)])
+@pytest.mark.parametrize("key", ["bf16", "e4m3fn", "fp(4,3,4)", "e5m2-nosub",
+                                 "e4m3-saturate"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_groups_with_few_and_many_left_equal_the_scalar_decision(dtype, key, mode, sr_bits):
+    x = grouped_values(dtype, key)
+    request = plan(FORMATS[key], mode, dtype, seed=SEED, stream=STREAM, sr_bits=sr_bits)
+    r = random_words(x.size, x.itemsize, SEED, STREAM, 0) if mode.startswith("stochastic") \
+        else np.zeros(x.size, np.int64)
+    want = np.empty(x.size, np.int64)
+    want_counts = np.zeros(6, np.int64)
+    for i, b in enumerate(x.view(DTYPES[dtype])):
+        bits, flags = round_bits(int(b), request.mode, int(r[i]), request.k, request.params)
+        want[i] = bits
+        want_counts += [(int(flags) >> f) & 1 for f in range(6)]
+    out = np.empty_like(x)
+    counts = _round_serial(x, out, request)
+    bad = np.flatnonzero(out.view(DTYPES[dtype]) != want.astype(DTYPES[dtype]))
+    assert bad.size == 0, f"{bad.size} differ, first x={x[bad[0]]!r} got {out[bad[0]]!r}"
+    assert list(counts) == list(want_counts)
