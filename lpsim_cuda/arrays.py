@@ -47,12 +47,23 @@ def source(x, name: str = "x") -> Source:
         dtype = np.dtype(str(x.dtype).replace("torch.", ""))
         return Source(_torch_bits(x), dtype, tuple(x.shape), launch.torch_stream(x.device),
                       x.device.index)
-    array, stream = _numba_array(x, name)
+    array, stream = floats(x, name)
+    return Source(_flat_bits(array), array.dtype, tuple(array.shape), stream,
+                  launch.current_device())
+
+
+def floats(x, name: str = "x", sync: bool = False):
+    """Check that ``x`` (not a torch tensor) is a C-contiguous float32/float64 CUDA array:
+    (numba device array of it, its data's stream).
+
+    sync=True has numba wait for a CUDA-array-interface array's stream (stream 0 is returned),
+    for callers that launch on the default stream rather than on the array's.
+    """
+    array, stream = _numba_array(x, name, sync)
     if array.dtype not in FLOATS:
         raise TypeError(f"{name} has dtype {array.dtype}; accepted: float32, float64 (cast "
                         "integer or half-precision data to float32 first)")
-    return Source(_flat_bits(array), array.dtype, tuple(array.shape), stream,
-                  launch.current_device())
+    return array, stream
 
 
 def target(out, like: Source, storage: str | None, name: str = "out"):
@@ -118,10 +129,13 @@ def _torch_bits(t):
     return cuda.from_cuda_array_interface(desc, owner=t, sync=False)
 
 
-def _numba_array(x, name: str):
-    """A numba device array of ``x`` (numba or CUDA-array-interface) and its data's stream."""
+def _numba_array(x, name: str, sync: bool = False):
+    """A numba device array of ``x`` (numba or CUDA-array-interface) and its data's stream
+    (sync: :func:`floats`)."""
     if cuda.devicearray.is_cuda_ndarray(x):
         array, stream = x, getattr(x, "stream", 0) or 0
+    elif sync and hasattr(x, "__cuda_array_interface__"):
+        array, stream = cuda.as_cuda_array(x, sync=True), 0
     elif hasattr(x, "__cuda_array_interface__"):
         desc = x.__cuda_array_interface__
         # the interface's stream (v3) is where the data is ready: launch there rather than

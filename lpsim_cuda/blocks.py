@@ -23,7 +23,7 @@ from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
 from lpsim.stats import check_stats
 
-from . import launch
+from . import arrays, launch
 from .launch import THREADS
 
 
@@ -155,17 +155,28 @@ def _group_reduce(amax_sh, sums_sh, t, lane, span, nsums):
 
 
 def _rows(x, axis):
-    """(2-D device array with the block axis last, moved shape, restore) for x."""
+    """(2-D device array with the block axis last, moved shape, what keeps it alive) for x.
+
+    Not torch: x is checked as lpsim_cuda.quantize checks it (named errors, not numba's).
+    """
     if launch.is_torch(x):
         moved = x.movedim(axis, -1).contiguous()
-        flat = cuda.as_cuda_array(moved.reshape(-1, moved.shape[-1] if moved.dim() else 1))
-        return flat, tuple(moved.shape), moved
-    if not cuda.devicearray.is_cuda_ndarray(x):
-        x = cuda.as_cuda_array(x)
-    if axis not in (-1, x.ndim - 1):
+        shape = tuple(moved.shape)
+        return cuda.as_cuda_array(moved.reshape(_blocked_shape(shape))), shape, moved
+    x, _ = arrays.floats(x, "x", sync=True)         # the kernels run on the default stream
+    if x.ndim and axis not in (-1, x.ndim - 1):
         raise ValueError(f"axis={axis}: numba/CuPy arrays are blocked along their last axis; "
                          "pass a torch tensor or a transposed contiguous copy")
-    return x.reshape(x.size // x.shape[x.ndim - 1], x.shape[x.ndim - 1]), tuple(x.shape), None
+    shape = tuple(x.shape)
+    return x.reshape(_blocked_shape(shape)), shape, None
+
+
+def _blocked_shape(shape: tuple) -> tuple:
+    """(rows, length) of the blocked layout, as lpsim.blocks lays it out: a 0-d array is one
+    block of one, and rows are counted (size // length fails on length 0)."""
+    if not shape:
+        return 1, 1
+    return int(np.prod(shape[:-1])), shape[-1]
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
@@ -215,6 +226,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: :func:`lpsim.blocks.quantize`'s results."""
     check_stats(stats, STATS_ACCEPTED)
+    outb = None
+    if out is not None and not launch.is_torch(x):
+        # x's and out's kind, dtype and shape, named as lpsim_cuda.quantize names them, before
+        # anything is rounded, counted or written
+        outb = arrays.target(out, arrays.source(x), None)
     result, moved_shape = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, offset=offset,
                                           tensor_scale=tensor_scale, want_elements=False,
@@ -229,11 +245,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
             out.copy_(values)
             return out
         return values
-    values = result.values.reshape(moved_shape)
-    if out is not None:
-        out.copy_to_device(values)
+    if outb is not None:                     # out's bits: any kind arrays.target takes
+        if outb.size:                        # (the simulator's copy refuses empty strides)
+            outb.copy_to_device(result.values.reshape(outb.size).view(outb.dtype))
         return out
-    return values
+    return result.values.reshape(moved_shape)
 
 
 __all__ = ["quantize", "quantize_blocks"]

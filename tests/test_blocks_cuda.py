@@ -96,3 +96,68 @@ def test_cuda_quantize_refuses_a_stats_by_name():
         lpsim_cuda.quantize(x, "bf16", stats=3)
     with pytest.raises(TypeError, match="stats=3 is a int"):
         lpsim_cuda.blocks.quantize(x, "mxfp4", stats=3)
+
+
+def rounds_as_on_the_cpu(x, bfmt, rounding):
+    """lpsim_cuda.blocks.quantize of x's device copy is the CPU path's result: the same
+    values, shape, dtype and counters, through lpsim.quantize and into out= too."""
+    kw = dict(seed=7, stream=1, offset=3)
+    cpu, gpu = BlockStats(), BlockStats()
+    want = lpsim.blocks.quantize(x, bfmt, rounding, stats=cpu, **kw)
+    got = lpsim_cuda.blocks.quantize(cuda.to_device(x), bfmt, rounding, stats=gpu, **kw)
+    host = got.copy_to_host()
+    assert host.shape == want.shape == x.shape and host.dtype == want.dtype, x
+    assert same(host, want) and cpu == gpu, (x, host, want)
+    routed = lpsim.quantize(cuda.to_device(x), bfmt, rounding, **kw)
+    assert same(routed.copy_to_host(), want) and routed.shape == x.shape
+    out = cuda.to_device(np.full(x.shape, 5.0, x.dtype))
+    assert lpsim_cuda.blocks.quantize(cuda.to_device(x), bfmt, rounding, out=out, **kw) is out
+    assert same(out.copy_to_host(), want)
+
+
+BLOCK_CASES = pytest.mark.parametrize("bfmt, rounding", [
+    (bfmt, rounding) for bfmt in ("mxfp8_e4m3", "mxfp4", "nvfp4")
+    for rounding in ("nearest", "stochastic")])
+DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+
+
+@DTYPES
+@BLOCK_CASES
+def test_cuda_zero_d_arrays_round_as_on_the_cpu(bfmt, rounding, dtype):
+    """A 0-d array is one block of one, as on the CPU (an IndexError before)."""
+    for value in [2.7, -0.3, 1e-3, 0.0, -0.0, np.nan, -np.inf, 1e30]:
+        rounds_as_on_the_cpu(np.array(value, dtype), bfmt, rounding)
+
+
+@DTYPES
+@BLOCK_CASES
+def test_cuda_empty_arrays_round_as_on_the_cpu(bfmt, rounding, dtype):
+    """An empty array rounds to an empty array of its shape, as on the CPU (a
+    ZeroDivisionError before where the last axis is empty)."""
+    for shape in [(0,), (3, 0), (0, 40), (2, 0, 5)]:
+        rounds_as_on_the_cpu(np.zeros(shape, dtype), bfmt, rounding)
+
+
+def test_cuda_blocks_refuse_host_arrays_by_name():
+    """A numpy x or out: lpsim_cuda.quantize's TypeError naming it and the kinds accepted
+    (numba's AttributeError from inside before), and out's dtype and shape checked as
+    lpsim_cuda.quantize checks them, before anything is written."""
+    x = np.ones(32, np.float32)
+    accepted = "numpy array in host memory; lpsim_cuda takes torch CUDA tensors, CuPy arrays"
+    with pytest.raises(TypeError, match=f"x is a {accepted}"):
+        lpsim_cuda.blocks.quantize(x, "mxfp4")
+    with pytest.raises(TypeError, match=f"x is a {accepted}"):
+        lpsim_cuda.blocks.quantize_blocks(x, "mxfp4")
+    with pytest.raises(TypeError, match=f"out is a {accepted}"):
+        lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4", out=np.empty_like(x))
+    with pytest.raises(TypeError, match=f"x is a {accepted}"):
+        lpsim_cuda.blocks.quantize(x, "mxfp4", out=cuda.to_device(x))
+    with pytest.raises(TypeError, match="x has dtype int32; accepted: float32, float64"):
+        lpsim_cuda.blocks.quantize(cuda.to_device(np.ones(32, np.int32)), "mxfp4")
+    out = cuda.to_device(np.full(32, 5.0))
+    with pytest.raises(ValueError, match="out has dtype float64; it must be x's float32"):
+        lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4", out=out)
+    with pytest.raises(ValueError, match=r"out must have shape \(32,\), got \(4, 8\)"):
+        lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4",
+                                   out=cuda.to_device(np.zeros((4, 8), np.float32)))
+    assert (out.copy_to_host() == 5.0).all()
