@@ -10,12 +10,17 @@ How a call maps to counters (:mod:`lpsim.philox`): the generator holds ``(seed, 
 a stochastic call on ``n`` elements of a container with ``L`` lanes a block (4 for float32
 and narrower, 2 for float64) rounds with ``seed``, its own ``stream`` and element offset
 ``block * L + offset``, then moves ``block`` past the last block it used.  Deterministic
-rounding modes draw nothing and leave the generator as it was.
+rounding modes draw nothing and leave the generator as it was.  A call that is refused
+(a bad ``out``, ``stats`` or format found after the counters were reserved) gives its
+counters back when no other call took counters since, so a saved state still replays the
+next call; threads may share a generator (reservations are taken under a lock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import threading
 
 import numpy as np
 
@@ -24,6 +29,8 @@ from .rounding import STOCHASTIC, mode_code
 
 #: the block counter is a 64-bit Philox counter word pair; offsets are int64 in the kernels
 _MAX_BLOCK = 2 ** 62
+#: element counters a call may reach (lpsim.quantize.MAX_COUNTER)
+_MAX_ELEMENT = 2 ** 62
 
 
 class Generator:
@@ -35,7 +42,16 @@ class Generator:
     """
 
     def __init__(self, seed: int | None = None):
+        self._lock = threading.Lock()
+        self._calls = threading.local()         # this thread's open call (:meth:`call`)
         self.manual_seed(secrets.randbits(64) if seed is None else seed)
+
+    def __getstate__(self):
+        return {"seed": self._seed, "block": self._block}
+
+    def __setstate__(self, state):
+        self.__init__(state["seed"])
+        self._block = state["block"]
 
     def manual_seed(self, seed: int) -> "Generator":
         """Restart at counter 0 with ``seed`` (an integer in [0, 2**64)); returns self."""
@@ -68,12 +84,40 @@ class Generator:
         (seed, element offset) for the call and advances past them."""
         if lanes not in (2, 4):
             raise ValueError(f"lanes={lanes!r}; accepted: 2 (float64) or 4 (float32)")
-        start = self._block * lanes + offset
         blocks = (offset + n + lanes - 1) // lanes
-        if self._block + blocks >= _MAX_BLOCK:
-            raise OverflowError(f"{self!r} has used its 2**62 Philox blocks; manual_seed() it")
-        self._block += blocks
+        with self._lock:
+            before = self._block
+            start = before * lanes + offset
+            if before + blocks >= _MAX_BLOCK or start + n > _MAX_ELEMENT:
+                raise OverflowError(f"{self!r} cannot take {n} more elements: the element "
+                                    "counters end at 2**62; manual_seed() or set_state() it")
+            self._block = before + blocks
+        call = getattr(self._calls, "open", None)
+        if call is not None:                    # remember it, to give back on failure
+            if call[0] is None:
+                call[0] = before
+            call[2] &= call[1] is None or call[1] == before     # one unbroken range
+            call[1] = before + blocks
         return self._seed, start
+
+    @contextlib.contextmanager
+    def call(self):
+        """Around one quantize call: if it raises, the blocks it took are given back,
+        provided they were one range and no other call took blocks after them (else they
+        stay taken: a gap in the counters, never a reuse)."""
+        if getattr(self._calls, "open", None) is not None:      # a call inside a call
+            yield
+            return
+        call = self._calls.open = [None, None, True]        # first block, end, unbroken
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                if call[0] is not None and call[2] and self._block == call[1]:
+                    self._block = call[0]
+            raise
+        finally:
+            self._calls.open = None
 
     def __repr__(self) -> str:
         return f"lpsim.Generator(seed={self._seed}, block={self._block})"

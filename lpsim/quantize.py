@@ -21,7 +21,7 @@ import numpy as np
 from . import cpu
 from .fixed import Fixed, quantize_fixed
 from .formats import Format, parse_format
-from .generator import resolve as resolve_generator
+from .generator import Generator, resolve as resolve_generator
 from .philox import LANES, MASK32, WORD_BITS, split_key
 from .rounding import NEAREST, STOCHASTIC, Params, kernel_params, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats, check_stats
@@ -322,7 +322,19 @@ def _block_format(fmt):
 def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
                     axis=-1):
     """Everything but a cached request on a float32/float64 numpy array: other formats,
-    generators, tensors, scalars, array-likes, and first calls (validated here)."""
+    generators, tensors, scalars, array-likes, and first calls (validated here).  A
+    generator's counters are given back if the call is refused (Generator.call)."""
+    if isinstance(generator, Generator):
+        with generator.call():
+            return _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                                 generator, axis)
+    return _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                         generator, axis)
+
+
+def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
+                  axis):
+    """:func:`_quantize_other`'s work."""
     if stats is None and generator is None and type(x) is _ndarray:
         from .blocks import quantize_cached      # a block format called before: its plan
         done = quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset)

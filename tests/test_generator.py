@@ -1,6 +1,9 @@
 """lpsim.Generator: fresh Philox counters per call, save/restore replays, seed= still replays."""
 
+import copy
 import math
+import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -108,3 +111,92 @@ def test_generator_errors():
         g.set_state([1, 2])
     with pytest.raises(ValueError, match="block=-3"):
         g.set_state((1, -3))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(out=np.empty(5, np.float32)),                          # wrong shape
+    dict(stats="counts"),                                       # not a RoundingStats
+    dict(sr_bits=40),                                           # beyond float32's words
+    dict(out=np.empty(64, np.float32), stream=-1),              # a bad stream
+    dict(fmt="mxfp4", out=np.empty(5, np.float32)),            # block format, bad out
+])
+def test_a_refused_call_gives_its_counters_back(bad):
+    fmt = bad.pop("fmt", "bf16")
+    x = np.linspace(-1, 1, 64, dtype=np.float32) / 3
+    g = lpsim.Generator(7)
+    before = g.get_state()
+    with pytest.raises((ValueError, TypeError)):
+        lpsim.quantize(x, fmt, "stochastic", generator=g, **bad)
+    assert g.get_state() == before
+    # so the next call draws what it would have drawn without the refused one
+    got = lpsim.quantize(x, fmt, "stochastic", generator=g)
+    want = lpsim.quantize(x, fmt, "stochastic", generator=lpsim.Generator(7))
+    assert np.array_equal(got, want)
+
+
+def test_counters_given_back_only_when_no_call_took_more():
+    g = lpsim.Generator(3)
+    x = np.ones(64, np.float32) / 3
+    with pytest.raises(RuntimeError):
+        with g.call():
+            g.take(64, 4)
+            g.take(8, 4)                        # one unbroken range: both given back
+            raise RuntimeError
+    assert g.get_state() == (3, 0)
+    with pytest.raises(RuntimeError):
+        with g.call():
+            g.take(64, 4)
+            lpsim.quantize(x, "bf16", "stochastic", generator=g)    # given back with it
+            raise RuntimeError
+    assert g.get_state() == (3, 0)
+    taken = []
+
+    def other():                                # another thread takes after this call
+        taken.append(g.take(4, 4))
+
+    with pytest.raises(RuntimeError):
+        with g.call():
+            g.take(64, 4)
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+            raise RuntimeError
+    assert g.get_state() == (3, 17)             # 16 blocks stay taken: a gap, no reuse
+    assert taken == [(3, 64)]
+
+
+def test_threads_sharing_a_generator_never_share_counters():
+    g = lpsim.Generator(11)
+    starts = []
+
+    def worker():
+        for _ in range(500):
+            starts.append(g.take(4, 4)[1])
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(starts) == list(range(0, 4 * 2000, 4))
+
+
+def test_a_generator_near_its_end_says_so():
+    g = lpsim.Generator(1).set_state((1, 2 ** 60))
+    with pytest.raises(OverflowError, match="element counters end at 2"):
+        lpsim.quantize(np.ones(4, np.float32), "bf16", "stochastic", generator=g)
+    assert g.get_state() == (1, 2 ** 60)
+    g.set_state((1, 2 ** 61 - 1))               # float64: two lanes a block, still room
+    lpsim.quantize(np.ones(2), "bf16", "stochastic", generator=g)
+    assert g.get_state() == (1, 2 ** 61)
+
+
+def test_generators_copy_and_pickle():
+    g = lpsim.Generator(5)
+    lpsim.quantize(np.ones(10, np.float32), "bf16", "stochastic", generator=g)
+    for h in (copy.deepcopy(g), pickle.loads(pickle.dumps(g)), copy.copy(g)):
+        assert h.get_state() == g.get_state()
+        assert np.array_equal(lpsim.quantize(np.ones(10, np.float32) / 3, "bf16", "stochastic",
+                                             generator=h),
+                              lpsim.quantize(np.ones(10, np.float32) / 3, "bf16", "stochastic",
+                                             generator=copy.deepcopy(g)))
