@@ -18,7 +18,6 @@ next call; threads may share a generator (reservations are taken under a lock).
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 
@@ -43,7 +42,7 @@ class Generator:
 
     def __init__(self, seed: int | None = None):
         self._lock = threading.Lock()
-        self._calls = threading.local()         # this thread's open call (:meth:`call`)
+        self._calls = threading.local()         # this thread's open call (:meth:`begin`)
         self.manual_seed(secrets.randbits(64) if seed is None else seed)
 
     def __getstate__(self):
@@ -100,24 +99,24 @@ class Generator:
             call[1] = before + blocks
         return self._seed, start
 
-    @contextlib.contextmanager
-    def call(self):
-        """Around one quantize call: if it raises, the blocks it took are given back,
+    def begin(self) -> bool:
+        """Open a quantize call on this thread; True for the outermost one (a call inside a
+        call, lpsim.fixed's say, is part of it).  The outermost caller then calls
+        :meth:`end`, with ``failed=True`` if the call raised: its blocks are given back,
         provided they were one range and no other call took blocks after them (else they
         stay taken: a gap in the counters, never a reuse)."""
-        if getattr(self._calls, "open", None) is not None:      # a call inside a call
-            yield
-            return
-        call = self._calls.open = [None, None, True]        # first block, end, unbroken
-        try:
-            yield
-        except BaseException:
+        if getattr(self._calls, "open", None) is not None:
+            return False
+        self._calls.open = [None, None, True]        # first block, end, one range
+        return True
+
+    def end(self, failed: bool) -> None:
+        """Close the call :meth:`begin` opened (see there)."""
+        call, self._calls.open = self._calls.open, None
+        if failed and call[0] is not None and call[2]:
             with self._lock:
-                if call[0] is not None and call[2] and self._block == call[1]:
+                if self._block == call[1]:
                     self._block = call[0]
-            raise
-        finally:
-            self._calls.open = None
 
     def __repr__(self) -> str:
         return f"lpsim.Generator(seed={self._seed}, block={self._block})"

@@ -278,8 +278,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     blocks along ``axis``: :func:`lpsim.blocks.quantize`.
     """
     if type(x) is _ndarray and generator is None:
-        dtype = x.dtype
-        if (dtype is _F32 and sr_bits is None and stats is None and seed is None
+        if (x.dtype is _F32 and sr_bits is None and stats is None and seed is None
                 and type(stream) is int is type(offset) and not (stream or offset)):
             # a small C-contiguous float32 call to nearest with nothing else asked: a few
             # checks and the 3-argument kernel (they cost as much as rounding 2**11 elements)
@@ -302,13 +301,26 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                     elif out.shape == x.shape and \
                             kernel(x.reshape(-1), out.reshape(-1), pv) == 0:
                         return out
+    if type(x) is _ndarray:
+        dtype = x.dtype
         routes = _ROUTES32 if dtype is _F32 else _ROUTES64 if dtype is _F64 else None
         try:    # sr_bits' type too: True and 4.0 equal 1 and 4 but are refused
             route = routes[fmt, rounding, sr_bits, type(sr_bits)]
         except (KeyError, TypeError):
             pass
         else:
-            return _round_array(x, route, seed, stream, stats, out, offset)
+            if generator is None:
+                return _round_array(x, route, seed, stream, stats, out, offset)
+            if type(generator) is Generator and seed is None and generator.begin():
+                failed = True           # _quantize_other's generator path, in short
+                try:
+                    seed, stream, offset = resolve_generator(generator, x, rounding, None,
+                                                             stream, offset)
+                    result = _round_array(x, route, seed, stream, stats, out, offset)
+                    failed = False
+                    return result
+                finally:
+                    generator.end(failed)
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                            generator, axis)
 
@@ -323,11 +335,16 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                     axis=-1):
     """Everything but a cached request on a float32/float64 numpy array: other formats,
     generators, tensors, scalars, array-likes, and first calls (validated here).  A
-    generator's counters are given back if the call is refused (Generator.call)."""
-    if isinstance(generator, Generator):
-        with generator.call():
-            return _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
-                                 generator, axis)
+    generator's counters are given back if the call is refused (Generator.begin)."""
+    if isinstance(generator, Generator) and generator.begin():
+        failed = True
+        try:
+            result = _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
+                                   generator, axis)
+            failed = False
+            return result
+        finally:
+            generator.end(failed)
     return _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                          generator, axis)
 

@@ -137,30 +137,32 @@ def test_a_refused_call_gives_its_counters_back(bad):
 def test_counters_given_back_only_when_no_call_took_more():
     g = lpsim.Generator(3)
     x = np.ones(64, np.float32) / 3
-    with pytest.raises(RuntimeError):
-        with g.call():
-            g.take(64, 4)
-            g.take(8, 4)                        # one unbroken range: both given back
-            raise RuntimeError
+    assert g.begin()
+    g.take(64, 4)
+    g.take(8, 4)                                # one unbroken range: both given back
+    g.end(failed=True)
     assert g.get_state() == (3, 0)
-    with pytest.raises(RuntimeError):
-        with g.call():
-            g.take(64, 4)
-            lpsim.quantize(x, "bf16", "stochastic", generator=g)    # given back with it
-            raise RuntimeError
+    assert g.begin()
+    g.take(64, 4)
+    lpsim.quantize(x, "bf16", "stochastic", generator=g)    # given back with it
+    g.end(failed=True)
     assert g.get_state() == (3, 0)
+    assert g.begin()
+    g.take(64, 4)
+    g.end(failed=False)                         # a call that succeeded keeps its blocks
+    assert g.get_state() == (3, 16)
+    g.set_state((3, 0))
     taken = []
 
     def other():                                # another thread takes after this call
         taken.append(g.take(4, 4))
 
-    with pytest.raises(RuntimeError):
-        with g.call():
-            g.take(64, 4)
-            thread = threading.Thread(target=other)
-            thread.start()
-            thread.join()
-            raise RuntimeError
+    assert g.begin()
+    g.take(64, 4)
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    g.end(failed=True)
     assert g.get_state() == (3, 17)             # 16 blocks stay taken: a gap, no reuse
     assert taken == [(3, 64)]
 
