@@ -32,9 +32,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
 
-#: format name -> (exponent bits, mantissa bits, ml_dtypes type, torch dtype) of the peers
+#: format name -> (exponent bits, mantissa bits, ml_dtypes type, torch dtype) of the peers;
+#: qtorch's float_quantize(e, m) has IEEE specials, so it stands in for the formats that have
+#: them, not for the saturating FP8/FP4 ones (``fn``: no inf, overflow clamps)
 FORMATS = {"bf16": (8, 7, "bfloat16", "bfloat16"), "e5m2": (5, 2, "float8_e5m2", "float8_e5m2"),
-           "fp(6,9,0)": (6, 9, None, None)}
+           "e4m3fn": (4, 3, "float8_e4m3fn", "float8_e4m3fn"),
+           "e2m1fn": (2, 1, "float4_e2m1fn", None), "fp(6,9,0)": (6, 9, None, None)}
 MODES = ("nearest", "stochastic")
 #: the issue's targets: (format, mode, peer, least ratio lpsim / peer)
 TARGETS = [("bf16", "nearest", "copy", 0.4), ("bf16", "nearest", "ml_dtypes", 1.5),
@@ -261,7 +264,7 @@ def main(argv=None) -> int:
             cases.append(("lpsim.quantize(x, out=x) in place", name, mode, "in place",
                           lambda name=name, mode=mode:
                           lpsim.quantize(buffer, name, mode, seed=1, out=buffer), refill))
-            if float_quantize is not None:
+            if float_quantize is not None and not name.endswith("fn"):
                 cases.append((f"qtorch float_quantize({e}, {m})", name, mode, "qtorch",
                               lambda e=e, m=m, mode=mode:
                               float_quantize(t, e, m, rounding=mode), None))
@@ -320,7 +323,8 @@ def main(argv=None) -> int:
               f"{row['Melem_per_s']:9.0f} {row['vs_copy']:8.2f} "
               f"{'' if ratio is None else f'{ratio:9.2f}x':>10s}")
     print("ml_dtypes and torch casts have no stochastic rounding (n/a); fp(6,9,0) has no "
-          "ml_dtypes or torch type (n/a).")
+          "ml_dtypes or torch type and e2m1fn no torch cast (n/a); qtorch has no saturating "
+          "formats (e4m3fn, e2m1fn: n/a).")
     print("qtorch's 'nearest' rounds ties away from zero (lpsim's 'nearest_away'); its "
           "stochastic mode draws from torch's generator, lpsim's from counter-based Philox.")
     for v in verdicts:
