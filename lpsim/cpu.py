@@ -243,9 +243,10 @@ def fast_pass(xs, ys, rs, mode, k, p, left):
     return slow, inexact
 
 
-@register_jitable
+@register_jitable(forceinline=True)
 def _slow_element(ys, rs, j, mode, k, p, counts, first):
-    """round_bits of ys[j] (random word rs[j]), its six counters added to counts[first:]."""
+    """round_bits of ys[j] (random word rs[j]), its six counters added to counts[first:]
+    (inlined: a call passing Params costs about as much as round_bits itself)."""
     r = np.int64(rs[j]) if mode >= STOCHASTIC else np.int64(0)
     bits, flags = round_bits(ys[j], mode, r, k, p)
     ys[j] = bits
@@ -446,9 +447,10 @@ def round_nearest32_all(x, out, pv):
 @register_jitable
 def _nearest32_range(x, out, pv, lo, hi):
     """Round elements lo .. hi-1 of the float32 ``x`` into ``out`` to nearest: a float32 add
-    and subtract per element (about half the general fast pass's time); elements it cannot
-    take (inf, NaN, magnitudes from 2**(105 + m) or from the format's largest value) keep
-    their value and go to round_bits after.  In place, a chunk at a time through a scratch
+    and subtract per element (about half the general fast pass's time), a saturating format's
+    overflow included; elements it cannot take (inf, NaN, magnitudes from 2**(105 + m) or,
+    unless the format saturates, from its largest value) keep their value and go to
+    round_bits after.  In place, a chunk at a time through a scratch
     buffer.  Returns OVERLAP (nothing written) when x and out overlap without being one
     array, else 0."""
     xa, oa = x.ctypes.data, out.ctypes.data
@@ -456,7 +458,7 @@ def _nearest32_range(x, out, pv, lo, hi):
     if xa != oa and xa < oa + nbytes and oa < xa + nbytes:
         return OVERLAP
     p = params_of(pv)
-    cw, lw, lim = nearest32_consts(p)
+    cw, lw, lim, largest = nearest32_consts(p)
     slow = word(np.int32(0))
     if xa == oa:
         # in place through a scratch chunk: a loop that stores back what it loaded where
@@ -465,7 +467,7 @@ def _nearest32_range(x, out, pv, lo, hi):
         for c in range(lo, hi, CHUNK):
             m = min(CHUNK, hi - c)
             for j in range(m):
-                v, ok = _nearest32_step(out[np.uint64(c + j)], cw, lw, lim)
+                v, ok = _nearest32_step(out[np.uint64(c + j)], cw, lw, lim, largest)
                 scratch[np.uint64(j)] = v
                 slow |= ok ^ 1
             for j in range(m):
@@ -473,7 +475,7 @@ def _nearest32_range(x, out, pv, lo, hi):
     else:
         for j in range(hi - lo):
             i = np.uint64(lo + j)
-            v, ok = _nearest32_step(x[i], cw, lw, lim)
+            v, ok = _nearest32_step(x[i], cw, lw, lim, largest)
             out[i] = v
             slow |= ok ^ 1
     if slow != 0:
@@ -483,30 +485,51 @@ def _nearest32_range(x, out, pv, lo, hi):
 
 @register_jitable
 def nearest32_consts(p):
-    """(cw, lw, lim) of a nearest32 pass to ``p``'s format (float32 container): the words of
-    :func:`lpsim.rounding.nearest32_words`, and the magnitude below which the add decides
-    alone (2**(105 + m), and the format's largest value)."""
+    """(cw, lw, lim, largest) of a nearest32 pass to ``p``'s format (float32 container): the
+    words of :func:`lpsim.rounding.nearest32_words`, the magnitude below which the pass
+    decides (2**(105 + m), and for a format that does not saturate its largest value), and
+    what a result is clamped to: a saturating format's largest value (its overflow, which
+    FP4 and FP8 data meet often, stays in the pass), else inf (no clamp)."""
     cw, lw = nearest32_words(p.m, p.emin)
-    return cw, lw, bits_float32(word(min(nearest32_top(p.m), p.maxb)))
+    top = nearest32_top(p.m)
+    if p.ovf_inf == p.maxb:                     # saturating: overflow is the largest value
+        return cw, lw, bits_float32(word(top)), bits_float32(word(p.maxb))
+    return cw, lw, bits_float32(word(min(top, p.maxb))), np.float32(np.inf)
 
 
 @register_jitable
 def nearest32_rest(out, lo, hi, lim, p):
-    """round_bits (nearest) over the elements lo .. hi-1 of the float32 ``out`` that a
-    nearest32 pass left (|value| not below lim, NaN included): they hold their own value,
-    and a rounded value is its own rounding."""
+    """Nearest rounding of the elements lo .. hi-1 of the float32 ``out`` that a nearest32
+    pass left (|value| not below lim, NaN included; they hold their own value, and a rounded
+    value is its own rounding): below 2**(105 + m) (a format's overflow) by nearest32 and
+    round_bits' overflow rule, the rest (inf, NaN, huge values) by round_bits."""
     outb = as_bits(out)
+    cw, lw = nearest32_words(p.m, p.emin)
+    top = bits_float32(word(nearest32_top(p.m)))
+    largest = bits_float32(word(p.maxb))
+    # round_bits: an overflow to nearest is ovf_inf, signed unless it is the NaN
+    ovf_sign = 0 if p.ovf_inf == p.nanb else 0x80000000
     for i in range(lo, hi):
-        if not abs(out[i]) < lim:
-            outb[i], _ = round_bits(np.int64(outb[i]), NEAREST, np.int64(0), 0, p)
+        v = out[i]
+        if not abs(v) < lim:
+            b = np.int64(outb[i])
+            if abs(v) < top:
+                q = nearest32(float32_bits(v), cw, lw)
+                if q > largest:
+                    outb[i] = np.int32(p.ovf_inf | (b & ovf_sign))
+                else:
+                    outb[i] = np.int32(as_int64(float32_bits(q)) | (b & 0x80000000))
+            else:
+                outb[i], _ = round_bits(b, NEAREST, np.int64(0), 0, p)
 
 
 @register_jitable(forceinline=True)
-def _nearest32_step(xv, cw, lw, lim):
-    """(nearest32 of the float32 xv with its sign, 1) where |x| < lim, else (xv, 0)."""
+def _nearest32_step(xv, cw, lw, lim, largest):
+    """(nearest32 of the float32 xv with its sign, at most ``largest`` in magnitude, 1) where
+    |x| < lim, else (xv, 0)."""
     b = float32_bits(xv)
     ok = abs(xv) < lim                          # false for NaN: a float compare, one lane op
-    v = bits_float32(float32_bits(nearest32(b, cw, lw)) | (b & 0x80000000))
+    v = bits_float32(float32_bits(min(nearest32(b, cw, lw), largest)) | (b & 0x80000000))
     return (v if ok else xv), like(b, ok)
 
 

@@ -113,12 +113,12 @@ def _moments_nearest32(gf, xf, yf, hp, p):
     NaN, the largest values) after.  The same bits as the moments then two rounding passes,
     in one pass over the chunk instead of three (6% off a bfloat16 step).  Returns whether
     the moments may hold a NaN (elements were declined)."""
-    cw, lw, lim = nearest32_consts(p)
+    cw, lw, lim, largest = nearest32_consts(p)
     slow = word(np.int32(0))
     for j in range(gf.size):
         m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
-        mr, okm = _nearest32_step(m, cw, lw, lim)
-        vr, okv = _nearest32_step(v, cw, lw, lim)
+        mr, okm = _nearest32_step(m, cw, lw, lim, largest)
+        vr, okv = _nearest32_step(v, cw, lw, lim, largest)
         xf[j] = mr
         yf[j] = vr
         slow |= (okm & okv) ^ 1
