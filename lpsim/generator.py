@@ -110,6 +110,19 @@ class Generator:
         self._calls.open = [None, None, True]        # first block, end, one range
         return True
 
+    def run(self, fn, *args):
+        """fn(*args) as one call on this generator (:meth:`begin`, :meth:`end`): the blocks
+        it takes are given back if it raises."""
+        if not self.begin():
+            return fn(*args)
+        failed = True
+        try:
+            result = fn(*args)
+            failed = False
+            return result
+        finally:
+            self.end(failed)
+
     def end(self, failed: bool) -> None:
         """Close the call :meth:`begin` opened (see there)."""
         call, self._calls.open = self._calls.open, None

@@ -311,18 +311,17 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         else:
             if generator is None:
                 return _round_array(x, route, seed, stream, stats, out, offset)
-            if type(generator) is Generator and seed is None and generator.begin():
-                failed = True           # _quantize_other's generator path, in short
-                try:
-                    seed, stream, offset = resolve_generator(generator, x, rounding, None,
-                                                             stream, offset)
-                    result = _round_array(x, route, seed, stream, stats, out, offset)
-                    failed = False
-                    return result
-                finally:
-                    generator.end(failed)
+            if type(generator) is Generator and seed is None:
+                return generator.run(_round_generated, x, route, generator, rounding, stream,
+                                     stats, out, offset)
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                            generator, axis)
+
+
+def _round_generated(x, route, generator, rounding, stream, stats, out, offset):
+    """_round_array with the generator's next counters (a cached route's call)."""
+    seed, stream, offset = resolve_generator(generator, x, rounding, None, stream, offset)
+    return _round_array(x, route, seed, stream, stats, out, offset)
 
 
 def _block_format(fmt):
@@ -335,16 +334,10 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                     axis=-1):
     """Everything but a cached request on a float32/float64 numpy array: other formats,
     generators, tensors, scalars, array-likes, and first calls (validated here).  A
-    generator's counters are given back if the call is refused (Generator.begin)."""
-    if isinstance(generator, Generator) and generator.begin():
-        failed = True
-        try:
-            result = _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
-                                   generator, axis)
-            failed = False
-            return result
-        finally:
-            generator.end(failed)
+    generator's counters are given back if the call is refused (Generator.run)."""
+    if isinstance(generator, Generator):
+        return generator.run(_quantize_any, x, fmt, rounding, seed, stream, sr_bits, stats,
+                             out, offset, generator, axis)
     return _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                          generator, axis)
 
