@@ -127,7 +127,8 @@ class _Route(NamedTuple):
     mode: int
     k: int
     pv: np.ndarray          # tuple(Params) as int64 (lpsim.cpu.params_of)
-    kernel: object          # lpsim.cpu.entry(mode, dtype)
+    kernel: object          # lpsim.cpu.entry(mode, dtype); None where ``quick`` is
+    #                         nearest32's, until a call with stats compiles it
     quick: object           # without stats: lpsim.cpu.nearest32_entry() where it applies,
     #                         else ``kernel``
 
@@ -154,12 +155,11 @@ def _route(fmt, rounding, dtype, sr_bits) -> _Route:
     except TypeError:       # an unhashable argument: validation names it below
         key = None
     request = plan(fmt, rounding, dtype, sr_bits=sr_bits)
-    kernel = cpu.entry(request.mode, np.dtype(dtype))
-    quick = kernel
     near32 = request.mode == NEAREST and np.dtype(dtype) == np.float32 and \
         nearest32_exact(parse_format(fmt))
-    if near32:
-        quick = cpu.nearest32_entry()
+    # a first call compiles what it runs: the general kernel (seconds) waits for stats
+    kernel = None if near32 else cpu.entry(request.mode, np.dtype(dtype))
+    quick = cpu.nearest32_entry() if near32 else kernel
     route = _Route(request.mode, request.k, np.array(request.params, np.int64), kernel, quick)
     if key is not None and len(routes) < 4096:
         routes[key] = route
@@ -208,7 +208,7 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     src = x if xflags.c_contiguous and xflags.writeable else np.array(x, order="C")
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
-    kernel = route.quick if stats is None else route.kernel
+    kernel = route.quick if stats is None else route.kernel or cpu.entry(route.mode, x.dtype)
     if n < cpu.SERIAL_BELOW:
         status = kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset, 0,
                         cpu.ntasks(n, offset), counts)
