@@ -1260,6 +1260,13 @@ def finite_amax(x):
 AMAX_GRAIN = 1 << 20
 
 
+@functools.cache
+def _amax_entry(dtype: np.dtype):
+    """:func:`finite_amax`'s compiled entry point for flat C-contiguous ``dtype`` arrays
+    (numba's dispatch types the argument on every call: microseconds a small call)."""
+    return entry_point(finite_amax, (np.zeros(1, dtype),), "lpsim.blocks' per-tensor amax")
+
+
 def tensor_amax(flat: np.ndarray) -> float:
     """:func:`finite_amax` of a flat array, over lpsim's threads from 2 * AMAX_GRAIN elements
     (one contiguous range each, the calling thread taking the first): NVFP4's per-tensor
@@ -1270,14 +1277,14 @@ def tensor_amax(flat: np.ndarray) -> float:
                         f"{getattr(flat, 'dtype', type(flat).__name__)} of shape "
                         f"{getattr(flat, 'shape', None)}")
     n = flat.size
+    amax = _amax_entry(flat.dtype) if flat.flags.c_contiguous else finite_amax
     workers = min(threads(), n // AMAX_GRAIN)
     if workers <= 1:
-        return float(finite_amax(flat))
+        return float(amax(flat))
     bounds = [n * w // workers for w in range(workers + 1)]
     pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(finite_amax, flat[bounds[w]:bounds[w + 1]])
-               for w in range(1, workers)]
-    first = float(finite_amax(flat[:bounds[1]]))
+    futures = [pool.submit(amax, flat[bounds[w]:bounds[w + 1]]) for w in range(1, workers)]
+    first = float(amax(flat[:bounds[1]]))
     return max([first] + [float(future.result()) for future in futures])
 
 

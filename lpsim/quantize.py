@@ -314,6 +314,14 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
             if type(generator) is Generator and seed is None:
                 return generator.run(_round_generated, x, route, generator, rounding, stream,
                                      stats, out, offset)
+            return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out,
+                                   offset, generator, axis)
+        if stats is None and generator is None:
+            # a block format called before (lpsim.blocks): its plan, a few microseconds
+            done = _blocks().quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits,
+                                             out, offset)
+            if done is not None:
+                return done
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                            generator, axis)
 
@@ -324,10 +332,21 @@ def _round_generated(x, route, generator, rounding, stream, stats, out, offset):
     return _round_array(x, route, seed, stream, stats, out, offset)
 
 
+_BLOCKS = []
+
+
+def _blocks():
+    """The lpsim.blocks module, imported on first use (it imports this one); a list lookup
+    where an import statement costs a microsecond a call."""
+    if not _BLOCKS:
+        from . import blocks
+        _BLOCKS.append(blocks)
+    return _BLOCKS[0]
+
+
 def _block_format(fmt):
     """The block format ``fmt`` names (lpsim.blocks), or None."""
-    from .blocks import as_block_format
-    return as_block_format(fmt)
+    return _blocks().as_block_format(fmt)
 
 
 def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
@@ -345,18 +364,12 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
 def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
                   axis):
     """:func:`_quantize_other`'s work."""
-    if stats is None and generator is None and type(x) is _ndarray:
-        from .blocks import quantize_cached      # a block format called before: its plan
-        done = quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset)
-        if done is not None:
-            return done
     bfmt = _block_format(fmt)
     if bfmt is not None:            # block-scaled formats (MX, NVFP4): lpsim.blocks
         mode_code(rounding)
         seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
-        from .blocks import quantize as quantize_blocked
-        return quantize_blocked(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
-                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+        return _blocks().quantize(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
+                                  sr_bits=sr_bits, stats=stats, out=out, offset=offset)
     if isinstance(fmt, Fixed):
         return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                               stats=stats, out=out, offset=offset, generator=generator)
