@@ -502,3 +502,20 @@ def test_empty_arrays_round_to_empty_arrays(shape):
 def test_a_stats_that_is_not_a_rounding_stats_is_refused_by_name():
     with pytest.raises(TypeError, match="stats=3 is a int; accepted: an lpsim.RoundingStats"):
         lpsim.quantize(np.ones(32, np.float32), "mxfp4", stats=3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tensor_amax_on_every_layout_and_split(dtype, monkeypatch):
+    """tensor_amax is the largest finite magnitude, ignoring NaN and inf: through the
+    compiled entry point (contiguous), numba's dispatcher (a strided view), and the split
+    over threads (AMAX_GRAIN lowered so a small array has several ranges)."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(4099) * np.exp2(rng.integers(-20, 20, 4099))).astype(dtype)
+    x[[3, 700, 4000]] = [np.inf, -np.nan, -np.inf]
+    finite = np.abs(x[np.isfinite(x)])
+    assert blocks.tensor_amax(x) == float(finite.max())
+    assert blocks.tensor_amax(x[::3]) == float(np.abs(x[::3][np.isfinite(x[::3])]).max())
+    monkeypatch.setattr(blocks, "AMAX_GRAIN", 512)
+    monkeypatch.setattr(blocks, "threads", lambda: 3)
+    assert blocks.tensor_amax(x) == float(finite.max())
+    assert blocks.tensor_amax(np.full(7, np.nan, dtype)) == 0.0
