@@ -455,7 +455,10 @@ def words_exact(bfmt: "BlockFormat") -> bool:
     of two) its reciprocal is a float32, and with a tensor scale q * s is an exact float32
     normal (so that q * s * pts is rounded once)."""
     el, sc = bfmt.saturating_element, bfmt.scale
-    if not (el.fits(np.float32)[0] and sc.fits(np.float32)[0] and el.signed):
+    # element normals from float32's (round_fast_sub's 32-bit lanes hold only nonnegative
+    # quantities: an element format reaching below them took wrong values)
+    if not (el.fits(np.float32)[0] and sc.fits(np.float32)[0] and el.signed
+            and el.emin >= -126):
         return False
     smin, smax = float(sc.min_subnormal), float(sc.max_finite)
     if bfmt.pow2 and not (2.0 ** -127 <= smin and smax <= 2.0 ** 127):

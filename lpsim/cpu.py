@@ -286,8 +286,13 @@ def sub_pass(ys, rs, mode, k, p, left, counts):
     (the format's subnormal results and a saturating format's overflow, which round_fast
     declines: FP8 and FP4 formats leave many elements there), then round_bits
     (:func:`slow_pass`'s step, the mode at run time) over what that declines too (NaN, inf,
-    container subnormals, overflow to inf).  Counters go to counts[1:7]."""
+    container subnormals, overflow to inf).  Counters go to counts[1:7].  A format whose
+    normals start below float32's takes the slow pass: round_fast_sub's 32-bit lanes hold
+    only nonnegative quantities."""
     mode = _constant(mode)
+    if p.emin + p.EB < 1:
+        slow_pass(ys, rs, np.int64(mode), k, p, left, counts, 1)
+        return
     a_lo = p.fast_lo << p.M
     a_hi = (p.fast_hi + 1) << p.M
     tmp = sub_scratch(ys)

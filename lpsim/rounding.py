@@ -135,6 +135,9 @@ def _kernel_params(fmt: Format, dtype: np.dtype) -> Params:
     fast_lo, fast_hi = max(fmt.emin + EB, 1), fmt.emax - 1 + EB
     if fmt.m == M or not fmt.signed:
         fast_lo, fast_hi = 1, 0     # fnu: negatives become NaN, which round_fast cannot say
+    # an empty range stays empty in 32-bit words (unsigned: a negative bound wraps around);
+    # formats whose top binade lies below the container's normals have one
+    fast_hi = max(fast_hi, fast_lo - 1)
     return Params(M, EB, CEMIN, EMAXF, -(1 << (width - 1)), (1 << (width - 1)) - 1,
                   WORD_BITS[dtype.itemsize], fmt.emin, fmt.m, qsub,
                   _bits_of(np.ldexp(1.0, qsub), dtype), maxb,
@@ -366,13 +369,16 @@ def nearest32_words(m, emin):
 
 def nearest32_exact(fmt) -> bool:
     """Whether :func:`nearest32` is round_bits' nearest rounding of float32 values to
-    ``fmt`` (before overflow): a signed format with signed zero and subnormals, of 1 to 22
+    ``fmt`` (before overflow): a signed format with signed zero and subnormals, of 1 to 21
     mantissa bits, whose values are float32 values (then c is a float32 normal) and whose
     normals start at float32's or above (a float32 subnormal's quantum is then the format's
-    subnormal one).  Not m = 0: a tie there goes to the even exponent code, which the bias
-    decides and the float32 add does not see (it takes the even power of two's significand)."""
-    return (fmt.subnormals and fmt.specials in SPECIALS and 1 <= fmt.m <= 22
-            and fmt.emin >= -126 and fmt.fits(np.float32)[0])
+    subnormal one), with a subnormal quantum of at most 2**104 (c's exponent field for it,
+    ``lw``, at most 254).  Not m = 0: a tie there goes to the even exponent code, which the
+    bias decides and the float32 add does not see (it takes the even power of two's
+    significand); not m = 22: c = 3 * 2**e puts |y| + c in the binade above, whose quantum
+    is twice the format's."""
+    return (fmt.subnormals and fmt.specials in SPECIALS and 1 <= fmt.m <= 21
+            and -126 <= fmt.emin and fmt.emin - fmt.m <= 104 and fmt.fits(np.float32)[0])
 
 
 @register_jitable

@@ -519,3 +519,16 @@ def test_tensor_amax_on_every_layout_and_split(dtype, monkeypatch):
     monkeypatch.setattr(blocks, "threads", lambda: 3)
     assert blocks.tensor_amax(x) == float(finite.max())
     assert blocks.tensor_amax(np.full(7, np.nan, dtype)) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic", "up"])
+def test_word_kernel_leaves_element_formats_below_float32_normals_to_the_counted_one(mode):
+    """An element format whose normals start below float32's (round_fast_sub's 32-bit lanes
+    hold only nonnegative quantities) is rounded as the counted kernel rounds it: 255 of 256
+    elements differed."""
+    fmt = blocks.block("fp(8,8,12, specials='saturate')", 32, "e8m0fnu", "floor")
+    assert not blocks.words_exact(fmt)
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    words = blocks.quantize(x, fmt, mode, seed=3)
+    counted = blocks.quantize(x, fmt, mode, seed=3, stats=blocks.BlockStats())
+    assert same(words, counted)

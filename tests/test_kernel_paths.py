@@ -294,3 +294,47 @@ def test_groups_with_few_and_many_left_equal_the_scalar_decision(dtype, key, mod
     bad = np.flatnonzero(out.view(DTYPES[dtype]) != want.astype(DTYPES[dtype]))
     assert bad.size == 0, f"{bad.size} differ, first x={x[bad[0]]!r} got {out[bad[0]]!r}"
     assert list(counts) == list(want_counts)
+
+
+#: formats at the edges of what a float32 container's fast paths take: 22 mantissa bits
+#: (nearest32's add rounds at twice the quantum there), normals starting below float32's
+#: (round_fast_sub's 32-bit lanes and round_fast's range bounds went negative), a top binade
+#: below float32's normals, a smallest subnormal above 2**104 (nearest32's c saturates)
+EDGE_FORMATS = ["fp(8,22)", "fp(2,1,140)", "fp(2,1,128)", "fp(8,8,12, specials='saturate')",
+                "fp(7,3,84, specials='saturate')", "fp(3,5,-117, specials='fn')",
+                "fp(2,9,-118)"]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "stochastic", "toward_zero", "up"])
+@pytest.mark.parametrize("fmt", EDGE_FORMATS)
+def test_edge_formats_equal_the_scalar_decision(fmt, mode):
+    """Every float32 path (the small-call and threaded nearest32 kernels, the general kernel
+    with its fast, vector and slow passes) on formats at the edges of their preconditions
+    gives round_bits' bits and counters."""
+    f = lpsim.parse_format(fmt)
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()))
+    lo, hi = max(f.emin - f.m - 3, -149), min(f.emax + 2, 127)
+    x = ((rng.random(640) + 1) * np.exp2(rng.integers(lo, hi + 1, 640).astype(float)))
+    x[::7] = float(f.max_finite) * (1 + rng.random(92))            # the top binade and above
+    with np.errstate(over="ignore"):                                  # beyond float32: inf
+        x = (x * rng.choice([-1.0, 1.0], x.size)).astype(np.float32)
+    request = plan(fmt, mode, np.float32, seed=SEED, stream=STREAM)
+    r = random_words(x.size, 4, SEED, STREAM, 0) if mode == "stochastic" \
+        else np.zeros(x.size, np.int64)
+    want = np.empty(x.size, np.int64)
+    want_counts = np.zeros(6, np.int64)
+    for i, b in enumerate(x.view(np.int32)):
+        bits, flags = round_bits(int(b), request.mode, int(r[i]), request.k, request.params)
+        want[i] = bits
+        want_counts += [(int(flags) >> j) & 1 for j in range(6)]
+    want = want.astype(np.int32)
+    cases = [(x, want)]
+    if mode != "stochastic":          # repeated values round alike without random words
+        cases.append((np.resize(x, SMALL_BELOW + 640), np.resize(want, SMALL_BELOW + 640)))
+    for y, w in cases:
+        got = quantize(y, fmt, mode, seed=SEED, stream=STREAM).view(np.int32)
+        assert np.array_equal(got, w), (y.size, y[np.flatnonzero(got != w)[:3]])
+    stats = RoundingStats()
+    got = quantize(x, fmt, mode, seed=SEED, stream=STREAM, stats=stats).view(np.int32)
+    assert np.array_equal(got, want)
+    assert [getattr(stats, c) for c in lpsim.stats.COUNTERS] == list(want_counts)
