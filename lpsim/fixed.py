@@ -118,15 +118,13 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
     Torch tensors: the gradient is the straight-through one inside the range and 0 where a
     value saturated (torch.clamp's).
     """
-    from .quantize import _check_out, as_container_array, quantize
+    from .quantize import _check_out, as_container_array, check_scalar_out, quantize
     from .stats import check_stats
     check_stats(stats)
     lo, hi = fmt.min_finite, fmt.max_finite
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, offset=offset, generator=generator)
     if isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool):
-        if out is not None:
-            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
-                            "rounded (pass a numpy array to round into out)")
+        check_scalar_out(x, out)
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = type(rounded)(min(max(rounded, lo), hi)) if rounded == rounded else rounded
         if stats is not None:

@@ -361,12 +361,22 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                          generator, axis)
 
 
+def check_scalar_out(x, out) -> None:
+    """Refuse ``out=`` with a scalar ``x``: a scalar is returned rounded (shared with
+    lpsim.fixed)."""
+    if out is not None:
+        raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
+                        "rounded (pass a numpy array to round into out)")
+
+
 def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
                   axis):
     """:func:`_quantize_other`'s work."""
     bfmt = _block_format(fmt)
     if bfmt is not None:            # block-scaled formats (MX, NVFP4): lpsim.blocks
         mode_code(rounding)
+        if isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)):
+            check_scalar_out(x, out)
         seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
         return _blocks().quantize(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
                                   sr_bits=sr_bits, stats=stats, out=out, offset=offset)
@@ -391,14 +401,10 @@ def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, g
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
     if isinstance(x, int) or (isinstance(x, np.integer) and not isinstance(x, np.ndarray)):
-        if out is not None:
-            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
-                            "rounded (pass a numpy array to round into out)")
+        check_scalar_out(x, out)
         return _round_int(int(x), fmt, rounding, seed, stream, sr_bits, stats, offset)
     if isinstance(x, (float, np.floating)):
-        if out is not None:
-            raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
-                            "rounded (pass a numpy array to round into out)")
+        check_scalar_out(x, out)
         if isinstance(x, np.floating) and x.dtype.itemsize > 8:
             return _round_long_double(x, fmt, rounding, seed, stream, sr_bits, stats, offset)
         array = np.array(x, dtype=np.float64 if isinstance(x, float) else _container(x.dtype))

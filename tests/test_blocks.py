@@ -532,3 +532,14 @@ def test_word_kernel_leaves_element_formats_below_float32_normals_to_the_counted
     words = blocks.quantize(x, fmt, mode, seed=3)
     counted = blocks.quantize(x, fmt, mode, seed=3, stats=blocks.BlockStats())
     assert same(words, counted)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_block_formats_refuse_out_with_a_scalar(fmt):
+    """A scalar is returned rounded, so out= with it is refused by name, as element formats
+    refuse it (block formats ignored it, even a string)."""
+    for x in (1.2345, np.float32(1.2345), 3):
+        for out in (np.zeros(3), "not an array"):
+            with pytest.raises(TypeError, match="out= applies to arrays"):
+                lpsim.quantize(x, fmt, out=out)
+    assert lpsim.quantize(1.2345, fmt) == lpsim.quantize(np.array([1.2345]), fmt)[0]
