@@ -168,8 +168,12 @@ def resolve(generator, x, rounding, seed, stream, offset):
     if seed is not None:
         raise ValueError(f"seed={seed!r} and generator= were both given; pass one: an integer "
                          "seed replays the same bits every call, a generator advances")
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
-        raise ValueError(f"offset={offset!r} must be a non-negative integer")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset={offset!r} must be an integer; accepted: 0 <= offset and "
+                        f"offset + size <= 2**62")      # lpsim.quantize.check_offset's words
+    if offset < 0:
+        raise ValueError(f"offset={offset} is out of range; accepted: 0 <= offset and "
+                         f"offset + size <= 2**62 (the element counters)")
     if mode_code(rounding) < STOCHASTIC:
         return generator.initial_seed(), stream, offset
     n, lanes = _size_and_lanes(x)

@@ -202,3 +202,14 @@ def test_generators_copy_and_pickle():
                                              generator=h),
                               lpsim.quantize(np.ones(10, np.float32) / 3, "bf16", "stochastic",
                                              generator=copy.deepcopy(g)))
+
+
+def test_a_bad_offset_is_the_same_error_with_a_generator():
+    x = np.ones(4, np.float32)
+    for offset, error in ((1.0, TypeError), (True, TypeError), (-1, ValueError)):
+        with pytest.raises(error, match="offset"):
+            lpsim.quantize(x, "bf16", "stochastic", seed=1, offset=offset)
+        g = lpsim.Generator(2)
+        with pytest.raises(error, match="offset"):
+            lpsim.quantize(x, "bf16", "stochastic", generator=g, offset=offset)
+        assert g.get_state() == (2, 0)
