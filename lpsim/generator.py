@@ -143,7 +143,11 @@ def _size_and_lanes(x) -> tuple[int, int]:
     if callable(numel):                          # torch: float tensors of 2 or 4 bytes
         return int(numel()), 4 if x.element_size() <= 4 else 2
     if not hasattr(x, "dtype"):
-        x = np.asarray(x)                        # lists: float64 or integers
+        try:
+            x = np.asarray(x)                    # lists: float64 or integers
+        except (ValueError, TypeError) as error:    # lpsim.quantize.as_container_array's words
+            raise TypeError(f"x of type {type(x).__name__} is not an array of numbers: "
+                            f"{error}") from None
     n = int(np.size(x))
     try:
         dtype = np.dtype(x.dtype)

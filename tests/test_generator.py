@@ -213,3 +213,11 @@ def test_a_bad_offset_is_the_same_error_with_a_generator():
         with pytest.raises(error, match="offset"):
             lpsim.quantize(x, "bf16", "stochastic", generator=g, offset=offset)
         assert g.get_state() == (2, 0)
+
+
+def test_a_ragged_list_is_the_same_error_with_a_generator():
+    g = lpsim.Generator(5)
+    for kwargs in ({"seed": 1}, {"generator": g}):
+        with pytest.raises(TypeError, match="x of type list is not an array of numbers"):
+            lpsim.quantize([[1.0, 2.0], [3.0]], "bf16", "stochastic", **kwargs)
+    assert g.get_state() == (5, 0)
