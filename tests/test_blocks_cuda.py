@@ -124,8 +124,9 @@ DTYPES = pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d
 @DTYPES
 @BLOCK_CASES
 def test_cuda_zero_d_arrays_round_as_on_the_cpu(bfmt, rounding, dtype):
-    """A 0-d array is one block of one, as on the CPU (an IndexError before)."""
-    for value in [2.7, -0.3, 1e-3, 0.0, -0.0, np.nan, -np.inf, 1e30]:
+    """A 0-d array is one block of one, as on the CPU (an IndexError before): a value, a
+    signed zero, a NaN block (each simulated launch takes a fraction of a second)."""
+    for value in [2.7, -0.0, np.nan]:
         rounds_as_on_the_cpu(np.array(value, dtype), bfmt, rounding)
 
 
