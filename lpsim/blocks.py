@@ -1365,13 +1365,20 @@ class Blocked(NamedTuple):
     #                         lpsim_cuda skipped them (want_counts=False)
 
 
+def blocked_shape(shape: tuple) -> tuple[int, int]:
+    """(rows, length) of the blocked layout of an array of ``shape`` with the block axis
+    last (shared with lpsim_cuda): a 0-d array is one block of one, and rows are counted
+    (reshape(-1, length) and size // length fail on length 0)."""
+    if not shape:
+        return 1, 1
+    return int(np.prod(shape[:-1])), shape[-1]
+
+
 def _blocked_view(x, axis):
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
     moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
-    length = moved.shape[-1] if moved.ndim else 1
-    rows = int(np.prod(moved.shape[:-1])) if moved.ndim else 1   # -1 fails on length 0
-    return np.ascontiguousarray(moved).reshape(rows, length), moved.shape
+    return np.ascontiguousarray(moved).reshape(blocked_shape(moved.shape)), moved.shape
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,

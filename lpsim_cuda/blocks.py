@@ -16,8 +16,9 @@ from numba import cuda
 
 from lpsim.blocks import (BLOCK_COUNTERS, STATS_ACCEPTED, Blocked, _element_params,
                           add_counts, block_params, bits_value, block_recip, block_scale,
-                          checked_tensor_scale, container_bits, element_exact, element_fast,
-                          element_word, finite_bits, parse_block_format, tensor_scale_from)
+                          blocked_shape, checked_tensor_scale, container_bits, element_exact,
+                          element_fast, element_word, finite_bits, parse_block_format,
+                          tensor_scale_from)
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
@@ -162,21 +163,13 @@ def _rows(x, axis):
     if launch.is_torch(x):
         moved = x.movedim(axis, -1).contiguous()
         shape = tuple(moved.shape)
-        return cuda.as_cuda_array(moved.reshape(_blocked_shape(shape))), shape, moved
+        return cuda.as_cuda_array(moved.reshape(blocked_shape(shape))), shape, moved
     x, _ = arrays.floats(x, "x", sync=True)         # the kernels run on the default stream
     if x.ndim and axis not in (-1, x.ndim - 1):
         raise ValueError(f"axis={axis}: numba/CuPy arrays are blocked along their last axis; "
                          "pass a torch tensor or a transposed contiguous copy")
     shape = tuple(x.shape)
-    return x.reshape(_blocked_shape(shape)), shape, None
-
-
-def _blocked_shape(shape: tuple) -> tuple:
-    """(rows, length) of the blocked layout, as lpsim.blocks lays it out: a 0-d array is one
-    block of one, and rows are counted (size // length fails on length 0)."""
-    if not shape:
-        return 1, 1
-    return int(np.prod(shape[:-1])), shape[-1]
+    return x.reshape(blocked_shape(shape)), shape, None
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
