@@ -764,9 +764,35 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
                                                   p, bp)
 
 
+@register_jitable(forceinline=True)
+def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
+                          cw, lw):
+    """Blocks tb .. t_end-1 of ``size`` elements each, end to end from element ``lo``, to
+    nearest with their scales from :func:`_scale_steps`' table (largest magnitudes from
+    ``bam`` where it is not empty), up to a block with a NaN or inf: returns its index
+    (t_end if none) and leaves it to the caller.  One plain loop: with each block's steps
+    (largest magnitude, table, elements) in one iteration the processor overlaps those of
+    neighbouring blocks itself."""
+    step_base, step_thr, svals, rvals, kshift = steps
+    stored = bam.size != 0
+    lo = np.uint64(lo)
+    for b in range(tb, t_end):
+        am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
+        if am >= cinf:
+            return b
+        a = as_int64(am)
+        key = a >> kshift
+        i = step_base[key] + np.int64(a >= step_thr[key])
+        s32 = svals[i]
+        sf[b] = s32
+        _elements_nearest32(xf, outf, lo, size, rvals[i], s32, pts, maxe, cw, lw)
+        lo += np.uint64(size)
+    return t_end
+
+
 @literal_jitable
-def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
-                 rct, ri0, rsh, steps, ahead):
+def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length,
+                 nblk, rct, ri0, rsh, steps, ahead):
     """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
     on 32-bit words, without counters.
 
@@ -779,7 +805,9 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
     NaN (``nonfinite="nan"``) or takes the exact step throughout.  ``rct``, ``ri0``,
     ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`); ``steps``: the
     scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
-    :func:`scale_ahead_scratch`.
+    :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
+    (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding with the
+    table, of rows of whole blocks, runs :func:`_blocks_nearest_steps` instead.
     """
     near = _constant(mode) == NEAREST and bp.near32
     xb = as_bits(xf)
@@ -792,6 +820,24 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
     full = length == nblk * size                # every block of a row has size elements
     # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
     # block cost about as much as a 16-element block's rounding
+    if near and full and step_base.size:
+        tb = t
+        while tb < t_end:
+            lo = e_lo + (tb - t) * size
+            if size == 16:
+                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
+                                            cinf, pts, maxe, cw, lw)
+            else:
+                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps,
+                                            cinf, pts, maxe, cw, lw)
+            if bad == t_end:
+                return
+            los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
+            _group_elements(xf, outf, sf, rs, bad, bad + 1, e_lo, mode, k, p, p32, sp, bp,
+                            ahead)
+            tb = bad + 1
+        return
+    stored = bam.size != 0
     row_lo, col = (t // nblk) * length, t % nblk
     for g0 in range(t, t_end, SCALE_AHEAD):
         g1 = min(g0 + SCALE_AHEAD, t_end)
@@ -821,7 +867,9 @@ def _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, leng
             j = tb - g0
             lo_, n_ = los[j], ns[j]
             lo = np.uint64(lo_)
-            if n_ == 32:
+            if stored:
+                am = word(bam[tb])
+            elif n_ == 32:
                 am = _block_amax32(xb, lo, 32)
             elif n_ == 16:
                 am = _block_amax32(xb, lo, 16)
@@ -938,16 +986,16 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
         t = t_end
 
 @register_jitable
-def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-                 offset, chunk):
+def _words_range(x, out, sout, bam, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi,
+                 stream, offset, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D float32 ``x`` into out and sout by
-    :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time (one draw of random
-    words per chunk)."""
+    :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time for stochastic
+    rounding (one draw of random words per chunk), the whole range at once otherwise."""
     stochastic = _constant(mode) >= STOCHASTIC
     length = x.shape[1]
     nblk = sout.shape[1]
     xf, outf, sf = x.reshape(-1), out.reshape(-1), sout.reshape(-1)
-    per_chunk = max(1, chunk // bp.block)
+    per_chunk = max(1, chunk // bp.block) if stochastic else max(1, t1 - t0)
     r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
     rct, ri0, rsh = _reciprocals(bp, sp)
     steps = _scale_steps(bp, sp, rct, ri0, rsh, t1 - t0)
@@ -956,8 +1004,8 @@ def _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi
     while t < t1:
         t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, bp.block)
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
-        _chunk_words(xf, outf, sf, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length, nblk,
-                     rct, ri0, rsh, steps, ahead)
+        _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length,
+                     nblk, rct, ri0, rsh, steps, ahead)
         t = t_end
 
 
@@ -1082,14 +1130,18 @@ def _scale_steps(bp, sp, rct, ri0, rsh, blocks):
     return base, thr, svals[:count], rvals, kshift
 
 
+#: the word kernel's ``bam`` when no pass found the blocks' largest magnitudes
+NO_AMAXES = np.empty(0, np.int32)
+
+
 def _words_kernel(mode: int):
     """The float32 word kernel of rounding mode ``mode`` (no counters: lpsim.quantize without
     stats), named ``blocks_words_<mode>`` for numba's on-disk cache: a kernel of its own, so
     that a call that needs no counters compiles nothing else."""
-    def kernel(x, out, sout, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
-               chunk):
-        _words_range(x, out, sout, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-                     offset, chunk)
+    def kernel(x, out, sout, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
+               offset, chunk):
+        _words_range(x, out, sout, bam, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi,
+                     stream, offset, chunk)
 
     name = next(name for name, code in MODES.items() if code == mode)
     kernel.__name__ = kernel.__qualname__ = f"blocks_words_{name}"
@@ -1140,7 +1192,7 @@ def word_kernel_entry(mode: int):
     dispatcher = WORD_KERNELS[mode]
     bfmt = PRESETS["mxfp4"]
     x = np.zeros((1, 1), np.float32)
-    args = (x, x.copy(), np.zeros((1, 1)), 0, 1, 1,
+    args = (x, x.copy(), np.zeros((1, 1)), NO_AMAXES, 0, 1, 1,
             _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
             kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK)
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
@@ -1153,20 +1205,21 @@ def takes_words(x2, bp, want_q, want_counts) -> bool:
 
 
 def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
-               want_counts=True) -> None:
+               want_counts=True, bam=NO_AMAXES) -> None:
     """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
 
     Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays are
     split into one contiguous range of blocks per thread (at least PARALLEL_GRAIN elements
     each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block writes
     its own counters, so nothing is summed across threads.  Without counters, float32 arrays
-    of a format that :func:`words_exact` admits take the word kernel (q2 and counts unused).
+    of a format that :func:`words_exact` admits take the word kernel (q2 and counts unused;
+    ``bam``: the blocks' largest magnitudes where :func:`word_tensor_scale` found them).
     """
     seeds = (int(request.seed_lo), int(request.seed_hi), int(request.stream),
              int(request.offset))
     if takes_words(x2, bp, want_q, want_counts):
         kernel = word_kernel_entry(request.mode)
-        head = (x2, out2, s2)
+        head = (x2, out2, s2, bam)
         args = (int(request.k), p, p32, sp, bp, *seeds, int(CHUNK))
     else:
         kernel = kernel_entry(request.mode, x2.dtype)
@@ -1291,6 +1344,76 @@ def tensor_amax(flat: np.ndarray) -> float:
     return max([first] + [float(future.result()) for future in futures])
 
 
+@register_jitable(forceinline=True)
+def _amaxes_of(xb, bam, b0, b1, size, cinf):
+    """:func:`block_amaxes` for blocks of ``size`` elements (a literal 16 or 32: loops LLVM
+    unrolls into vector steps)."""
+    top = word(np.int32(0))
+    for b in range(b0, b1):
+        lo = np.uint64(b * size)
+        am = _block_amax32(xb, lo, size)
+        bam[b] = as_int64(am)
+        if am >= cinf:                          # a NaN or inf: the block's finite largest
+            am = am & 0
+            for i in range(size):
+                am = max(am, finite_bits(word(xb[lo + np.uint64(i)]), 0x7FFFFFFF, cinf))
+        top = max(top, am)
+    return top
+
+
+@njit(cache=True, nogil=True)
+def block_amaxes(x, size, bam, b0, b1):
+    """Blocks b0 .. b1-1 of the flat float32 ``x``, ``size`` elements each end to end: each
+    block's largest magnitude bits into ``bam`` (int32; NaN's or inf's where the block holds
+    one), and the largest finite magnitude of their elements returned (0.0 if none).  NVFP4's
+    per-tensor pass, which reads every element anyway, finds the blocks' largest magnitudes
+    at about the same cost, and the word kernel then reads one word per block instead."""
+    xb = as_bits(x)
+    cinf = word(np.int32(255 << 23))
+    if size == 16:
+        top = _amaxes_of(xb, bam, b0, b1, 16, cinf)
+    elif size == 32:
+        top = _amaxes_of(xb, bam, b0, b1, 32, cinf)
+    else:
+        top = _amaxes_of(xb, bam, b0, b1, size, cinf)
+    return bits_value(as_int64(top), 23, 127)
+
+
+@functools.cache
+def _amaxes_entry():
+    x, bam = np.zeros(1, np.float32), np.zeros(1, np.int32)
+    return entry_point(block_amaxes, (x, 1, bam, 0, 1), "lpsim.blocks' per-block amax")
+
+
+def tensor_amaxes(x2: np.ndarray, size: int) -> tuple:
+    """(largest finite magnitude, int32 largest magnitude bits of each block) of the 2-D
+    C-contiguous float32 ``x2`` whose rows are whole blocks of ``size`` elements: one pass,
+    over lpsim's threads from 2 * AMAX_GRAIN elements (as :func:`tensor_amax`)."""
+    flat = x2.reshape(-1)
+    nb = flat.size // size
+    bam = np.empty(nb, np.int32)
+    amaxes = _amaxes_entry()
+    workers = min(threads(), flat.size // AMAX_GRAIN)
+    if workers <= 1:
+        return float(amaxes(flat, size, bam, 0, nb)), bam
+    bounds = [nb * w // workers for w in range(workers + 1)]
+    pool = thread_pool(workers - 1, os.getpid())
+    futures = [pool.submit(amaxes, flat, size, bam, bounds[w], bounds[w + 1])
+               for w in range(1, workers)]
+    first = float(amaxes(flat, size, bam, 0, bounds[1]))
+    return max([first] + [float(future.result()) for future in futures]), bam
+
+
+def word_tensor_scale(x2: np.ndarray, bfmt: BlockFormat) -> tuple:
+    """(per-tensor scale, ``bam``) for the word kernel of the blocked 2-D float32 ``x2``:
+    with rows of whole blocks, the blocks' largest magnitudes from the same pass
+    (:func:`tensor_amaxes`); else :func:`tensor_scale_of` and NO_AMAXES."""
+    if x2.size and x2.shape[1] % bfmt.block == 0:
+        amax, bam = tensor_amaxes(x2, bfmt.block)
+        return tensor_scale_from(amax, bfmt), bam
+    return tensor_scale_of(x2, bfmt), NO_AMAXES
+
+
 def tensor_scale_of(x, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale of the array x (:func:`tensor_scale_from`)."""
     return tensor_scale_from(tensor_amax(np.ascontiguousarray(x).reshape(-1)) if x.size
@@ -1405,10 +1528,15 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         raise TypeError(f"axis={axis!r} must be an integer")
     x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \
         if x.ndim else (x.reshape(1, 1), (1,))
-    pts = 1.0
-    if bfmt.tensor_scale:
-        pts = tensor_scale_of(x, bfmt) if tensor_scale is None \
-            else checked_tensor_scale(tensor_scale, bfmt)
+    want_counts = want_counts or want_elements
+    # the float32 word kernel writes no counters: no array for them
+    counted = not takes_words(x2, block_params(bfmt), want_elements, want_counts)
+    pts, bam = 1.0, NO_AMAXES
+    if bfmt.tensor_scale and tensor_scale is not None:
+        pts = checked_tensor_scale(tensor_scale, bfmt)
+    elif bfmt.tensor_scale:
+        pts, bam = (tensor_scale_of(x, bfmt), NO_AMAXES) if counted \
+            else word_tensor_scale(x2, bfmt)
     bp = block_params(bfmt, pts)
     p = _element_params(bfmt.saturating_element, request.params.W)
     p32 = element_params32(bfmt)
@@ -1418,13 +1546,10 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     out2 = out.reshape(x2.shape) if writes_into(out, x, axis) else np.empty_like(x2)
     q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
     s2 = np.empty((rows, nblk), np.float64)
-    want_counts = want_counts or want_elements
-    # the float32 word kernel writes no counters: no array for them
-    counted = not takes_words(x2, bp, want_elements, want_counts)
     counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)) if counted else (1, 1, 1), np.int64)
     if x2.size:
         run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_elements,
-                   want_counts)
+                   want_counts, bam)
     if not want_counts:
         counts = None
     values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
@@ -1513,12 +1638,15 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
         return None
     seed_lo, seed_hi, stream = keys(seed, stream, words.mode)
     bfmt = words.bfmt
-    bp = block_params(bfmt, tensor_scale_of(x, bfmt)) if bfmt.tensor_scale else words.bp
     length = x.shape[-1]
     x2 = x.reshape(-1, length)
+    bp, bam = words.bp, NO_AMAXES
+    if bfmt.tensor_scale:
+        pts, bam = word_tensor_scale(x2, bfmt)
+        bp = block_params(bfmt, pts)
     result = np.empty_like(x) if out is None else out
     s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
-    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2),
+    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, bam),
                (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
                 CHUNK), s2.size, x.size)
     return result

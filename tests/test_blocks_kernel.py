@@ -349,3 +349,60 @@ def test_word_kernel_takes_the_step_table_on_large_calls():
     assert words.counts is None
     assert same(words.scales, counted.scales)
     assert np.array_equal(words.values.view(np.uint32), counted.values.view(np.uint32))
+
+
+@pytest.mark.parametrize("size", [16, 32, 5])
+def test_block_amaxes_are_every_blocks_largest_magnitude(size, monkeypatch):
+    """NVFP4's per-tensor pass also finds each block's largest magnitude bits (a NaN's or an
+    inf's where the block holds one) and returns the largest finite magnitude: equal to
+    numpy's on blocks with NaN, inf, -0 and subnormals, in one range and split over three
+    threads (AMAX_GRAIN lowered)."""
+    rng = np.random.default_rng(size)
+    rows, length = 7, 12 * size
+    x = (rng.standard_normal((rows, length))
+         * np.exp2(rng.integers(-149, 120, (rows, length)))).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[[2, size + 1, 5 * size, 9 * size + 3]] = [np.nan, np.inf, -np.inf, -np.nan]
+    flat[11 * size:12 * size] = -0.0
+    bits = (flat.view(np.uint32) & 0x7FFFFFFF).reshape(-1, size)
+    finite = np.abs(flat[np.isfinite(flat)])
+    for threads in (1, 3):
+        monkeypatch.setattr(blocks, "AMAX_GRAIN", 64 if threads > 1 else 1 << 20)
+        monkeypatch.setattr(blocks, "threads", lambda: threads)
+        amax, bam = blocks.tensor_amaxes(x, size)
+        assert amax == float(finite.max())
+        assert bam.dtype == np.int32 and np.array_equal(bam, bits.max(axis=1))
+    assert blocks.tensor_amaxes(np.full((2, size), np.nan, np.float32), size)[0] == 0.0
+
+
+@pytest.mark.parametrize("bfmt", ["nvfp4", blocks.block("e2m1fn", 16, "e4m3fn", "even",
+                                                        tensor_scale=True, nonfinite="finite"),
+                                  blocks.block("e2m1fn", 16, "e4m3fn", "even")], ids=str)
+def test_word_kernel_with_the_blocks_amaxes_equals_the_counted_kernel(bfmt, monkeypatch):
+    """A large NVFP4-like call to nearest (the table's loop, one block after another; and
+    stochastic and upward, the grouped loop) with its tensor scale computed (the blocks' largest magnitudes from the per-tensor pass),
+    or without a tensor scale (each block finds its own): values, scales and tensor scale
+    equal the counted kernel's bit for bit, with NaN and inf blocks at the ends of rows, in
+    the middle and back to back, and the same on a row length that is not whole blocks."""
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal((64, 4096)) * np.exp2(rng.integers(-40, 40, (64, 256))
+                                                   .repeat(16, axis=1))).astype(np.float32)
+    flat = x.reshape(-1)
+    for i, v in zip((0, 4095, 4096, 70000, 70016, 70032, flat.size - 1),
+                    (np.inf, np.nan, -np.inf, np.nan, np.inf, -np.inf, np.nan)):
+        flat[i] = v
+    assert x.size // 16 >= 2 * blocks.STEPS_FROM      # the table in each thread's range
+    monkeypatch.setattr(blocks, "threads", lambda: 2)
+    for y, rounding in ((x, "nearest"), (x[:, :4090], "nearest"), (x, "stochastic"),
+                        (x, "up")):
+        kw = dict(seed=9) if rounding == "stochastic" else {}
+        counted = blocks.quantize_blocks(y, bfmt, rounding, **kw)
+        words = blocks.quantize_blocks(y, bfmt, rounding, want_elements=False,
+                                       want_counts=False, **kw)
+        assert words.counts is None and words.tensor_scale == counted.tensor_scale
+        assert same(words.scales, counted.scales)
+        assert np.array_equal(words.values.view(np.uint32), counted.values.view(np.uint32))
+        # the cached path takes the same pass
+        lpsim.quantize(np.ascontiguousarray(y), bfmt, rounding, **kw)
+        got = lpsim.quantize(np.ascontiguousarray(y), bfmt, rounding, **kw)
+        assert np.array_equal(got.view(np.uint32), counted.values.view(np.uint32))
