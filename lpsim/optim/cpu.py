@@ -34,7 +34,7 @@ from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adam
                    quiet_nan, sgd_gradient, sgd_update, split_remainder, step_quad)
 
 #: elements per chunk of the vectorised route (a multiple of 4: whole Philox blocks)
-CHUNK = 2048
+CHUNK = 4096
 #: elements per extra thread: a step costs ten or more times a plain rounding per element
 #: (lpsim.cpu's grain), so threads pay from smaller tensors
 PARALLEL_GRAIN = 1 << 17
