@@ -221,9 +221,11 @@ def fast_pass(xs, ys, rs, mode, k, p, left):
     for g in range((xs.size + GROUP - 1) // GROUP):
         xg = xs[g * GROUP:(g + 1) * GROUP]     # slices: indices from 0, so no wraparound
         yg = ys[g * GROUP:(g + 1) * GROUP]
-        # per-group counts in 32-bit words: 64-bit sums would halve the vector lanes
-        group_slow = word(np.int32(0))
-        group_inexact = word(np.int32(0))
+        # per-group counts in the operand's width (lpsim.word32.like): 32-bit words for
+        # float32 bits, where 64-bit sums would halve the vector lanes; int64 for float64
+        # bits, where 32-bit sums cost a narrowing per vector (0.76 -> 0.66 ns an element)
+        group_slow = like(word(xg[0]), 0)
+        group_inexact = like(word(xg[0]), 0)
         if mode >= STOCHASTIC:
             rg = rs[g * GROUP:(g + 1) * GROUP]
             for j in range(xg.size):
