@@ -818,8 +818,6 @@ def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp,
     los, ns, s32s, rcs = ahead
     step_base, step_thr, svals, rvals, kshift = steps
     full = length == nblk * size                # every block of a row has size elements
-    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
-    # block cost about as much as a 16-element block's rounding
     if near and full and step_base.size:
         tb = t
         while tb < t_end:
@@ -838,6 +836,8 @@ def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp,
             tb = bad + 1
         return
     stored = bam.size != 0
+    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
+    # block cost about as much as a 16-element block's rounding
     row_lo, col = (t // nblk) * length, t % nblk
     for g0 in range(t, t_end, SCALE_AHEAD):
         g1 = min(g0 + SCALE_AHEAD, t_end)
