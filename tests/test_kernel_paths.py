@@ -338,3 +338,33 @@ def test_edge_formats_equal_the_scalar_decision(fmt, mode):
     got = quantize(x, fmt, mode, seed=SEED, stream=STREAM, stats=stats).view(np.int32)
     assert np.array_equal(got, want)
     assert [getattr(stats, c) for c in lpsim.stats.COUNTERS] == list(want_counts)
+
+
+def test_nearest_bf16_is_round_to_nearest_even_on_every_bfloat16_binade():
+    """lpsim.rounding.nearest_bf16 (the bfloat16 state rounding of lpsim.optim's step) equals
+    ml_dtypes' float32 -> bfloat16 conversion on every high half (sign, exponent, kept
+    mantissa: every binade, subnormals, both parities) with the low halves that decide
+    (0, 1, below, at and above the tie, the largest) and random ones, wherever the value is
+    finite and below bfloat16's largest (the step leaves the rest to round_bits)."""
+    import ml_dtypes
+    from numba import njit
+    from lpsim.rounding import nearest_bf16
+    from lpsim.word32 import as_int64, word
+
+    @njit
+    def rounded(bits, out):
+        for i in range(bits.size):
+            out[i] = as_int64(nearest_bf16(word(bits[i])))
+
+    highs = np.arange(1 << 16, dtype=np.uint64) << np.uint64(16)
+    lows = np.array([0, 1, 0x7FFE, 0x7FFF, 0x8000, 0x8001, 0xFFFE, 0xFFFF]
+                    + list(np.random.default_rng(3).integers(0, 1 << 16, 8)), np.uint64)
+    bits = (highs[:, None] | lows[None, :]).reshape(-1).astype(np.uint32)
+    x = bits.view(np.float32)
+    keep = np.isfinite(x) & (np.abs(x) < float(ml_dtypes.finfo(ml_dtypes.bfloat16).max))
+    bits, x = bits[keep], x[keep]
+    got = np.empty(bits.size, np.int64)
+    rounded(bits.view(np.int32), got)
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32)
+    assert bits.size > 900_000
+    assert np.array_equal(got.astype(np.uint32), want)

@@ -26,8 +26,8 @@ from numba.extending import register_jitable
 
 from lpsim.cpu import (GROUP, _nearest32_step, entry_point, fast_pass, fill_words,
                        nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
-from lpsim.rounding import NEAREST, STOCHASTIC
-from lpsim.word32 import as_int64, word
+from lpsim.rounding import NEAREST, STOCHASTIC, nearest_bf16
+from lpsim.word32 import as_int64, bits_float32, float32_bits, like, word
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
                    adamw_update, join_remainder, kahan_comp, kahan_y, sgd_buffer,
@@ -108,20 +108,30 @@ def _round(xb, yb, mode, k, p, rs, left, counts):
 @register_jitable
 def _moments_nearest32(gf, xf, yf, hp, p):
     """xf, yf = AdamW's moments from gf, xf, yf (float32 arrays, in place) rounded to nearest
-    in ``p``'s format (bfloat16 states) in one loop: the moments and lpsim.rounding.nearest32
-    (a float32 add and subtract, exact for bfloat16), round_bits for what it declines (inf,
-    NaN, the largest values) after.  The same bits as the moments then two rounding passes,
-    in one pass over the chunk instead of three (6% off a bfloat16 step).  Returns whether
-    the moments may hold a NaN (elements were declined)."""
+    in ``p``'s format (bfloat16 states) in one loop: the moments and
+    lpsim.rounding.nearest_bf16 (bfloat16's grid: five integer operations; 0.57 -> 0.4 ns
+    an element against nearest32 with its sign), or lpsim.rounding.nearest32 for another
+    format, then round_bits for what they decline (inf, NaN, the largest values).  The same
+    bits as the moments then two rounding passes, in one pass over the chunk instead of
+    three.  Returns whether the moments may hold a NaN (elements were declined)."""
     cw, lw, lim, largest = nearest32_consts(p)
     slow = word(np.int32(0))
-    for j in range(gf.size):
-        m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
-        mr, okm = _nearest32_step(m, cw, lw, lim, largest)
-        vr, okv = _nearest32_step(v, cw, lw, lim, largest)
-        xf[j] = mr
-        yf[j] = vr
-        slow |= (okm & okv) ^ 1
+    if p.m == 7 and p.emin == -126 and p.qsub == -133 and p.unsigned == 0:   # bfloat16
+        for j in range(gf.size):
+            m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
+            mb, vb = float32_bits(m), float32_bits(v)
+            okm, okv = abs(m) < lim, abs(v) < lim           # false for NaN
+            xf[j] = bits_float32(nearest_bf16(mb)) if okm else m
+            yf[j] = bits_float32(nearest_bf16(vb)) if okv else v
+            slow |= like(mb, okm & okv) ^ 1
+    else:
+        for j in range(gf.size):
+            m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
+            mr, okm = _nearest32_step(m, cw, lw, lim, largest)
+            vr, okv = _nearest32_step(v, cw, lw, lim, largest)
+            xf[j] = mr
+            yf[j] = vr
+            slow |= (okm & okv) ^ 1
     if slow != 0:                       # declined elements hold their moment
         nearest32_rest(xf, 0, xf.size, lim, p)
         nearest32_rest(yf, 0, yf.size, lim, p)
