@@ -97,12 +97,15 @@ def test_fused_counts_the_slow_pass_like_the_reference(update):
     assert_same(*runs)
 
 
-def test_fused_bf16_moments_equal_the_reference_on_extreme_gradients():
-    """bfloat16 AdamW states to nearest take one fused loop (the moments, then a float32 add
-    and subtract per rounding) and round_bits where it declines: gradients of inf, NaN, near
-    float32's largest value, subnormal and zero (moments past bfloat16's largest value and
-    below its smallest) give the reference's moments and weights bit for bit, NaNs too."""
-    n = 4099
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_bf16_moments_equal_the_reference_on_extreme_gradients(dtype):
+    """bfloat16 AdamW states to nearest take one fused loop from their codes to their codes
+    (lpsim.optim.cpu._moments_bf16: decode, moments, nearest_bf16, encode) and round_bits
+    where it declines: gradients of inf, NaN, near float32's largest value, subnormal and
+    zero (moments past bfloat16's largest value and below its smallest) give the
+    reference's moments, weights and counters bit for bit, NaNs too, over several chunks;
+    bfloat16 gradients, and float32 ones (float32 parameters with bfloat16 states)."""
+    n = 2 * 4096 + 4099
     gen = torch.Generator().manual_seed(9)
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), 3.3e38, -3.3e38, 1e-40,
                             -1e-45, 0.0, -0.0, 6e19, 1.7e19, -2e-20])
@@ -111,14 +114,19 @@ def test_fused_bf16_moments_equal_the_reference_on_extreme_gradients():
         g = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-130, 128, (n,),
                                                                      generator=gen).float())
         g[:special.numel()] = special
+        g[5000:5000 + special.numel()] = special            # a later chunk too
         return g
 
     runs = []
     for impl in ("reference", "fused"):
-        make = lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.1, seed=3, implementation=impl)
+        make = lambda ps: AdamW(ps, lr=1e-3, weight_decay=0.1, seed=3, implementation=impl,
+                                state_format="bf16")
         gen.manual_seed(9)
-        runs.append(run(make, torch.bfloat16, steps=3, n=n, grads=grads))
+        runs.append(run(make, dtype, steps=3, n=n, grads=grads))
     (pr, orf), (pf, ofu) = runs
+    assert orf.state[pr]["exp_avg"].dtype == torch.bfloat16
+    assert orf.update_stats == ofu.update_stats
+    assert orf.cancelled_updates == ofu.cancelled_updates
     for key in ("exp_avg", "exp_avg_sq"):
         assert torch.equal(bits(orf.state[pr][key]), bits(ofu.state[pf][key])), key
         assert torch.isinf(orf.state[pr][key]).any() or key == "exp_avg_sq"

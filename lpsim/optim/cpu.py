@@ -6,8 +6,8 @@ Two routes to the same bits, both through :mod:`lpsim.optim.step`:
   cache, one simple loop per line of the step (the functions of :mod:`lpsim.optim.step`),
   and every rounding through lpsim.quantize's own vectorised pass
   (:func:`lpsim.rounding.round_fast`, then round_bits on the rare rest; bfloat16 AdamW
-  states to nearest in one loop with their moments, :func:`_moments_nearest32`), so each
-  loop vectorises and the data still crosses memory once;
+  states to nearest in one loop from their codes to their codes, :func:`_moments_bf16`),
+  so each loop vectorises and the data still crosses memory once;
 * the quad route (:func:`lpsim.optim.step.step_quad`: float16 storage), which lpsim_cuda
   runs too.
 
@@ -24,7 +24,7 @@ import torch
 from numba import njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import (GROUP, _nearest32_step, entry_point, fast_pass, fill_words,
+from lpsim.cpu import (GROUP, as_bits, entry_point, fast_pass, fill_words,
                        nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
 from lpsim.rounding import NEAREST, STOCHASTIC, nearest_bf16
 from lpsim.word32 import as_int64, bits_float32, float32_bits, like, word
@@ -106,35 +106,40 @@ def _round(xb, yb, mode, k, p, rs, left, counts):
 
 
 @register_jitable
-def _moments_nearest32(gf, xf, yf, hp, p):
-    """xf, yf = AdamW's moments from gf, xf, yf (float32 arrays, in place) rounded to nearest
-    in ``p``'s format (bfloat16 states) in one loop: the moments and
-    lpsim.rounding.nearest_bf16 (bfloat16's grid: five integer operations; 0.57 -> 0.4 ns
-    an element against nearest32 with its sign), or lpsim.rounding.nearest32 for another
-    format, then round_bits for what they decline (inf, NaN, the largest values).  The same
-    bits as the moments then two rounding passes, in one pass over the chunk instead of
-    three.  Returns whether the moments may hold a NaN (elements were declined)."""
-    cw, lw, lim, largest = nearest32_consts(p)
+def _moments_bf16(gs, gshift, ms, vs, xf, yf, hp, p):
+    """AdamW's moments with bfloat16 states rounded to nearest, from the codes to the codes
+    in one loop: g, m and v decoded from their stored codes (``gs`` bfloat16 codes with
+    ``gshift`` 16, or float32 bits with 0; ``ms``, ``vs`` bfloat16 codes), the moments,
+    lpsim.rounding.nearest_bf16 (five integer operations), and the new codes stored, the
+    rounded moments also left in xf, yf (float32) for the update.  What nearest_bf16 does
+    not take (NaN, inf, values from bfloat16's largest up) round_bits rounds after
+    (nearest32_rest), and the codes of such a chunk are stored again with NaNs made quiet.
+    The bits of decoding, the moments, two rounding passes and encoding, in one pass over
+    the chunk instead of six.  ``p``: bfloat16's float32-container params (a bfloat16
+    state's format is bfloat16 itself).  Returns whether the moments may hold a NaN."""
+    _, _, lim, _ = nearest32_consts(p)
     slow = word(np.int32(0))
-    if p.m == 7 and p.emin == -126 and p.qsub == -133 and p.unsigned == 0:   # bfloat16
-        for j in range(gf.size):
-            m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
-            mb, vb = float32_bits(m), float32_bits(v)
-            okm, okv = abs(m) < lim, abs(v) < lim           # false for NaN
-            xf[j] = bits_float32(nearest_bf16(mb)) if okm else m
-            yf[j] = bits_float32(nearest_bf16(vb)) if okv else v
-            slow |= like(mb, okm & okv) ^ 1
-    else:
-        for j in range(gf.size):
-            m, v = adamw_moments(gf[j], xf[j], yf[j], hp)
-            mr, okm = _nearest32_step(m, cw, lw, lim, largest)
-            vr, okv = _nearest32_step(v, cw, lw, lim, largest)
-            xf[j] = mr
-            yf[j] = vr
-            slow |= (okm & okv) ^ 1
+    for j in range(xf.size):
+        g = bits_float32(word(np.int32(gs[j])) << gshift)
+        m0 = bits_float32(word(np.int32(ms[j])) << 16)
+        v0 = bits_float32(word(np.int32(vs[j])) << 16)
+        m, v = adamw_moments(g, m0, v0, hp)
+        mb = nearest_bf16(float32_bits(m))
+        vb = nearest_bf16(float32_bits(v))
+        okm, okv = abs(m) < lim, abs(v) < lim           # false for NaN
+        xf[j] = bits_float32(mb) if okm else m
+        yf[j] = bits_float32(vb) if okv else v
+        ms[j] = as_int64(mb >> 16)
+        vs[j] = as_int64(vb >> 16)
+        slow |= like(mb, okm & okv) ^ 1
     if slow != 0:                       # declined elements hold their moment
         nearest32_rest(xf, 0, xf.size, lim, p)
         nearest32_rest(yf, 0, yf.size, lim, p)
+        x, y = as_bits(xf), as_bits(yf)
+        _quiet_nans(x)
+        _quiet_nans(y)
+        _encode(x, STORE_BF16, ms)
+        _encode(y, STORE_BF16, vs)
     return slow != 0
 
 
@@ -168,25 +173,30 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
     j0 = lo + offset - 4 * b0               # element lo's place in its block
     rws, rms, rvs = rw[j0:], rm[j0:], rv[j0:]
     _decode(wb[lo:hi], wkind, w)
-    _decode(gb[lo:hi], gkind, g)
-    if hasm:
-        _decode(mb[lo:hi], skind, x)
+    # bfloat16 AdamW states to nearest: decoded, stepped, rounded and stored in one loop
+    codes = algo == ADAMW and smode == NEAREST and skind == STORE_BF16
+    if not codes:
+        _decode(gb[lo:hi], gkind, g)
+        if hasm:
+            _decode(mb[lo:hi], skind, x)
     if algo == ADAMW:
-        _decode(vb[lo:hi], skind, y)
-        if smode == NEAREST and skind == STORE_BF16:
-            nans = _moments_nearest32(gf, xf, yf, hp, ps)
+        if codes:
+            _moments_bf16(gb[lo:hi], 16 if gkind == STORE_BF16 else 0, mb[lo:hi], vb[lo:hi],
+                          xf, yf, hp, ps)
         else:
+            _decode(vb[lo:hi], skind, y)
             for j in range(n):
                 mf[j], vf[j] = adamw_moments(gf[j], xf[j], yf[j], hp)
             nans = _round(m, x, smode, sk, ps, rms, left, scratch_counts)[1]
             nans |= _round(v, y, smode, sk, ps, rvs, left, scratch_counts)[1]
         for j in range(n):
             uf[j] = adamw_update(xf[j], yf[j], wf[j], hp)
-        if nans:
-            _quiet_nans(x)
-            _quiet_nans(y)
-        _encode(x, skind, mb[lo:hi])
-        _encode(y, skind, vb[lo:hi])
+        if not codes:
+            if nans:
+                _quiet_nans(x)
+                _quiet_nans(y)
+            _encode(x, skind, mb[lo:hi])
+            _encode(y, skind, vb[lo:hi])
     else:
         for j in range(n):
             gf[j] = sgd_gradient(gf[j], wf[j], hp)
@@ -240,11 +250,19 @@ def _chunk(lo, hi, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc
         if nans:
             _quiet_nans(c)
         _encode(c, skind, cb[lo:hi])
-    cancelled = 0
-    for j in range(n):
-        cancelled += np.int64((uf[j] != 0) & (x[j] == w[j]))
-    counts[6] += cancelled
-    _encode(x, wkind, wb[lo:hi])
+    # the cancelled updates counted in the loop that stores the codes, in 32-bit words
+    # (a chunk holds fewer than 2**31 elements): one pass over x instead of two
+    cancelled = word(np.int32(0))
+    wbs = wb[lo:hi]
+    if wkind == STORE_BF16:
+        for j in range(n):
+            cancelled += like(cancelled, (uf[j] != 0) & (x[j] == w[j]))
+            wbs[j] = x[j] >> 16
+    else:
+        for j in range(n):
+            cancelled += like(cancelled, (uf[j] != 0) & (x[j] == w[j]))
+            wbs[j] = x[j]
+    counts[6] += as_int64(cancelled)
 
 
 @register_jitable
