@@ -42,7 +42,7 @@ from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
 from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top,
-                       nearest32_words, round_bits, round_fast, round_fast_sub)
+                       nearest32_words, nearest_bf16, round_bits, round_fast, round_fast_sub)
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
@@ -479,6 +479,14 @@ def _nearest32_range(x, out, pv, lo, hi):
                 slow |= ok ^ 1
             for j in range(m):
                 out[np.uint64(c + j)] = scratch[np.uint64(j)]
+    elif bf16_grid(p):
+        # bfloat16: lpsim.rounding.nearest_bf16, five integer operations on the bits
+        for j in range(hi - lo):
+            i = np.uint64(lo + j)
+            xv = x[i]
+            ok = abs(xv) < lim                  # false for NaN
+            out[i] = bits_float32(nearest_bf16(float32_bits(xv))) if ok else xv
+            slow |= like(slow, ok) ^ 1
     else:
         for j in range(hi - lo):
             i = np.uint64(lo + j)
@@ -488,6 +496,15 @@ def _nearest32_range(x, out, pv, lo, hi):
     if slow != 0:
         nearest32_rest(out, lo, hi, lim, p)
     return 0
+
+
+@register_jitable
+def bf16_grid(p):
+    """Whether ``p``'s format rounds to nearest on bfloat16's grid below ``lim`` (7 mantissa
+    bits, float32's normal and subnormal range, signed, not saturating), where
+    :func:`lpsim.rounding.nearest_bf16` is its nearest rounding."""
+    return (p.m == 7 and p.emin == -126 and p.qsub == -133 and p.unsigned == 0
+            and p.ovf_inf != p.maxb)
 
 
 @register_jitable
