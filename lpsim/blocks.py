@@ -1332,15 +1332,21 @@ def tensor_amax(flat: np.ndarray) -> float:
         raise TypeError(f"tensor_amax takes a flat float32/float64 numpy array, not "
                         f"{getattr(flat, 'dtype', type(flat).__name__)} of shape "
                         f"{getattr(flat, 'shape', None)}")
-    n = flat.size
     amax = _amax_entry(flat.dtype) if flat.flags.c_contiguous else finite_amax
-    workers = min(threads(), n // AMAX_GRAIN)
+    return _threaded_max(flat.size, flat.size, lambda lo, hi: amax(flat[lo:hi]))
+
+
+def _threaded_max(units: int, elements: int, run) -> float:
+    """The largest float(run(lo, hi)) over contiguous ranges of ``units`` (blocks or
+    elements; ``elements`` in all): one range per thread of lpsim's pool from 2 * AMAX_GRAIN
+    elements, the calling thread taking the first."""
+    workers = min(threads(), elements // AMAX_GRAIN)
     if workers <= 1:
-        return float(amax(flat))
-    bounds = [n * w // workers for w in range(workers + 1)]
+        return float(run(0, units))
+    bounds = [units * w // workers for w in range(workers + 1)]
     pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(amax, flat[bounds[w]:bounds[w + 1]]) for w in range(1, workers)]
-    first = float(amax(flat[:bounds[1]]))
+    futures = [pool.submit(run, bounds[w], bounds[w + 1]) for w in range(1, workers)]
+    first = float(run(0, bounds[1]))
     return max([first] + [float(future.result()) for future in futures])
 
 
@@ -1389,19 +1395,21 @@ def tensor_amaxes(x2: np.ndarray, size: int) -> tuple:
     """(largest finite magnitude, int32 largest magnitude bits of each block) of the 2-D
     C-contiguous float32 ``x2`` whose rows are whole blocks of ``size`` elements: one pass,
     over lpsim's threads from 2 * AMAX_GRAIN elements (as :func:`tensor_amax`)."""
+    if not isinstance(x2, np.ndarray) or x2.dtype != np.float32 or x2.ndim != 2 \
+            or not x2.flags.c_contiguous:
+        raise TypeError(f"tensor_amaxes takes a 2-D C-contiguous float32 numpy array, not "
+                        f"{getattr(x2, 'dtype', type(x2).__name__)} of shape "
+                        f"{getattr(x2, 'shape', None)}")
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1 \
+            or x2.shape[1] % size:
+        raise ValueError(f"size={size!r}: tensor_amaxes needs a positive integer that divides "
+                         f"the row length {x2.shape[1]} (rows of whole blocks)")
     flat = x2.reshape(-1)
+    size = int(size)
     nb = flat.size // size
     bam = np.empty(nb, np.int32)
     amaxes = _amaxes_entry()
-    workers = min(threads(), flat.size // AMAX_GRAIN)
-    if workers <= 1:
-        return float(amaxes(flat, size, bam, 0, nb)), bam
-    bounds = [nb * w // workers for w in range(workers + 1)]
-    pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(amaxes, flat, size, bam, bounds[w], bounds[w + 1])
-               for w in range(1, workers)]
-    first = float(amaxes(flat, size, bam, 0, bounds[1]))
-    return max([first] + [float(future.result()) for future in futures]), bam
+    return _threaded_max(nb, flat.size, lambda lo, hi: amaxes(flat, size, bam, lo, hi)), bam
 
 
 def word_tensor_scale(x2: np.ndarray, bfmt: BlockFormat) -> tuple:

@@ -483,10 +483,9 @@ def _nearest32_range(x, out, pv, lo, hi):
         # bfloat16: lpsim.rounding.nearest_bf16, five integer operations on the bits
         for j in range(hi - lo):
             i = np.uint64(lo + j)
-            xv = x[i]
-            ok = abs(xv) < lim                  # false for NaN
-            out[i] = bits_float32(nearest_bf16(float32_bits(xv))) if ok else xv
-            slow |= like(slow, ok) ^ 1
+            v, ok = bf16_step(x[i], lim)
+            out[i] = v
+            slow |= ok ^ 1
     else:
         for j in range(hi - lo):
             i = np.uint64(lo + j)
@@ -496,6 +495,15 @@ def _nearest32_range(x, out, pv, lo, hi):
     if slow != 0:
         nearest32_rest(out, lo, hi, lim, p)
     return 0
+
+
+@register_jitable(forceinline=True)
+def bf16_step(xv, lim):
+    """:func:`_nearest32_step` for bfloat16's grid (:func:`bf16_grid`): (xv rounded by
+    :func:`lpsim.rounding.nearest_bf16`, 1) where |xv| < lim, else (xv, 0)."""
+    b = float32_bits(xv)
+    ok = abs(xv) < lim                          # false for NaN
+    return (bits_float32(nearest_bf16(b)) if ok else xv), like(b, ok)
 
 
 @register_jitable

@@ -375,6 +375,18 @@ def test_block_amaxes_are_every_blocks_largest_magnitude(size, monkeypatch):
     assert blocks.tensor_amaxes(np.full((2, size), np.nan, np.float32), size)[0] == 0.0
 
 
+def test_tensor_amaxes_refuses_what_is_not_rows_of_whole_blocks():
+    """Other dtypes, layouts and sizes are refused by name: a row length the size does not
+    divide would put blocks across rows (it gave a silently misaligned amax array)."""
+    rows = np.ones((2, 32), np.float32)
+    for bad in (rows.astype(np.float64), rows.reshape(-1), rows.T, [[1.0] * 32]):
+        with pytest.raises(TypeError, match="2-D C-contiguous float32"):
+            blocks.tensor_amaxes(bad, 16)
+    for size in (0, -16, 2 ** 70, 12, 1.5, True):
+        with pytest.raises(ValueError, match=f"size={size!r}"):
+            blocks.tensor_amaxes(rows, size)
+
+
 @pytest.mark.parametrize("bfmt", ["nvfp4", blocks.block("e2m1fn", 16, "e4m3fn", "even",
                                                         tensor_scale=True, nonfinite="finite"),
                                   blocks.block("e2m1fn", 16, "e4m3fn", "even")], ids=str)

@@ -24,9 +24,9 @@ import torch
 from numba import njit
 from numba.extending import register_jitable
 
-from lpsim.cpu import (GROUP, as_bits, entry_point, fast_pass, fill_words,
+from lpsim.cpu import (GROUP, as_bits, bf16_step, entry_point, fast_pass, fill_words,
                        nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
-from lpsim.rounding import NEAREST, STOCHASTIC, nearest_bf16
+from lpsim.rounding import NEAREST, STOCHASTIC
 from lpsim.word32 import as_int64, bits_float32, float32_bits, like, word
 
 from .step import (ADAMW, KAHAN, NCOUNTS, REMAINDER, STORE_BF16, STORE_F16, adamw_moments,
@@ -124,14 +124,13 @@ def _moments_bf16(gs, gshift, ms, vs, xf, yf, hp, p):
         m0 = bits_float32(word(np.int32(ms[j])) << 16)
         v0 = bits_float32(word(np.int32(vs[j])) << 16)
         m, v = adamw_moments(g, m0, v0, hp)
-        mb = nearest_bf16(float32_bits(m))
-        vb = nearest_bf16(float32_bits(v))
-        okm, okv = abs(m) < lim, abs(v) < lim           # false for NaN
-        xf[j] = bits_float32(mb) if okm else m
-        yf[j] = bits_float32(vb) if okv else v
-        ms[j] = as_int64(mb >> 16)
-        vs[j] = as_int64(vb >> 16)
-        slow |= like(mb, okm & okv) ^ 1
+        mr, okm = bf16_step(m, lim)
+        vr, okv = bf16_step(v, lim)
+        xf[j] = mr
+        yf[j] = vr
+        ms[j] = as_int64(float32_bits(mr) >> 16)
+        vs[j] = as_int64(float32_bits(vr) >> 16)
+        slow |= (okm & okv) ^ 1
     if slow != 0:                       # declined elements hold their moment
         nearest32_rest(xf, 0, xf.size, lim, p)
         nearest32_rest(yf, 0, yf.size, lim, p)
