@@ -2,6 +2,7 @@
 bit-identical to the CPU simulator, device sampling, the driver end to end on CPU tensors."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -289,3 +290,39 @@ def test_native_weights_sparse_and_intercept(data):
     sparse = CASGDClassifier(**est).fit(sp.csr_matrix(As), y, sample_weight=w)
     np.testing.assert_array_equal(sparse.coef_, dense.coef_)
     assert sparse.intercept_ == dense.intercept_ != 0
+
+
+@needs_sim
+def test_one_seed_one_run_on_both_backends(data):
+    # issue 35: Philox is the default sampler of the simulator and of the native path, so
+    # casgd(A, y, seed=3) and casgd(A, y, seed=3, backend="cuda") draw the same rows
+    from lpsim.casgd.solvers import index_stream
+    from lpsim.philox import split_key
+    from lpsim_cuda.casgd import sample_rows
+    seed = 3 + (5 << 32)                                # both words of the key
+    lo, hi = split_key(seed, "seed")
+    idx = torch.empty(40, dtype=torch.int64)
+    sample_rows(idx, torch.tensor([0]), 240, lo, hi, SAMPLE_STREAM)
+    np.testing.assert_array_equal(index_stream(None, 240, seed).take(40), idx.numpy())
+    # the trajectories: fp64 slots make both runs the exact recurrence up to the order of
+    # float64 sums (gap ~1e-16); other rows than the device's give a gap of order 0.1
+    A, y = data
+    kw = dict(eta=0.5, b=4, s=2, H=3, recipe="fp64", seed=3)
+    cpu, nat = casgd(A, y, **kw).x, casgd(A, y, backend="cuda", device=DEVICE, **kw).x
+    assert np.abs(cpu - nat).max() <= 1e-12
+    assert np.abs(casgd(A, y, sampler="numpy", **kw).x - nat).max() > 1e-3
+    base = dict(eta=0.5, b=4, steps=3, recipe="fp64", seed=3)
+    assert np.abs(sgd(A, y, **base).x - sgd(A, y, backend="cuda", device=DEVICE,
+                                              **base).x).max() <= 1e-12
+
+
+def test_sampler_names_are_checked():
+    A, y = make_synth(20, 3, seed=1)[:2]
+    for bad in ("Philox", 1, "torch"):
+        with pytest.raises(ValueError, match=rf"sampler={re.escape(repr(bad))} is not "
+                                             r"accepted; accepted: 'philox' \(the default"):
+            casgd(A, y, H=1, b=2, s=2, sampler=bad)
+    # the numpy sampler stays reachable by name and is numpy's default_rng draws
+    from lpsim.casgd.solvers import index_stream
+    np.testing.assert_array_equal(index_stream("numpy", 20, 7).take(9),
+                                  np.random.default_rng(7).integers(0, 20, 1 << 14)[:9])

@@ -28,8 +28,8 @@ require("torch", extra="torch", feature="lpsim.casgd.distributed")
 
 from .losses import get_loss
 from .recipes import Rounder, as_recipe, container
-from .solvers import (IndexStream, block_columns, check_data, check_eta, check_int,
-                      check_seed, outer_iteration)
+from .solvers import (block_columns, check_data, check_eta, check_int, check_sampler,
+                      check_seed, index_stream, outer_iteration)
 
 _TORCH_DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -82,9 +82,11 @@ class TorchAllReduce:
 
 
 def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100,
-                      recipe="A", seed=0, group=None, device=None, history=False):
+                      recipe="A", seed=0, group=None, device=None, history=False,
+                      sampler=None):
     """CA-SGD on this rank's column block A_local (m x n_loc) inside an initialised
-    process group; returns (x_local, reducer).  Every rank samples the same rows (same seed).
+    process group; returns (x_local, reducer).  Every rank samples the same rows (same seed
+    and ``sampler``, default "philox": the rows of :func:`lpsim.casgd.casgd`).
 
     device: where the collective's tensors live (default: the current CUDA device under
     nccl, else "cpu"); history: keep the reduced [r; G] in ``reducer.history``.
@@ -93,7 +95,7 @@ def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100
     import torch.distributed as dist
     loss, recipe = get_loss(loss), as_recipe(recipe)
     b, s, H, eta = check_int("b", b), check_int("s", s), check_int("H", H, 0), check_eta(eta)
-    seed = check_seed(seed)
+    seed, sampler = check_seed(seed), check_sampler(sampler)
     A_local, y = check_data(A_local, y, loss)
     if device is None:
         nccl = dist.get_backend(group) == "nccl"
@@ -102,7 +104,7 @@ def casgd_distributed(A_local, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100
     rnd = Rounder(seed)
     At = rnd.slot(A_local, recipe.u_A)
     x = rnd.slot(np.zeros(A_local.shape[1]), recipe.u_x).copy()
-    stream = IndexStream(A_local.shape[0], seed)
+    stream = index_stream(sampler, A_local.shape[0], seed)
     for _ in range(H):
         idx = stream.take(s * b)
         outer_iteration(At[idx], y[idx], x, [slice(None)], recipe, eta / b, b, s, loss, rnd,

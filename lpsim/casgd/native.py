@@ -9,8 +9,8 @@ the inner recurrence (:mod:`lpsim_cuda.casgd`, the simulator's own jitted steps)
 outer gradient GEMM fused with the update, x = x + (eta/b) Y^T delta (addmm, beta = 1).
 With ``graphs=True`` an outer iteration is captured once as a CUDA graph and replayed.
 
-The contract with the simulator (``casgd(..., sampler="philox")`` on the same data): the
-same rows; the inner recurrence bit-identical for the same r and G; r, G and the gradient
+The contract with the simulator (``casgd(...)`` with the same seed on the same data; its
+default sampler, "philox", is this path's): the same rows; the inner recurrence bit-identical for the same r and G; r, G and the gradient
 are reductions in cuBLAS's order, so iterates agree within the local error bound.
 Under ``NUMBA_ENABLE_CUDASIM=1`` the driver runs on CPU torch tensors (``device="cpu"``), the
 kernels in numba's simulator: the path CI runs end to end.
@@ -362,11 +362,11 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
     """:func:`lpsim.casgd.casgd` on the GPU (see the module docstring); same result type.
 
     A: dense array or scipy.sparse matrix; device: a torch CUDA device ("cpu" only under
-    NUMBA_ENABLE_CUDASIM=1).  The simulator replays its samples with
-    ``casgd(..., sampler="philox")``.  reduce: a :class:`NativeAllReduce` when A holds this
+    NUMBA_ENABLE_CUDASIM=1).  The simulator, ``casgd(...)`` with the same seed, draws the
+    same rows (its default sampler, "philox").  reduce: a :class:`NativeAllReduce` when A holds this
     rank's block columns of a torch.distributed run (every rank draws the same rows).
     sample_weight, verbose: as in :func:`lpsim.casgd.casgd` (the weighted rows are the
-    simulator's ``sampler="philox"`` rows with the same weights).
+    simulator's rows with the same weights).
     """
     from tqdm.auto import tqdm
     from numba import config

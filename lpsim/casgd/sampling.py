@@ -3,7 +3,8 @@
 Row of draw t: the 62-bit word R of lane t % 2 of Philox block t // 2 in stream
 ``SAMPLE_STREAM`` (the float64 mapping of :mod:`lpsim.philox`), taken modulo m (bias at most
 m / 2**62).  The GPU draws on the device (:mod:`lpsim_cuda.casgd`) and the CPU simulator
-replays the same rows with :class:`PhiloxIndices`, so both run on the same samples.
+draws the same rows with :class:`PhiloxIndices` (its default sampler), so one seed is one
+sequence of samples on both backends.
 :class:`WeightedIndices` turns either into draws with probability proportional to weights.
 """
 

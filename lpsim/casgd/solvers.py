@@ -216,7 +216,9 @@ def block_columns(n: int, P: int) -> list[slice]:
 
 # --- sampling ---------------------------------------------------------------------------
 class IndexStream:
-    """i.i.d. uniform row indices with replacement, drawn in fixed chunks from ``seed``.
+    """i.i.d. uniform row indices with replacement, drawn in fixed chunks of numpy's
+    ``default_rng(seed)``: ``sampler="numpy"``, the sampler before Philox became the default
+    (kept to replay runs made with it).
 
     SGD takes b indices per step and CA-SGD s*b per outer iteration from the same stream, so
     the same seed gives both methods the same samples (Algorithm 1, line 1).
@@ -347,13 +349,28 @@ class Result:
     iterations: int = 0
 
 
+#: the row samplers by name; None is the default, "philox" (the rows the GPU path draws)
+SAMPLERS = ("philox", "numpy")
+
+
+def check_sampler(sampler) -> str:
+    """``sampler`` as a name of :data:`SAMPLERS` (None: "philox"), or a ValueError naming it."""
+    if sampler is None:
+        return "philox"
+    if not isinstance(sampler, str) or sampler not in SAMPLERS:
+        raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'philox' (the "
+                         "default, the rows backend='cuda' draws) or 'numpy' (numpy's "
+                         "default_rng, the sampler of runs made before Philox was the default)")
+    return sampler
+
+
 def index_stream(sampler, m: int, seed: int, sample_weight=None):
-    """The row sampler named ``sampler``: "numpy" (:class:`IndexStream`) or "philox"
-    (:class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws); with
+    """The row sampler named ``sampler``: "philox" or None (the default:
+    :class:`lpsim.casgd.sampling.PhiloxIndices`, the rows the GPU path draws, so one seed
+    is one run on either backend) or "numpy" (:class:`IndexStream`); with
     ``sample_weight``, rows drawn with probability w_i / sum(w) through that sampler
     (:class:`lpsim.casgd.sampling.WeightedIndices`)."""
-    if sampler not in (None, "numpy", "philox"):
-        raise ValueError(f"sampler={sampler!r} is not accepted; accepted: 'numpy', 'philox'")
+    sampler = check_sampler(sampler)
 
     def uniform(k):
         if sampler == "philox":
@@ -454,10 +471,13 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     (Section 2.2).  Raises :class:`DivergedError` (a ValueError naming eta) when x stops
     being finite.
 
-    sampler: "numpy" (default) or "philox", the counter-based rows the GPU path draws.
+    sampler: "philox" (the default, None) draws row t as a pure function of (seed, t), the
+    rows the GPU path draws, so ``casgd(A, y, seed=3)`` and ``casgd(A, y, seed=3,
+    backend="cuda")`` sample the same rows; "numpy" replays the numpy ``default_rng(seed)``
+    rows of runs made before Philox became the default (CPU only).
     backend="cuda" runs :func:`lpsim.casgd.native.casgd_native` on torch ``device`` (default
-    "cuda"; ``graphs=True`` replays each outer iteration as a CUDA graph); it draws the rows
-    of sampler="philox", so ``backend="cpu", sampler="philox"`` is its simulator.
+    "cuda"; ``graphs=True`` replays each outer iteration as a CUDA graph); the default
+    ``backend="cpu"`` is its simulator.
     """
     if backend == "cuda":
         return _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce,
@@ -481,9 +501,9 @@ def _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, red
     if check_int("P", P) != 1 or reduce is not None:
         raise ValueError(f"P={P}, reduce={reduce!r}: backend='cuda' runs one process; for "
                          "several GPUs launch lpsim.casgd.native under torchrun")
-    if sampler not in (None, "philox"):
+    if check_sampler(sampler) != "philox":
         raise ValueError(f"sampler={sampler!r}: backend='cuda' draws its rows on the device; "
-                         "accepted: 'philox' (or None)")
+                         "accepted: 'philox' (or None, the default)")
     return casgd_native(A, y, loss=loss, eta=eta, b=b, s=s, H=H, recipe=recipe, seed=seed,
                         x0=x0, record=record, progress=progress,
                         device="cuda" if device is None else device, graphs=graphs,
@@ -497,7 +517,8 @@ def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 10
     """Mini-batch SGD x += (eta/b) Y_I^T delta(Y_I x, y_I) (Section 2.1), b rows per step.
 
     Uses the slots u_A, u_r, u_AR_r, u_c, u_sigma, u_g, u_x of ``recipe``; the index stream
-    is the one of :func:`casgd` with the same seed.  record counts steps.  backend="cuda" is
+    is the one of :func:`casgd` with the same seed and sampler (default "philox", the rows
+    of backend="cuda" too).  record counts steps.  backend="cuda" is
     the GPU baseline (data on the device, one CUDA graph per step with graphs=True).  A
     (dense or sparse), sample_weight and verbose: as in :func:`casgd`.
     """
