@@ -417,3 +417,37 @@ def test_fallback_label_types(fallback, tiny):
             clf.fit(X, labels.astype(bytes))
         np.testing.assert_array_equal(clf.fit(X, labels.astype(object)).classes_,
                                       ["no", "yes"])
+
+
+# --- issue 35: every parameter checked by name in fit, before anything changes ------------
+@pytest.mark.parametrize("params,name", [
+    (dict(fit_intercept="no"), "fit_intercept"), (dict(normalize="yes"), "normalize"),
+    (dict(fit_intercept=1), "fit_intercept"), (dict(progress="no"), "progress"),
+    (dict(verbose=-1), "verbose"), (dict(verbose="loud"), "verbose"),
+    (dict(verbose=1.5), "verbose"), (dict(device="gpu0"), "device"),
+    (dict(device=3.5), "device"), (dict(b=0), "b"), (dict(n_iter=2.0), "n_iter"),
+    (dict(P=0), "P"), (dict(random_state=-1), "random_state"),
+    (dict(fit_intercept=True, intercept_scaling="big"), "intercept_scaling"),
+])
+@pytest.mark.parametrize("module", ["sklearn", "fallback"])
+def test_bad_parameters_are_named_before_fit_changes_anything(fallback, tiny, params, name,
+                                                              module):
+    X, labels, y = tiny
+    mod = fallback if module == "fallback" else sys.modules["lpsim.casgd.estimators"]
+    for est, target, kw in ((mod.CASGDClassifier, labels, {}), (mod.CASGDRegressor, y, {})):
+        model = est(**{**TINY, **params})
+        with pytest.raises(ValueError, match=rf"\b{name}={re.escape(repr(params[name]))}"):
+            model.fit(X, target)
+        assert not hasattr(model, "n_features_in_") and not hasattr(model, "classes_")
+        with pytest.raises(TypeError):      # scikit-learn's InvalidParameterError: both
+            model.partial_fit(X, target, **({"classes": ["no", "yes"]}
+                                            if target is labels else {}))
+        assert not hasattr(model, "coef_")
+
+
+def test_valid_flags_of_numpy_types_are_taken(tiny):
+    X, labels, _ = tiny
+    a = CASGDClassifier(**TINY, fit_intercept=np.bool_(False), normalize=np.bool_(True),
+                        verbose=np.int64(0), progress=np.bool_(False)).fit(X, labels)
+    b = CASGDClassifier(**TINY, fit_intercept=False).fit(X, labels)
+    np.testing.assert_array_equal(a.coef_, b.coef_)

@@ -192,6 +192,48 @@ def _r2_score(y: np.ndarray, pred: np.ndarray, weights) -> float:
 #: _validate's y when there is none (predict): fit passes its y, None included
 _NO_Y = object()
 
+try:      # scikit-learn's own class where it is installed, so its handlers catch ours
+    from sklearn.utils._param_validation import InvalidParameterError
+except ImportError:
+    class InvalidParameterError(ValueError, TypeError):
+        """A constructor parameter of the wrong type or value (scikit-learn's class)."""
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _check_flag(owner: str, name: str, value):
+    """The boolean parameters (scikit-learn's "boolean" constraint: bool or numpy.bool)."""
+    if not _is_bool(value):
+        raise InvalidParameterError(f"{owner}({name}={value!r}): {name} is not accepted; "
+                                    "accepted: True or False")
+
+
+def _check_verbose(owner: str, value):
+    """verbose as scikit-learn's "verbose" constraint: an integer >= 0 or a bool."""
+    if not (isinstance(value, (int, np.integer, np.bool_)) and value >= 0):
+        raise InvalidParameterError(f"{owner}(verbose={value!r}): verbose is not accepted; "
+                                    "accepted: an integer >= 0 or a bool (0: silent)")
+
+
+def _check_device(owner: str, device):
+    """device: None (the simulator) or a torch device, named here rather than by torch."""
+    if device is None:
+        return
+    try:
+        import torch
+        torch.device(device)
+        ok = isinstance(device, (str, torch.device))
+    except ImportError:               # casgd_native names the missing torch
+        ok = isinstance(device, str)
+    except (RuntimeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InvalidParameterError(f"{owner}(device={device!r}): device is not accepted; "
+                                    "accepted: None (the CPU simulator) or a torch device "
+                                    "such as 'cuda' or 'cuda:1' (the native GPU path)")
+
 
 def _call_seed(base: int, call: int) -> int:
     """The Philox/numpy seed of fit call ``call`` (0: ``base`` itself; later partial_fit calls
@@ -242,8 +284,12 @@ class _CASGD(BaseEstimator):
     verbose: 0 prints nothing; > 0 prints F(x) after each outer iteration (stdout).
     progress: a tqdm bar over the outer iterations (stderr; off by default).  device: None
     runs the simulator; a torch device ("cuda", "cuda:1") runs the native GPU path
-    (:mod:`lpsim.casgd.native`).  random_state: an int seed, None, or a numpy RandomState
-    or Generator to draw one.
+    (:mod:`lpsim.casgd.native`); both draw the same rows for the same seed (Philox).
+    random_state: an int seed, None, or a numpy RandomState or Generator to draw one.
+    Every parameter is checked by name when fit, partial_fit or predict starts (an
+    ``InvalidParameterError``, a ValueError and TypeError as scikit-learn's), before
+    anything changes: normalize, fit_intercept and progress are booleans, verbose an
+    integer >= 0.
     """
 
     def __init__(self, *, eta=0.5, b=32, s=16, n_iter=100, recipe="A", P=1, normalize=True,
@@ -255,9 +301,32 @@ class _CASGD(BaseEstimator):
         self.random_state, self.verbose = random_state, verbose
         self.progress, self.device = progress, device
 
+    def _check_params(self):
+        """Every parameter by name (as scikit-learn's parameter validation does in fit),
+        before anything changes: fit refuses a bad value with neither n_features_in_ nor
+        classes_ nor the weights touched."""
+        owner = type(self).__name__
+        try:
+            check_eta(self.eta)
+            for name in ("b", "s", "n_iter", "P"):
+                check_int(name, getattr(self, name))
+            if not isinstance(self.random_state, (type(None), np.random.RandomState,
+                                                  np.random.Generator)):
+                check_seed(self.random_state, "random_state")
+        except ValueError as err:
+            raise InvalidParameterError(f"{owner}: {err}") from None
+        as_recipe(self.recipe)
+        for name in ("normalize", "fit_intercept", "progress"):
+            _check_flag(owner, name, getattr(self, name))
+        _check_verbose(owner, self.verbose)
+        _check_device(owner, self.device)
+        if self.fit_intercept:
+            self._intercept_terms()
+
     def _validate(self, X, y=_NO_Y, reset=True):
         """(X with rows normalised as configured, y) after scikit-learn's and our checks;
         reset=True in fit (X and y), False in predict and later partial_fit calls."""
+        self._check_params()
         if validate_data is not None:     # scikit-learn's messages, n_features_in_
             kwargs = dict(reset=reset, dtype=(np.float64, np.float32),
                           accept_sparse=("csr", "csc", "coo"))
@@ -287,9 +356,9 @@ class _CASGD(BaseEstimator):
     def _intercept_terms(self):
         """(t, c): rows are [t a_i, c t] (t = 1 without normalize); see the class docstring."""
         c = self.intercept_scaling
-        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)) \
-                or not 0 < c <= 1e150:
-            raise ValueError(f"intercept_scaling={c!r} is not accepted; accepted: a number "
+        if isinstance(c, (bool, np.bool_)) or \
+                not isinstance(c, (int, float, np.integer, np.floating)) or not 0 < c <= 1e150:
+            raise InvalidParameterError(f"intercept_scaling={c!r} is not accepted; accepted: a number "
                              "in (0, 1e150] (rows are scaled by 1/sqrt(1 + c**2), which "
                              "underflows to 0 beyond)")
         c = float(c)
