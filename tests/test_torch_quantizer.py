@@ -84,3 +84,66 @@ def test_rounding_sites_are_mutable_and_checked():
         Quantizer("bf17")
     with pytest.raises(TypeError, match="torch tensor"):
         quantizer("bf16")(np.ones(2))
+
+
+# --- issue 35: torch's module conventions ------------------------------------------------
+def test_quantizer_modules_pickle_and_load_with_the_same_outputs(tmp_path):
+    # torch.save of a model holding a Quantizer failed: "Can't pickle local object"
+    import copy
+    import pickle
+    torch.manual_seed(0)
+    g = lpsim.Generator(7)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), Quantizer("e4m3", "e5m2"),
+                                torch.nn.Linear(5, 3),
+                                Quantizer("bf16", "e4m3", "stochastic", "stochastic",
+                                          generator=g))
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    x = torch.randn(4, 6)
+    state = g.get_state()
+    want = model(x)
+    want.sum().backward()
+    assert loaded[3].quantize.forward.generator.get_state() == state   # saved before the call
+    got = loaded(x)
+    got.sum().backward()
+    assert torch.equal(got, want)
+    for p, q in zip(model.parameters(), loaded.parameters()):
+        assert torch.equal(p.grad, q.grad)
+    for clone in (pickle.loads(pickle.dumps(model[1])), copy.deepcopy(model[1])):
+        assert torch.equal(clone(x[:, :5]), model[1](x[:, :5]))
+    q = pickle.loads(pickle.dumps(quantizer("e4m3", "e5m2")))
+    assert torch.equal(q(x), quantizer("e4m3", "e5m2")(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quantizer_keeps_the_input_dtype_forward_and_backward(dtype):
+    # a bf16 Sequential(Linear, Quantizer, Linear) failed: the quantizer returned float32
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), Quantizer("e4m3", "e5m2"),
+                                torch.nn.Linear(16, 2)).to(dtype)
+    x = torch.randn(5, 8).to(dtype)
+    h = model[0](x)
+    out = model(x)
+    assert out.dtype == dtype
+    assert torch.equal(model[1](h), torch.from_numpy(lpsim.quantize(
+        h.detach().float().numpy(), "e4m3")).to(dtype))
+    out.float().sum().backward()
+    assert model[0].weight.grad.dtype == dtype
+    # the gradient at the quantizer: round_b of the incoming one, exactly, in the dtype
+    hq = h.detach().requires_grad_()
+    c = torch.randn(5, 16).to(dtype)
+    (model[1](hq) * c).float().sum().backward()
+    assert hq.grad.dtype == dtype
+    assert torch.equal(hq.grad, torch.from_numpy(lpsim.quantize(c.float().numpy(),
+                                                                "e5m2")).to(dtype))
+
+
+def test_quantizer_refuses_values_the_input_dtype_cannot_hold():
+    # fp16 input rounded to bf16: 65504 -> 65536, beyond float16; never a second rounding
+    x = torch.tensor([1.0, 65504.0], dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"quantizer forward: torch.float16 input rounded to "
+                                         r"bf16 gives 65536.0, which torch.float16 cannot hold"):
+        Quantizer("bf16")(x)
+    xb = torch.tensor([1.0, 3.0], dtype=torch.bfloat16)
+    assert Quantizer("fp16")(xb).dtype == torch.bfloat16      # values bf16 holds: taken

@@ -5,6 +5,12 @@ function ``y = q(x)`` with ``y = round_f(x)`` and ``dL/dx = round_b(dL/dy)``, qt
 ``quantizer()`` contract with lpsim formats, modes and random bits; ``Quantizer`` is the same
 as a module.  A side whose format is None is the identity.  The formats live in mutable
 :class:`Rounding` objects, so a precision assignment can promote a tensor between steps.
+
+Both keep torch's module conventions: the output (and the gradient) has the input's dtype,
+so a bfloat16 or float16 model runs with quantizers between its layers (a value the format
+rounds to that the dtype cannot hold is a ValueError, never a second rounding); both are
+plain objects without closures, so ``torch.save`` / ``pickle`` / ``copy.deepcopy`` of a model
+holding them work.
 """
 
 from __future__ import annotations
@@ -46,18 +52,36 @@ class Rounding:
                               sr_bits=self.sr_bits, stats=self.stats, offset=offset)
 
 
+def _in_dtype(y: torch.Tensor, dtype, side: str, site: Rounding) -> torch.Tensor:
+    """The rounded values ``y`` (in their float32/float64 container) in ``dtype``: exact, or a
+    ValueError naming the side, format and dtype where the dtype cannot hold them."""
+    if y.dtype == dtype:
+        return y
+    cast = y.to(dtype)
+    back = cast.to(y.dtype)
+    bad = ~((back == y) | (back.isnan() & y.isnan()))
+    if bool(bad.any()):
+        value = float(y[bad].reshape(-1)[0])
+        raise ValueError(f"quantizer {side}: {dtype} input rounded to {site.fmt} gives "
+                         f"{value!r}, which {dtype} cannot hold; accepted: a format whose "
+                         f"values {dtype} holds, or a float32 input")
+    return cast
+
+
 class _Round(torch.autograd.Function):
-    """Forward ``fwd(x)``, backward ``bwd(grad)``; gradients come back in x's dtype."""
+    """Forward ``fwd(x)``, backward ``bwd(grad)``; both come back in x's dtype."""
 
     @staticmethod
     def forward(ctx, x, fwd: Rounding, bwd: Rounding):
         ctx.bwd, ctx.dtype = bwd, x.dtype
         y = fwd(x)
-        return x.view_as(x) if y is x else y
+        return x.view_as(x) if y is x else _in_dtype(y, x.dtype, "forward", fwd)
 
     @staticmethod
     def backward(ctx, grad):
-        return ctx.bwd(grad).to(ctx.dtype), None, None
+        g = ctx.bwd(grad)
+        return (grad if g is grad else _in_dtype(g, grad.dtype, "backward", ctx.bwd)) \
+            .to(ctx.dtype), None, None
 
 
 def _side(fmt, rounding, generator, stats, sr_bits) -> Rounding:
@@ -66,26 +90,37 @@ def _side(fmt, rounding, generator, stats, sr_bits) -> Rounding:
     return Rounding(fmt, rounding, generator, stats, sr_bits)
 
 
+class Quantize:
+    """What :func:`quantizer` returns: ``q(x)`` rounds x forward and its gradient backward;
+    ``forward`` and ``backward`` are the two :class:`Rounding` sites.  A plain object (no
+    closure), so modules holding one pickle."""
+
+    def __init__(self, forward: Rounding, backward: Rounding):
+        self.forward, self.backward = forward, backward
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"quantizer input is a {type(x).__name__}; accepted: a torch tensor")
+        return _Round.apply(x, self.forward, self.backward)
+
+    def __repr__(self) -> str:
+        f, b = self.forward, self.backward
+        return f"quantizer(forward={f.fmt} {f.rounding}, backward={b.fmt} {b.rounding})"
+
+
 def quantizer(forward_fmt=None, backward_fmt=None, forward_rounding: str = "nearest",
               backward_rounding: str = "nearest", *, generator: Generator | None = None,
               forward_stats: RoundingStats | None = None,
               backward_stats: RoundingStats | None = None, sr_bits: int | None = None):
     """A function q(x): forward rounds x to ``forward_fmt``, backward rounds the incoming
-    gradient to ``backward_fmt`` (None: identity on that side).
+    gradient to ``backward_fmt`` (None: identity on that side); the result and the gradient
+    keep x's dtype.
 
     Either format may also be a :class:`Rounding` (its own mode, generator and stats).
     ``generator`` keys the stochastic modes of both sides (fresh bits every call).
     """
-    fwd = _side(forward_fmt, forward_rounding, generator, forward_stats, sr_bits)
-    bwd = _side(backward_fmt, backward_rounding, generator, backward_stats, sr_bits)
-
-    def q(x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"quantizer input is a {type(x).__name__}; accepted: a torch tensor")
-        return _Round.apply(x, fwd, bwd)
-
-    q.forward, q.backward = fwd, bwd
-    return q
+    return Quantize(_side(forward_fmt, forward_rounding, generator, forward_stats, sr_bits),
+                    _side(backward_fmt, backward_rounding, generator, backward_stats, sr_bits))
 
 
 class Quantizer(torch.nn.Module):
@@ -108,4 +143,4 @@ class Quantizer(torch.nn.Module):
         return f"forward={f.fmt} {f.rounding}, backward={b.fmt} {b.rounding}"
 
 
-__all__ = ["quantizer", "Quantizer", "Rounding"]
+__all__ = ["quantizer", "Quantizer", "Quantize", "Rounding"]
