@@ -8,12 +8,15 @@ clips) is repeated in float32 as qtorch does it.  How each differs from ``lpsim.
 ``float_quantize(x, exp, man)``
   bias 2**(exp-1) - 1, and the top exponent code holds finite numbers: for exp < 8 this is
   ``fp(exp, man, specials="saturate")`` (no inf, overflow and inf saturate to +-max), for
-  exp = 8 it is ``fp(8, man)`` (the float32 carry gives inf).  "nearest" rounds ties *away*
+  exp >= 8 it is ``fp(8, man)`` (the float32 carry gives inf; exp up to 31, and above 8
+  without qtorch's subnormal step, as qtorch computes it).  man = 23 (``FloatingPoint(8,
+  23)``, float32 itself) keeps every bit.  "nearest" rounds ties *away*
   from zero (lpsim's "nearest_away", not IEEE's ties-to-even).  Below 2**emin qtorch rounds
   ``x + sign(x) 2**emin`` in float32 first (a double rounding: a value just off a midpoint
   of the subnormal grid can round the wrong way) and returns +0 for -0 and for negative
-  values that round to zero (lpsim keeps the sign).  NaN becomes +-max for exp < 8 (kept
-  for exp = 8); with man = 0 a NaN becomes -0 or +0 (the add carries into the sign bit).
+  values that round to zero (lpsim keeps the sign); exp >= 9 keeps the sign.  NaN becomes
+  +-max for exp < 8 (kept for exp >= 8); with man = 0 a NaN becomes -0 or +0 (the add
+  carries into the sign bit).
 ``fixed_point_quantize(x, wl, fl, clamp, symmetric)``
   "nearest" is qtorch's ``nearbyint(float32(a + 0.5) - 0.5)`` with ``a = x 2**fl``: ties to
   even as ``lpsim.fixed`` rounds, except where the float32 add rounds: ``a`` just above a
@@ -71,7 +74,8 @@ class BlockFloatingPoint(Number):
 
 
 class FloatingPoint(Number):
-    """exp exponent bits, man mantissa bits (qtorch.FloatingPoint)."""
+    """exp exponent bits (1..8), man mantissa bits (1..23), as qtorch.FloatingPoint takes
+    them; (8, 23) is float32 itself, which its quantizers keep bit for bit (-0 aside)."""
 
     def __init__(self, exp, man):
         if not (isinstance(exp, int) and 0 < exp <= 8 and isinstance(man, int)
@@ -119,29 +123,48 @@ def _float(bits):
 
 
 # --- qtorch.quant ---------------------------------------------------------------------------
+def _round_man(t, man, mode, generator):
+    """float32 ``t`` rounded to ``man`` mantissa bits with float32's exponent range (qtorch's
+    round_bitwise); man = 23 drops no bit."""
+    return t.clone() if man == 23 else _round(t, fp(8, man), mode, generator)
+
+
+#: float_quantize's exponent widths: qtorch's C++ shifts 1 << (exp - 1) are defined up to 31
+MAX_EXP = 31
+
+
 def float_quantize(x, exp, man, rounding="stochastic", *, generator=None):
-    """qtorch's float_quantize: x (float32) to ``exp`` exponent and ``man`` mantissa bits."""
+    """qtorch's float_quantize: x (float32) to ``exp`` exponent and ``man`` mantissa bits,
+    1 <= exp <= 31 and 0 <= man <= 23 (qtorch's results; exp >= 9 has no subnormal or clip
+    step, so it rounds as exp = 8 does, keeping -0; man = 23 keeps every bit and only clips
+    the exponent, which is qtorch's "stochastic" result, where its "nearest" shifts by -1,
+    undefined in C, and flips the sign)."""
     _check(x, rounding)
-    if not (isinstance(exp, int) and 1 <= exp <= 8 and isinstance(man, int)
-            and 0 <= man <= 22):
-        raise ValueError(f"float_quantize(exp={exp!r}, man={man!r}): accepted 1 <= exp <= 8, "
-                         "0 <= man <= 22")
+    if not (isinstance(exp, int) and 1 <= exp <= MAX_EXP and isinstance(man, int)
+            and 0 <= man <= 23):
+        raise ValueError(f"float_quantize(exp={exp!r}, man={man!r}): accepted 1 <= exp <= "
+                         f"{MAX_EXP}, 0 <= man <= 23 (the widths qtorch's kernels define)")
     mode = _mode(rounding)
     x = x.detach().contiguous()
-    fmt = fp(8, man) if exp == 8 else fp(exp, man, specials="saturate")
-    y = _round(x, fmt, mode, generator)
     bits = _bits(x)
+    top = (1 << (exp - 1)) + 127        # the largest stored exponent: none kept for inf/NaN
+    max_man = (0x7FFFFF >> (23 - man)) << (23 - man)
+    y = _round_man(x, man, mode, generator)
+    if top < 255:                        # qtorch's clip_exponent: beyond the top to +-max
+        q = _bits(y)
+        clip = (q != 0) & (((q >> 23) & 0xFF) > top)
+        if bool(clip.any()):
+            y = torch.where(clip, _float((bits & 0x80000000) | (top << 23) | max_man), y)
     min_exp = 2 - 2 ** (exp - 1)
     sub = ((bits >> 23) & 0xFF) - 127 < min_exp          # zeros too, as qtorch
     if bool(sub.any()):
         shift = torch.full_like(x[sub], math.ldexp(1.0, min_exp)).copysign(x[sub])
-        y[sub] = _round(x[sub] + shift, fp(8, man), mode, generator) - shift
+        y[sub] = _round_man(x[sub] + shift, man, mode, generator) - shift
     nan = torch.isnan(x)
     if bool(nan.any()):      # qtorch's bit arithmetic on NaN patterns, step by step
         b = bits[nan]
-        q = (b + (1 << (22 - man))) & 0xFFFFFFFF & ~((1 << (23 - man)) - 1)
-        top = (1 << (exp - 1)) + 127
-        max_man = (0x7FFFFF >> (23 - man)) << (23 - man)
+        half = 0 if man == 23 else 1 << (22 - man)
+        q = (b + half) & 0xFFFFFFFF & ~((1 << (23 - man)) - 1)
         clip = (q != 0) & (((q >> 23) & 0xFF) > top)
         q = torch.where(clip, (b & 0x80000000) | (top << 23) | max_man, q)
         y[nan] = _float(q)
@@ -219,19 +242,77 @@ def block_quantize(x, wl, dim=-1, rounding="stochastic", *, generator=None):
     return _float(torch.where(over, (q & 0x80000000) | max_exp | max_man, q))
 
 
+class _QuantFn:
+    """The function t -> t quantized to ``number`` (lpsim's or qtorch's Number classes);
+    a plain object, so quantizers holding one pickle."""
+
+    KINDS = ("FloatingPoint", "FixedPoint", "BlockFloatingPoint")
+
+    def __init__(self, number, rounding, generator):
+        self.kind = type(number).__name__
+        if self.kind not in self.KINDS:
+            raise TypeError(f"{number!r} is not a FloatingPoint, FixedPoint or "
+                            "BlockFloatingPoint")
+        self.number, self.rounding, self.generator = number, rounding, generator
+
+    def __call__(self, t):
+        n, r, g = self.number, self.rounding, self.generator
+        if self.kind == "FloatingPoint":
+            return float_quantize(t, n.exp, n.man, r, generator=g)
+        if self.kind == "FixedPoint":
+            return fixed_point_quantize(t, n.wl, n.fl, n.clamp, n.symmetric, r, generator=g)
+        return block_quantize(t, n.wl, n.dim, r, generator=g)
+
+
 def _quant_fn(number, rounding, generator):
-    """The function t -> t quantized to ``number`` (lpsim's or qtorch's Number classes)."""
-    if number is None:
-        return None
-    kind = type(number).__name__
-    if kind == "FloatingPoint":
-        return lambda t: float_quantize(t, number.exp, number.man, rounding, generator=generator)
-    if kind == "FixedPoint":
-        return lambda t: fixed_point_quantize(t, number.wl, number.fl, number.clamp,
-                                              number.symmetric, rounding, generator=generator)
-    if kind == "BlockFloatingPoint":
-        return lambda t: block_quantize(t, number.wl, number.dim, rounding, generator=generator)
-    raise TypeError(f"{number!r} is not a FloatingPoint, FixedPoint or BlockFloatingPoint")
+    return None if number is None else _QuantFn(number, rounding, generator)
+
+
+class _Rounding(torch.autograd.Function):
+    """qtorch's quantizer Function: forward and backward of a :class:`_Quantize`."""
+
+    @staticmethod
+    def forward(ctx, x, q):
+        ctx.mask, ctx.q = None, q
+        if q.forward_number is None:
+            return x.view_as(x)
+        if q.clamping_grad_zero:
+            n = q.forward_number
+            out, ctx.mask = _fixed_point(x, n.wl, n.fl, True, n.symmetric, q.forward_rounding,
+                                         q.generator)
+            return out
+        return q.fwd(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q = ctx.q
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        if q.bwd is None:
+            return grad, None
+        if q.clamping_grad_zero:
+            for hook in q.backward_hooks:
+                grad = hook(grad)
+            grad = q.bwd(grad.contiguous())
+            return (grad if ctx.mask is None else grad.masked_fill(ctx.mask, 0)), None
+        return q.bwd(grad.contiguous()), None
+
+
+class _Quantize:
+    """What :func:`quantizer` returns (qtorch returns a Function's ``apply``): ``q(x)``.
+    A plain object, so modules holding one pickle (``backward_hooks`` must, too)."""
+
+    def __init__(self, forward_number, backward_number, forward_rounding, backward_rounding,
+                 clamping_grad_zero, backward_hooks, generator):
+        self.forward_number, self.backward_number = forward_number, backward_number
+        self.forward_rounding, self.backward_rounding = forward_rounding, backward_rounding
+        self.clamping_grad_zero, self.backward_hooks = clamping_grad_zero, backward_hooks
+        self.generator = generator
+        self.fwd = _quant_fn(forward_number, forward_rounding, generator)
+        self.bwd = _quant_fn(backward_number, backward_rounding, generator)
+
+    def __call__(self, x):
+        return _Rounding.apply(x, self)
 
 
 def quantizer(forward_number=None, backward_number=None, forward_rounding="stochastic",
@@ -241,39 +322,12 @@ def quantizer(forward_number=None, backward_number=None, forward_rounding="stoch
     for r in (forward_rounding, backward_rounding):
         if r not in ROUNDINGS:
             raise ValueError(f"invalid rounding type {r!r}; accepted: stochastic, nearest")
-    fwd = _quant_fn(forward_number, forward_rounding, generator)
-    bwd = _quant_fn(backward_number, backward_rounding, generator)
+    q = _Quantize(forward_number, backward_number, forward_rounding, backward_rounding,
+                  clamping_grad_zero, tuple(backward_hooks), generator)
     if clamping_grad_zero and forward_number is not None and \
             (type(forward_number).__name__ != "FixedPoint" or not forward_number.clamp):
         raise ValueError("zeroing clamping gradient only supports fixed point with clamp=True")
-
-    class Rounding(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.mask = None
-            if forward_number is None:
-                return x.view_as(x)
-            if clamping_grad_zero:
-                n = forward_number
-                out, ctx.mask = _fixed_point(x, n.wl, n.fl, True, n.symmetric,
-                                             forward_rounding, generator)
-                return out
-            return fwd(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            if not ctx.needs_input_grad[0]:
-                return None
-            if bwd is None:
-                return grad
-            if clamping_grad_zero:
-                for hook in backward_hooks:
-                    grad = hook(grad)
-                grad = bwd(grad.contiguous())
-                return grad if ctx.mask is None else grad.masked_fill(ctx.mask, 0)
-            return bwd(grad.contiguous())
-
-    return Rounding.apply
+    return q
 
 
 class Quantizer(torch.nn.Module):
