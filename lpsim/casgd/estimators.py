@@ -358,9 +358,9 @@ class _CASGD(BaseEstimator):
         c = self.intercept_scaling
         if isinstance(c, (bool, np.bool_)) or \
                 not isinstance(c, (int, float, np.integer, np.floating)) or not 0 < c <= 1e150:
-            raise InvalidParameterError(f"intercept_scaling={c!r} is not accepted; accepted: a number "
-                             "in (0, 1e150] (rows are scaled by 1/sqrt(1 + c**2), which "
-                             "underflows to 0 beyond)")
+            raise InvalidParameterError(f"intercept_scaling={c!r} is not accepted; accepted: "
+                                        "a number in (0, 1e150] (rows are scaled by "
+                                        "1/sqrt(1 + c**2), which underflows to 0 beyond)")
         c = float(c)
         return (1.0 / math.sqrt(1.0 + c * c) if self.normalize else 1.0), c
 

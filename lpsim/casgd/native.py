@@ -10,8 +10,9 @@ outer gradient GEMM fused with the update, x = x + (eta/b) Y^T delta (addmm, bet
 With ``graphs=True`` an outer iteration is captured once as a CUDA graph and replayed.
 
 The contract with the simulator (``casgd(...)`` with the same seed on the same data; its
-default sampler, "philox", is this path's): the same rows; the inner recurrence bit-identical for the same r and G; r, G and the gradient
-are reductions in cuBLAS's order, so iterates agree within the local error bound.
+default sampler, "philox", is this path's): the same rows; the inner recurrence
+bit-identical for the same r and G; r, G and the gradient are reductions in cuBLAS's order,
+so iterates agree within the local error bound.
 Under ``NUMBA_ENABLE_CUDASIM=1`` the driver runs on CPU torch tensors (``device="cpu"``), the
 kernels in numba's simulator: the path CI runs end to end.
 """
