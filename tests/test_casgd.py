@@ -149,6 +149,9 @@ def test_recipe_c_tracks_a(data, loss):
     ({"s": 0}, "s=0"), ({"b": 0}, "b=0"), ({"b": 2.5}, "b=2.5"), ({"eta": 0}, "eta=0"),
     ({"eta": -1.0}, "eta=-1.0"), ({"eta": float("nan")}, "eta=nan"), ({"P": 41}, "P=41"),
     ({"recipe": "Z"}, "'Z'"), ({"loss": "hinge"}, "'hinge'"),
+    ({"progress": "no"}, "progress='no'"), ({"verbose": -1}, "verbose=-1"),
+    ({"verbose": "loud"}, "verbose='loud'"), ({"graphs": "no"}, "graphs='no'"),
+    ({"sampler": "Philox"}, "sampler='Philox'"),
 ])
 def test_bad_parameters(data, kwargs, match):
     A, y = data["logistic"]

@@ -41,6 +41,17 @@ def check_seed(seed, name: str = "seed") -> int:
     return int(seed)
 
 
+def check_flags(progress, verbose, graphs=False):
+    """The switches of a run: ``progress`` and ``graphs`` booleans, ``verbose`` an integer
+    >= 0 (or a bool), each refused by name (a string such as "no" is truthy)."""
+    for name, value in (("progress", progress), ("graphs", graphs)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"{name}={value!r} is not accepted; accepted: True or False")
+    if not (isinstance(verbose, (int, np.integer, np.bool_)) and verbose >= 0):
+        raise ValueError(f"verbose={verbose!r} is not accepted; accepted: an integer >= 0 or "
+                         "a bool (0: silent)")
+
+
 class DivergedError(ValueError):
     """The iterate left the finite numbers: the step size is too large for the data."""
 
@@ -479,6 +490,7 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     "cuda"; ``graphs=True`` replays each outer iteration as a CUDA graph); the default
     ``backend="cpu"`` is its simulator.
     """
+    check_flags(progress, verbose, graphs)
     if backend == "cuda":
         return _native(A, y, loss, eta, b, s, H, recipe, P, seed, x0, record, progress, reduce,
                        sampler, device, graphs, sample_weight, verbose)
@@ -522,6 +534,7 @@ def sgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, steps: int = 10
     the GPU baseline (data on the device, one CUDA graph per step with graphs=True).  A
     (dense or sparse), sample_weight and verbose: as in :func:`casgd`.
     """
+    check_flags(progress, verbose, graphs)
     if backend == "cuda":
         return _native(A, y, loss, eta, b, 1, steps, recipe, P, seed, x0, record, progress,
                        None, sampler, device, graphs, sample_weight, verbose)
