@@ -6,6 +6,8 @@ Set LPSIM_TEST_GPU=1 on a machine with a GPU to run the same tests on the real d
 import hashlib
 import os
 import pathlib
+import random
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -25,6 +27,8 @@ from numba.core import config  # noqa: E402  (a pytest plugin may have imported 
 
 config.reload_config()
 
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Each profile names its parent: hypothesis loads a "ci" profile of its own as the default
@@ -82,3 +86,15 @@ def freeze_local_constants():
 
 
 LOCAL_CONSTANTS = freeze_local_constants()
+
+
+@pytest.fixture(autouse=True)
+def _same_global_random_state():
+    """Each test starts from the same global random state, whatever ran before it: python's
+    and numpy's global generators and torch's default one (where torch is imported), so a
+    test that draws from them without a seed draws the same alone and in any order."""
+    random.seed(0)
+    np.random.seed(0)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(0)
