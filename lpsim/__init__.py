@@ -13,3 +13,22 @@ from .warmup import warmup
 __all__ = ["Format", "fp", "parse_format", "PRESETS", "quantize", "MODES", "RoundingStats",
            "reference", "warmup", "Generator", "fixed", "Fixed", "blocks"]
 __version__ = "0.1.0"
+
+#: submodules reached as ``lpsim.X`` after a plain ``import lpsim``, imported on first access
+#: (PEP 562) so that ``import lpsim`` stays fast and torch, scipy and hypothesis stay optional;
+#: one whose extra is missing raises the ImportError that names it (``lpsim._extras.require``)
+_CORE = ("blocks", "cli", "cpu", "formats", "generator", "kernel_cache", "ops",
+         "philox", "reference", "rounding", "stats", "storage", "word32")
+_EXTRAS = ("casgd", "optim", "testing", "torch")
+
+
+def __getattr__(name):
+    if name in _CORE or name in _EXTRAS:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    # the core submodules; those of extras once imported (dir() should not import torch)
+    return sorted(set(globals()) | set(_CORE))

@@ -6,6 +6,8 @@ Set LPSIM_TEST_GPU=1 on a machine with a GPU to run the same tests on the real d
 import hashlib
 import os
 import pathlib
+import random
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -25,8 +27,74 @@ from numba.core import config  # noqa: E402  (a pytest plugin may have imported 
 
 config.reload_config()
 
-from hypothesis import settings  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("ci", deadline=None, max_examples=100, derandomize=True)
-settings.register_profile("thorough", deadline=None, max_examples=1000)
+# Each profile names its parent: hypothesis loads a "ci" profile of its own as the default
+# where CI=true, and a profile registered without a parent inherits from the default of the
+# moment, so "ci" had other settings (too_slow, print_blob) on CI than on a developer's
+# machine, and "thorough" was derandomized there.
+_DEFAULT = settings.get_profile("default")
+settings.register_profile("ci", _DEFAULT, deadline=None, max_examples=100, derandomize=True,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", _DEFAULT, deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _local_constants():
+    """The constants of every lpsim and lpsim_cuda source file, in hypothesis' sorted sets."""
+    from types import ModuleType
+
+    from hypothesis.internal.constants_ast import constants_from_module
+    from hypothesis.internal.conjecture import providers
+    found = providers.Constants()
+    for path in sorted(ROOT.glob("lpsim*/**/*.py")):
+        module = ModuleType(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        module.__file__ = str(path)
+        found |= constants_from_module(module)
+    template = providers._local_constants
+
+    def like(kind):
+        pool = template.set_for_type(kind).copy()    # a SortedSet: a fixed order of draws
+        pool.clear()
+        pool.update(found.set_for_type(kind))
+        return pool
+
+    return providers.Constants(integers=like(int), floats=like(float), bytes=like(bytes),
+                               strings=like(str))
+
+
+def freeze_local_constants():
+    """Hypothesis (6.131 on) sometimes draws a constant from the source of the local modules
+    imported so far, so what a test drew depended on which lpsim modules earlier tests had
+    imported: a full run drew inputs the file alone never did.  The pool is fixed here to the
+    constants of all of lpsim's sources, whatever is imported, so that a derandomized test
+    draws the same examples alone, in the full suite and in any order.  Returns the pool
+    (None for a hypothesis without the feature)."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return None
+    if not hasattr(providers, "_get_local_constants"):
+        return None
+    frozen = _local_constants()
+    providers._get_local_constants = lambda: frozen
+    providers.CONSTANTS_CACHE.cache.clear()
+    return frozen
+
+
+LOCAL_CONSTANTS = freeze_local_constants()
+
+
+@pytest.fixture(autouse=True)
+def _same_global_random_state():
+    """Each test starts from the same global random state, whatever ran before it: python's
+    and numpy's global generators and torch's default one (where torch is imported), so a
+    test that draws from them without a seed draws the same alone and in any order."""
+    random.seed(0)
+    np.random.seed(0)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(0)

@@ -78,3 +78,65 @@ def test_require_returns_the_module_when_present():
     from lpsim._extras import require
     import numpy
     assert require("numpy", extra="core") is numpy
+
+
+_LAZY = r"""
+import importlib, json, sys
+blocked = {blocked!r}
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Missing())
+import lpsim
+heavy = sorted(m for m in ("torch", "hypothesis", "sklearn", "lpsim.ops", "lpsim.optim")
+               if m in sys.modules)
+results = {{}}
+for name in {names!r}:
+    try:
+        results[name] = getattr(lpsim, name) is importlib.import_module("lpsim." + name)
+    except Exception as error:
+        results[name] = [type(error).__name__, str(error)]
+print(json.dumps([heavy, results]))
+"""
+
+
+def _lazy(names, blocked=()):
+    code = _LAZY.format(blocked=list(blocked), names=list(names))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_subpackages_are_attributes_after_a_plain_import():
+    # the README's `import lpsim` then `lpsim.ops.matmul(...)` failed unless something had
+    # imported lpsim.ops; `import lpsim` itself imports neither torch nor lpsim.ops (scipy:
+    # numba imports it)
+    import lpsim
+    names = list(lpsim._CORE + lpsim._EXTRAS)
+    heavy, results = _lazy(names)
+    assert heavy == []
+    assert results == {name: True for name in names}
+
+
+def test_every_submodule_is_reachable_as_an_attribute():
+    import lpsim
+    modules = {path.stem if path.name != "__init__.py" else path.parent.name
+               for path in (ROOT / "lpsim").glob("*/__init__.py")} | \
+        {path.stem for path in (ROOT / "lpsim").glob("*.py")}
+    # fixed, quantize and warmup are the functions of those names; _extras, __main__ private
+    assert modules - {"__init__", "__main__", "_extras", "fixed", "quantize", "warmup"} == \
+        set(lpsim._CORE + lpsim._EXTRAS)
+    assert not set(lpsim._EXTRAS) & set(dir(lpsim)) - set(vars(lpsim))
+    assert {"ops", "cli", "blocks"} <= set(dir(lpsim))
+    with pytest.raises(AttributeError, match="module 'lpsim' has no attribute 'nope'"):
+        lpsim.nope
+
+
+@pytest.mark.parametrize("name, blocked, extra", [
+    ("optim", "torch", "torch"), ("torch", "torch", "torch"), ("casgd", "scipy", "casgd"),
+    ("testing", "hypothesis", "test")])
+def test_a_missing_extra_is_named_on_attribute_access(name, blocked, extra):
+    kind, message = _lazy([name], [blocked])[1][name]
+    assert kind == "ImportError" and f'pip install "lpsim[{extra}]"' in message, message

@@ -7,7 +7,7 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -51,18 +51,46 @@ def inputs(draw):
     return array[()] if kind == "scalar" and dtype.isnative else array
 
 
+def _is_int(x) -> bool:
+    """A Python or numpy integer scalar (numpy's int64 is an integer: exact, as an int is)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _exact_in_float64(v: int) -> bool:
+    try:
+        return int(float(v)) == v
+    except OverflowError:
+        return False
+
+
 def _container_values(x):
-    """What lpsim.quantize rounds: x upcast exactly to float32/float64 (None: an int that
-    float64 cannot hold, rounded exactly)."""
-    if isinstance(x, int) and not isinstance(x, bool):
-        try:
-            return np.float64(x) if float(x) == x else None
-        except OverflowError:
-            return None
+    """What lpsim.quantize rounds: x upcast exactly to float32/float64, or None where x holds
+    an integer (a Python or numpy int scalar, or an integer array) that float64 cannot hold:
+    that is rounded once, from its exact value (np.float64 would round it first, twice)."""
+    if _is_int(x):
+        return np.float64(x) if _exact_in_float64(int(x)) else None
     array = np.asarray(x)
     if array.dtype.kind in "iu":
-        return array.astype(np.float64)
+        exact = all(_exact_in_float64(int(v)) for v in array.reshape(-1))
+        return array.astype(np.float64) if exact else None
     return array.astype(np.float64 if array.dtype.itemsize == 8 else np.float32)
+
+
+def _assert_rounded_exactly(got, x, fmt, rounding, seed, stream, offset, sr_bits):
+    """Each integer of ``x`` rounded from its exact value by lpsim.reference, element ``i``
+    with the random word of counter ``offset + i``; a float (an array for an array)."""
+    ints = [int(v) for v in np.asarray(x, dtype=object).reshape(-1)]
+    stochastic = rounding in ("stochastic", "stochastic_equal")
+    words = random_words(len(ints), 8, seed, stream, offset) if stochastic else [0] * len(ints)
+    few = sr_bits if rounding == "stochastic" and sr_bits is not None and sr_bits < 62 else None
+    assert np.shape(got) == np.shape(x) and np.asarray(got).dtype == np.float64
+    assert isinstance(got, float) if np.ndim(x) == 0 else isinstance(got, np.ndarray)
+    for i, (v, g) in enumerate(zip(ints, np.asarray(got).reshape(-1))):
+        uniform = Fraction(words[i], 2 ** WORD_BITS[8]) if stochastic else None
+        want = float(reference.round_exact(v, fmt, rounding, uniform=uniform,
+                                           sr_bits=few).value)
+        assert g == want or (np.isnan(g) and np.isnan(want)), (v, g, want)
+        assert np.signbit(g) == np.signbit(want), (v, g, want)
 
 
 KEYS = st.integers(-3, 2 ** 64 + 3) | st.sampled_from([0, 1, 2 ** 63, 2 ** 64 - 1])
@@ -70,6 +98,12 @@ OFFSETS = st.integers(-3, 2 ** 63 + 3) | st.sampled_from([0, 5, 2 ** 62 - 40])
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@example(x=np.int64(2 ** 54 - 1), fmt="bf16", rounding="toward_zero", seed=0, stream=0,
+         offset=0, sr_bits=None)             # drawn in a full run: once, not via float64
+@example(x=np.uint64(2 ** 64 - 1), fmt="fp32", rounding="stochastic", seed=3, stream=0,
+         offset=5, sr_bits=None)
+@example(x=np.array([2 ** 54 - 1, 1], np.int64), fmt="bf16", rounding="up", seed=0,
+         stream=0, offset=0, sr_bits=None)
 @given(x=inputs(), fmt=st.sampled_from(FORMATS), rounding=st.sampled_from(ROUNDINGS),
        seed=KEYS, stream=KEYS, offset=OFFSETS,
        sr_bits=st.none() | st.integers(-1, 70) | st.just(2.5))
@@ -82,21 +116,41 @@ def test_quantize_equals_the_reference_or_names_the_argument(x, fmt, rounding, s
         assert NAMES.search(str(error)), str(error)
         return
     values = _container_values(x)
-    if values is None:           # an int beyond float64: rounded from its exact value
-        uniform = None
-        if rounding in ("stochastic", "stochastic_equal"):
-            uniform = Fraction(random_words(1, 8, seed, stream, offset)[0], 2 ** 62)
-        few = sr_bits if rounding == "stochastic" and sr_bits is not None and sr_bits < 62 \
-            else None
-        want = float(reference.round_exact(x, fmt, rounding, uniform=uniform,
-                                           sr_bits=few).value)
-        assert got == want or (np.isnan(got) and np.isnan(want))
-        assert np.signbit(got) == np.signbit(want)
+    if values is None:           # integers beyond float64: each rounded from its exact value
+        _assert_rounded_exactly(got, x, fmt, rounding, seed, stream, offset, sr_bits)
         return
     want, _ = reference.quantize(np.asarray(values), fmt, rounding, seed=seed, stream=stream,
                                  offset=offset, sr_bits=sr_bits)
     assert np.asarray(got).dtype == want.dtype and np.shape(got) == np.shape(values)
     assert np.asarray(got).tobytes() == want.tobytes()
+
+
+def test_an_int64_beyond_float64_is_rounded_once():
+    # the full-run draw: 2**54 - 1 toward zero in bf16 is 2**54 - 2**46 from the integer;
+    # through float64 (2**54) it would be 2**54
+    x = np.int64(2 ** 54 - 1)
+    assert lpsim.quantize(x, "bf16", "toward_zero") == 2.0 ** 54 - 2.0 ** 46
+    assert lpsim.quantize(np.float64(x), "bf16", "toward_zero") == 2.0 ** 54
+
+
+@pytest.mark.parametrize("x", [np.int64(2 ** 54 - 1), np.uint64(2 ** 64 - 1),
+                               np.int64(-2 ** 63 + 1), np.int64(2 ** 63 - 1), 2 ** 54 - 1])
+@pytest.mark.parametrize("rounding", ["toward_zero", "nearest", "up"])
+def test_integer_scalars_beyond_float64_are_rounded_once(x, rounding):
+    _assert_rounded_exactly(lpsim.quantize(x, "bf16", rounding), x, "bf16", rounding, 0, 0, 0,
+                            None)
+
+
+@pytest.mark.parametrize("array", [np.int64([2 ** 54 - 1]), np.array(2 ** 63 - 1, np.int64),
+                                   np.uint64([1, 2 ** 64 - 1]), np.int64([[3, -2 ** 63 + 1]])])
+def test_integer_arrays_beyond_float64_are_refused_by_name_or_rounded_once(array):
+    try:
+        got = lpsim.quantize(array, "bf16", "toward_zero")
+    except ValueError as error:
+        big = next(int(v) for v in array.reshape(-1) if not _exact_in_float64(int(v)))
+        assert re.search(rf"\bx\b.* {big}\b", str(error)), str(error)
+        return
+    _assert_rounded_exactly(got, array, "bf16", "toward_zero", 0, 0, 0, None)
 
 
 @st.composite
