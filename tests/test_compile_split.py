@@ -71,7 +71,7 @@ def test_matmul_routes_deterministic_blocked_to_gemm_plain(monkeypatch):
 
 
 def test_warmup_prepares_both_gemm_kernels():
-    lpsim.warmup(["nearest"], ["float32"], ops=True, progress=False)
+    lpsim.warmup(["nearest"], ["float32"], ops=True, blocks=False, optim=False, progress=False)
     assert kernels.gemm_plain.overloads
     assert kernels.gemm.overloads
     assert lpsim.cpu.NEAREST32.overloads       # lpsim.quantize's float32 nearest kernel
