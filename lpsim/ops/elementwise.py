@@ -3,14 +3,16 @@
 Each result is computed exactly to odd in float64 (:mod:`lpsim.ops.exact`) and rounded
 once to ``fmt`` with :func:`lpsim.quantize`'s kernel, so it is the correctly rounded exact
 result, never a double rounding of a float64 one.  Exact, for every float32/float64 operand:
-add, sub (TwoSum), mul, div, sqrt (FMA residuals; barring results below 2**-969 or float64
-overflow).  fma(a, b, c) needs a*b exact in float64 (e.g. operands in a format that fits
-float32, or in_fmt with m <= 25); otherwise it raises.  fmt must have m <= 50, or be fp64
-with rounding="nearest" (the float64 operation itself).
+add, sub (TwoSum), mul, div, sqrt (FMA residuals; a dividend or radicand below 2**-900 is
+scaled by a power of two first, so that its residual does not underflow).  fma(a, b, c)
+needs a*b exact in float64 when it is a normal float64 of at least 2**-969 (e.g. operands in
+a format that fits float32, or in_fmt with m <= 25); otherwise it raises.  fmt must have
+m <= 50, or be fp64 with rounding="nearest" (the float64 operation itself).
 
-Results outside float64's safe range (products and quotients below 2**-969, any result at
-or beyond 2**1022, float64 overflow) are computed exactly in rational arithmetic and
-rounded by :func:`lpsim.reference.round_exact` with the same random word.  An exact zero
+Results outside float64's safe range (products and quotients below 2**-969, fma's products
+below 2**-969 or beyond float64, any result at or beyond 2**1022) are computed exactly in
+rational arithmetic and rounded by :func:`lpsim.reference.round_exact` with the same random
+word.  An exact zero
 sum (add, sub, fma) is +0, or -0 under rounding ``down`` (IEEE 754 section 6.3; the sum of
 two zeros of one sign keeps it).
 
@@ -55,6 +57,8 @@ ADD, SUB, MUL, DIV, FMA, SQRT = range(6)
 _NAMES = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", FMA: "fma", SQRT: "sqrt"}
 #: float64 results below this (nonzero) or at least HUGE take the exact path
 TINY, HUGE = 2.0 ** -969, 2.0 ** 1022
+#: div and sqrt scale operands below SCALE_BELOW by SCALE (sqrt: SCALE**2), exactly
+SCALE_BELOW, SCALE = 2.0 ** -900, 2.0 ** 200
 
 
 @register_jitable
@@ -66,6 +70,7 @@ def odd_bits(op, x, y, z, odd, mode):
     ``mode``: +0, or -0 under down, unless both terms are zeros of one sign.
     """
     inexact_product = False
+    wild = False
     if op == ADD or op == SUB:
         y = y if op == ADD else -y
         rn = x + y
@@ -75,20 +80,32 @@ def odd_bits(op, x, y, z, odd, mode):
         bits = product_to_odd(x, y) if odd else f2i(rn)
     elif op == DIV:
         rn = x / y
-        bits = quotient_to_odd(x, y) if odd else f2i(rn)
+        # a dividend below SCALE_BELOW may leave a residual a - q*b below float64's
+        # subnormals: both operands scaled by SCALE give the same quotient, whose residual
+        # is exact (a quotient below TINY takes the exact path)
+        s = SCALE if abs(x) < SCALE_BELOW else 1.0
+        bits = quotient_to_odd(x * s, y * s) if odd else f2i(rn)
     elif op == SQRT:
         rn = np.sqrt(x)
-        bits = sqrt_to_odd(x) if odd else f2i(rn)
+        # likewise x - r*r: x scaled by SCALE**2 has its root scaled by SCALE, scaled back
+        # exactly (the root of a float64 is at least 2**-537, a normal number)
+        s = SCALE if abs(x) < SCALE_BELOW else 1.0
+        root = sqrt_to_odd(x * (s * s))
+        bits = f2i(i2f(root) / s) if odd else f2i(rn)
     else:
         p = x * y
-        # an inf or NaN operand makes an IEEE product (inf - inf is no residual)
-        inexact_product = odd and np.isfinite(x) and np.isfinite(y) and fma_(x, y, -p) != 0.0
+        # a product below TINY or beyond float64 (x, y finite and nonzero) is not a float64:
+        # the exact path rounds x*y + z; an inf or NaN operand makes an IEEE product (inf -
+        # inf is no residual)
+        wild = (x != 0.0) & (y != 0.0) & ((abs(p) < TINY) | ~np.isfinite(p))
+        inexact_product = odd and np.isfinite(x) and np.isfinite(y) and not wild and \
+            fma_(x, y, -p) != 0.0
         rn = fma_(x, y, z)
         bits = zero_sum_bits(sum_to_odd(p, z), rn, p, z, mode == DOWN) if odd else f2i(rn)
     # & of the conditions, not `and`: no branches, so that a loop over elements vectorises
     finite = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
     nonzero = (x != 0.0) & ((y != 0.0) | (op == ADD) | (op == SUB) | (op == SQRT))
-    tiny = ((op == MUL) | (op == DIV)) & (abs(rn) < TINY)
+    tiny = (((op == MUL) | (op == DIV)) & (abs(rn) < TINY)) | wild
     unsafe = finite & nonzero & odd & ((abs(rn) >= HUGE) | tiny)
     return (np.int64(0) if unsafe else bits), unsafe, inexact_product
 
