@@ -146,6 +146,9 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
             stats.add(1, _count_scalar(x, y, lo, hi, rounded))
         return y
     if type(x).__module__.startswith("torch"):
+        if out is not None:             # refused before a random word is drawn
+            from .torch.tensors import check_out
+            check_out(x, out)
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = rounded.clamp(lo, hi)
         # counted before out is written (out may be x) and added once it was written
