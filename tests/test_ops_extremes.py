@@ -133,3 +133,28 @@ def test_reductions_with_subnormal_and_huge_float32_terms(rounding):
         == want
     assert Fraction(float(ops.sum(x, **kw))) == _sequential([Fraction(float(u)) for u in x],
                                                             acc, rounding)
+
+
+def test_matmul_with_a_block_in_fmt_on_float64_operands():
+    """The issue's repro: float64 operands with in_fmt='mxfp4' and a bf16 accumulator were
+    refused as 'in_fmt=fp64'.  Block values that float32 holds are simulated as they are
+    (the float32 operands' results, in float64), every call alike (a second call ran a
+    cached product without the block rounding); values beyond float32 are refused naming
+    the block format."""
+    import lpsim
+    rng = np.random.default_rng(35)
+    a = rng.standard_normal((4, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 3)).astype(np.float32)
+    qa = lpsim.blocks.quantize(a, "mxfp4", axis=-1)
+    qb = lpsim.blocks.quantize(b, "mxfp4", axis=0)
+    want = ops.matmul(qa, qb, acc_fmt="bf16")
+    for x, y in ((a, b), (a, b), (a.astype(np.float64), b.astype(np.float64)),
+                 (a.astype(np.float64), b.astype(np.float64))):
+        got = ops.matmul(x, y, in_fmt="mxfp4", acc_fmt="bf16")
+        assert got.dtype == x.dtype and np.array_equal(got, want)
+    huge = a.astype(np.float64)
+    huge[0, :2] = 3e39                          # block values beyond float32
+    with pytest.raises(ValueError, match=r"in_fmt='mxfp4' gives block values .* that float32 "
+                                         r"cannot hold.*acc_fmt=bf16"):
+        ops.matmul(huge, b.astype(np.float64), in_fmt="mxfp4", acc_fmt="bf16")
+    assert np.isfinite(ops.matmul(huge, b.astype(np.float64), in_fmt="mxfp4")).all()
