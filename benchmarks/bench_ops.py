@@ -12,6 +12,12 @@ against numpy's matmul, with the targets: scalar add <= 5 us, 16x16 matmul <= 30
 sequential dot >= 1e8 rounded steps/s.
 
     python benchmarks/bench_ops.py --sweep [--plot out.png] [--json out.json]
+
+With ``--scalars``: per-call time of ``ops.add(x, y, "bf16")`` on scalars of each kind a
+program passes (Python floats, numpy float64/float32/float16 and int64 scalars, ml_dtypes
+bfloat16 scalars: what indexing an array gives), and its ratio to Python floats.
+
+    python benchmarks/bench_ops.py --scalars
 """
 
 from __future__ import annotations
@@ -139,6 +145,41 @@ def sweep(args):
             json.dump({"rows": rows}, f, indent=1)
 
 
+def scalars(args):
+    """Per-call times of ops.add on each kind of scalar, against Python floats."""
+    kinds = {"Python float": float, "numpy float64": np.float64, "numpy float32": np.float32,
+             "numpy float16": np.float16, "numpy int64": np.int64}
+    try:
+        import ml_dtypes
+        kinds["ml_dtypes bfloat16"] = ml_dtypes.bfloat16
+    except ImportError:
+        pass
+    values = {name: (kind(1.1), kind(2.3)) if name != "numpy int64" else (kind(3), kind(5))
+              for name, kind in kinds.items()}
+    calls = {name: (lambda x=x, y=y: ops.add(x, y, "bf16")) for name, (x, y) in
+             values.items()}
+    for fn in calls.values():
+        fn()                                     # compile, validate, cache
+    times = {name: float("inf") for name in calls}
+    for _ in range(args.repeat):
+        for name, fn in calls.items():           # interleaved: load drifts alike
+            n = 20000
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name] = min(times[name], (time.perf_counter() - t) / n)
+    print(f"# ops.add(x, y, 'bf16') per call by scalar kind, best of {args.repeat} batches, "
+          f"{datetime.date.today()}, {platform.processor() or platform.machine()}, numpy "
+          f"{np.__version__}")
+    print(f"{'operands':22s} {'us/call':>9s} {'x Python float':>15s}")
+    base = times["Python float"]
+    for name, t in times.items():
+        print(f"{name:22s} {t * 1e6:9.2f} {t / base:15.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"scalars_seconds": times}, f, indent=1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=512, help="matmul size n (n x n x n)")
@@ -151,7 +192,11 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=0.25,
                         help="seconds of calls per case and size in --sweep")
     parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
+    parser.add_argument("--scalars", action="store_true",
+                        help="time ops.add on each kind of scalar against Python floats")
     args = parser.parse_args(argv)
+    if args.scalars:
+        return scalars(args)
     if args.sweep:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         return sweep(args)

@@ -206,40 +206,92 @@ def figure3_report(args, points, gaps, same) -> list[str]:
     return lines
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
+                                         "number > 0")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 0")
+    return value
+
+
+def eta_value(text: str):
+    """argparse type of --eta: a step size > 0 or 'sweep'."""
+    return text if text == "sweep" else positive_float(text)
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
+                                         "number >= 0")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     table = p.add_argument_group("Table 5")
-    table.add_argument("--m", type=int, default=65536, help="rows of the synthetic data "
+    table.add_argument("--m", type=positive_int, default=65536, help="rows of the synthetic data "
                        "(default: 65536, the paper's)")
-    table.add_argument("--n", type=int, default=4096, help="columns (default: 4096)")
-    table.add_argument("--s", type=int, nargs="+", default=[16, 64],
+    table.add_argument("--n", type=positive_int, default=4096, help="columns (default: 4096)")
+    table.add_argument("--s", type=positive_int, nargs="+", default=[16, 64],
                        help="inner steps per outer iteration, one row each (default: 16 64)")
-    table.add_argument("--H", type=int, default=200, help="outer iterations (default: 200)")
-    table.add_argument("--P", type=int, default=16, help="simulated ranks (default: 16)")
-    table.add_argument("--eta", default=None,
+    table.add_argument("--H", type=positive_int, default=200, help="outer iterations (default: 200)")
+    table.add_argument("--P", type=positive_int, default=16, help="simulated ranks (default: 16)")
+    table.add_argument("--eta", type=eta_value, default=None,
                        help="a step size, or 'sweep' for Section 7.1's eta*; default per loss: "
                        + str(ETA))
-    table.add_argument("--sweep-steps", type=int, default=3200,
+    table.add_argument("--sweep-steps", type=positive_int, default=3200,
                        help="SGD steps per run of --eta sweep (default: 3200)")
-    table.add_argument("--margin-std", type=float, default=1.0,
+    table.add_argument("--margin-std", type=nonnegative_float, default=1.0,
                        help="std of the planted margins a_i^T x_true (make_synth; default: 1)")
     table.add_argument("--losses", nargs="+", default=["logistic", "linear", "poisson"],
+                       choices=["logistic", "linear", "poisson"],
                        help="losses, one table row per loss and s (default: all three)")
     fig = p.add_argument_group("Figure 3")
-    fig.add_argument("--fig-m", type=int, default=2048, help="rows (default: 2048)")
-    fig.add_argument("--fig-n", type=int, default=64, help="columns (default: 64)")
-    fig.add_argument("--fig-H", type=int, default=120,
+    fig.add_argument("--fig-m", type=positive_int, default=2048, help="rows (default: 2048)")
+    fig.add_argument("--fig-n", type=positive_int, default=64, help="columns (default: 64)")
+    fig.add_argument("--fig-H", type=positive_int, default=120,
                      help="outer iterations (default: 120: the figure takes a few minutes on a "
                      "CPU, mostly recipes F and H, which accumulate in FP16)")
-    fig.add_argument("--fig-P", type=int, default=4, help="simulated ranks (default: 4)")
-    fig.add_argument("--fig-s", type=int, default=16,
+    fig.add_argument("--fig-P", type=positive_int, default=4, help="simulated ranks (default: 4)")
+    fig.add_argument("--fig-s", type=positive_int, default=16,
                      help="inner steps per outer iteration (default: 16)")
-    fig.add_argument("--fig-eta", type=float, default=0.1, help="step size (default: 0.1)")
+    fig.add_argument("--fig-eta", type=positive_float, default=0.1, help="step size (default: 0.1)")
     fig.add_argument("--fig-recipes", nargs="+", default=list("ABCDEFGHI"),
                      help="recipes to plot against A (default: A to I; A is always run)")
     both = p.add_argument_group("both")
-    both.add_argument("--b", type=int, default=32, help="mini-batch rows per step (default: 32)")
-    both.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44],
+    both.add_argument("--b", type=positive_int, default=32, help="mini-batch rows per step (default: 32)")
+    both.add_argument("--seeds", type=seed_int, nargs="+", default=[42, 43, 44],
                       help="sampling seeds: the table takes the max gap over them, the figure "
                       "their mean and min-max band (default: 42 43 44)")
     both.add_argument("--no-table", action="store_true", help="skip Table 5")

@@ -9,7 +9,8 @@
    N(0, 1), label noise 0.5), SGD at LR 0.01, batch 1, with FP32 updates and bf16 weights
    updated by nearest, stochastic and Kahan rounding: training-loss curves.
 
-Writes optim_papers.png and optim_papers.md to ``--out``.
+Writes optim_papers.png and optim_papers.md to ``--out``, or to a new temporary directory
+(printed at the end) when --out is not given.
 
     python examples/optim_papers.py --out examples/results [--runs 100] [--ls-steps 20000]
 """
@@ -20,6 +21,7 @@ import argparse
 import os
 import pathlib
 import sys
+import tempfile
 
 import torch
 
@@ -49,17 +51,32 @@ def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
     return curve
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True,
-                        help="directory for optim_papers.png / .md (created if missing)")
-    parser.add_argument("--runs", type=int, default=100,
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="directory for optim_papers.png / .md (created if missing); "
+                        "default: a new temporary directory, printed at the end.  The "
+                        "committed results are in " + str(pathlib.Path(__file__).resolve()
+                                                         .parent / "results"))
+    parser.add_argument("--runs", type=positive_int, default=100,
                         help="toy: BF16 + SR runs per minimum LR (default: 100)")
-    parser.add_argument("--cap", type=int, default=60000, help="toy: most steps per run (default: 60000)")
-    parser.add_argument("--ls-steps", type=int, default=20000,
+    parser.add_argument("--cap", type=positive_int, default=60000, help="toy: most steps per run (default: 60000)")
+    parser.add_argument("--ls-steps", type=positive_int, default=20000,
                         help="least squares: SGD steps (default: 20000)")
     args = parser.parse_args(argv)
-    out = pathlib.Path(args.out)
+    out = args.out if args.out is not None else pathlib.Path(
+        tempfile.mkdtemp(prefix="lpsim-optim-papers-"))
     out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
     lines = ["SR paper toy (steps until x = 3; BF16 + SR over "
@@ -101,6 +118,7 @@ def main(argv=None):
     fig.savefig(out / "optim_papers.png", dpi=120)
     (out / "optim_papers.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print(f"wrote {out / 'optim_papers.png'} and {out / 'optim_papers.md'}")
 
 
 if __name__ == "__main__":

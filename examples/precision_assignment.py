@@ -169,6 +169,44 @@ def plot(summary, rows, path, title):
     fig.savefig(path, dpi=130)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
+                                         "number > 0")
+    return value
+
+
+def device_name(text: str) -> str:
+    """argparse type: a torch device this machine has (cpu, or cuda where CUDA is)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; accepted: cpu or "
+                                         "cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device; "
+                                         "accepted: cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: cpu or cuda")
+    return text
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, default=None,
@@ -177,16 +215,16 @@ def main(argv=None):
                    + str(pathlib.Path(__file__).resolve().parent / "results"))
     p.add_argument("--full", action="store_true",
                    help="paper-sized sweep: width 32, 30 epochs, batch 128")
-    p.add_argument("--epochs", type=int, default=None,
+    p.add_argument("--epochs", type=positive_int, default=None,
                    help="training epochs per run (default: 8, or 30 with --full)")
-    p.add_argument("--seeds", type=int, default=3, help="runs per assignment (default: 3)")
-    p.add_argument("--width", type=int, default=None, help="channels of the first conv "
+    p.add_argument("--seeds", type=positive_int, default=3, help="runs per assignment (default: 3)")
+    p.add_argument("--width", type=positive_int, default=None, help="channels of the first conv "
                    "(default: 8, or 32 with --full)")
-    p.add_argument("--batch", type=int, default=None,
+    p.add_argument("--batch", type=positive_int, default=None,
                    help="training batch size (default: 64, or 128 with --full)")
-    p.add_argument("--lr", type=float, default=0.05,
+    p.add_argument("--lr", type=positive_float, default=0.05,
                    help="SGD learning rate, cosine-annealed (default: 0.05)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA tensors run in lpsim_cuda)")
+    p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda (CUDA tensors run in lpsim_cuda)")
     p.add_argument("--name", default="precision_assignment", help="output file stem")
     args = p.parse_args(argv)
     args.epochs = args.epochs or (30 if args.full else 8)

@@ -113,6 +113,38 @@ def plot(mantissas, rows, curves, args, png):
     fig.savefig(png, dpi=110)
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
+                                         "number > 0")
+    return value
+
+
+def format_name(text: str) -> str:
+    """argparse type: a format lpsim parses (a preset such as bf16, or fp(e,m,b))."""
+    try:
+        lpsim.parse_format(text)
+    except (ValueError, TypeError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=None,
@@ -121,18 +153,18 @@ def main(argv=None):
                              f"figure is {HERE / 'results'}")
     parser.add_argument("--values", type=int, default=20,
                         help="log2 of the number of values rounded per mode and m (default: 20)")
-    parser.add_argument("--format", default="bf16",
+    parser.add_argument("--format", type=format_name, default="bf16",
                         help="format of the accumulation panel (default: bf16)")
-    parser.add_argument("--increment", type=float, default=1e-3,
+    parser.add_argument("--increment", type=positive_float, default=1e-3,
                         help="increment added at every step of the accumulation (default: 1e-3)")
-    parser.add_argument("--steps", type=int, default=4096,
+    parser.add_argument("--steps", type=positive_int, default=4096,
                         help="steps of the accumulation (default: 4096)")
-    parser.add_argument("--runs", type=int, default=16,
+    parser.add_argument("--runs", type=positive_int, default=16,
                         help="independent runs of each stochastic mode (default: 16)")
     args = parser.parse_args(argv)
-    for name in ("values", "steps", "runs"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be a positive integer, not {getattr(args, name)}")
+    if not 1 <= args.values <= 28:
+        parser.error(f"argument --values: {args.values} is not accepted; accepted: 1 to 28 "
+                     "(2**28 values: 2 GiB)")
     fmt = lpsim.parse_format(args.format)
     out = args.out if args.out is not None else pathlib.Path(
         tempfile.mkdtemp(prefix="lpsim-rounding-error-"))

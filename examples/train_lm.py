@@ -5,7 +5,8 @@ states with lpsim.optim.AdamW updates rounded to nearest, stochastically, with K
 compensation, or with a 16-bit remainder (the FP32 master held exactly).  Equal steps, each
 run at its own learning rate (``--tune`` doubles or halves each default while the final
 validation loss improves, and keeps the best).  Writes validation-loss curves (PNG) and a markdown table (final
-loss, tokens/s, weight + optimizer-state memory) to ``--out``.
+loss, tokens/s, weight + optimizer-state memory) to ``--out``, or to a new temporary directory
+(printed at the end) when --out is not given.
 
     python examples/train_lm.py --out examples/results [--steps 300] [--tune]
     python examples/train_lm.py --device cuda --d-model 512 --layers 8 --context 256 ...
@@ -20,6 +21,7 @@ import os
 import pathlib
 import sys
 import sysconfig
+import tempfile
 import time
 
 import torch
@@ -145,31 +147,72 @@ def train(name, lr, args, train_data, val_data, progress):
                 cancelled=opt.cancelled_updates / max(1, params * args.steps))
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 0")
+    return value
+
+
+def device_name(text: str) -> str:
+    """argparse type: a torch device this machine has (cpu, or cuda where CUDA is)."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; accepted: cpu or "
+                                         "cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device; "
+                                         "accepted: cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: cpu or cuda")
+    return text
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="directory for train_lm.png / .md")
-    parser.add_argument("--steps", type=int, default=300,
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="directory for train_lm.png / .md / .json (created if missing); "
+                        "default: a new temporary directory, printed at the end.  The "
+                        "committed results are in " + str(pathlib.Path(__file__).resolve()
+                                                         .parent / "results"))
+    parser.add_argument("--steps", type=positive_int, default=300,
                         help="optimizer steps per run (default: 300)")
-    parser.add_argument("--batch", type=int, default=16,
+    parser.add_argument("--batch", type=positive_int, default=16,
                         help="sequences per batch (default: 16)")
-    parser.add_argument("--context", type=int, default=64,
+    parser.add_argument("--context", type=positive_int, default=64,
                         help="bytes per sequence (default: 64)")
-    parser.add_argument("--d-model", type=int, default=64,
+    parser.add_argument("--d-model", type=positive_int, default=64,
                         help="transformer width (default: 64)")
-    parser.add_argument("--layers", type=int, default=2,
+    parser.add_argument("--layers", type=positive_int, default=2,
                         help="transformer blocks (default: 2)")
-    parser.add_argument("--heads", type=int, default=4,
+    parser.add_argument("--heads", type=positive_int, default=4,
                         help="attention heads per block (default: 4)")
-    parser.add_argument("--data-bytes", type=int, default=2_000_000,
+    parser.add_argument("--data-bytes", type=positive_int, default=2_000_000,
                         help="bytes of stdlib sources to read, 90%% train / 10%% validation "
                         "(default: 2000000)")
-    parser.add_argument("--eval-every", type=int, default=25,
+    parser.add_argument("--eval-every", type=positive_int, default=25,
                         help="steps between validation-loss points (default: 25)")
-    parser.add_argument("--val-batches", type=int, default=8,
+    parser.add_argument("--val-batches", type=positive_int, default=8,
                         help="batches per validation loss (default: 8)")
-    parser.add_argument("--device", default="cpu",
+    parser.add_argument("--device", type=device_name, default="cpu",
                         help="torch device, cpu or cuda (default: cpu)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=seed_int, default=0,
                         help="seed of the weights, batches and SR bits (default: 0)")
     parser.add_argument("--tune", action="store_true",
                         help="search each run's peak learning rate by doubling or halving it "
@@ -181,11 +224,14 @@ def main(argv=None):
                         help="redraw train_lm.png and .md from the train_lm.json of an earlier "
                         "run instead of training")
     args = parser.parse_args(argv)
-    out = pathlib.Path(args.out)
+    if args.d_model % args.heads:
+        parser.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+    out = args.out if args.out is not None else pathlib.Path(
+        tempfile.mkdtemp(prefix="lpsim-train-lm-"))
     out.mkdir(parents=True, exist_ok=True)
     if args.replot:
         saved = json.loads(pathlib.Path(args.replot).read_text())
-        write_outputs(saved["results"], argparse.Namespace(**{**saved["args"], "out": args.out}),
+        write_outputs(saved["results"], argparse.Namespace(**{**saved["args"], "out": str(out)}),
                       out)
         return
     data = stdlib_bytes(args.data_bytes)
@@ -290,6 +336,7 @@ def write_outputs(results, args, out):
                      f"{r['memory'] / scale:.1f} | {100 * r['cancelled']:.1f}% | {tried} |")
     (out / "train_lm.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    print(f"wrote {out / 'train_lm.png'}, {out / 'train_lm.md'} and {out / 'train_lm.json'}")
 
 
 if __name__ == "__main__":

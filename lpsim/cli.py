@@ -8,10 +8,13 @@ pattern; unsigned formats have no sign field).
 from __future__ import annotations
 
 import argparse
+import decimal
 import itertools
 import math
+import re
 import sys
 import time
+from fractions import Fraction
 
 import numpy as np
 
@@ -38,19 +41,75 @@ examples:
 
 
 # --- values ---------------------------------------------------------------------------------
-def parse_value(text: str) -> float:
-    """A float from a decimal ("0.1", "-1e-30", "inf", "nan") or a hex float ("0x1.8p-3")."""
+class Number(Fraction):
+    """A value as typed, exactly (a decimal such as 0.1 or 1e-400 is not a float64), and the
+    text it was read from."""
+
+    def __new__(cls, numerator=0, denominator=None, *, text: str | None = None):
+        # Fraction's own methods (from_float, in comparisons) call cls(n, d)
+        self = super().__new__(cls, numerator, denominator)
+        self.text = text
+        return self
+
+    def __repr__(self) -> str:
+        return self.text if self.text is not None else super().__repr__()
+
+
+#: |values| beyond 2**HUGE or below 2**-TINY round as any other such value of their sign
+#: in every format that fits float64 (overflow; below half of float64's smallest subnormal,
+#: with a stochastic fraction under the 2**-62 of a random word): stand-ins keep huge
+#: exponents such as 1e-999999999 from making huge integers
+HUGE, TINY = 2000, 1400
+_HEX = re.compile(r"([+-]?)0x([0-9a-f]*)(?:\.([0-9a-f]*))?(?:p([+-]?[0-9]+))?", re.IGNORECASE)
+
+
+def _bounded(sign: int, mantissa: int, exp2: int | None, exp10: int | None) -> Fraction:
+    """sign * mantissa * 2**exp2 (or * 10**exp10), or its stand-in beyond HUGE / TINY."""
+    bits = mantissa.bit_length()       # 2**(bits-1) <= mantissa < 2**bits
+    if exp10 is not None:               # 3.32 < log2(10) < 3.33
+        low = bits - 1 + exp10 * (3.32 if exp10 > 0 else 3.33)
+        top = bits + exp10 * (3.33 if exp10 > 0 else 3.32)
+    else:
+        low, top = bits - 1 + exp2, bits + exp2
+    if low > HUGE:
+        return Fraction(sign * 2 ** HUGE)
+    if top < -TINY:
+        return Fraction(sign, 2 ** TINY)
+    power = Fraction(10) ** exp10 if exp10 is not None else Fraction(2) ** exp2
+    return sign * mantissa * power
+
+
+def parse_value(text: str) -> Fraction | float:
+    """A value from a decimal ("0.1", "-1e-400", "inf", "nan") or a hex float ("0x1.8p-3"),
+    exactly: a :class:`Number` (a Fraction), or a float for zeros (their sign), inf and
+    NaN.  A decimal is rounded as written, not its float64 rounding."""
     s = text.strip()
-    try:
-        if "0x" in s.lower():
-            return float.fromhex(s)
-        return float(s)
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"{text.strip()!r} is beyond float64's range") from None
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text.strip()!r} is not a number; accepted: a decimal (0.1, -1e-30, inf, nan) or a "
-            "hex float (0x1.8p-3)") from None
+    bad = argparse.ArgumentTypeError(
+        f"{s!r} is not a number; accepted: a decimal (0.1, -1e-30, inf, nan) or a hex float "
+        "(0x1.8p-3)")
+    match = _HEX.fullmatch(s)
+    if match:
+        sign, whole, frac, exp = match.groups()
+        frac = frac or ""
+        if not whole + frac:
+            raise bad
+        value = _bounded(-1 if sign == "-" else 1, int(whole + frac, 16),
+                         int(exp or 0) - 4 * len(frac), None)
+        zero = -0.0 if sign == "-" else 0.0
+    else:
+        try:
+            number = decimal.Decimal(s)
+        except decimal.InvalidOperation:
+            raise bad from None
+        if not number.is_finite():
+            try:
+                return float(s)
+            except ValueError:                  # sNaN
+                raise bad from None
+        sign, digits, exp = number.as_tuple()
+        value = _bounded(-1 if sign else 1, int("".join(map(str, digits)) or "0"), None, exp)
+        zero = -0.0 if sign else 0.0
+    return Number(value, text=s) if value else zero
 
 
 def _is_number(text: str) -> bool:
@@ -116,7 +175,15 @@ def formats_tables(specs: list[str] | None, width: int) -> list[Table]:
     """The formats' properties: one table where ``width`` allows, else several that each fit."""
     formats = [(name, fmt) for name, fmt in PRESETS.items()] if not specs else \
         [(spec, parse_format(spec)) for spec in specs]
-    rows = [_format_cells(name, fmt) for name, fmt in formats]
+    rows = []
+    for name, fmt in formats:
+        try:
+            rows.append(_format_cells(name, fmt))
+        except OverflowError:
+            spec = "" if name == fmt.spec else f" ({fmt.spec})"
+            raise ValueError(f"format {name!r}{spec} has a range beyond float64's, so its "
+                             "properties cannot be shown; accepted: formats whose values "
+                             "float64 holds") from None
     columns, count = list(_FORMAT_COLUMNS), 1
     while True:                          # the fewest tables that fit, their widths balanced
         cuts = [(0, *c, len(columns)) for c in
@@ -136,14 +203,33 @@ def _width(rows, columns) -> int:
     return sum(max(len(c), *(len(r[c]) for r in rows)) + 3 for c in columns) + 1
 
 
-def _rounded(value: float, fmt: Format, mode: str, seed: int) -> float:
+def _rounded(value, fmt: Format, mode: str, seed: int) -> float:
     """lpsim.quantize(value, fmt, mode, seed=seed), computed by the exact reference: the same
-    bits (it draws the same Philox word), and no kernel to compile for a one-off value."""
+    bits (it draws the same Philox word), and no kernel to compile for a one-off value.  A
+    Fraction (a decimal as typed) is rounded exactly, as a float64 holding it would be."""
     from . import reference
+    from .philox import WORD_BITS, random_words
     stochastic = mode in STOCHASTIC_MODES
-    out, _ = reference.quantize(np.array([value], np.float64), fmt, mode,
-                                seed=seed if stochastic else None)
-    return float(out[0])
+    if not isinstance(value, Fraction):
+        out, _ = reference.quantize(np.array([value], np.float64), fmt, mode,
+                                    seed=seed if stochastic else None)
+        return float(out[0])
+    width = WORD_BITS[8]
+    request = reference.plan(fmt, mode, np.float64, seed=seed if stochastic else None)
+    uniform = Fraction(int(random_words(1, 8, seed, 0, 0)[0]), 2 ** width) if stochastic \
+        else None
+    few = request.k if mode == "stochastic" and request.k < width else None
+    return float(reference.round_exact(value, fmt, mode, uniform=uniform, sr_bits=few).value)
+
+
+def _shown(value) -> str:
+    """A value for a title: its float64 repr and hex float when it is one, else as typed."""
+    if isinstance(value, Fraction):
+        as_float = float(value) if abs(value) < 2 ** 1024 else math.inf
+        if as_float != value:
+            return f"{value!r} (exact, not a float64)"
+        value = as_float
+    return f"{value!r} ({value.hex()})"
 
 
 def round_tables(values: list[float], specs: list[str], modes: list[str], seed: int,
@@ -158,7 +244,7 @@ def round_tables(values: list[float], specs: list[str], modes: list[str], seed: 
                 r = _rounded(value, fmt, mode, seed)
                 rows.append({"mode": mode, "value": repr(r), "hex": r.hex(),
                              "bits": bit_fields(r, fmt)})
-            title = f"{value!r} ({value.hex()}) in {spec} = {fmt.spec}"
+            title = f"{_shown(value)} in {spec} = {fmt.spec}"
             columns = ("mode", "value", "hex", "bits")
             if _width(rows, columns) <= width:
                 table = _table(title, columns, rows)
@@ -238,8 +324,9 @@ def main(argv=None) -> int:
         else:
             warmup(console)
             return 0
-    except (ValueError, TypeError) as error:
-        # the message quotes user input: escape it, or rich reads "[/x]" as markup
+    except (ValueError, TypeError, OverflowError) as error:
+        # bad input (OverflowError: a format whose range float64 cannot hold); the message
+        # quotes user input: escape it, or rich reads "[/x]" as markup
         Console(stderr=True, width=console.width).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
     for table in tables:

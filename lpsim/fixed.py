@@ -46,6 +46,8 @@ class Fixed:
                 f"fixed(): fl={self.fl} is out of range for wl={self.wl}; accepted: {lo_fl} <= "
                 f"fl <= {hi_fl} (wl - 1022 <= fl <= 1074: the quantum 2**-fl must be nonzero "
                 "in float64 and the rounding range, up to 2**(wl-fl+1), finite there)")
+        if not isinstance(self.symmetric, (bool, np.bool_)):
+            raise TypeError(f"fixed(): symmetric={self.symmetric!r} must be True or False")
         if self.symmetric and self.wl < 2:
             raise ValueError("fixed(): symmetric=True needs wl >= 2")
         object.__setattr__(self, "symmetric", bool(self.symmetric))
@@ -101,6 +103,19 @@ def _count(x, y, lo, hi, rounded):
     return [inexact, overflow, underflow, 0, s(nan), s(inf)]
 
 
+def _count_scalar(x, y, lo, hi, rounded):
+    """_count of one Python or numpy number, compared exactly (a Python int beyond float64,
+    such as 10**400, is a finite value that saturated)."""
+    if isinstance(x, (int, np.integer)):
+        x, fin, nan, inf = int(x), True, False, False
+    else:
+        x = float(x)
+        fin, nan, inf = math.isfinite(x), math.isnan(x), math.isinf(x)
+    y, rounded = float(y), float(rounded)
+    return [int(fin and y != x) + inf, int(fin and (rounded > hi or rounded < lo)),
+            int(fin and x != 0 and y == 0), 0, int(nan), int(inf)]
+
+
 def _carrier_round(quantize, x, fmt, rounding, kwargs):
     try:
         return quantize(x, fmt.carrier, rounding, **kwargs)
@@ -128,9 +143,12 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = type(rounded)(min(max(rounded, lo), hi)) if rounded == rounded else rounded
         if stats is not None:
-            stats.add(1, _count(np.array([x]), np.array([y]), lo, hi, np.array([rounded])))
+            stats.add(1, _count_scalar(x, y, lo, hi, rounded))
         return y
     if type(x).__module__.startswith("torch"):
+        if out is not None:             # refused before a random word is drawn
+            from .torch.tensors import check_out
+            check_out(x, out)
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = rounded.clamp(lo, hi)
         # counted before out is written (out may be x) and added once it was written

@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -196,7 +197,8 @@ def test_bit_fields_of_wide_formats_are_numpy_codes():
 @pytest.mark.parametrize("text, value", [("0x1.8p-3", 0.1875), ("-0x1p-3", -0.125),
                                          ("-1e-30", -1e-30), ("1E5", 1e5), ("-inf", -math.inf)])
 def test_values_in_exponent_and_hex_form(text, value):
-    assert parse_value(text) == value
+    exact = value if "x" in text or "inf" in text else Fraction(text)   # decimals as typed
+    assert parse_value(text) == exact
     done = lpsim_cmd("round", text, "-f", "fp64", "-r", "nearest", columns=200)
     assert done.returncode == 0, done.stderr
     assert repr(value) in done.stdout
@@ -214,7 +216,9 @@ def test_negative_values_next_to_options():
 @pytest.mark.parametrize("args, message", [
     (["round", "1", "-f", "fp(2)"], "format 'fp(2)' is not understood"),
     (["round", "abc"], "'abc' is not a number"),
-    (["round", "0x1p5000"], "beyond float64's range"),
+    (["round", "0x"], "'0x' is not a number"),
+    (["round", "1", "-f", "fp(4,3,-2000)"], "does not fit a float64 container"),
+    (["formats", "fp(4,3,-2000)"], "format 'fp(4,3,-2000)' has a range beyond float64's"),
     (["round", "1", "-r", "sideways"], "invalid choice: 'sideways'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
@@ -222,6 +226,48 @@ def test_errors_go_to_stderr_with_a_nonzero_exit(args, message):
     done = lpsim_cmd(*args)
     assert done.returncode == 2 and done.stdout == ""
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_decimals_are_rounded_as_typed_not_through_float64():
+    """1e-400 is not 0: rounded up it is the smallest subnormal (the issue's repro); 0.1 in
+    fp64 rounds down to 0x1.9999999999999p-4 (float64's 0.1 is above it); values beyond
+    float64 round as the exact values they are."""
+    done = lpsim_cmd("round", "1e-400", "-r", "up", "-f", "bf16", columns=200)
+    assert done.returncode == 0, done.stderr
+    assert (2.0 ** -133).hex() in done.stdout and "1e-400 (exact, not a float64)" in done.stdout
+    from lpsim.cli import _rounded
+    cases = [("1e-400", "bf16", "up"), ("-1e-400", "fp64", "down"), ("1e-400", "fp64", "up"),
+             ("0.1", "fp64", "down"), ("0.1", "fp(11,52)", "up"), ("1e400", "bf16", "toward_zero"),
+             ("1e400", "bf16", "nearest"), ("-0x1.00000000000008p0", "fp64", "nearest_away"),
+             ("0x1.000000000000080000001p0", "fp64", "nearest"), ("1e-999999999", "fp64", "up"),
+             ("-1e999999999", "fp(4,3)", "toward_zero")]
+    for text, spec, mode in cases:
+        value = parse_value(text)
+        # 1e+-999999999 stand for themselves (a Fraction of them would be a huge integer)
+        stand_in = value if "999999999" in text or "x" in text else Fraction(text)
+        want = float(reference.round_exact(stand_in, spec, mode).value)
+        assert _rounded(value, lpsim.parse_format(spec), mode, 0) == want, (text, spec, mode)
+    assert _rounded(parse_value("1e-400"), lpsim.parse_format("fp64"), "up", 0) == 5e-324
+    assert _rounded(parse_value("0.1"), lpsim.parse_format("fp64"), "down", 0) == \
+        float.fromhex("0x1.9999999999999p-4")
+    assert _rounded(parse_value("1e-999999999"), lpsim.parse_format("fp64"), "up", 0) == 5e-324
+
+
+def test_exact_values_take_the_draws_of_lpsim_quantize():
+    """A typed value that is a float64 gives lpsim.quantize's bits in every mode and seed
+    (the stochastic word of counter 0 in a float64 container)."""
+    from lpsim.cli import _rounded
+    from lpsim.rounding import MODES
+    for text in ("0.1875", "-3.00000011920928955078125", "65519", "0x1.fffffep-127"):
+        value = parse_value(text)
+        for spec in ("bf16", "e4m3fn", "fp(11,40)"):
+            fmt = lpsim.parse_format(spec)
+            for mode in MODES:
+                for seed in (0, 7, 2 ** 63 + 5):
+                    want = float(lpsim.quantize(float(value), fmt, mode, seed=seed))
+                    got = _rounded(value, fmt, mode, seed)
+                    assert got == want or (math.isnan(got) and math.isnan(want)), \
+                        (text, spec, mode, seed)
 
 
 def test_version():

@@ -114,3 +114,55 @@ def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_pat
     assert sorted(p.name for p in out.iterdir()) == [
         "precision_assignment.json", "precision_assignment.md", "precision_assignment.png"]
     assert json.loads((out / "precision_assignment.json").read_text())["args"]["out"] == str(out)
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("rounding_error_vs_precision.py", ["--format", "nonsense"],
+     "argument --format: unknown format 'nonsense'"),
+    ("rounding_error_vs_precision.py", ["--steps", "0"],
+     "argument --steps: 0 is not accepted; accepted: an integer >= 1"),
+    ("casgd_recipes.py", ["--b", "0"], "argument --b: 0 is not accepted"),
+    ("casgd_recipes.py", ["--eta", "-1"], "argument --eta: -1.0 is not accepted"),
+    ("casgd_recipes.py", ["--losses", "hinge"], "argument --losses: invalid choice: 'hinge'"),
+    ("optim_papers.py", ["--runs", "0"], "argument --runs: 0 is not accepted"),
+    ("train_lm.py", ["--heads", "3"], "--d-model 64 is not a multiple of --heads 3"),
+    ("train_lm.py", ["--device", "nonsense"], "argument --device: 'nonsense' is not a torch"),
+    ("precision_assignment.py", ["--lr", "-1"], "argument --lr: -1.0 is not accepted"),
+])
+def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, script, args,
+                                               message):
+    """argparse's usage error (status 2, the option named), not a traceback from deep in
+    the run, and nothing written (main(argv) in this process: one import of torch)."""
+    import importlib.util
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the examples extend it on import
+    spec = importlib.util.spec_from_file_location(f"example_{script[:-3]}", EXAMPLES / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        module.main(args)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, args, files", [
+    ("optim_papers.py", ["--runs", "1", "--cap", "50", "--ls-steps", "20"],
+     ["optim_papers.md", "optim_papers.png"]),
+    ("train_lm.py", ["--steps", "2", "--batch", "2", "--context", "8", "--d-model", "8",
+                     "--layers", "1", "--heads", "2", "--data-bytes", "20000", "--eval-every",
+                     "1", "--val-batches", "1", "--runs", "FP32"],
+     ["train_lm.json", "train_lm.md", "train_lm.png"]),
+])
+def test_examples_without_out_write_to_a_temporary_directory(tmp_path, script, args, files):
+    """The README's promise: without --out a new temporary directory, printed at the end;
+    nothing in the working directory or the committed results."""
+    before = digests(RESULTS)
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path,
+                          env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = pathlib.Path(re.search(r"^wrote (\S+)/" + re.escape(files[-1]), done.stdout,
+                                 re.M).group(1))
+    assert sorted(p.name for p in out.iterdir()) == files
+    assert digests(RESULTS) == before and list(tmp_path.iterdir()) == []

@@ -153,3 +153,26 @@ def test_fl_at_the_ends_of_the_range_works(wl, fl):
     y = lpsim.quantize(x, fmt)
     assert np.all(np.isfinite(y)) and y[0] == fmt.max_finite and y[1] == fmt.min_finite
     assert np.all(y % fmt.quantum == 0)
+
+
+def test_symmetric_must_be_a_bool():
+    with pytest.raises(TypeError, match="symmetric='yes' must be True or False"):
+        lpsim.fixed(8, 4, symmetric="yes")
+    with pytest.raises(TypeError, match="symmetric=1"):
+        lpsim.fixed(8, 4, symmetric=1)
+    assert lpsim.fixed(8, 4, symmetric=np.bool_(True)).symmetric is True
+
+
+@pytest.mark.parametrize("x, want, counts", [
+    (10 ** 400, 7.9375, [1, 1, 1, 0, 0, 0, 0]),      # a finite int beyond float64: saturated
+    (-10 ** 400, -8.0, [1, 1, 1, 0, 0, 0, 0]),
+    (2 ** 60 + 1, 7.9375, [1, 1, 1, 0, 0, 0, 0]),
+    (np.int64(5), 5.0, [1, 0, 0, 0, 0, 0, 0]),
+    (0.03, 0.0, [1, 1, 0, 1, 0, 0, 0]),
+    (float("inf"), 7.9375, [1, 1, 0, 0, 0, 0, 1]),
+])
+def test_scalars_beyond_float64_give_the_same_answer_with_and_without_stats(x, want, counts):
+    stats = lpsim.RoundingStats()
+    assert lpsim.quantize(x, lpsim.fixed(8, 4)) == want
+    assert lpsim.quantize(x, lpsim.fixed(8, 4), stats=stats) == want
+    assert stats.counts.tolist() == counts

@@ -203,3 +203,71 @@ def test_fma_of_inf_and_nan_operands_is_the_ieee_result():
     for _ in range(2):                                      # the general, then cached path
         assert np.array_equal(ops.fma(a, b, c, "bf16"), want, equal_nan=True)
     assert ops.fma(np.inf, 2.0, 1.0, "bf16") == np.inf
+
+
+def _scalar_kinds():
+    kinds = [np.float64, np.float32, np.float16, np.int64, np.int8, np.uint16]
+    try:
+        import ml_dtypes
+        kinds.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return kinds
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "sqrt", "fma"])
+def test_numpy_scalars_take_the_scalar_path_with_the_general_paths_results(name):
+    """numpy scalars (what indexing an array gives) of every kind, alone, mixed, and with
+    Python floats and ints: the scalar fast path (a call seen before) gives the value and
+    type of the general path (a call with stats= takes it), and a 0-d array call's value."""
+    from lpsim.ops import elementwise
+    op = getattr(ops, name)
+    arity = {"sqrt": 1, "fma": 3}.get(name, 2)
+    kinds = _scalar_kinds()
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    # float32 values (fma's products exact), specials, and the exact path's ranges
+    values = [float(np.float32(v)) for v in (1.1, 2.3, -0.7, 3.0, 1e-8)] + \
+        [0.0, -0.0, np.inf, np.nan, 2.0 ** -600, 2.0 ** 1020]
+    calls = 0
+    for fmt, rounding in (("bf16", "nearest"), ("e4m3", "up"), ("fp(8,10)", "down")):
+        for trial in range(12):
+            picks = [kinds[i] for i in rng.integers(0, len(kinds), arity)]
+            if trial % 4 == 3 and arity > 1:
+                picks[-1] = float if trial % 8 == 3 else int
+            args = []
+            for kind in picks:
+                v = values[rng.integers(0, len(values))]
+                if kind is int or np.dtype(kind).kind in "iu":
+                    v = int(rng.integers(0, 100))
+                with np.errstate(over="ignore"):
+                    args.append(kind(v))
+            with np.errstate(all="ignore"):
+                general = op(*args, fmt, rounding, stats=lpsim.RoundingStats())
+                op(*args, fmt, rounding)
+                hits = elementwise._SCALAR_KINDS.copy()
+                fast = op(*args, fmt, rounding)
+                zero_d = op(*[np.asarray(a) if not isinstance(a, (int, float)) else a
+                              for a in args], fmt, rounding)
+            assert type(fast) is type(general), (args, fast, general)
+            assert fast.dtype == zero_d.dtype
+            assert np.array_equal(fast, general, equal_nan=True) and \
+                np.signbit(fast) == np.signbit(general), (args, fast, general)
+            assert np.array_equal(fast, zero_d, equal_nan=True)
+            calls += all(type(a) in hits for a in args if not isinstance(a, (int, float)))
+    assert calls > 0
+    # the fast path answers: a result from the cached route, with no array work
+    x, y = np.float32(1.1), np.float32(2.3)
+    ops.add(x, y, "bf16")
+    assert elementwise._numpy_scalars(elementwise.ADD, (x, y), "bf16", "nearest") == \
+        ops.add(1.1, 2.3, "bf16", in_fmt="fp32") == np.float32(3.40625)
+
+
+def test_numpy_scalars_that_the_general_path_refuses_are_still_refused():
+    ops.add(np.int64(3), np.int64(4), "bf16")
+    with pytest.raises(ValueError, match="float64 cannot hold exactly"):
+        ops.add(np.int64(2 ** 53 + 1), np.int64(4), "bf16")
+    with pytest.raises(TypeError, match="bool"):
+        ops.add(np.bool_(True), np.float32(1), "bf16")
+    ops.add(np.float32(1), np.float32(1), "fp(8,23)")
+    with pytest.raises(ValueError):
+        ops.add(np.float32(1), np.float32(1), "fp(11,40)")     # does not fit float32

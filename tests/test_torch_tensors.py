@@ -1,6 +1,7 @@
 """lpsim.quantize / lpsim.torch.quantize on torch tensors: autograd, version counter, dtypes."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -182,3 +183,43 @@ def test_lazily_negated_tensors_round_and_take_results():
                           lpsim.quantize(x.resolve_neg().numpy(), "bf16", "stochastic", seed=3))
     lpsim.quantize(torch.tensor([1.1, 1.3]), "e2m1fn", out=x)
     assert x.tolist() == [1.0, 1.5] and z.imag.tolist() == [-1.0, -1.5]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", lpsim.fixed(8, 4)])
+def test_an_out_whose_elements_share_memory_is_refused_as_torch_refuses_it(fmt):
+    """torch.zeros(1).expand(32) has stride 0: every element is one location.  torch's own
+    out= refuses it; lpsim wrote it silently (the last element's value won)."""
+    x = torch.linspace(-3, 3, 32)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.add(x, 1, out=torch.zeros(1).expand(32))
+    base = torch.zeros(1)
+    for x_, out, strides in ((x, base.expand(32), "(0,)"),
+                             (x, torch.zeros(8).as_strided((32,), (0,)), "(0,)"),
+                             (x.reshape(32, 1).expand(32, 32).T, torch.zeros(1, 32).expand(32, 32),
+                              "(0, 1)")):
+        before = out.clone()
+        with pytest.raises(ValueError, match=r"out has elements that share one memory location"
+                                             rf" \(strides {re.escape(strides)}"):
+            lpsim.quantize(x_, fmt, "stochastic", seed=1, out=out)
+        assert torch.equal(out, before)
+    stats = lpsim.RoundingStats() if not isinstance(fmt, str) or fmt != "mxfp4" else None
+    with pytest.raises(ValueError, match="share one memory location"):
+        lt.quantize(x, fmt, out=base.expand(32), stats=stats)
+    assert stats is None or stats.elements == 0
+    # distinct elements with strides (a transposed or sliced out) are written as before
+    out = torch.zeros(64)[::2]
+    assert lt.quantize(x, fmt, out=out) is out and torch.equal(out, lt.quantize(x, fmt))
+
+
+def test_numpy_out_views_follow_numpy():
+    """A broadcast view is read-only: refused, as numpy refuses it; an out overlapping x
+    gets the values of rounding x first, as numpy's ufuncs give."""
+    x = np.linspace(-3, 3, 32, dtype=np.float32)
+    with pytest.raises(ValueError, match="read-only"):
+        np.add(x, 1, out=np.broadcast_to(np.zeros(1, np.float32), (32,)))
+    with pytest.raises(ValueError, match="out is read-only"):
+        lpsim.quantize(x, "bf16", out=np.broadcast_to(np.zeros(1, np.float32), (32,)))
+    a = np.concatenate([x, [7.3]]).astype(np.float32)
+    want = lpsim.quantize(a[:-1].copy(), "bf16", "up")
+    lpsim.quantize(a[:-1], "bf16", "up", out=a[1:])
+    assert np.array_equal(a[1:], want)

@@ -5,7 +5,9 @@ Repeated calls are cheap: the first array call of an elementwise request (op, fm
 rounding, dtype, sr_bits), and the first 2-D ``matmul`` or 1-D ``dot`` of a model, dtypes
 and shapes on one thread, go the general way and leave a plan that later calls run from
 (numpy float32/float64 operands, no ``stats``/``out`` for products, no ``in_fmt``/``out``
-for elementwise ops); the results are the same bits either way."""
+for elementwise ops); elementwise calls on scalars (Python floats, numpy scalars) to a
+deterministic mode with nothing else asked run one compiled call once their (op, fmt,
+rounding, container) was seen; the results are the same bits either way."""
 
 from .bounds import gamma, input_cast_factor
 from .elementwise import add, div, fma, mul, sqrt, sub

@@ -3,14 +3,16 @@
 Each result is computed exactly to odd in float64 (:mod:`lpsim.ops.exact`) and rounded
 once to ``fmt`` with :func:`lpsim.quantize`'s kernel, so it is the correctly rounded exact
 result, never a double rounding of a float64 one.  Exact, for every float32/float64 operand:
-add, sub (TwoSum), mul, div, sqrt (FMA residuals; barring results below 2**-969 or float64
-overflow).  fma(a, b, c) needs a*b exact in float64 (e.g. operands in a format that fits
-float32, or in_fmt with m <= 25); otherwise it raises.  fmt must have m <= 50, or be fp64
-with rounding="nearest" (the float64 operation itself).
+add, sub (TwoSum), mul, div, sqrt (FMA residuals; a dividend or radicand below 2**-900 is
+scaled by a power of two first, so that its residual does not underflow).  fma(a, b, c)
+needs a*b exact in float64 when it is a normal float64 of at least 2**-969 (e.g. operands in
+a format that fits float32, or in_fmt with m <= 25); otherwise it raises.  fmt must have
+m <= 50, or be fp64 with rounding="nearest" (the float64 operation itself).
 
-Results outside float64's safe range (products and quotients below 2**-969, any result at
-or beyond 2**1022, float64 overflow) are computed exactly in rational arithmetic and
-rounded by :func:`lpsim.reference.round_exact` with the same random word.  An exact zero
+Results outside float64's safe range (products and quotients below 2**-969, fma's products
+below 2**-969 or beyond float64, any result at or beyond 2**1022) are computed exactly in
+rational arithmetic and rounded by :func:`lpsim.reference.round_exact` with the same random
+word.  An exact zero
 sum (add, sub, fma) is +0, or -0 under rounding ``down`` (IEEE 754 section 6.3; the sum of
 two zeros of one sign keeps it).
 
@@ -55,6 +57,8 @@ ADD, SUB, MUL, DIV, FMA, SQRT = range(6)
 _NAMES = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", FMA: "fma", SQRT: "sqrt"}
 #: float64 results below this (nonzero) or at least HUGE take the exact path
 TINY, HUGE = 2.0 ** -969, 2.0 ** 1022
+#: div and sqrt scale operands below SCALE_BELOW by SCALE (sqrt: SCALE**2), exactly
+SCALE_BELOW, SCALE = 2.0 ** -900, 2.0 ** 200
 
 
 @register_jitable
@@ -66,6 +70,7 @@ def odd_bits(op, x, y, z, odd, mode):
     ``mode``: +0, or -0 under down, unless both terms are zeros of one sign.
     """
     inexact_product = False
+    wild = False
     if op == ADD or op == SUB:
         y = y if op == ADD else -y
         rn = x + y
@@ -75,20 +80,32 @@ def odd_bits(op, x, y, z, odd, mode):
         bits = product_to_odd(x, y) if odd else f2i(rn)
     elif op == DIV:
         rn = x / y
-        bits = quotient_to_odd(x, y) if odd else f2i(rn)
+        # a dividend below SCALE_BELOW may leave a residual a - q*b below float64's
+        # subnormals: both operands scaled by SCALE give the same quotient, whose residual
+        # is exact (a quotient below TINY takes the exact path)
+        s = SCALE if abs(x) < SCALE_BELOW else 1.0
+        bits = quotient_to_odd(x * s, y * s) if odd else f2i(rn)
     elif op == SQRT:
         rn = np.sqrt(x)
-        bits = sqrt_to_odd(x) if odd else f2i(rn)
+        # likewise x - r*r: x scaled by SCALE**2 has its root scaled by SCALE, scaled back
+        # exactly (the root of a float64 is at least 2**-537, a normal number)
+        s = SCALE if abs(x) < SCALE_BELOW else 1.0
+        root = sqrt_to_odd(x * (s * s))
+        bits = f2i(i2f(root) / s) if odd else f2i(rn)
     else:
         p = x * y
-        # an inf or NaN operand makes an IEEE product (inf - inf is no residual)
-        inexact_product = odd and np.isfinite(x) and np.isfinite(y) and fma_(x, y, -p) != 0.0
+        # a product below TINY or beyond float64 (x, y finite and nonzero) is not a float64:
+        # the exact path rounds x*y + z; an inf or NaN operand makes an IEEE product (inf -
+        # inf is no residual)
+        wild = (x != 0.0) & (y != 0.0) & ((abs(p) < TINY) | ~np.isfinite(p))
+        inexact_product = odd and np.isfinite(x) and np.isfinite(y) and not wild and \
+            fma_(x, y, -p) != 0.0
         rn = fma_(x, y, z)
         bits = zero_sum_bits(sum_to_odd(p, z), rn, p, z, mode == DOWN) if odd else f2i(rn)
     # & of the conditions, not `and`: no branches, so that a loop over elements vectorises
     finite = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
     nonzero = (x != 0.0) & ((y != 0.0) | (op == ADD) | (op == SUB) | (op == SQRT))
-    tiny = ((op == MUL) | (op == DIV)) & (abs(rn) < TINY)
+    tiny = (((op == MUL) | (op == DIV)) & (abs(rn) < TINY)) | wild
     unsafe = finite & nonzero & odd & ((abs(rn) >= HUGE) | tiny)
     return (np.int64(0) if unsafe else bits), unsafe, inexact_product
 
@@ -214,9 +231,86 @@ def _buffers(n: int):
 
 #: _scalar's entry point, made on first use (see lpsim.cpu.entry_point)
 _SCALAR = []
-#: (op, fmt, rounding) -> (odd, mode, k, pv) of Python-float calls to a deterministic mode
-#: without sr_bits, validated once (the scalar fast path of _apply)
+#: (op, fmt, rounding, result itemsize) -> (odd, mode, k, pv) of scalar calls to a
+#: deterministic mode without sr_bits, validated once (the scalar fast paths of _apply)
 _SCALARS: dict = {}
+#: numpy scalar type -> (its container's itemsize, the container's scalar type, integral),
+#: or None for a type the scalar fast path does not take; filled on first sight of a type
+_SCALAR_KINDS: dict = {}
+
+
+def _scalar_kind(kind):
+    """_SCALAR_KINDS' entry of ``kind``: floats of at most 64 bits (float16 and ml_dtypes'
+    bfloat16 widen to float32, as as_container_array widens them), integers (float64, when
+    exact), not bools."""
+    if not isinstance(kind, type) or not issubclass(kind, np.generic) or \
+            issubclass(kind, np.bool_):
+        return None
+    try:
+        dtype = as_array(kind(0), "x", "add").dtype
+    except (TypeError, ValueError):
+        return None
+    return dtype.itemsize, dtype.type, issubclass(kind, np.integer)
+
+
+def _remember_scalar(op, fmt, rounding, dtype, route):
+    """Store the validated route of a scalar call (and make the scalar kernel's entry
+    point, which the fast paths call, if no call has)."""
+    if len(_SCALARS) >= 1024:           # a program whose formats moved on
+        _SCALARS.clear()
+    _, mode, k, odd, pv, _ = route
+    if not _SCALAR:
+        args = (op, 0.0, 0.0, 0.0, odd, mode, k, pv, 0, 0, 0, 0, _DISCARD)
+        _SCALAR.append(cpu.entry_point(_scalar, args, "lpsim.ops' scalar kernel"))
+    try:
+        _SCALARS[op, fmt, rounding, dtype.itemsize] = odd, mode, k, pv
+    except TypeError:                   # an unhashable fmt: validated each call
+        pass
+
+
+def _numpy_scalars(op, operands, fmt, rounding):
+    """The result of a call on numpy scalars (float16/32/64, bfloat16, integers; Python
+    floats and ints among them are weak, as numpy has them) to a deterministic mode with
+    nothing else asked, once a call before validated its route; else None.  The same
+    numpy scalar as the general path's: numpy's result type's container."""
+    size = 0
+    make = None
+    for x in operands:
+        kind = type(x)
+        if kind is float:
+            continue
+        if kind is int:                 # weak; must be exact in float64
+            try:
+                if float(x) != x:
+                    return None
+            except OverflowError:
+                return None
+            continue
+        try:
+            found = _SCALAR_KINDS[kind]
+        except KeyError:
+            found = _SCALAR_KINDS[kind] = _scalar_kind(kind)
+        if found is None:
+            return None
+        itemsize, container, integral = found
+        if integral and int(x) != float(x):     # not exact in float64: the general path
+            return None
+        if itemsize > size:
+            size, make = itemsize, container
+    if not size:
+        return None
+    try:
+        odd, mode, k, pv = _SCALARS[op, fmt, rounding, size]
+    except (KeyError, TypeError):
+        return None
+    n = len(operands)
+    x = float(operands[0])
+    y = float(operands[1]) if n > 1 else x
+    z = float(operands[2]) if n > 2 else x
+    value, unsafe, bad = _SCALAR[0](op, x, y, z, odd, mode, k, pv, 0, 0, 0, 0, _DISCARD)
+    if unsafe or bad:
+        return None
+    return make(value)
 
 
 #: (op, fmt, rounding, dtype, sr_bits) -> _Fast
@@ -298,7 +392,7 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
         # Python floats to a deterministic mode with nothing else asked: the scalar kernel
         # with the route a call before cached (_SCALARS), no validation left to do
         try:
-            scalar = _SCALARS[op, fmt, rounding]
+            scalar = _SCALARS[op, fmt, rounding, 8]
         except (KeyError, TypeError):           # unhashable: validated below, by name
             scalar = None
         if (scalar is not None and type(operands[-1]) is float and stats is None
@@ -317,6 +411,13 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
                               offset)
         if result is not None:
             return result
+    if (type(operands[-1]) is not _ndarray and stats is None and seed is None
+            and sr_bits is None and in_fmt is None and out is None
+            and type(stream) is int is type(offset) and not (stream or offset)):
+        # numpy scalars (what indexing an array gives): the same scalar kernel
+        result = _numpy_scalars(op, operands, fmt, rounding)
+        if result is not None:
+            return result
     name = _NAMES[op]
     if in_fmt is None and out is None and all(type(x) is float for x in operands):
         # Python floats: one compiled call, no arrays
@@ -331,12 +432,7 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
             _SCALAR.append(cpu.entry_point(_scalar, args, "lpsim.ops' scalar kernel"))
         value, unsafe, bad = _SCALAR[0](*args)
         if sr_bits is None and mode < STOCHASTIC:
-            if len(_SCALARS) >= 1024:           # a program whose formats moved on
-                _SCALARS.clear()
-            try:
-                _SCALARS[op, given_fmt, rounding] = odd, mode, k, pv
-            except TypeError:                   # an unhashable fmt: validated each call
-                pass
+            _remember_scalar(op, given_fmt, rounding, _F64, (fmt, mode, k, odd, pv, None))
         if not (unsafe or bad):
             return value
     names = ("a", "b", "c")[:len(operands)] if op != SQRT else ("x",)
@@ -352,6 +448,8 @@ def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, of
     given = fmt
     route = fmt, mode, k, odd, pv, _ = _cached_route(name, fmt, rounding, dtype, sr_bits)
     counts = _check_stats(name, stats)
+    if scalar and sr_bits is None and mode < STOCHASTIC and in_fmt is None:
+        _remember_scalar(op, given, rounding, dtype, route)
     shapes = [x.shape for x in arrays]
     if all(s == shapes[0] for s in shapes):
         shape = shapes[0]

@@ -179,6 +179,15 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
                   bool(m.fused), common)
 
 
+def _fit_float32(x) -> bool:
+    """Whether every value of the array ``x`` is a float32 value (NaN and inf included)."""
+    if x.dtype == np.float32:
+        return True
+    with np.errstate(over="ignore"):
+        narrow = x.astype(np.float32)
+    return bool(np.all((narrow == x) | np.isnan(x)))
+
+
 def _kernel_array(x, keep=False):
     """x as a C-contiguous writable float64 array (numba compiles read-only or non-C arrays
     as other signatures), copying only when needed; keep: a float32 x stays float32 (the
@@ -382,8 +391,10 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     if product is not None:
         return product(a, b, seed, stream)
     like_torch = is_torch(a) or is_torch(b)
+    block = None            # a block in_fmt: a and b come back as its values
     if not _passes_through(model, in_fmt):   # tensor-core models, block in_fmt
         _check_stats(stats, op)
+        given = in_fmt
         done, a, b, model, in_fmt = dispatch(a, b, model, in_fmt, seed, stream, stats,
                                              acc_fmt=acc_fmt, out_fmt=out_fmt,
                                              acc_rounding=acc_rounding,
@@ -391,12 +402,28 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
                                              order=order)
         if done is not None:
             return _finish(done, like_torch, out, op)
+        if in_fmt is None and given is not None:
+            block, key = given, None    # not cached: a cached product would skip the blocks
     a, b = as_array(a, "a", op), as_array(b, "b", op)
+    if block is not None and _fit_float32(a) and _fit_float32(b):
+        in_fmt = PRESETS["fp32"]        # block values that float32 holds: taken as they are
     m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)
     _check_stats(stats, op)
-    a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
-    result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
+    if block is None:
+        a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
+    try:
+        result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
+    except ValueError as error:
+        if block is None or "too wide for the per-step simulation" not in str(error):
+            raise
+        raise ValueError(
+            f"matmul: in_fmt={block!r} gives block values (element times scale) that float32 "
+            "cannot hold, and the per-step accumulator simulation (acc_fmt="
+            f"{m.acc_fmt!r}) needs operands that fit float32, so that every product is exact "
+            "in float64; accepted with these operands: acc_fmt='fp64' with order=None "
+            "(float64 BLAS on the block values) or a tensor-core model (lpsim.ops."
+            "HARDWARE_MODELS)") from None
     _remember_product(key, a, b, m, op)
     if a.ndim == 1 and b.ndim == 1:
         result = result[..., 0, 0]

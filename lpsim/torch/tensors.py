@@ -14,7 +14,8 @@ Rules (torch's own conventions for in-place ops):
   ``torch.no_grad()``, as optimizers update weights); a non-leaf ``out`` is written through
   autograd (``out.copy_``), so its gradient is the straight-through one.
 * A bfloat16/float16 ``out`` takes the rounded values only if each is exact in its dtype
-  (ValueError otherwise).  A torch ``x`` needs a torch ``out`` and the reverse (TypeError).
+  (ValueError otherwise).  An ``out`` whose elements share memory (``expand``, stride 0) is
+  refused (ValueError), as torch refuses to write one.  A torch ``x`` needs a torch ``out`` and the reverse (TypeError).
 * CUDA tensors run in :mod:`lpsim_cuda`, CPU tensors in lpsim's numba kernels; the random
   bits of element ``i`` are the same on both.
 * Block formats (MX, NVFP4: :mod:`lpsim.blocks`) follow the same rules.
@@ -50,6 +51,22 @@ def _check(x, out):
                              "they must match")
         if out.device != x.device:
             raise ValueError(f"out is on {out.device}, x on {x.device}; they must match")
+        if _overlaps(out):
+            raise ValueError(f"out has elements that share one memory location (strides "
+                             f"{tuple(out.stride())}, e.g. an expanded tensor), which torch "
+                             "refuses to write too; accepted: an out whose elements are "
+                             "distinct (out.clone(), or a new tensor)")
+
+
+def _overlaps(t) -> bool:
+    """Whether two elements of ``t`` share memory (torch's own check where it can tell;
+    else a stride 0 on a dimension of more than one element)."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        verdict = int(check(t))
+        if verdict != 2:            # 0: no, 1: yes, 2: too hard to tell
+            return verdict == 1
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
 
 
 def container(dtype) -> torch.dtype:
@@ -156,4 +173,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                        stats=stats, out=out, offset=offset, generator=generator)
 
 
-__all__ = ["quantize", "quantize_tensor", "round_detached", "container"]
+#: the checks of x and out, before anything is rounded (lpsim.fixed runs them first too)
+check_out = _check
+
+__all__ = ["quantize", "quantize_tensor", "round_detached", "container", "check_out"]
