@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from itertools import chain
 import secrets
 
 import numpy as np
@@ -145,11 +146,17 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     """
 
     _algo = ADAMW
+    #: torch.optim's flags of the algorithm beyond those every optimizer takes
+    _flags = ()
 
     def __init__(self, params, defaults, *, update_rounding="nearest", weight_format=None,
                  state_format=None, state_rounding="nearest", sr_bits=None, seed=None,
                  implementation="fused", foreach=None, maximize=False, differentiable=False,
                  fused=None, **flags):
+        for name in flags:
+            if name not in self._flags:
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
+                                f"{name!r}")
         if seed is None:
             seed = secrets.randbits(64)
         flags.update(maximize=maximize, differentiable=differentiable, fused=fused)
@@ -272,16 +279,16 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             t = state.get(name, _ABSENT)
             if t is _ABSENT:
                 continue
-            if not torch.is_tensor(t) or t.numel() != local.numel() or t.dtype != dtype or \
+            if not torch.is_tensor(t) or t.shape != local.shape or t.dtype != dtype or \
                     t.device != local.device or not t.is_contiguous():
                 what = (f"a {type(t).__name__}" if not torch.is_tensor(t) else
-                        f"{t.numel()} elements of {t.dtype} on {t.device}"
+                        f"{t.numel()} elements {tuple(t.shape)} of {t.dtype} on {t.device}"
                         + ("" if t.is_contiguous() else ", not contiguous"))
                 raise ValueError(
                     f"parameter {index}'s state {name!r} holds {what}; its options need "
-                    f"{local.numel()} contiguous elements of {dtype} on {local.device} (a "
-                    "state dict of another model, or a parameter resized or re-typed after "
-                    "its state was made: convert or drop that state)")
+                    f"{local.numel()} contiguous elements {tuple(local.shape)} of {dtype} on "
+                    f"{local.device} (a state dict of another model, or a parameter resized "
+                    "or re-typed after its state was made: convert or drop that state)")
         return int(step)
 
     def load_state_dict(self, state_dict) -> None:
@@ -434,8 +441,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             if setup is None:
                 setup = resolved[dtypes] = resolve(group, p, g.dtype)
             st = state.get(p)
-            if st is not None and type(st.get("step")) is int:
-                t = st["step"] + 1
+            step = None if st is None else st.get("step")
+            if type(step) is int and step >= 0:
+                t = step + 1
             else:                       # no state yet, or a step count that is not an int
                 t = self._check_states(st or {}, p, group, setup, base + j) + 1
             if last[0] is not setup or last[1] != t:        # a set other than the last one's
@@ -451,7 +459,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         for setup, t, positions, params, grads, states in sets.values():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
             table = self._cached_table(group, base, setup, positions, params, states)
-            planned.append((setup, t, positions, params, grads, table))
+            planned.append((setup, t, positions, params, grads, states, table))
         return planned
 
     def _table_names(self, group, setup) -> tuple:
@@ -460,20 +468,27 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def _cached_table(self, group, base, setup, positions, params, states):
         """The multi.Table kept for a set while the same parameters and state tensors hold
-        the same memory (address, size, dtype, layout: what the kernel relies on; a
+        the same memory (address, shape, dtype, layout: what the kernel relies on; a
         parameter resized through .data kept its address and wrote past its end before), or
         None after checking the set's states (:meth:`_step_set` builds it)."""
         cache = self.__dict__.setdefault("_table_cache", {})   # not in torch's pickled state
         cached = cache.get((id(group), base, id(setup), tuple(positions)))
         if (cached is not None and cached[0] is group and cached[1] is setup
-                and len(params) == len(cached[2]) and all(map(operator.is_, cached[2], params))
-                and None not in states):
-            names = self._table_names(group, setup)
-            held = [st.get(name) for st in states for name in names]
-            if (len(held) == len(cached[4]) and all(map(operator.is_, cached[4], held))
-                    and [(p.data_ptr(), p.numel()) for p in params] == cached[3]
-                    and [(h.data_ptr(), h.numel(), h.dtype, h.is_contiguous())
-                         for h in held] == cached[5]):
+                and all(map(operator.is_, cached[2], params)) and None not in states):
+            # the storages kept with the table hold their memory: a tensor at a kept address
+            # is the kept memory, so the addresses, shapes, dtypes and layouts are all the
+            # kernel relies on (and what torch.optim would refuse); C-level maps, as each
+            # attribute costs a call per tensor
+            names, getter = cached[4]
+            try:        # the names too: an option turned on mid-run needs another state
+                held = list(chain.from_iterable(map(getter, states)))
+                same = (names == self._table_names(group, setup)
+                        and list(map(_PTR, params)) == cached[3][0]
+                        and list(map(_SHAPE, params)) == cached[3][1]
+                        and _signature(held) == cached[5])
+            except (KeyError, AttributeError, TypeError):     # a state missing, not a tensor
+                same = False
+            if same:
                 return cached[6]
         for j, p, st in zip(positions, params, states):
             if st is not None:
@@ -482,12 +497,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def _step_set(self, group, base, planned, hyper) -> None:
         """Step a checked set with one multi-tensor kernel call (lpsim.optim.multi)."""
-        setup, t, positions, params, grads, table = planned
+        setup, t, positions, params, grads, states, table = planned
         if table is None:
-            table = self._table(group, base, setup, positions, params)
-        state = self.state
-        for p in params:
-            state[p]["step"] = t
+            table, states = self._table(group, base, setup, positions, params)
+        for st in states:
+            st["step"] = t
         if group.get("maximize"):
             grads = [torch.neg(g) for g in grads]      # torch.optim's maximize; exact
         table.refresh(grads)
@@ -502,7 +516,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         self._cancelled += int(counts[6])
 
     def _table(self, group, base, setup, positions, params):
-        """Build and cache a set's multi.Table, making the states it needs (zeros)."""
+        """Build and cache a set's multi.Table, making the states it needs (zeros);
+        (table, the parameters' states)."""
         names = self._table_names(group, setup)
         states = [self._init_state(p, p, group, setup) for p in params]
         held = [st[name] for st in states for name in names]
@@ -523,10 +538,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         # storages: a state whose .data is swapped keeps the memory the table points to
         storages = [t.untyped_storage() for t in (*params, *held)]
         cache[id(group), base, id(setup), tuple(positions)] = (
-            group, setup, tuple(params), [(p.data_ptr(), p.numel()) for p in params],
-            tuple(held), [(h.data_ptr(), h.numel(), h.dtype, h.is_contiguous()) for h in held],
-            table, storages)
-        return table
+            group, setup, tuple(params), (list(map(_PTR, params)), list(map(_SHAPE, params))),
+            (names, _getter(names)), _signature(held), table, storages)
+        return table, states
 
     def _prepare(self, p, index, group) -> tuple:
         """Check one parameter, its gradient and its state for a step, changing nothing;
@@ -646,6 +660,24 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         self._stats.add(w.numel(), [0] * 6)
 
 
+_PTR, _SHAPE = torch.Tensor.data_ptr, operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _signature(tensors) -> tuple:
+    """Addresses, shapes, dtypes and contiguity of tensors, compared at each step."""
+    return (list(map(_PTR, tensors)), list(map(_SHAPE, tensors)), list(map(_DTYPE, tensors)),
+            list(map(torch.Tensor.is_contiguous, tensors)))
+
+
+def _getter(names):
+    """A parameter's state tensors of these names as a tuple (operator.itemgetter's, which
+    gives the item itself for one name and takes no empty list)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return (lambda st: (st[names[0]],)) if names else (lambda st: ())
+
+
 def _has_data(t: torch.Tensor) -> bool:
     """Whether a tensor has memory a kernel can be handed (not a fake or functional one)."""
     try:
@@ -665,6 +697,7 @@ class AdamW(LowPrecisionOptimizer):
     """
 
     _algo = ADAMW
+    _flags = ("amsgrad", "capturable")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, capturable=False, **kw):
