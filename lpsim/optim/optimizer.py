@@ -140,6 +140,13 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     (size, dtype, device) before a kernel takes it.  A state that the options need but the
     parameter lacks (momentum, Kahan or remainder turned on mid-run) starts at zero.
 
+    torch.optim's flags: ``maximize`` (the gradient negated, exactly), ``foreach`` None
+    (True), ``fused`` None/False/True, ``differentiable`` False, and AdamW's ``amsgrad`` and
+    ``capturable`` False; other values are refused by name.  ``lr`` may be a 1-element
+    tensor (read at each step).  A step checks everything before it changes anything;
+    meta parameters step as in torch.optim (states made, counts advanced); non-contiguous
+    parameters and gradients step in their logical order, with a contiguous parameter's bits.
+
     After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
     (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
     the weight unchanged: the stagnation of nearest rounding.
