@@ -176,13 +176,10 @@ def test_errors_on_the_multi_tensor_route():
     q = torch.nn.Parameter(torch.zeros(3))
     opt = AdamW([q, p])
     q.grad = torch.zeros(3)
-    p.grad = torch.zeros(4, 4).t()
-    with pytest.raises(ValueError, match="contiguous"):
-        opt.step()
-    assert opt.state[q]["step"] == 0        # nothing stepped: q's step count not advanced
     p.grad = torch.zeros(4, 4).to_sparse()
     with pytest.raises(TypeError, match="sparse"):
         opt.step()
+    assert opt.state.get(q) is None         # nothing stepped: q has no state, no step count
     p.grad = torch.zeros(4, 4)
     opt.step()
     del opt.state[p]["exp_avg_sq"]         # a missing state starts again at zero
@@ -193,7 +190,7 @@ def test_errors_on_the_multi_tensor_route():
         opt.step()
     r = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     r.grad = torch.zeros(2, dtype=torch.float64)
-    with pytest.raises(TypeError, match="float64"):
-        SGD([r]).step()
+    with pytest.raises(TypeError, match="parameter 0 .* torch.float64"):
+        SGD([r])
     with pytest.raises(TypeError, match="foreach"):
         SGD([q], foreach=1)

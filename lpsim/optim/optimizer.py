@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from itertools import chain
 import secrets
 
 import numpy as np
@@ -21,7 +22,7 @@ from lpsim.philox import split_key
 from lpsim.stats import RoundingStats
 
 from . import cpu, keys, multi, reference
-from .setup import STATE_ROUNDINGS, Setup, resolve
+from .setup import STATE_ROUNDINGS, STORAGE, Setup, resolve
 from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD, UPDATES
 
 IMPLEMENTATIONS = ("fused", "reference")
@@ -30,7 +31,13 @@ _PLAIN = (torch.nn.Parameter, torch.Tensor)
 
 
 def _check_number(name, value, low=0.0, high=None, open_high=False):
-    """A real hyperparameter (Python or numpy scalar, not a bool) in range."""
+    """A real hyperparameter (Python or numpy scalar, or a 1-element real tensor as torch.optim
+    takes for lr; not a bool) in range."""
+    if torch.is_tensor(value):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise (ValueError if value.numel() != 1 else TypeError)(
+                f"{name}={value!r} must be a real number or a 1-element real tensor")
+        value = value.item()
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
             math.isnan(value):
         raise TypeError(f"{name}={value!r} must be a real number")
@@ -38,6 +45,33 @@ def _check_number(name, value, low=0.0, high=None, open_high=False):
         bound = f"< {high}" if open_high else f"<= {high}"
         raise ValueError(f"{name}={value!r} is out of range; accepted: {low} <= {name}"
                          + (f" {bound}" if high is not None else ""))
+
+
+#: torch.optim's flags lpsim takes (at these values; ``maximize`` either way): a config
+#: written for torch.optim keeps them, and its state dict's groups carry them
+TORCH_FLAGS = {"maximize": (False, True), "amsgrad": (False,), "capturable": (False,),
+               "differentiable": (False,), "fused": (None, False, True)}
+_WHY = {"amsgrad": "lpsim's AdamW keeps no running maximum of the second moment",
+        "capturable": "lpsim's steps keep their step counts on the host (no CUDA graphs)",
+        "differentiable": "lpsim's kernels do not record autograd through the step"}
+
+
+def check_flags(group: dict) -> None:
+    """A TypeError for a torch.optim flag of the wrong type, a ValueError for one set to what
+    lpsim cannot do, naming it (flags absent from a group keep torch's defaults)."""
+    for name, accepted in TORCH_FLAGS.items():
+        if name not in group:
+            continue
+        value = group[name]
+        if not (isinstance(value, bool) or (value is None and None in accepted)):
+            raise TypeError(f"{name}={value!r} is not a bool; accepted: "
+                            + ", ".join(map(repr, accepted)))
+        if value not in accepted:
+            raise ValueError(f"{name}={value!r}: {_WHY[name]}; accepted: "
+                             + ", ".join(map(repr, accepted)))
+    if group.get("fused") and group["implementation"] == "reference":
+        raise ValueError("fused=True with implementation='reference'; accepted: fused=None or "
+                         "False with the reference, or implementation='fused'")
 
 
 #: the options of a param group lpsim reads at every step
@@ -68,16 +102,19 @@ def check_options(group: dict) -> None:
     for name in ("weight_format", "state_format"):
         if group[name] is not None:
             parse_format(group[name])          # a clear error now, not in a kernel
-    if not isinstance(foreach, bool):
-        raise TypeError(f"foreach={foreach!r} is not a bool; accepted: True or False")
+    if not (foreach is None or isinstance(foreach, bool)):
+        raise TypeError(f"foreach={foreach!r} is not a bool; accepted: None (True), True or "
+                        "False")
     if sr_bits is not None:
         if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
             raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
         if not 1 <= sr_bits <= 32:
             raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
     split_key(group["seed"], "seed")
+    check_flags(group)
 
 
+_ABSENT = object()
 #: (state names, update, state dtype) -> LowPrecisionOptimizer._needed's answer
 _NEEDED: dict = {}
 
@@ -103,26 +140,42 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     (size, dtype, device) before a kernel takes it.  A state that the options need but the
     parameter lacks (momentum, Kahan or remainder turned on mid-run) starts at zero.
 
+    torch.optim's flags: ``maximize`` (the gradient negated, exactly), ``foreach`` None
+    (True), ``fused`` None/False/True, ``differentiable`` False, and AdamW's ``amsgrad`` and
+    ``capturable`` False; other values are refused by name.  ``lr`` may be a 1-element
+    tensor (read at each step).  A step checks everything before it changes anything;
+    meta parameters step as in torch.optim (states made, counts advanced); non-contiguous
+    parameters and gradients step in their logical order, with a contiguous parameter's bits.
+
     After each step, ``update_stats`` (a RoundingStats) has counted the weight roundings
     (inexact, overflow, ...) and ``cancelled_updates`` the elements whose nonzero update left
     the weight unchanged: the stagnation of nearest rounding.
     """
 
     _algo = ADAMW
+    #: torch.optim's flags of the algorithm beyond those every optimizer takes
+    _flags = ()
 
     def __init__(self, params, defaults, *, update_rounding="nearest", weight_format=None,
                  state_format=None, state_rounding="nearest", sr_bits=None, seed=None,
-                 implementation="fused", foreach=True):
+                 implementation="fused", foreach=None, maximize=False, differentiable=False,
+                 fused=None, **flags):
+        for name in flags:
+            if name not in self._flags:
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
+                                f"{name!r}")
         if seed is None:
             seed = secrets.randbits(64)
-        check_options(dict(update_rounding=update_rounding, weight_format=weight_format,
-                           state_format=state_format, state_rounding=state_rounding,
-                           sr_bits=sr_bits, seed=seed, implementation=implementation,
-                           foreach=foreach))
-        defaults.update(update_rounding=update_rounding, weight_format=weight_format,
-                        state_format=state_format, state_rounding=state_rounding,
-                        sr_bits=None if sr_bits is None else int(sr_bits), seed=int(seed),
-                        implementation=implementation, foreach=foreach)
+        flags.update(maximize=maximize, differentiable=differentiable, fused=fused)
+        options = dict(update_rounding=update_rounding, weight_format=weight_format,
+                       state_format=state_format, state_rounding=state_rounding,
+                       sr_bits=sr_bits, seed=seed, implementation=implementation,
+                       foreach=foreach)
+        check_options({**options, **flags})
+        if foreach is True and fused is True:      # torch.optim's rule
+            raise ValueError("foreach=True and fused=True; accepted: at most one of them True")
+        defaults.update(options, sr_bits=None if sr_bits is None else int(sr_bits),
+                        seed=int(seed), foreach=foreach is not False, **flags)
         super().__init__(params, defaults)
         self._stats = RoundingStats()
         self._cancelled = 0
@@ -130,7 +183,9 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group) -> None:
         """torch's add_param_group, refusing a parameter listed twice in one group (torch
-        only warns; lpsim would step it twice per step, with two keys)."""
+        only warns; lpsim would step it twice per step, with two keys) and a parameter of a
+        dtype the kernels do not store (float64: torch steps it in float64, lpsim's steps
+        work in float32), by name, before the group is added."""
         super().add_param_group(param_group)
         try:
             check_options(self.param_groups[-1])
@@ -145,6 +200,13 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             raise ValueError(f"parameter {position} of a param group (shape "
                              f"{tuple(params[position].shape)}) is listed twice; accepted: each "
                              "parameter once")
+        for position, p in enumerate(params):
+            if p.dtype not in STORAGE:
+                self.param_groups.pop()
+                raise TypeError(f"parameter {position} of a param group (shape "
+                                f"{tuple(p.shape)}) has dtype {p.dtype}; lpsim.optim steps "
+                                "torch.float32, torch.bfloat16 and torch.float16 parameters "
+                                "(convert the model, e.g. model.float())")
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -198,41 +260,43 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                                              }.get(setup.update, ())
         return needed
 
-    def _init_state(self, p, local, group, setup: Setup, index: int | None = None) -> dict:
-        """The parameter's state, its tensors made (zeros) where missing; with ``index``,
-        each checked against the parameter (:meth:`_check_states`)."""
+    def _init_state(self, p, local, group, setup: Setup) -> dict:
+        """The parameter's state, its tensors made (zeros, contiguous: the kernels index
+        states in the parameter's logical order) where missing."""
         state = self.state[p]
         if "step" not in state:
             state["step"] = 0
-        needed = self._needed(group, setup)
-        for name, dtype in needed:
+        for name, dtype in self._needed(group, setup):
             if name not in state:   # new, or an option that needs it was turned on mid-run
-                state[name] = torch.zeros_like(local, dtype=dtype)
-        if index is not None:
-            self._check_states(state, local, group, setup, index)
+                state[name] = torch.zeros(local.shape, dtype=dtype, device=local.device)
         return state
 
-    def _check_states(self, state, local, group, setup: Setup, index: int) -> None:
-        """A clear error unless each state tensor the options need matches the parameter in
-        size, dtype and device and is contiguous: the kernels index them as the parameter
-        (a checkpoint of another model, or a parameter whose dtype changed, wrote out of
-        bounds before)."""
-        step = state["step"]
+    def _check_states(self, state, local, group, setup: Setup, index: int) -> int:
+        """The step count of a parameter's state (0 when it has none), or a clear error
+        unless the count is an integer >= 0 and each state tensor the options need that the
+        state holds matches the parameter in size, dtype and device and is contiguous: the
+        kernels index them as the parameter in its logical order (a checkpoint of another
+        model, or a parameter resized or re-typed, wrote out of bounds before).  Missing
+        ones are made by :meth:`_init_state` once every check of the step has passed."""
+        step = state.get("step", 0)
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"parameter {index}'s state 'step' is {step!r}; accepted: an "
                              "integer >= 0")
         for name, dtype in self._needed(group, setup):
-            t = state[name]
-            if not torch.is_tensor(t) or t.numel() != local.numel() or t.dtype != dtype or \
+            t = state.get(name, _ABSENT)
+            if t is _ABSENT:
+                continue
+            if not torch.is_tensor(t) or t.shape != local.shape or t.dtype != dtype or \
                     t.device != local.device or not t.is_contiguous():
                 what = (f"a {type(t).__name__}" if not torch.is_tensor(t) else
-                        f"{t.numel()} elements of {t.dtype} on {t.device}"
+                        f"{t.numel()} elements {tuple(t.shape)} of {t.dtype} on {t.device}"
                         + ("" if t.is_contiguous() else ", not contiguous"))
                 raise ValueError(
                     f"parameter {index}'s state {name!r} holds {what}; its options need "
-                    f"{local.numel()} contiguous elements of {dtype} on {local.device} (a "
-                    "state dict of another model, or a parameter whose dtype changed after "
-                    "its state was made: convert or drop that state)")
+                    f"{local.numel()} contiguous elements {tuple(local.shape)} of {dtype} on "
+                    f"{local.device} (a state dict of another model, or a parameter resized "
+                    "or re-typed after its state was made: convert or drop that state)")
+        return int(step)
 
     def load_state_dict(self, state_dict) -> None:
         """torch's load_state_dict, except that state tensors keep their dtypes.
@@ -265,7 +329,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 if name == "step":      # torch.optim keeps its step count as a tensor
                     self.state[p][name] = int(value.item())
                     continue
-                self.state[p][name] = value.detach().to(device=p.device, copy=True)
+                self.state[p][name] = value.detach().to(
+                    device=p.device, memory_format=torch.contiguous_format, copy=True)
 
     def memory_bytes(self) -> float:
         """Bytes per parameter element of weights plus optimizer state, from the options.
@@ -328,31 +393,41 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     # -- the step --------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
+        """One step of every parameter with a gradient.  Every parameter, gradient and state
+        is checked first, so a step that raises has changed nothing (parameters, states,
+        step counts, counters)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
             check_options(group)
-        base = 0
+        plans, base = [], 0
         for group in self.param_groups:
             params = group["params"]
-            if group["implementation"] == "fused" and group.get("foreach", True):
-                self._step_group(group, base)
+            singles = []
+            if group["implementation"] == "fused" and group["foreach"] is not False:
+                sets = self._plan_group(group, base, singles)
             else:
-                hyper = {}      # step count -> _hyper: one per group and count, not per tensor
-                for j, p in enumerate(params):
-                    if p.grad is not None:
-                        self._step_param(p, base + j, group, hyper)
+                sets = ()
+                singles = [self._prepare(p, base + j, group)
+                           for j, p in enumerate(params) if p.grad is not None]
+            plans.append((group, base, sets, singles))
             base += len(params)
+        for group, base, sets, singles in plans:
+            hyper = {}      # step count -> _hyper: one per group and count, not per tensor
+            for prepared in singles:
+                self._step_param(prepared, group, hyper)
+            for planned in sets:
+                self._step_set(group, base, planned, hyper)
         return loss
 
-    def _step_group(self, group, base):
-        """Step a group's CPU tensors by sets (dtypes, Setup, step count), one multi-tensor
-        kernel call per set (lpsim.optim.multi); others (CUDA, DTensor, or a check that
-        fails, to raise its error) one by one."""
-        sets = {}       # (id of Setup, step count) -> (Setup, positions, params, grads, states)
-        hyper = {}
+    def _plan_group(self, group, base, singles) -> list:
+        """Check a group's parameters for the multi-tensor route, changing nothing: the sets
+        (tensors of one dtype pair, Setup and step count), each with its cached table where
+        every tensor it points to is as it was; others (CUDA, meta, DTensor, non-contiguous
+        parameters, or a check that fails, to raise its error) go to ``singles``."""
+        sets = {}       # (id of Setup, step count) -> [Setup, t, positions, params, grads, states]
         state = self.state
         resolved = {}
         last = (None, 0)
@@ -361,69 +436,101 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             g = p.grad
             if g is None:
                 continue
-            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or g.is_sparse or p.is_cuda
-                    or not p.is_contiguous() or not g.is_contiguous()
+            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or not p.is_cpu
+                    or not g.is_cpu or g.layout is not torch.strided or not p.is_contiguous()
                     or g.numel() != p.numel()):
-                self._step_param(p, base + j, group, hyper)
+                singles.append(self._prepare(p, base + j, group))
                 continue
+            if not g.is_contiguous():           # expanded or transposed: its logical order
+                g = g.contiguous()
             dtypes = (p.dtype, g.dtype)
             setup = resolved.get(dtypes)
             if setup is None:
                 setup = resolved[dtypes] = resolve(group, p, g.dtype)
-            st = state[p]
-            if "step" not in st:
-                st = self._init_state(p, p, group, setup)
-            elif type(st["step"]) is not int:       # a numpy integer, or not a count at all
-                self._check_states(st, p, group, setup, base + j)
-                st["step"] = int(st["step"])
-            t = st["step"] + 1          # stored once every check has passed
+            st = state.get(p)
+            step = None if st is None else st.get("step")
+            if type(step) is int and step >= 0:
+                t = step + 1
+            else:                       # no state yet, or a step count that is not an int
+                t = self._check_states(st or {}, p, group, setup, base + j) + 1
             if last[0] is not setup or last[1] != t:        # a set other than the last one's
                 last = (setup, t)
                 entry = sets.get((id(setup), t))
                 if entry is None:
-                    entry = sets[id(setup), t] = (setup, [], [], [], [])
-            entry[1].append(j)
-            entry[2].append(p)
-            entry[3].append(g)
-            entry[4].append(st)
-        for (_, t), (setup, positions, params, grads, states) in sets.items():
+                    entry = sets[id(setup), t] = [setup, t, [], [], [], []]
+            entry[2].append(j)
+            entry[3].append(p)
+            entry[4].append(g)
+            entry[5].append(st)
+        planned = []
+        for setup, t, positions, params, grads, states in sets.values():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
-            table = self._table(group, base, setup, positions, params, states)
-            for st in states:
-                st["step"] = t
-            table.refresh(grads)
-            hp = hyper.get(t)
-            if hp is None:
-                hp = hyper[t] = self._hyper(group, t)
-            ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
-                    int(bool(group.get("nesterov", False))), int(t == 1))
-            counts = table.step(hp, ints, split_key(group["seed"], "seed"), t)
-            self._stats.counts[0] += table.elements
-            self._stats.counts[1:] += counts[:6]
-            self._cancelled += int(counts[6])
+            table = self._cached_table(group, base, setup, positions, params, states)
+            planned.append((setup, t, positions, params, grads, states, table))
+        return planned
 
-    def _table(self, group, base, setup, positions, params, states):
-        """The multi.Table of a set, kept between steps while the same parameters hold the
-        same storage and the same state tensors (load_state_dict replaces them)."""
-        names = self._state_names(group) + {KAHAN: ("kahan_comp",),
-                                            REMAINDER: ("remainder",)}.get(setup.update, ())
-        held = [st.get(name) for st in states for name in names]
-        ptrs = [p.data_ptr() for p in params]
+    def _table_names(self, group, setup) -> tuple:
+        return self._state_names(group) + {KAHAN: ("kahan_comp",),
+                                           REMAINDER: ("remainder",)}.get(setup.update, ())
+
+    def _cached_table(self, group, base, setup, positions, params, states):
+        """The multi.Table kept for a set while the same parameters and state tensors hold
+        the same memory (address, shape, dtype, layout: what the kernel relies on; a
+        parameter resized through .data kept its address and wrote past its end before), or
+        None after checking the set's states (:meth:`_step_set` builds it)."""
         cache = self.__dict__.setdefault("_table_cache", {})   # not in torch's pickled state
-        key = (id(group), base, id(setup), tuple(positions))
-        cached = cache.get(key)
-        if (cached is not None and cached[0] is group and cached[1] == ptrs
-                and len(cached[3]) == len(held)
-                and all(map(operator.is_, cached[2], params))
-                and all(map(operator.is_, cached[3], held))):
-            return cached[4]
+        cached = cache.get((id(group), base, id(setup), tuple(positions)))
+        if (cached is not None and cached[0] is group and cached[1] is setup
+                and all(map(operator.is_, cached[2], params)) and None not in states):
+            # the storages kept with the table hold their memory: a tensor at a kept address
+            # is the kept memory, so the addresses, shapes, dtypes and layouts are all the
+            # kernel relies on (and what torch.optim would refuse); C-level maps, as each
+            # attribute costs a call per tensor
+            names, getter = cached[4]
+            try:        # the names too: an option turned on mid-run needs another state
+                held = list(chain.from_iterable(map(getter, states)))
+                same = (names == self._table_names(group, setup)
+                        and list(map(_PTR, params)) == cached[3][0]
+                        and list(map(_SHAPE, params)) == cached[3][1]
+                        and _signature(held) == cached[5])
+            except (KeyError, AttributeError, TypeError):     # a state missing, not a tensor
+                same = False
+            if same:
+                return cached[6]
+        for j, p, st in zip(positions, params, states):
+            if st is not None:
+                self._check_states(st, p, group, setup, base + j)
+        return None
+
+    def _step_set(self, group, base, planned, hyper) -> None:
+        """Step a checked set with one multi-tensor kernel call (lpsim.optim.multi)."""
+        setup, t, positions, params, grads, states, table = planned
+        if table is None:
+            table, states = self._table(group, base, setup, positions, params)
+        for st in states:
+            st["step"] = t
+        if group.get("maximize"):
+            grads = [torch.neg(g) for g in grads]      # torch.optim's maximize; exact
+        table.refresh(grads)
+        hp = hyper.get(t)
+        if hp is None:
+            hp = hyper[t] = self._hyper(group, t)
+        ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
+                int(bool(group.get("nesterov", False))), int(t == 1))
+        counts = table.step(hp, ints, split_key(group["seed"], "seed"), t)
+        self._stats.counts[0] += table.elements
+        self._stats.counts[1:] += counts[:6]
+        self._cancelled += int(counts[6])
+
+    def _table(self, group, base, setup, positions, params):
+        """Build and cache a set's multi.Table, making the states it needs (zeros);
+        (table, the parameters' states)."""
+        names = self._table_names(group, setup)
+        states = [self._init_state(p, p, group, setup) for p in params]
+        held = [st[name] for st in states for name in names]
+        cache = self.__dict__.setdefault("_table_cache", {})
         if len(cache) >= 256:           # bounded: sets that keep changing are rebuilt anyway
             cache.clear()
-        # states made where an option turned on mid-run needs them, and every one checked:
-        # the kernel indexes them as the parameter
-        for k, (j, p) in enumerate(zip(positions, params)):
-            self._init_state(p, p, group, setup, base + j)
-        held = [st.get(name) for st in states for name in names]
         moments = self._state_names(group)
         rows = []
         for k, (j, p) in enumerate(zip(positions, params)):
@@ -437,35 +544,20 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         # the tensors are kept with their table, so their ids stay theirs, and so are their
         # storages: a state whose .data is swapped keeps the memory the table points to
         storages = [t.untyped_storage() for t in (*params, *held)]
-        cache[key] = (group, ptrs, tuple(params), tuple(held), table, storages)
-        return table
+        cache[id(group), base, id(setup), tuple(positions)] = (
+            group, setup, tuple(params), (list(map(_PTR, params)), list(map(_SHAPE, params))),
+            (names, _getter(names)), _signature(held), table, storages)
+        return table, states
 
-    def _views(self, index, *tensors_and_setup):
-        """The numpy bit views of a parameter and its states (lpsim.optim.cpu.bits_view),
-        kept between steps while the same tensors hold the same storage (making six views
-        cost more than stepping a small parameter)."""
-        *tensors, setup, state, group = tensors_and_setup
-        # the same tensor objects (states are replaced, not reassigned, by load_state_dict),
-        # and the parameter's storage, dtype and size (module.to() reassigns param.data)
-        w = tensors[0]
-        ident = (w.data_ptr(), w.dtype, w.numel(), *map(id, tensors))
-        cache = self.__dict__.setdefault("_view_cache", {})     # not in torch's pickled state
-        cached = cache.get(index)
-        if cached is not None and cached[0] == ident:
-            return cached[2]
-        self._check_states(state, w, group, setup, index)      # the kernel indexes them as w
-        sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
-        w, m, v, c, r = tensors
-        views = (cpu.bits_view(w), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
-                 cpu.bits_view(r))
-        # the tensors are kept with their views, so their ids and storage stay theirs
-        cache[index] = (ident, tuple(tensors), views)
-        return views
-
-    def _step_param(self, p, index, group, hyper):
+    def _prepare(self, p, index, group) -> tuple:
+        """Check one parameter, its gradient and its state for a step, changing nothing;
+        what :meth:`_step_param` needs.  Nothing without data (device meta, a tensor whose
+        memory a kernel cannot take) reaches a kernel: meta tensors step as in torch.optim
+        (their states made, their step counts advanced), others are refused by name."""
         grad = p.grad
-        if grad.is_sparse:
-            raise TypeError("lpsim.optim does not take sparse gradients")
+        if grad.layout is not torch.strided:
+            raise TypeError(f"parameter {index}'s gradient has layout {grad.layout}; "
+                            "lpsim.optim does not take sparse gradients (accepted: strided)")
         if type(p) is torch.nn.Parameter or type(p) is torch.Tensor:    # the common case
             offset, local = 0, p
         else:                                   # DTensor (FSDP2, tensor parallel) or other
@@ -473,21 +565,63 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             local = p.to_local() if hasattr(p, "to_local") else p
         if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
             grad = grad.to_local()
-        if not (local.is_contiguous() and grad.is_contiguous()):
-            raise ValueError(f"parameter {index} (shape {tuple(local.shape)}) or its gradient is "
-                             "not contiguous; lpsim.optim steps contiguous tensors")
         if grad.numel() != local.numel() or grad.device != local.device:
             raise ValueError(f"parameter {index} has {local.numel()} elements on "
                              f"{local.device}, its gradient {grad.numel()} on {grad.device}")
+        device = local.device.type
+        if device not in ("cpu", "cuda", "meta"):
+            raise ValueError(f"parameter {index} is on device {local.device}; lpsim.optim "
+                             "steps cpu and cuda tensors (and meta ones: states only)")
+        if device != "meta":
+            for what, t in (("parameter", local), ("gradient", grad)):
+                if t.layout is not torch.strided or not _has_data(t):
+                    raise TypeError(f"parameter {index}'s {what} (a {type(t).__name__}, layout "
+                                    f"{t.layout}) holds no memory a kernel can take; "
+                                    "lpsim.optim steps strided tensors with data")
+            if not local.is_contiguous() and torch._debug_has_internal_overlap(local) == 1:
+                raise ValueError(f"parameter {index} (shape {tuple(local.shape)}, strides "
+                                 f"{local.stride()}) has elements that share memory; accepted: "
+                                 "a parameter whose elements are distinct (as torch.optim)")
         setup = resolve(group, local, grad.dtype)
-        cpu_fused = group["implementation"] == "fused" and not local.is_cuda
-        # the CPU kernel's states are checked where its views are made (:meth:`_views`)
-        state = self._init_state(p, local, group, setup, None if cpu_fused else index)
-        if type(state["step"]) is not int:
-            self._check_states(state, local, group, setup, index)
-            state["step"] = int(state["step"])
-        t = state["step"] + 1
+        t = self._check_states(self.state.get(p, {}), local, group, setup, index) + 1
         streams = tuple(keys.stream(t, index, slot) for slot in range(3))  # range-checked
+        return p, local, grad, setup, offset, index, t, streams
+
+    def _views(self, index, *tensors_and_setup):
+        """The numpy bit views of a parameter and its states (lpsim.optim.cpu.bits_view),
+        kept between steps while the same tensors hold the same memory (making six views
+        cost more than stepping a small parameter); sizes, dtypes and layouts were checked
+        by :meth:`_prepare`."""
+        *tensors, setup, cache_it = tensors_and_setup
+        ident = (*(t.data_ptr() if t is not None else 0 for t in tensors),
+                 tensors[0].dtype, tensors[0].numel(), *map(id, tensors))
+        cache = self.__dict__.setdefault("_view_cache", {})     # not in torch's pickled state
+        cached = cache.get(index)
+        if cache_it and cached is not None and cached[0] == ident:
+            return cached[2]
+        sdummy = np.zeros(1, np.int16 if setup.state_dtype != torch.float32 else np.int32)
+        w, m, v, c, r = tensors
+        views = (cpu.bits_view(w), *(cpu.bits_view(x, sdummy) for x in (m, v, c)),
+                 cpu.bits_view(r))
+        if cache_it:        # the tensors are kept with their views: ids and memory stay theirs
+            cache[index] = (ident, tuple(tensors), views)
+        return views
+
+    def _step_param(self, prepared, group, hyper) -> None:
+        """Step one checked parameter (:meth:`_prepare`) by itself.  A non-contiguous one
+        (a transposed view, a channels_last weight) is stepped as a contiguous copy in its
+        logical order and copied back, so each element gets the bits (and random words, keyed
+        by its logical index) it would get in a contiguous parameter."""
+        p, local, grad, setup, offset, index, t, streams = prepared
+        state = self._init_state(p, local, group, setup)
+        state["step"] = t       # every check of the step has passed
+        if local.device.type == "meta":
+            return
+        if group.get("maximize"):
+            grad = torch.neg(grad)          # torch.optim's maximize; exact
+        contiguous = local.is_contiguous()
+        w = local if contiguous else local.contiguous()
+        grad = grad if grad.is_contiguous() else grad.contiguous()
         hp = hyper.get(t)
         if hp is None:
             hp = hyper[t] = self._hyper(group, t)
@@ -496,39 +630,67 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         seed = group["seed"]
         names = self._state_names(group)
         if group["implementation"] == "reference":
-            state["step"] = t       # stored once every check has passed (here and below)
             stats = RoundingStats()
-            cancelled = reference.step(self._algo, local, grad, state, setup, hp, nesterov,
+            cancelled = reference.step(self._algo, w, grad, state, setup, hp, nesterov,
                                        first, seed, streams, offset, stats)
             self._stats += stats
             self._cancelled += cancelled
-            return
-        seed_lo, seed_hi = split_key(seed, "seed")
-        ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
-                int(nesterov), int(first))
-        kargs = (setup.kinds, hp, ints, (seed_lo, seed_hi) + streams, offset)
-        m = state[names[0]] if names else None
-        v = state[names[1]] if len(names) > 1 else None
-        c = state.get("kahan_comp")
-        r = state.get("remainder")
-        if local.is_cuda:                                     # pragma: no cover (GPU only)
-            from numba import cuda
+        else:
+            seed_lo, seed_hi = split_key(seed, "seed")
+            ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
+                    int(nesterov), int(first))
+            kargs = (setup.kinds, hp, ints, (seed_lo, seed_hi) + streams, offset)
+            m = state[names[0]] if names else None
+            v = state[names[1]] if len(names) > 1 else None
+            c = state.get("kahan_comp")
+            r = state.get("remainder")
+            if w.is_cuda:                                     # pragma: no cover (GPU only)
+                self._step_cuda(w, grad, m, v, c, r, kargs, setup)
+            else:
+                wb, mb, vb, cb, rb = self._views(index, w, m, v, c, r, setup, contiguous)
+                counts = cpu.step(wb, cpu.bits_view(grad), mb, vb, cb, rb, *kargs, setup)
+                self._stats.counts[0] += wb.size
+                self._stats.counts[1:] += counts[:6]
+                self._cancelled += int(counts[6])
+        if not contiguous:
+            local.copy_(w)
 
-            from lpsim_cuda.optim import step as cuda_step
-            device = local.device.index
-            if device not in self._gpu_counts:
-                with cuda.gpus[device]:
-                    self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
-            state["step"] = t
-            cuda_step(local, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
-            self._stats.add(local.numel(), [0] * 6)
-            return
-        wb, mb, vb, cb, rb = self._views(index, local, m, v, c, r, setup, state, group)
-        state["step"] = t
-        counts = cpu.step(wb, cpu.bits_view(grad), mb, vb, cb, rb, *kargs, setup)
-        self._stats.counts[0] += wb.size
-        self._stats.counts[1:] += counts[:6]
-        self._cancelled += int(counts[6])
+    def _step_cuda(self, w, grad, m, v, c, r, kargs, setup):       # pragma: no cover (GPU)
+        from numba import cuda
+
+        from lpsim_cuda.optim import step as cuda_step
+        device = w.device.index
+        if device not in self._gpu_counts:
+            with cuda.gpus[device]:
+                self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
+        cuda_step(w, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
+        self._stats.add(w.numel(), [0] * 6)
+
+
+_PTR, _SHAPE = torch.Tensor.data_ptr, operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _signature(tensors) -> tuple:
+    """Addresses, shapes, dtypes and contiguity of tensors, compared at each step."""
+    return (list(map(_PTR, tensors)), list(map(_SHAPE, tensors)), list(map(_DTYPE, tensors)),
+            list(map(torch.Tensor.is_contiguous, tensors)))
+
+
+def _getter(names):
+    """A parameter's state tensors of these names as a tuple (operator.itemgetter's, which
+    gives the item itself for one name and takes no empty list)."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return (lambda st: (st[names[0]],)) if names else (lambda st: ())
+
+
+def _has_data(t: torch.Tensor) -> bool:
+    """Whether a tensor has memory a kernel can be handed (not a fake or functional one)."""
+    try:
+        return t.data_ptr() != 0 or t.numel() == 0
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 class AdamW(LowPrecisionOptimizer):
@@ -542,8 +704,10 @@ class AdamW(LowPrecisionOptimizer):
     """
 
     _algo = ADAMW
+    _flags = ("amsgrad", "capturable")
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, **kw):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, capturable=False, **kw):
         _check_number("lr", lr)
         _check_number("eps", eps)
         _check_number("weight_decay", weight_decay)
@@ -552,7 +716,8 @@ class AdamW(LowPrecisionOptimizer):
         for i, beta in enumerate(betas):
             _check_number(f"betas[{i}]", beta, 0.0, 1.0, open_high=True)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay), **kw)
+                                      weight_decay=weight_decay), amsgrad=amsgrad,
+                         capturable=capturable, **kw)
 
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq")
