@@ -196,11 +196,13 @@ def _carry(a, mask, s, lsb, sign, mode, r, W, k):
     amount and truncating, so a round-up is the carry: the decision of :func:`round_fast`
     and :func:`round_fast_sub` (``lsb``: the last bit of the format's code, ``sign``: -1 for
     negative x), making exactly the choices of :func:`_increment`."""
+    # s == 0 (mask 0: a format with the container's mantissa bits, in its normal range)
+    # adds nothing: the half-quantum terms take mask's last bit, 1 exactly when s >= 1
     add = np.int64(0)                           # toward_zero; odd is settled below
     if mode == NEAREST:
-        add = (mask >> 1) + lsb
+        add = (mask >> 1) + (lsb & mask)
     elif mode == NEAREST_AWAY:
-        add = (mask >> 1) + 1
+        add = (mask >> 1) + (mask & 1)
     elif mode == UP:
         add = mask & ~sign
     elif mode == DOWN:
@@ -209,7 +211,8 @@ def _carry(a, mask, s, lsb, sign, mode, r, W, k):
         add = mask & -(r >> (W - 1))
     elif mode == STOCHASTIC:
         j = min(s, k)                           # decision bits: R_j < rem's top j bits
-        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+        # (a shift by less than W: j == 0 keeps one bit, which the mask then clears)
+        add = (~(r >> min(W - j, W - 1)) & ((np.int64(1) << j) - 1)) << (s - j)
         # full-width SR compares R with rem's top bits rounded up (round_bits' t): ones
         # below them carry any nonzero rest; few-bit SR truncates them
         add |= ((np.int64(1) << (s - j)) - 1) & -np.int64(k == W)
