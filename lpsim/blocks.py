@@ -151,6 +151,11 @@ class BlockFormat:
         if self.tensor_scale and self.pow2:
             raise ValueError(f"tensor_scale=True needs a scale format with mantissa bits (as "
                              f"NVFP4's e4m3fn), not {self.scale!r}")
+        if self.tensor_scale and not 0 < float(np.float32(
+                self.scale.max_finite * self.element.max_finite)) < np.inf:
+            raise ValueError(f"tensor_scale=True needs scale max * element max a positive "
+                             f"finite float32 (the per-tensor scale divides by it), not "
+                             f"{self.scale.max_finite!r} * {self.element.max_finite!r}")
         if self.tensor_scale and not self.scale.fits(np.float32)[0]:
             raise ValueError(f"tensor_scale=True needs a scale format whose values are float32 "
                              f"values (the per-tensor scale and the reciprocals are FP32), not "

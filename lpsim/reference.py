@@ -411,7 +411,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, uniforms=None, sr_bit
                 nonzero += int(q != 0)          # inf and NaN elements are not flushed
                 if isinstance(q, Fraction):
                     scaled = q * s * (pts if bfmt.tensor_scale else 1)
-                    values[row, i] = float(_round_value(scaled, container))
+                    # round_exact's value: a product that underflows keeps q's sign
+                    values[row, i] = float(round_exact(scaled, container).value)
                 else:
                     values[row, i] = q * float(s) if math.isfinite(q) else q
             c[7] = int(amax != 0 and nonzero == 0)

@@ -250,10 +250,14 @@ def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:
 
     The format's subnormals, midpoints and quarter points between them, and arbitrary
     container values in that range (the same range when the format flushes subnormals).
+    ValueError where the container has no value below min_normal.
     """
     fmt, dtype = _fitting(fmt, dtype)
     below = np.nextafter(dtype.type(fmt.min_normal), dtype.type(0))
     tiny = np.nextafter(dtype.type(0), dtype.type(1))
+    if below < tiny:
+        raise ValueError(f"{fmt!r}'s smallest normal is the {dtype} container's smallest "
+                         "positive value: no container value lies below it")
     quarter = fmt.emin - fmt.m - 2
     on_grid = st.integers(1, 2 ** (fmt.m + 2) - 1).map(
         lambda j: min(max(dtype.type(math.ldexp(j, quarter)), tiny), below))

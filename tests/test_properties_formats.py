@@ -47,12 +47,12 @@ def values(fmt, dtype):
     """Inputs where rounding is interesting for ``fmt`` and any container value (inf, NaN)."""
     width = 8 * np.dtype(dtype).itemsize
     parts = [testing.representable(fmt, dtype=dtype, allow_nan=True, allow_infinity=True),
-             testing.near_overflow(fmt, dtype=dtype), testing.subnormals(fmt, dtype=dtype),
-             st.floats(width=width)]
-    try:
-        parts.append(testing.midpoints(fmt, dtype=dtype))
-    except ValueError:          # the container cannot hold this format's midpoints
-        pass
+             testing.near_overflow(fmt, dtype=dtype), st.floats(width=width)]
+    for strategy in (testing.midpoints, testing.subnormals):
+        try:
+            parts.append(strategy(fmt, dtype=dtype))
+        except ValueError:      # the container cannot hold this format's midpoints (values
+            pass                # below its smallest normal)
     if dtype == np.float64:
         parts.append(beyond_float32())
     return st.one_of(parts).map(np.dtype(dtype).type)
@@ -130,7 +130,10 @@ def block_formats(draw, elements=ANY64):
     element, scale = draw(elements), draw(SCALES)
     size = draw(st.sampled_from([16, 32]) | st.integers(1, 40))
     rule = draw(st.sampled_from(list(blocks.RULES)))
-    tensor = scale.m > 0 and scale.fits(np.float32)[0] and draw(st.booleans())
+    with np.errstate(over="ignore"):
+        divisor = float(np.float32(scale.max_finite * element.max_finite))
+    tensor = (scale.m > 0 and scale.fits(np.float32)[0] and 0 < divisor < math.inf
+              and draw(st.booleans()))
     nonfinite = draw(st.sampled_from(blocks.NONFINITE))
     return blocks.block(element, size, scale, rule, tensor_scale=tensor, nonfinite=nonfinite)
 
