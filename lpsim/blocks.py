@@ -57,7 +57,8 @@ from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_ji
                   thread_pool, threads, word_buffer)
 from .philox import LANES, block_words, lane_word
 from .quantize import MAX_COUNTER, keys
-from .rounding import (DOWN, MODES, NEAREST, STOCHASTIC, UP, Params, fast_sub_ok,
+from .rounding import (DOWN, INEXACT, MODES, NEAREST, OVERFLOW, STOCHASTIC, UP, Params,
+                       fast_sub_ok,
                        kernel_params, nearest32, nearest32_exact, nearest32_words, round_bits,
                        round_fast_sub)
 from .stats import RoundingStats, check_stats
@@ -150,6 +151,15 @@ class BlockFormat:
         if self.tensor_scale and self.pow2:
             raise ValueError(f"tensor_scale=True needs a scale format with mantissa bits (as "
                              f"NVFP4's e4m3fn), not {self.scale!r}")
+        if self.tensor_scale and not 0 < float(np.float32(
+                self.scale.max_finite * self.element.max_finite)) < np.inf:
+            raise ValueError(f"tensor_scale=True needs scale max * element max a positive "
+                             f"finite float32 (the per-tensor scale divides by it), not "
+                             f"{self.scale.max_finite!r} * {self.element.max_finite!r}")
+        if self.tensor_scale and not self.scale.fits(np.float32)[0]:
+            raise ValueError(f"tensor_scale=True needs a scale format whose values are float32 "
+                             f"values (the per-tensor scale and the reciprocals are FP32), not "
+                             f"{self.scale!r}: {self.scale.fits(np.float32)[1]}")
         for fmt, what in ((self.element, "element"), (self.scale, "scale")):
             ok, reason = fmt.fits(np.float64)
             if not ok:
@@ -463,16 +473,40 @@ def words_exact(bfmt: "BlockFormat") -> bool:
     smin, smax = float(sc.min_subnormal), float(sc.max_finite)
     if bfmt.pow2 and not (2.0 ** -127 <= smin and smax <= 2.0 ** 127):
         return False
+    # every reciprocal finite (the nearest step has no exact step for 0 * inf to fall back
+    # on); a tensor scale keeps them finite by its least value (min_tensor_scale)
+    if not bfmt.tensor_scale and not _reciprocal_finite(1.0, smin):
+        return False
     if bfmt.tensor_scale:
         return (el.m + sc.m + 2 <= 24 and float(el.min_subnormal) * smin >= 2.0 ** -126
                 and float(el.max_finite) * smax < 2.0 ** 128)
     return True
 
 
+_MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
+_SIGN64 = np.int64(-0x8000000000000000)
+_INF64 = np.int64(0x7FF0000000000000)
+_MAX64 = np.int64(0x7FEFFFFFFFFFFFFF)
+
+
 @register_jitable
 def element_exact(xv, recip, s, mode, r, k, p, bp):
-    """(q, q * s, flags) of any element by :func:`lpsim.rounding.round_bits`."""
-    b, flags = round_bits(scaled_bits(xv, s, recip, bp), mode, r, k, p)
+    """(q, q * s, flags) of any element by :func:`lpsim.rounding.round_bits`.  A zero
+    element is the zero of its sign whatever the reciprocal: a scale format reaching below
+    float32's reciprocal range (bf16, fp(8,10); fp(11,0) in float64) gives its smallest
+    scales an infinite one, and 0 * inf would be NaN."""
+    yb = scaled_bits(xv, s, recip, bp)
+    if xv == 0:
+        yb = f2i(np.float64(xv))
+    # a finite x whose exact quotient x / s (power-of-two scale) lies beyond float64 (float64
+    # data, a narrow scale format): an overflow of every element format, as the largest
+    # float64 of its sign rounds, flagged as one even where that is the format's largest
+    big = bp.pow2 and (yb & _MAG64) == _INF64 and abs(np.float64(xv)) < np.inf
+    if big:
+        yb = (yb & _SIGN64) | _MAX64
+    b, flags = round_bits(yb, mode, r, k, p)
+    if big and b != p.nanb:
+        flags |= OVERFLOW | INEXACT
     q = i2f(b)
     return q, dequantize_element(q, s, bp), flags
 
@@ -1445,7 +1479,9 @@ def min_tensor_scale(bfmt) -> float:
 @functools.lru_cache(maxsize=256)
 def _min_tensor_scale(bfmt: BlockFormat) -> float:
     smin = np.float32(bfmt.scale.min_subnormal)
-    pts = np.float32(1.0 / (float(np.finfo(np.float32).max) * float(smin)))
+    # from below the least: fp32(1 / pts) finite needs pts >= 1 / float32's largest too
+    largest = float(np.finfo(np.float32).max)
+    pts = np.float32(max(1.0 / (largest * float(smin)), 1.0 / largest) / 2)
     while not _reciprocal_finite(pts, smin):
         pts = np.nextafter(pts, np.float32(np.inf))
     while _reciprocal_finite(np.nextafter(pts, np.float32(0)), smin):
@@ -1453,14 +1489,25 @@ def _min_tensor_scale(bfmt: BlockFormat) -> float:
     return float(pts)
 
 
+#: float32's largest value: the per-tensor amax saturates there (:func:`tensor_scale_from`)
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+
+
 def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale of a tensor whose largest finite magnitude is ``amax``:
-    fp32(amax / (scale max * element max)), at least :func:`min_tensor_scale` (NVFP4 scales
-    a tensor below about 4e-33 as if it reached that, rather than make its zeros NaN);
-    1 if amax is 0."""
+    fp32(amax32 / (scale max * element max)) with amax32 = fp32(amax) saturated at float32's
+    largest value, at least :func:`min_tensor_scale` (NVFP4 scales a tensor below about
+    4e-33 as if it reached that, rather than make its zeros NaN); 1 if amax is 0.
+
+    float64 data beyond float32's range saturates as the elements do: the scale is that of
+    a tensor reaching float32's largest value (an infinite scale would make every value NaN),
+    so the blocks reaching further take the largest block scale and their largest elements
+    the element format's largest value."""
     if amax == 0:
         return 1.0
-    return max(float(np.float32(np.float32(amax) / bfmt.tensor_scale_divisor)),
+    with np.errstate(over="ignore"):
+        amax32 = min(np.float32(amax), FLOAT32_MAX)
+    return max(float(np.float32(amax32 / bfmt.tensor_scale_divisor)),
                min_tensor_scale(bfmt))
 
 
@@ -1741,16 +1788,36 @@ def _code_dtype(fmt: Format):
 
 def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
            sr_bits=None, offset: int = 0, tensor_scale=None) -> Encoded:
-    """Block-quantize ``x`` (as :func:`quantize`) and return the codes and scale codes."""
+    """Block-quantize ``x`` (as :func:`quantize`) and return the codes and scale codes.
+
+    ``x``: what :func:`quantize` takes on the CPU (arrays of any float dtype, integer arrays
+    exact in float64, Python numbers and lists of them, CPU torch tensors), converted
+    exactly as it converts them."""
+    from .quantize import as_container_array
     from .storage import encode_values
     bfmt = parse_block_format(bfmt)
-    x = np.asarray(x)
+    if type(x).__module__.startswith("torch"):
+        x = _torch_host(x)
+    x = as_container_array(x)
     r = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                         sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale)
     codes = encode_values(r.elements, bfmt.element).astype(_code_dtype(bfmt.element))
     scales = encode_values(r.scales, bfmt.scale).astype(_code_dtype(bfmt.scale))
     shape = np.moveaxis(x, axis, -1).shape if x.ndim else ()
     return Encoded(codes, scales, r.tensor_scale, bfmt, shape, axis)
+
+
+def _torch_host(t):
+    """A torch tensor's values as a numpy array (float16 and bfloat16 exactly as float32)."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise TypeError(f"encode takes CPU data, not a tensor on {t.device}; use t.cpu()")
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return t.numpy()
 
 
 def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:

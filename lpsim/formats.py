@@ -88,6 +88,15 @@ class Format:
             raise ValueError(
                 f"{self!r} has no normal numbers (with e={self.e} the only exponent code "
                 f"below the specials is 0); use e >= 2 or specials='saturate'")
+        lo, hi = bias_range(self.e, self.m, self.specials)
+        if not lo <= self.b <= hi:
+            accepted = f"{lo} <= b <= {hi}" if lo <= hi else "none (no b fits)"
+            policy = "" if self.specials == "ieee" else f", specials={self.specials!r}"
+            raise ValueError(
+                f"fp(): b={self.b} is out of range for fp({self.e},{self.m}{policy}); accepted: "
+                f"{accepted}: every value must be a float64 (largest exponent at most 1023, "
+                f"finest spacing at least 2**-1074; values are held in float32/float64 "
+                f"containers)")
 
     def __hash__(self) -> int:
         # cached: formats key lpsim's per-call caches (a generated dataclass hash costs more
@@ -230,6 +239,17 @@ class Format:
     __str__ = __repr__
 
 
+def bias_range(e: int, m: int, specials: str = "ieee") -> tuple[int, int]:
+    """(lo, hi): the extra biases b for which fp(e, m, b) with policy ``specials`` holds only
+    float64 values (largest exponent at most 1023, finest spacing 2**(emin - m) at least
+    2**-1074, subnormals on or off); lo > hi where none does (fp(11, 52) with a policy whose
+    top exponent code is finite)."""
+    top = 2 ** e - 1
+    if specials == "ieee" or (specials == "fn" and m == 0):
+        top -= 1
+    return top - 2 ** (e - 1) - 1022, 1076 - 2 ** (e - 1) - m
+
+
 def fp(e: int, m: int, b: int = 0, *, subnormals: bool = True, specials: str = "ieee",
        saturate: bool = False) -> Format:
     """The format with ``e`` exponent bits, ``m`` mantissa bits and extra bias ``b``."""
@@ -277,6 +297,11 @@ _INT = re.compile(r"[+-]?\d+")
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
+def _policy_given(positional) -> bool:
+    """Whether the positional parts end in a policy name (fp(e, m, b, policy))."""
+    return bool(positional) and not _INT.fullmatch(positional[-1])
+
+
 def _parse_call(spec: str, body: str) -> Format:
     """fp(e, m[, b][, policy][, key=value ...]) -> Format; errors name the bad part."""
     positional, keywords = [], {}
@@ -284,6 +309,8 @@ def _parse_call(spec: str, body: str) -> Format:
         if "=" in part:
             name, _, value = part.partition("=")
             value = value.strip("'\"")
+            if name in keywords or (name == "specials" and _policy_given(positional)):
+                raise ValueError(f"format {spec!r} names {name}= twice")
             if name in ("subnormals", "saturate"):
                 if value not in _BOOLS:
                     raise ValueError(f"format {spec!r}: {name}={value} must be True or False")

@@ -295,6 +295,8 @@ def block_scale_exact(amax: Fraction, bfmt, pts: Fraction = Fraction(1)):
             d = _round_value(amax / max_finite(el), fp32)
             if d == 0:
                 return smin, True
+            if d == math.inf:               # beyond float32 (float64 data): the largest
+                return smax, True
             ex = _ceil_log2(d)
         elif bfmt.rule == "even":
             q = _pow2(_floor_log2(amax) - el.m)
@@ -320,17 +322,44 @@ def block_scale_exact(amax: Fraction, bfmt, pts: Fraction = Fraction(1)):
     return _round_value(t, sc, mode), False
 
 
+def tensor_scale_exact(x, bfmt) -> Fraction:
+    """The per-tensor scale of the array ``x`` under ``bfmt`` (which has one), from the
+    table in :mod:`lpsim.blocks`: amax32 = fp32(largest finite |x|), saturated at float32's
+    largest value; fp32(amax32 / fp32(scale max * element max)), at least
+    :func:`lpsim.blocks.min_tensor_scale`; 1 for a tensor without a nonzero finite value."""
+    from .blocks import min_tensor_scale, parse_block_format
+    bfmt = parse_block_format(bfmt)
+    finite = [abs(Fraction(float(v))) for v in np.asarray(x).reshape(-1)
+              if math.isfinite(float(v))]
+    amax = max(finite, default=Fraction(0))
+    if amax == 0:
+        return Fraction(1)
+    amax32 = _round_value(amax, parse_format("fp(8,23,0,saturate=True)"))
+    divisor = _round_value(max_finite(bfmt.scale) * max_finite(bfmt.element),
+                           parse_format("fp32"))
+    pts = _round_value(amax32 / divisor, parse_format("fp32"))
+    return max(pts, Fraction(min_tensor_scale(bfmt)))
+
+
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, uniforms=None, sr_bits=None,
                     tensor_scale=None):
     """Block-quantize the rows of a 2-D float32/float64 array exactly (blocks along axis 1).
 
     Returns (values, elements q, scales, counts) as :func:`lpsim.blocks.quantize_blocks`
     does, counts per block in :data:`lpsim.blocks.BLOCK_COUNTERS` order.  Stochastic modes
-    take element (row, i)'s uniform from ``uniforms[row, i]``.
+    take element (row, i)'s uniform from ``uniforms[row, i]``.  A format with a per-tensor
+    scale takes ``tensor_scale`` (a float32), by default :func:`tensor_scale_exact` of x.
     """
     from .blocks import BLOCK_COUNTERS, parse_block_format
     bfmt = parse_block_format(bfmt)
     x = np.asarray(x)
+    if x.ndim != 2 or x.dtype not in (np.float32, np.float64):
+        raise ValueError(f"x must be a 2-D float32/float64 array (rows of blocks), not "
+                         f"{x.dtype} of shape {x.shape}")
+    if bfmt.tensor_scale and tensor_scale is None:
+        tensor_scale = tensor_scale_exact(x, bfmt)
+    if sr_bits is not None and sr_bits >= WORD_BITS[x.dtype.itemsize]:
+        sr_bits = None                      # every random bit: exact SR, as the kernels
     el = bfmt.saturating_element
     fp32 = parse_format("fp32")
     container = parse_format("fp32" if x.dtype == np.float32 else "fp64")
@@ -379,10 +408,11 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, uniforms=None, sr_bit
                 for f, name in enumerate(COUNTERS):
                     c[f] += name in flags
                 elements[row, i] = float(q)
+                nonzero += int(q != 0)          # inf and NaN elements are not flushed
                 if isinstance(q, Fraction):
-                    nonzero += 1
                     scaled = q * s * (pts if bfmt.tensor_scale else 1)
-                    values[row, i] = float(_round_value(scaled, container))
+                    # round_exact's value: a product that underflows keeps q's sign
+                    values[row, i] = float(round_exact(scaled, container).value)
                 else:
                     values[row, i] = q * float(s) if math.isfinite(q) else q
             c[7] = int(amax != 0 and nonzero == 0)

@@ -191,16 +191,20 @@ def _overflows_to_inf(mode, negative):
 
 
 @register_jitable
-def _carry(a, mask, s, lsb, sign, mode, r, W, k):
+def _carry(a, mask, s, lsb, sign, mode, r, W, k, shift0):
     """The magnitude ``a`` rounded at bit ``s`` (``mask`` = 2**s - 1) by adding a per-mode
     amount and truncating, so a round-up is the carry: the decision of :func:`round_fast`
     and :func:`round_fast_sub` (``lsb``: the last bit of the format's code, ``sign``: -1 for
     negative x), making exactly the choices of :func:`_increment`."""
+    # ``shift0`` (a constant): s may be 0 (mask 0: a format with the container's mantissa
+    # bits, in its normal range), where nothing may be added: the half-quantum terms then
+    # take mask's last bit, 1 exactly when s >= 1 (one more operation, so round_fast, whose
+    # s is M - m > 0 wherever its result is used, leaves it out)
     add = np.int64(0)                           # toward_zero; odd is settled below
     if mode == NEAREST:
-        add = (mask >> 1) + lsb
+        add = (mask >> 1) + ((lsb & mask) if shift0 else lsb)
     elif mode == NEAREST_AWAY:
-        add = (mask >> 1) + 1
+        add = (mask >> 1) + ((mask & 1) if shift0 else 1)
     elif mode == UP:
         add = mask & ~sign
     elif mode == DOWN:
@@ -209,7 +213,9 @@ def _carry(a, mask, s, lsb, sign, mode, r, W, k):
         add = mask & -(r >> (W - 1))
     elif mode == STOCHASTIC:
         j = min(s, k)                           # decision bits: R_j < rem's top j bits
-        add = (~(r >> (W - j)) & ((np.int64(1) << j) - 1)) << (s - j)
+        # (a shift by less than W: j == 0 keeps one bit, which the mask then clears)
+        add = (~(r >> (min(W - j, W - 1) if shift0 else W - j))
+               & ((np.int64(1) << j) - 1)) << (s - j)
         # full-width SR compares R with rem's top bits rounded up (round_bits' t): ones
         # below them carry any nonzero rest; few-bit SR truncates them
         add |= ((np.int64(1) << (s - j)) - 1) & -np.int64(k == W)
@@ -243,7 +249,7 @@ def round_fast(bits, mode, r, k, p):
     sign = -((bits >> (31 if M == 23 else 63)) & 1)     # all ones for negative x, else 0
     a = bits & p.MAG
     rem = a & mask
-    out = _carry(a, mask, s, ((a >> s) ^ parity) & 1, sign, mode, r, W, k)
+    out = _carry(a, mask, s, ((a >> s) ^ parity) & 1, sign, mode, r, W, k, False)
     ok = np.int64(a >= a_lo) & np.int64(a < a_hi)     # 0/1 integers: they sum in vectors
     okm = -ok
     return ((out | (bits & SIGN)) & okm) | (bits & ~okm), ok, ok & np.int64(rem != 0)
@@ -316,7 +322,7 @@ def round_fast_sub(bits, mode, r, k, p):
     s = min(M - m + below, M)
     # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
     lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (below != 0))
-    out = _carry(a, (np.int64(1) << s) - 1, s, lsb, sign, mode, r, W, k)
+    out = _carry(a, (np.int64(1) << s) - 1, s, lsb, sign, mode, r, W, k, True)
     # below min_subnormal, |x| = sig * 2**-s_all quanta with s_all = cq - biased > M: the
     # fraction as a W-bit fixed point, sig shifted left by W - s_all or right by s_all - W
     # (both clamped: the shifts stay in range for every lane)

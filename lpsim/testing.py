@@ -27,7 +27,7 @@ require("hypothesis", extra="test", feature="lpsim.testing")
 from hypothesis import strategies as st  # noqa: E402
 
 from . import reference
-from .formats import CONTAINERS, SPECIALS, Format, fp, parse_format
+from .formats import CONTAINERS, POLICIES, SPECIALS, Format, fp, parse_format
 
 #: mismatches that assert_rounded lists
 MAX_REPORTED = 5
@@ -46,50 +46,76 @@ def _count(name: str, value, low: int) -> int:
     return int(value)
 
 
-def formats(*, max_e: int = 8, max_m: int = 23, max_bias: int = 4, specials=SPECIALS,
-            subnormals: bool | None = None, dtype=np.float32) -> st.SearchStrategy[Format]:
+def _bias_interval(e: int, m: int, policy: str, dtype: np.dtype) -> tuple[int, int]:
+    """(lo, hi): the extra biases b with fp(e, m, b, policy) fitting ``dtype`` (lo > hi:
+    none), from :meth:`lpsim.Format.fits`' three conditions solved for b."""
+    cm, _, cemin, _ = CONTAINERS[dtype]
+    cemax = np.finfo(dtype).maxexp - 1
+    top = 2 ** e - 1
+    if policy == "ieee" or (policy == "fn" and m == 0):
+        top -= 1
+    if m > cm:
+        return 1, 0
+    return top - 2 ** (e - 1) + 1 - cemax, 2 - 2 ** (e - 1) - m - (cemin - cm)
+
+
+def formats(*, max_e: int = 8, max_m: int = 23, max_bias: int | None = 4, specials=SPECIALS,
+            subnormals: bool | None = None, saturate: bool | None = False,
+            dtype=np.float32) -> st.SearchStrategy[Format]:
     """Formats fp(e, m, b) with e <= max_e, m <= max_m, |b| <= max_bias that fit ``dtype``.
 
-    specials: a policy name or a sequence of them; subnormals: True, False or None (both).
-    Shrinks toward small e, m and b = 0, ieee, subnormals on.
+    specials: a policy name or a sequence of them (any of :data:`lpsim.formats.POLICIES`);
+    subnormals, saturate: True, False or None (both); max_bias=None: every bias that fits
+    ``dtype`` (the whole space a user can name: ``formats(max_e=11, max_m=52,
+    max_bias=None, specials=POLICIES, saturate=None, dtype=np.float64)``).  The largest m
+    and the extreme biases are drawn more often than their share.  Shrinks toward small
+    e, m and b = 0, the first policy, subnormals on, no saturation.
     """
     dtype = _container(dtype)
-    max_e, max_m, max_bias = (_count("max_e", max_e, 1), _count("max_m", max_m, 0),
-                              _count("max_bias", max_bias, 0))
+    max_e, max_m = _count("max_e", max_e, 1), _count("max_m", max_m, 0)
+    if max_bias is not None:
+        max_bias = _count("max_bias", max_bias, 0)
     policies = (specials,) if isinstance(specials, str) else tuple(specials)
-    unknown = [p for p in policies if p not in SPECIALS]
+    unknown = [p for p in policies if p not in POLICIES]
     if not policies or unknown:
         raise ValueError(f"specials={specials!r} is not a policy or a sequence of them; "
-                         f"accepted: {', '.join(SPECIALS)}")
-    if subnormals not in (None, True, False):
-        raise ValueError(f"subnormals={subnormals!r}; accepted: True, False or None (both)")
-    biases = sorted(range(-max_bias, max_bias + 1), key=lambda b: (abs(b), b))
-    table = {}   # policy -> e -> m -> biases that fit, all non-empty
+                         f"accepted: {', '.join(POLICIES)}")
+    for name, value in (("subnormals", subnormals), ("saturate", saturate)):
+        if value not in (None, True, False):
+            raise ValueError(f"{name}={value!r}; accepted: True, False or None (both)")
+    table = {}   # policy -> e -> m -> (lo, hi), a non-empty interval of biases that fit
     for policy in policies:
         for e in range(1, min(max_e, 11) + 1):
             for m in range(min(max_m, 52) + 1):
-                fitting = []
-                for b in biases:
-                    try:
-                        fmt = fp(e, m, b, specials=policy)
-                    except ValueError:   # e = 1 leaves ieee without normal numbers
-                        continue
-                    if fmt.fits(dtype)[0]:
-                        fitting.append(b)
-                if fitting:
-                    table.setdefault(policy, {}).setdefault(e, {})[m] = fitting
+                lo, hi = _bias_interval(e, m, policy, dtype)
+                if max_bias is not None:
+                    lo, hi = max(lo, -max_bias), min(hi, max_bias)
+                if lo > hi:
+                    continue
+                try:
+                    fp(e, m, min(max(0, lo), hi), specials=policy)
+                except ValueError:   # e = 1 leaves ieee (and fn with m = 0) no normal numbers
+                    continue
+                table.setdefault(policy, {}).setdefault(e, {})[m] = (lo, hi)
     if not table:
         raise ValueError(f"no format with e <= {max_e}, m <= {max_m}, |b| <= {max_bias} and "
                          f"specials in {policies} fits a {dtype} container")
-    choices = (True, False) if subnormals is None else (subnormals,)
+    subnormal_choices = (True, False) if subnormals is None else (subnormals,)
+    saturate_choices = (False, True) if saturate is None else (saturate,)
+
+    def edges(values):
+        # every value, or (drawn as often) one of the two ends
+        return st.sampled_from(values) | st.sampled_from([values[0], values[-1]])
 
     @st.composite
     def draw_format(draw):
         policy = draw(st.sampled_from([p for p in policies if p in table]))
         e = draw(st.sampled_from(sorted(table[policy])))
-        m = draw(st.sampled_from(sorted(table[policy][e])))
-        b = draw(st.sampled_from(table[policy][e][m]))
-        return fp(e, m, b, specials=policy, subnormals=draw(st.sampled_from(choices)))
+        m = draw(edges(sorted(table[policy][e])))
+        lo, hi = table[policy][e][m]
+        b = draw(st.integers(lo, hi) | st.sampled_from([lo, hi]))
+        return fp(e, m, b, specials=policy, subnormals=draw(st.sampled_from(subnormal_choices)),
+                  saturate=draw(st.sampled_from(saturate_choices)))
 
     return draw_format()
 
@@ -224,10 +250,14 @@ def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:
 
     The format's subnormals, midpoints and quarter points between them, and arbitrary
     container values in that range (the same range when the format flushes subnormals).
+    ValueError where the container has no value below min_normal.
     """
     fmt, dtype = _fitting(fmt, dtype)
     below = np.nextafter(dtype.type(fmt.min_normal), dtype.type(0))
     tiny = np.nextafter(dtype.type(0), dtype.type(1))
+    if below < tiny:
+        raise ValueError(f"{fmt!r}'s smallest normal is the {dtype} container's smallest "
+                         "positive value: no container value lies below it")
     quarter = fmt.emin - fmt.m - 2
     on_grid = st.integers(1, 2 ** (fmt.m + 2) - 1).map(
         lambda j: min(max(dtype.type(math.ldexp(j, quarter)), tiny), below))

@@ -47,6 +47,30 @@ def test_formats_respect_every_option(data):
     assert fmt.fits(dtype)[0]
 
 
+@given(st.data())
+def test_formats_cover_the_whole_space_a_user_can_name(data):
+    """max_bias=None: every bias the container holds; every policy and saturate flag."""
+    dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+    fmt = data.draw(testing.formats(max_e=11, max_m=52, max_bias=None,
+                                    specials=lpsim.formats.POLICIES, saturate=None, dtype=dtype))
+    assert fmt.fits(dtype)[0]
+
+
+def test_formats_reach_the_edges_of_the_whole_space():
+    whole = functools.partial(testing.formats, max_e=11, max_m=52, max_bias=None,
+                              specials=lpsim.formats.POLICIES, saturate=None)
+    for dtype, cm in ((np.float32, 23), (np.float64, 52)):
+        strategy = whole(dtype=dtype)
+        assert find(strategy, lambda f: f.m == cm and f.saturate).m == cm
+        for policy in lpsim.formats.POLICIES:
+            assert find(strategy, lambda f, p=policy: f.specials == p)
+        assert find(strategy, lambda f: f.b > 100) and find(strategy, lambda f: f.b < -100)
+    # float64: biases out to the ends of bias_range (e = 2, m = 0: -1021 <= b <= 1074)
+    assert find(whole(dtype=np.float64), lambda f: f.b > 1000)
+    with pytest.raises(ValueError, match="saturate='yes'"):
+        testing.formats(saturate="yes")
+
+
 def test_formats_reach_both_ends_and_reject_bad_options():
     strategy = testing.formats(max_e=5, max_m=10, specials=("ieee", "fn"), dtype=np.float32)
     assert find(strategy, lambda f: f.e == 5 and f.m == 10 and f.specials == "fn")
