@@ -291,8 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     rounder.add_argument("--seed", type=int, default=0,
                          help="seed of the stochastic modes' random draws (default: 0)")
     sub.add_parser("warmup", help="compile lpsim's CPU kernels now (cached on disk)",
-                   description="Compile lpsim's kernels into numba's on-disk cache, so that "
-                               "the first call in a program does not wait for the compiler.")
+                   description="Compile into numba's on-disk cache the CPU kernels programs "
+                               "call first (lpsim.warmup's docstring lists them: quantize to "
+                               "element and block formats, lpsim.ops, AdamW and SGD steps), "
+                               "so that the first call does not wait for the compiler.")
     return parser
 
 

@@ -603,8 +603,9 @@ def compile_notice(what: str):
         yield
         return
     timer = threading.Timer(NOTICE_AFTER, lambda: print(
-        f"lpsim: compiling {what} (seconds, once: later calls and processes load it from "
-        "numba's on-disk cache; `lpsim warmup` prepares every kernel ahead)",
+        f"lpsim: compiling or loading {what} (seconds, once: later calls and processes load "
+        "it from numba's on-disk cache; `lpsim warmup` prepares the kernels programs call "
+        "first)",
         file=sys.stderr, flush=True))
     timer.daemon = True
     timer.start()

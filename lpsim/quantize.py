@@ -452,7 +452,10 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
         return array.astype(container, copy=False).view(container)
     if kind in "iu":
         wide = array.astype(np.float64)
-        exact = wide.astype(array.dtype) == array
+        # 2**63 (2**64 unsigned) is past the dtype's top: casting it back is undefined (x86
+        # gives the smallest int64, aarch64 saturates to the largest), so bound it first
+        in_range = wide < (2.0 ** 63 if kind == "i" else 2.0 ** 64)
+        exact = in_range & (np.where(in_range, wide, 0.0).astype(array.dtype) == array)
         if not np.all(exact):
             bad = array.reshape(-1)[np.flatnonzero(~exact.reshape(-1))[0]]
             raise ValueError(f"{name} holds the integer {bad}, which float64 cannot hold "

@@ -9,8 +9,10 @@ Needs hypothesis (the ``test`` extra).
 Inside ``@given`` with hypothesis' default 200 ms deadline: a kernel's first call in a
 process compiles it (seconds, once per machine) or loads it from numba's cache (about a
 second), which the deadline counts.  Prepare the kernels first, at import of the test
-module or in ``conftest.py``: ``lpsim.warmup(["nearest", "stochastic"])`` (the modes and
-containers the tests use), or give the test ``@settings(deadline=None)``.
+module or in ``conftest.py``: ``lpsim.warmup(["nearest", "stochastic"], ops=False,
+blocks=False, optim=False)`` (the modes and containers the tests use; leave the flags on
+for tests of lpsim.ops, block formats or optimizer steps), or give the test
+``@settings(deadline=None)``.
 """
 
 from __future__ import annotations

@@ -135,3 +135,18 @@ def test_repeated_requests_take_the_cached_path(monkeypatch):
     for fmt in ("bf16", lpsim.parse_format("e4m3fn")):
         assert quantize(x, fmt, "stochastic", seed=1, sr_bits=5) is not None
     assert calls == []
+
+
+def test_integer_arrays_at_the_dtypes_top_are_refused_without_a_cast_warning():
+    """2**63 - 1 and 2**64 - 1 become 2**63 and 2**64 in float64, past the dtype's top, whose
+    cast back is undefined (it saturates on aarch64): refused by name, no RuntimeWarning;
+    -2**63 and 2**63 (unsigned) are float64 values and round exactly."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for array in (np.int64([1, 2 ** 63 - 1]), np.uint64([2 ** 64 - 1])):
+            with pytest.raises(ValueError, match=r"\bx holds the integer "):
+                lpsim.quantize(array, "bf16")
+        np.testing.assert_array_equal(lpsim.quantize(np.int64([-2 ** 63]), "bf16"),
+                                      [-2.0 ** 63])
+        np.testing.assert_array_equal(lpsim.quantize(np.uint64([2 ** 63]), "bf16"), [2.0 ** 63])
