@@ -123,6 +123,16 @@ class BlockStats(RoundingStats):
         return self.__copy__()
 
 
+_MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
+_SIGN64 = np.int64(-0x8000000000000000)
+_NORMAL64 = np.int64(1) << 52                  # 2**-1022, float64's smallest normal
+#: power-of-two scales: the smallest value of an element format (2**-956: an exact quotient
+#: below float64's normals then rounds in every mode, sr_bits and word width as 2**-1022
+#: does) and the range of the scale format's values (float64 normals, whose reciprocals
+#: are float64 normals: block_recip, block_scale)
+ELEMENT_EXP_MIN, SCALE_EXP_RANGE = -956, (-1022, 1022)
+
+
 @dataclass(frozen=True)
 class BlockFormat:
     """Element format, block size, scale format, scale rule, optional FP32 tensor scale."""
@@ -164,6 +174,20 @@ class BlockFormat:
             ok, reason = fmt.fits(np.float64)
             if not ok:
                 raise ValueError(f"{what} format {fmt!r} is too wide: {reason}")
+        if self.pow2:
+            least = self.element.emin - (self.element.m if self.element.subnormals else 0)
+            if least < ELEMENT_EXP_MIN:
+                raise ValueError(
+                    f"element format {self.element!r} reaches 2**{least}; under a "
+                    f"power-of-two scale {self.scale!r} accepted: element formats whose "
+                    f"smallest value is at least 2**{ELEMENT_EXP_MIN} (their quotients x / s "
+                    "are rounded exactly)")
+            low, high = SCALE_EXP_RANGE
+            if not (low <= self.scale.emin and self.scale.emax <= high):
+                raise ValueError(
+                    f"scale format {self.scale!r} spans 2**{self.scale.emin} to "
+                    f"2**{self.scale.emax}; accepted as a power-of-two scale: values from "
+                    f"2**{low} to 2**{high} (float64 normals with normal reciprocals)")
 
     @property
     def pow2(self) -> bool:
@@ -386,7 +410,14 @@ def scaled_bits(xv, s, recip, bp):
     """float64 bits of x / s: x * (1/s), exact for power-of-two scales; else fp32(x * recip)
     with recip the float32 reciprocal (torchao, TransformerEngine)."""
     if bp.pow2:
-        return f2i(np.float64(xv) * recip)     # recip = 1/s exactly: x / s, exact
+        b = f2i(np.float64(xv) * recip)        # recip = 1/s exactly: x / s, exact ...
+        if (b & _MAG64) < _NORMAL64 and xv != 0:
+            # ... but where it falls below float64's normals (float64 data under a large
+            # scale), where it was rounded: 2**-1022 of its sign stands in, which every
+            # element format a block format takes (smallest value >= 2**ELEMENT_EXP_MIN)
+            # rounds and counts as it does the exact quotient
+            b = (b & _SIGN64) | _NORMAL64
+        return b
     return f2i(np.float64(np.float32(np.float64(xv) * recip)))
 
 
@@ -483,8 +514,6 @@ def words_exact(bfmt: "BlockFormat") -> bool:
     return True
 
 
-_MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
-_SIGN64 = np.int64(-0x8000000000000000)
 _INF64 = np.int64(0x7FF0000000000000)
 _MAX64 = np.int64(0x7FEFFFFFFFFFFFFF)
 

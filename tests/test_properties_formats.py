@@ -17,6 +17,7 @@ from hypothesis.extra.numpy import arrays
 
 import lpsim
 from lpsim import blocks, philox, reference, testing
+from lpsim.blocks import ELEMENT_EXP_MIN, SCALE_EXP_RANGE
 from lpsim.formats import POLICIES
 from lpsim.rounding import MODES, STOCHASTIC_MODES
 
@@ -122,12 +123,18 @@ ANY64 = WHOLE[np.float64]
 SCALES = WHOLE[np.float32]
 
 
+def _least_exp(fmt):
+    """The exponent of a format's smallest positive value."""
+    return fmt.emin - (fmt.m if fmt.subnormals else 0)
+
+
 @st.composite
 def block_formats(draw, elements=ANY64):
     """Any element format (of ``elements``: those that fit the data's container), any scale
     format and rule, block sizes 1 to 40 (16 and 32 often), a per-tensor scale where the
     scale format takes one, either non-finite rule."""
-    element, scale = draw(elements), draw(SCALES)
+    scale = draw(SCALES)
+    element = draw(elements.filter(lambda e: scale.m > 0 or _least_exp(e) >= ELEMENT_EXP_MIN))
     size = draw(st.sampled_from([16, 32]) | st.integers(1, 40))
     rule = draw(st.sampled_from(list(blocks.RULES)))
     with np.errstate(over="ignore"):
@@ -280,3 +287,35 @@ def test_formats_beyond_float64_and_repeated_options_are_refused_by_name():
     for b in (lo, hi):
         fmt = lpsim.fp(4, 3, b)
         assert math.isfinite(fmt.max_finite) and fmt.min_subnormal > 0
+
+
+def test_quotients_below_float64s_normals_round_exactly():
+    """float64 data under a large power-of-two scale: x / s below 2**-1022, where the product
+    x * (1/s) rounds, is rounded in every mode as the exact quotient (MXFP4 'up' gave 0 for
+    2**-1000 under 2**98, where the reference gives the smallest element times the scale)."""
+    bfmt = blocks.parse_block_format("mxfp4")
+    for tiny in (2.0 ** -1074, 2.0 ** -1000, 2.0 ** -960, -2.0 ** -1050):
+        x = np.array([[2.0 ** 100] + [tiny] * 31])
+        for mode in ("up", "down", "nearest", "toward_zero", "nearest_away", "odd"):
+            values_, elements, scales, counts = reference.quantize_blocks(x, bfmt, mode)
+            got = blocks.quantize_blocks(x, bfmt, mode)
+            assert same(got.values, values_).all(), (tiny, mode, got.values[0, 1], values_[0, 1])
+            assert np.array_equal(got.counts, counts), (tiny, mode)
+            assert same(lpsim.quantize(x, bfmt, mode), values_).all(), (tiny, mode)
+
+
+def test_power_of_two_scales_refuse_what_float64_cannot_scale_exactly():
+    """Element formats reaching below 2**-956 and scale formats beyond float64's normals are
+    refused by name under power-of-two scales (their quotients or reciprocals would round)."""
+    import pytest
+    with pytest.raises(ValueError, match=r"element format fp\(2,0,1074\) reaches 2\*\*-1074"):
+        blocks.block("fp(2,0,1074)", 2)
+    with pytest.raises(ValueError, match=r"element format .*fp64"):
+        blocks.block("fp64", 2)
+    with pytest.raises(ValueError, match=r"scale format fp\(11,0.*accepted as a power-of-two"):
+        blocks.block("e2m1fn", 2, "fp(11,0)")
+    with pytest.raises(ValueError, match=r"element format fp\(3,0,955\) reaches 2\*\*-957"):
+        blocks.block("fp(3,0,955)", 2)
+    assert blocks.block("fp(3,0,954)", 2).element.emin == ELEMENT_EXP_MIN     # the edge
+    # scales with mantissa bits scale by fp32(x * r), defined below float64's normals too
+    assert _least_exp(blocks.block("e2m1fn", 2, "fp(11,10)").scale) < SCALE_EXP_RANGE[0]
