@@ -148,8 +148,6 @@ def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, sc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, args, files", [
-    ("optim_papers.py", ["--runs", "1", "--cap", "50", "--ls-steps", "20"],
-     ["optim_papers.md", "optim_papers.png"]),
     ("train_lm.py", ["--steps", "2", "--batch", "2", "--context", "8", "--d-model", "8",
                      "--layers", "1", "--heads", "2", "--data-bytes", "20000", "--eval-every",
                      "1", "--val-batches", "1", "--runs", "FP32"],
