@@ -31,6 +31,9 @@ from tqdm.auto import tqdm
 from lpsim.casgd import RECIPES, SLOTS, casgd, make_synth, sweep_eta
 from lpsim.casgd.recipes import SYMBOLS, as_slot
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
+from _arguments import positive_float, positive_int, seed_int  # noqa: E402
+
 PAPER = {("logistic", 16): "0", ("logistic", 64): "0", ("linear", 16): "7e-5",
          ("linear", 64): "1.1e-4", ("poisson", 16): "1.3e-4", ("poisson", 64): "3.3e-4"}
 ETA = {"logistic": 1.0, "linear": 0.5, "poisson": 0.25}
@@ -204,40 +207,6 @@ def figure3_report(args, points, gaps, same) -> list[str]:
     lines += [f"{key}'s mean gap equals {other}'s within 1% at every recorded H."
               for key, other in same.items()]
     return lines
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
-                                         "number > 0")
-    return value
-
-
-def seed_int(text: str) -> int:
-    """argparse type: a seed, an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 0")
-    return value
 
 
 def eta_value(text: str):

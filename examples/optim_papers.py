@@ -31,6 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from lpsim.optim import SGD  # noqa: E402
 from test_optim_reproductions import toy_steps  # noqa: E402  (one definition of the toy)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
+from _arguments import positive_int  # noqa: E402
+
 
 def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -49,17 +52,6 @@ def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
         if (t + 1) % every == 0:
             curve.append((t + 1, 0.5 * ((Xe @ w.detach().float() - ye) ** 2).mean().item()))
     return curve
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
-    return value
 
 
 def main(argv=None):

@@ -13,6 +13,7 @@ accuracy against the model aggregate (relative to pi_fp32) and a markdown table 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import math
 import pathlib
@@ -27,6 +28,9 @@ from torch import nn
 from tqdm import tqdm
 
 from lpsim.torch.precision import DynamicLossScaler, PrecisionModel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
+from _arguments import device_name, positive_float, positive_int  # noqa: E402
 
 RS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -167,44 +171,6 @@ def plot(summary, rows, path, title):
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
-                                         "number > 0")
-    return value
-
-
-def device_name(text: str) -> str:
-    """argparse type: a torch device this machine has (cpu, or cuda where CUDA is)."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; accepted: cpu or "
-                                         "cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device; "
-                                         "accepted: cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: cpu or cuda")
-    return text
 
 
 def main(argv=None):

@@ -15,7 +15,9 @@ gap, and stalls where the increment falls below gap/16.
 """
 
 import argparse
+import os
 import pathlib
+import sys
 import tempfile
 
 import matplotlib
@@ -26,6 +28,9 @@ import lpsim
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
+from _arguments import positive_float, positive_int  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODES = [("nearest", {}), ("stochastic", {}), ("stochastic", {"sr_bits": 4}),
@@ -111,29 +116,6 @@ def plot(mantissas, rows, curves, args, png):
     accum.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
-                                         "number > 0")
-    return value
 
 
 def format_name(text: str) -> str:

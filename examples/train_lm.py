@@ -31,6 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from lpsim.optim import AdamW  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
+from _arguments import device_name, positive_int, seed_int  # noqa: E402
+
 #: run name -> (parameter dtype, autocast, update_rounding, default learning rate); SR runs
 #: get a larger rate, as the SR paper (Section 5) finds SR wants 2-4x the usual one
 RUNS = {
@@ -145,43 +148,6 @@ def train(name, lr, args, train_data, val_data, progress):
     return dict(curve=curve, final=curve[-1][1], tokens_per_s=tokens / max(seconds, 1e-9),
                 memory=memory, params=params, lr=lr,
                 cancelled=opt.cancelled_updates / max(1, params * args.steps))
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the option in its error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 1")
-    return value
-
-
-def seed_int(text: str) -> int:
-    """argparse type: a seed, an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer >= 0")
-    return value
-
-
-def device_name(text: str) -> str:
-    """argparse type: a torch device this machine has (cpu, or cuda where CUDA is)."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; accepted: cpu or "
-                                         "cuda") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: this machine has no CUDA device; "
-                                         "accepted: cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: cpu or cuda")
-    return text
 
 
 def main(argv=None):

@@ -58,7 +58,8 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")
+                                           if not p.name.startswith("_")))  # scripts, not helpers
 def test_every_option_of_every_example_has_help(script):
     done = subprocess.run([sys.executable, "-c", DUMP_OPTIONS, str(EXAMPLES / script)],
                           capture_output=True, text=True, env=ENV, timeout=300)
