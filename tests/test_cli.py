@@ -217,8 +217,8 @@ def test_negative_values_next_to_options():
     (["round", "1", "-f", "fp(2)"], "format 'fp(2)' is not understood"),
     (["round", "abc"], "'abc' is not a number"),
     (["round", "0x"], "'0x' is not a number"),
-    (["round", "1", "-f", "fp(4,3,-2000)"], "does not fit a float64 container"),
-    (["formats", "fp(4,3,-2000)"], "format 'fp(4,3,-2000)' has a range beyond float64's"),
+    (["round", "1", "-f", "fp(4,3,-2000)"], "b=-2000 is out of range for fp(4,3)"),
+    (["formats", "fp(4,3,-2000)"], "b=-2000 is out of range for fp(4,3)"),
     (["round", "1", "-r", "sideways"], "invalid choice: 'sideways'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
