@@ -407,7 +407,15 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             params = group["params"]
             singles = []
             if group["implementation"] == "fused" and group["foreach"] is not False:
-                sets = self._plan_group(group, base, singles)
+                try:
+                    sets = self._plan_group(group, base, singles)
+                except (TypeError, ValueError):
+                    # the sets are checked after the parameters that step alone: raise the
+                    # first parameter's error, as the per-tensor route does (both check only)
+                    for j, p in enumerate(params):
+                        if p.grad is not None:
+                            self._prepare(p, base + j, group)
+                    raise
             else:
                 sets = ()
                 singles = [self._prepare(p, base + j, group)
