@@ -7,6 +7,12 @@
 #   bash benchmarks/gpu_session.sh profile # profile_cuda: host overhead, kernel resources, variants
 #   bash benchmarks/gpu_session.sh probe   # probe_tensor_cores: what torch._scaled_mm returns
 #   bash benchmarks/gpu_session.sh tests probe   # stages run in the order given
+#   bash benchmarks/gpu_session.sh all     # every stage inside ALL_BUDGET seconds (default 450),
+#                                          # then benchmarks/gpu_summary.py -> $OUT/gpu-summary.json
+#
+# Under `all` the logs go to a work folder that is packed into $OUT/gpu-run.tgz after each
+# stage (a lent machine returns at most 8 files), and the summary is rewritten after each stage,
+# so a run stopped at its limit still returns what finished.
 #
 # Logs and JSON go to $OUT (or ./gpu-out).  Peers missing on the machine (gfloat, qtorch,
 # torchao) are installed from wheels in .whl/ when that folder is there; so is numpy 2.4.6,
@@ -18,6 +24,29 @@
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
+STARTED=$(date +%s)
+if [ "${1:-}" = all ]; then
+    FINAL=$OUT                       # the summary and the packed folder come back from here
+    OUT=${WORK:-/tmp/gpu-run}        # every log and table of the stages
+    mkdir -p "$OUT"
+    set -- tests bench probe profile casgd
+    ALL=1
+else
+    ALL=0
+fi
+# cap (seconds) of a stage under `all`: its share, never past the whole budget
+budget() {
+    local left=$(( STARTED + ${ALL_BUDGET:-450} - $(date +%s) ))
+    [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"
+}
+record() {   # stage, rc, seconds: one line of stages.tsv, then the summary and the pack
+    printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$OUT/stages.tsv"
+    if [ "$ALL" = 1 ]; then
+        python3 benchmarks/gpu_summary.py "$OUT" --command "bash benchmarks/gpu_session.sh all" \
+            --out "$FINAL/gpu-summary.json" >"$OUT/summary.log" 2>&1
+        tar czf "$FINAL/gpu-run.tgz" -C "$OUT" . 2>/dev/null
+    fi
+}
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -30,32 +59,50 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
 
+# caps of each stage under `all` (seconds); alone, a stage runs to its own limits
+declare -A CAP=([tests]=${TEST_BUDGET:-230} [bench]=130 [probe]=30 [profile]=45 [casgd]=60)
 for stage in "${@:-tests}"; do
+t0=$(date +%s)
+if [ "$ALL" = 1 ]; then
+    LIMIT=$(budget "${CAP[$stage]:-60}")
+    [ "$stage" = tests ] && TEST_BUDGET=$LIMIT
+else
+    LIMIT=600
+fi
+(
+set -o pipefail
 case $stage in
 profile)
-    python3 benchmarks/profile_cuda.py --sass "$OUT/round-kernel.sass" 2>&1 | tee "$OUT/profile.log"
+    timeout "$LIMIT" python3 benchmarks/profile_cuda.py --sass "$OUT/round-kernel.sass" 2>&1 | tee "$OUT/profile.log"
     ;;
 probe)
-    python3 benchmarks/probe_tensor_cores.py --out "$OUT/tensor-cores.npz" 2>&1 | tail -40
+    timeout "$LIMIT" python3 benchmarks/probe_tensor_cores.py --out "$OUT/tensor-cores.npz" \
+        2>&1 | tee "$OUT/probe.log" | tail -40
     ;;
 tests)
     files=$(grep -l -E "lpsim_cuda|cuda" tests/test_*.py | tr '\n' ' ')
     LPSIM_TEST_GPU=1 timeout "${TEST_BUDGET:-540}" python3 -m pytest -q -p no:cacheprovider \
-        -n "${WORKERS:-6}" --dist loadfile --timeout 400 -rfE --junitxml="$OUT/tests.xml" \
+        -n "${WORKERS:-$([ "$ALL" = 1 ] && echo 12 || echo 6)}" --dist loadfile --timeout 400 -rfE --junitxml="$OUT/tests.xml" \
         $files 2>&1 | tee "$OUT/tests.log" | tail -60
     ;;
 bench)
-    set -o pipefail
     R=$OUT
-    { python3 benchmarks/bench_quantize_gpu.py --json "$R/quantize-gpu.json" 2>&1
+    timeout "$LIMIT" bash -c '
+      R=$1
+      python3 benchmarks/bench_quantize_gpu.py --json "$R/quantize-gpu.json" 2>&1
       python3 benchmarks/bench_optim.py --device cuda --json "$R/optim-gpu.json" 2>&1
       python3 benchmarks/bench_blocks.py --device cuda --json "$R/blocks-gpu.json" 2>&1
-      python3 benchmarks/bench_blocks.py --scaled-mm 2>&1
-    } | tee "$R/bench.log"
+      python3 benchmarks/bench_blocks.py --scaled-mm 2>&1' _ "$R" | tee "$R/bench.log"
     ;;
 casgd)
-    python3 benchmarks/bench_casgd.py --json "$OUT/casgd-gpu.json" --plot "$OUT/casgd-roofline.png" \
+    timeout "$LIMIT" python3 benchmarks/bench_casgd.py --json "$OUT/casgd-gpu.json" --plot "$OUT/casgd-roofline.png" \
         2>&1 | tee "$OUT/casgd.log"
     ;;
+*)
+    echo "unknown stage $stage (tests, bench, casgd, profile, probe, all)"; exit 2
+    ;;
 esac
+)
+rc=$?
+record "$stage" "$rc" $(( $(date +%s) - t0 ))
 done
