@@ -1,11 +1,12 @@
 """GPU rounding throughput: lpsim_cuda against the device's own copy, torch casts and qtorch.
 
-Rounds 2**26 float32 values (torch CUDA tensors) to bf16, e5m2 and fp(6,9,0), nearest and
+Rounds 2**26 float32 values (torch CUDA tensors) to bf16, e5m2, e4m3fn and fp(6,9,0), nearest and
 stochastic, and prints GB/s (bytes read + written) with the ratio to a device-to-device copy
 measured in the same run, next to qtorch's CUDA ``float_quantize`` (when it builds), torch's
 ``.to(torch.bfloat16)`` next to the fp32 -> bf16 stochastic-rounding store, and the wall-clock
 cost of one call on a 1-element tensor next to ``t.add_(0)``.  Then it checks the targets:
-nearest >= 80% and stochastic >= 70% of copy bandwidth, both faster than qtorch.
+nearest >= 85% and stochastic >= 75% of copy bandwidth (issue 31), both faster than qtorch
+(qtorch has no e4m3fn: its row there is torch's own ``.to(float8_e4m3fn).float()``).
 
     python benchmarks/bench_quantize_gpu.py [--log2n 26] [--repeats 20] [--no-qtorch]
                                             [--json benchmarks/results/quantize-gpu.json]
@@ -26,10 +27,12 @@ import numpy as np
 
 from timing import cuda_time  # the script's folder is on sys.path
 
-FORMATS = {"bf16": (8, 7), "e5m2": (5, 2), "fp(6,9,0)": (6, 9)}
+#: format -> qtorch's (exp, man), None where qtorch has no such format (e4m3fn saturates
+#: and has no infinities; qtorch's e4m3 is IEEE-like)
+FORMATS = {"bf16": (8, 7), "e5m2": (5, 2), "e4m3fn": None, "fp(6,9,0)": (6, 9)}
 MODES = ("nearest", "stochastic")
 #: lpsim_cuda's targets as a fraction of device copy bandwidth, per mode
-TARGETS = {"nearest": 0.80, "stochastic": 0.70}
+TARGETS = {"nearest": 0.85, "stochastic": 0.75}
 
 
 def wall_time(fn, calls: int, rounds: int = 5) -> float:
@@ -124,13 +127,15 @@ def main(argv=None) -> int:
     row("device copy", "-", "-", 8, lambda: y.copy_(x))
     row("torch .to(bfloat16).float()", "bf16", "nearest", 4 + 2 + 2 + 4,
         lambda: x.to(torch.bfloat16).float())
-    for name, (e, m) in FORMATS.items():
+    for name, em in FORMATS.items():
         for mode in MODES:
             row("lpsim_cuda", name, mode, 8,
                 lambda: lpsim_cuda.quantize(x, name, mode, seed=1, out=y))
-            if float_quantize is not None:
+            if float_quantize is not None and em is not None:
                 row("qtorch float_quantize", name, mode, 8,
-                    lambda: float_quantize(x, e, m, rounding=mode))
+                    lambda: float_quantize(x, *em, rounding=mode))
+    row("torch .to(float8_e4m3fn).float()", "e4m3fn", "nearest", 4 + 1 + 1 + 4,
+        lambda: x.to(torch.float8_e4m3fn).float())
     packed = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     row("lpsim_cuda SR store fp32->bf16", "bf16", "stochastic", 4 + 2,
         lambda: lpsim_cuda.quantize(x, "bf16", "stochastic", seed=1, out=packed,
@@ -161,7 +166,7 @@ def main(argv=None) -> int:
     print("# wall-clock per call on a 1-element tensor (1000 calls, then synchronize; best of 5)")
     for name, seconds in overhead.items():
         print(f"{name:44s} {seconds * 1e6:8.1f} us")
-    print("# targets: nearest >= 0.80 and stochastic >= 0.70 of copy, faster than qtorch")
+    print("# targets: nearest >= 0.85 and stochastic >= 0.75 of copy, faster than qtorch")
     for line in lines:
         print(line)
     if args.json:

@@ -58,6 +58,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
   python3 -c 'import torch, numba, numba_cuda, numpy; print("torch", torch.__version__, "numba", numba.__version__, "numba-cuda", numba_cuda.__version__, "numpy", numpy.__version__)'
 } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
+git rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo "${LPSIM_COMMIT:-unknown}" >"$OUT/commit.txt"
 
 # caps of each stage under `all` (seconds); alone, a stage runs to its own limits
 declare -A CAP=([tests]=${TEST_BUDGET:-230} [bench]=130 [probe]=30 [profile]=45 [casgd]=60)

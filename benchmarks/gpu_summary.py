@@ -50,6 +50,59 @@ def tests(work: pathlib.Path) -> dict | None:
     return counts
 
 
+def _row(rows, **match):
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or not b else a / b
+
+
+def headline(tables: dict, tests_counts: dict | None) -> dict:
+    """The figures issue 31 tracks, each a ratio against a peer of the same run (None where
+    its stage did not finish)."""
+    out = {}
+    q = tables.get("quantize-gpu")
+    if q:
+        rows = q["rows"]
+        out["copy_GBps"] = q["copy_GBps"]
+        for fmt, mode in (("bf16", "nearest"), ("bf16", "stochastic"), ("e4m3fn", "nearest"),
+                          ("e4m3fn", "stochastic")):
+            row = _row(rows, kernel="lpsim_cuda", format=fmt, mode=mode)
+            out[f"quantize_{fmt}_{mode}_vs_copy"] = row and _ratio(row["GBps"], q["copy_GBps"])
+        calls = q.get("launch_overhead_us", {})
+        out["call_us"] = calls.get("lpsim_cuda nearest, in place")
+        out["torch_call_us"] = calls.get("torch t.add_(0)")
+    o = tables.get("optim-gpu")
+    if o:
+        sr = o["rows"].get("lpsim bf16 SR (fused)", {})
+        out["adamw_bf16_sr_vs_torch_fused"] = sr.get("vs torch fused fp32")
+        out["adamw_bf16_sr_of_bound"] = sr.get("of bandwidth bound")
+        ao = o["rows"].get("torchao bf16 SR", {})
+        out["adamw_bf16_sr_vs_torchao"] = _ratio(ao.get("seconds"), sr.get("seconds"))
+    b = tables.get("blocks-gpu")
+    if b:
+        rows = b["rows"]
+        for fmt in ("mxfp8_e4m3", "nvfp4"):
+            mine = _row(rows, case="lpsim.quantize (lpsim_cuda)", format=fmt, mode="nearest")
+            peer = _row(rows, case="torchao cast + dequantize", format=fmt, mode="nearest")
+            key = fmt.split("_")[0]
+            out[f"{key}_nearest_vs_copy"] = mine and mine.get("vs_copy")
+            out[f"{key}_vs_torchao"] = mine and peer and _ratio(mine["melems"], peer["melems"])
+    c = tables.get("casgd-gpu")
+    if c:
+        for b_, s_ in ((8, 64), (1, 256)):
+            row = _row(c["rows"], recipe="C", b=b_, s=s_)
+            out[f"casgd_C_speedup_b{b_}_s{s_}"] = row and row["speedup_vs_fp32_sgd"]
+        gram = _row(c["gram"], sb=8 * 128)          # the Gram GEMM at b = 8, s = 128
+        out["gram_of_peak"] = gram and _ratio(gram["tflops"], c["bf16_peak_tflops"])
+    if tests_counts:
+        out["real_gpu_tests"] = {"passed": tests_counts["passed"],
+                                 "failed": len(tests_counts["failed"]),
+                                 "skipped": tests_counts["skipped"]}
+    return out
+
+
 def summary(work: pathlib.Path, command: str) -> dict:
     device = (work / "device.txt").read_text() if (work / "device.txt").exists() else ""
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -60,7 +113,10 @@ def summary(work: pathlib.Path, command: str) -> dict:
         if path.exists():
             out["tables"][name] = json.loads(path.read_text())
     out["tensor_cores_recorded"] = (work / "tensor-cores.npz").exists()
-    return out
+    commit = work / "commit.txt"
+    out["commit"] = commit.read_text().strip() if commit.exists() else None
+    return {**{k: out[k] for k in ("device", "date", "commit", "command")},
+            **headline(out["tables"], out["tests"]), **out}
 
 
 def main():

@@ -12,6 +12,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def child_pythonpath() -> str:
+    """PYTHONPATH for a test's child interpreter: this checkout first, then what the run had
+    (a lent GPU machine puts the peers' wheels there; dropping them changes the numpy)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def _source_digest() -> str:
     """Hash of the package sources: numba's cache only watches each kernel's own file."""
     digest = hashlib.sha256()

@@ -16,13 +16,14 @@ import pytest
 import lpsim
 from lpsim import reference
 from lpsim.cli import bit_fields, build_parser, main, parse_value
+from conftest import child_pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def lpsim_cmd(*args, columns=80):
     """Run ``python -m lpsim ARGS`` in a terminal ``columns`` wide (rich reads COLUMNS)."""
-    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": child_pythonpath()}
     return subprocess.run([sys.executable, "-m", "lpsim", *args], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=300)
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import child_pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SCRIPT = EXAMPLES / "rounding_error_vs_precision.py"
 RESULTS = EXAMPLES / "results"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV = {**os.environ, "PYTHONPATH": child_pythonpath()}
 
 
 def run_example(cwd, *args):

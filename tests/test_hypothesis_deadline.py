@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 import lpsim
 from lpsim.testing import assert_rounded, representable
+from conftest import child_pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -68,7 +69,7 @@ print(json.dumps(drawn))
 
 
 def _draws(freeze, import_all):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_FREEZE": str(int(freeze)),
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(), "PROBE_FREEZE": str(int(freeze)),
            "PROBE_IMPORT_ALL": str(int(import_all))}
     done = subprocess.run([sys.executable, "-c", _DRAWS], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

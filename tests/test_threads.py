@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+from conftest import child_pythonpath
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SCRIPT = """
@@ -28,7 +30,7 @@ print(torch.get_num_threads())
 
 
 def test_lpsim_keeps_torch_at_one_thread():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(), "OMP_NUM_THREADS": "1"}
     env.pop("NUMBA_NUM_THREADS", None)
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=900)

@@ -13,6 +13,7 @@ import pytest
 
 import lpsim
 from lpsim.warmup import jobs
+from conftest import child_pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -93,7 +94,7 @@ print(json.dumps({k: (before.get(k, 0), n) for k, n in after.items() if n != bef
 def test_after_warmup_the_first_calls_compile_nothing():
     # the first mxfp4 call and the first AdamW step used to compile for seconds after it
     code = _FIRST_CALLS.replace("OPTIM", str(HAS_TORCH))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath()}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=900)
     assert done.returncode == 0, done.stderr
