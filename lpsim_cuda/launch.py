@@ -64,6 +64,13 @@ def placeholder(shape: tuple, dtype):
     return _PLACEHOLDERS[key]
 
 
+def address(array) -> int:
+    """The device address of a numba device array's data (the simulator's: its host data)."""
+    if SIMULATOR:                   # a FakeCUDAArray wraps a numpy array
+        return array._ary.ctypes.data
+    return array.__cuda_array_interface__["data"][0]
+
+
 def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 

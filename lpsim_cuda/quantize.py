@@ -24,7 +24,7 @@ from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, 
 from lpsim.stats import RoundingStats, check_stats
 from lpsim.storage import NO_PACKING, storage_name, storage_params
 
-from . import arrays, counters, launch
+from . import arrays, counters, launch, specialised
 from .launch import THREADS
 
 _ELEMENTS = counters.ELEMENTS       # the accumulator slot of the element count
@@ -121,6 +121,11 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     stochastic call draws the same random bits on every replay unless you capture with
     different seeds or offsets.
     """
+    if stats is None and storage is None and launch.is_torch(x):
+        done = specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset)
+        if done is not None:
+            return done
+    key = fmt
     fmt = parse_format(fmt)
     check_stats(stats)
     with launch.device_of(x):
@@ -134,6 +139,17 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         n = src.bits.size
         if n == 0:
             return result
+        if (stats is None and name is None and src.dtype == np.float32
+                and specialised.specialised(fmt, rounding)):
+            x_ptr, out_ptr = launch.address(src.bits), launch.address(outb)
+            if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset):
+                keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
+                kernel = specialised.kernel(fmt, rounding, request.k)
+                specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
+                                          src.bits, outb, n, *keys)
+                if launch.is_torch(x):
+                    specialised.remember(key, rounding, sr_bits, src, outb, kernel, keys)
+                return result
         buffer, count = counters.launch_counts(stats, src.device, src.stream,
                                                lambda: launch.capturing(x))
         _, nblocks = block_range(n, request.offset, request.lanes)

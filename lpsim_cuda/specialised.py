@@ -1,0 +1,239 @@
+"""Specialised float32 rounding kernels and their cached launch routes.
+
+Why: the general kernel (:mod:`lpsim_cuda.quantize`) takes the format as runtime data (a
+20-field tuple), rounds one element per thread and pass with 4-byte loads, and each call
+plans, wraps the tensors in numba arrays and types every argument: 0.34 of the device's copy
+bandwidth and ~190 us of host time per call on an H100 (benchmarks/results/
+gpu-h100-2026-11-26.md).  Here, for the formats people train in:
+
+* the format's parameters, the rounding mode and ``sr_bits`` are compile-time constants
+  (the kernel is made per (format, mode, k) from the shared decision
+  :func:`lpsim.rounding.round_one`, not a copy of it), so the common path folds to a few
+  integer operations;
+* each thread owns four consecutive elements: one 16-byte load and one 16-byte store
+  (:mod:`lpsim_cuda.vector`) and, for stochastic modes, the one Philox block whose four
+  words serve them, exactly the words the CPU and the general kernel give those elements;
+* a torch tensor's call goes through a cached route: the compiled kernel's function, its
+  launch configuration and the flat argument list numba would build, checked once against
+  numba's own (:func:`_numba_arguments`), so a call costs a few microseconds of Python.
+
+Counting calls (``stats=``), packed storage, float64, misaligned or overlapping arrays and
+stochastic calls whose ``offset`` is not a multiple of 4 take the general kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from numba import cuda
+
+from lpsim.formats import parse_format
+from lpsim.philox import block_words
+from lpsim.quantize import MAX_COUNTER, keys
+from lpsim.rounding import DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one
+
+from . import launch, vector
+from .launch import THREADS
+
+#: the formats with specialised kernels (any mode; float32 containers)
+FORMATS = ("bf16", "fp16", "e5m2", "e4m3fn", "e4m3", "e3m2fn", "e2m3fn", "e2m1fn",
+           "fp(6,9,0)")
+#: elements per thread per pass: one 16-byte access, one Philox block of float32 lanes
+GROUP = 4
+#: alignment (bytes) the 16-byte accesses need of x's and out's data
+ALIGN = 16
+
+
+@functools.cache
+def _formats() -> frozenset:
+    return frozenset(parse_format(name) for name in FORMATS)
+
+
+def specialised(fmt, rounding: str) -> bool:
+    """Whether (format, rounding) has a specialised kernel (``fmt`` a parsed Format)."""
+    return fmt in _formats() and (rounding in DETERMINISTIC_MODES or rounding.startswith("stoch"))
+
+
+def _make(params, mode: int, k: int):
+    """The kernel of one (format parameters, mode, sr_bits) as compile-time constants."""
+    P, MODE, K = params, mode, k
+    stochastic = mode >= STOCHASTIC
+
+    def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0):
+        """Round float32 bits ``xb`` into ``outb``: elements 4j..4j+3 per thread and pass
+        (Philox block ``block0 + j``), then the last n % 4 elements one per thread."""
+        j = cuda.grid(1)
+        step = cuda.gridsize(1)
+        groups = n >> 2
+        w0 = w1 = w2 = w3 = np.int64(0)
+        while j < groups:
+            b0, b1, b2, b3 = vector.load4(xb, j)
+            if stochastic:
+                w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
+            o0, _ = round_one(np.int64(b0), MODE, w0, K, P)
+            o1, _ = round_one(np.int64(b1), MODE, w1, K, P)
+            o2, _ = round_one(np.int64(b2), MODE, w2, K, P)
+            o3, _ = round_one(np.int64(b3), MODE, w3, K, P)
+            vector.store4(outb, j, o0, o1, o2, o3)
+            j += step
+        i = (groups << 2) + cuda.grid(1)
+        if i < n:
+            if stochastic:
+                w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
+            lane = i & 3
+            r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
+            outb[i], _ = round_one(np.int64(xb[i]), MODE, r, K, P)
+
+    return cuda.jit(kernel)
+
+
+#: numba's signature of every specialised kernel
+SIGNATURE = "void(int32[::1], int32[::1], int64, int64, int64, int64, int64)"
+
+
+@functools.lru_cache(maxsize=128)
+def kernel(fmt, rounding: str, k: int):
+    """The specialised kernel of (parsed format, rounding, sr_bits as k), made once."""
+    return _make(kernel_params(fmt, np.float32), mode_code(rounding), k)
+
+
+def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int) -> bool:
+    """Whether a float32 call can take the specialised kernel: 16-byte aligned data, out
+    either x itself or disjoint from it, and (stochastic) Philox blocks that start at a
+    group's first element."""
+    if x_ptr % ALIGN or out_ptr % ALIGN:
+        return False
+    if out_ptr != x_ptr and x_ptr < out_ptr + 4 * n and out_ptr < x_ptr + 4 * n:
+        return False
+    return mode < STOCHASTIC or offset % GROUP == 0
+
+
+def grid(n: int, device: int) -> int:
+    """Blocks for n elements: one group of four per thread, at most the resident grid."""
+    return launch.grid_size(-(-n // GROUP), device)
+
+
+def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
+                  block0) -> None:
+    """Launch through numba's dispatcher (numba arrays; the simulator's only route)."""
+    kern[grid_blocks, THREADS, stream](xb, outb, n, seed_lo, seed_hi, key_stream, block0)
+
+
+# --- the cached route of torch tensors: numba's launch without its per-call typing ---------
+
+def _array_arguments(ptr: int, n: int) -> list:
+    """The flat kernel arguments numba passes for a 1-D C-contiguous int32 array of n
+    elements at ``ptr``: meminfo, parent, nitems, itemsize, data, shape, strides."""
+    return [0, 0, n, 4, ptr, n, 4]
+
+
+def _scalars(*values) -> list:
+    return [ctypes.c_int64(v) for v in values]
+
+
+def _numba_arguments(compiled, args, stream) -> list:
+    """The flat argument list numba's own launch builds for ``args`` (the reference the
+    route's list is checked against once per route)."""
+    flat, keep = [], []
+    for t, v in zip(compiled.argument_types, args):
+        compiled._prepare_args(t, v, stream, keep, flat)
+    return flat
+
+
+def _same(a: list, b: list) -> bool:
+    def value(v):
+        return (type(v).__name__, v.value) if isinstance(v, ctypes._SimpleCData) else \
+            ("int", int(v))
+    return len(a) == len(b) and all(value(u) == value(v) for u, v in zip(a, b))
+
+
+class Route:
+    """One (format, rounding, sr_bits, device)'s compiled kernel as a raw launch: numba's
+    function handle and launch configurations, built once; :meth:`__call__` launches it
+    with the flat arguments of two torch tensors' data pointers and the keys."""
+
+    def __init__(self, kern, device: int, mode: int):
+        from cuda.core import LaunchConfig, launch as core_launch
+        from numba.cuda._compat import CUDA_CORE_GE_1_0
+        self._core_launch = core_launch
+        self.compiled = kern.compile(SIGNATURE)             # numba's compiled kernel
+        self.function = self.compiled._codelibrary.get_cufunc().kernel
+        self.device = device
+        self.mode = mode
+        self._configs = {}
+        self._config_kind = (LaunchConfig, CUDA_CORE_GE_1_0)
+
+    def config(self, blocks: int):
+        found = self._configs.get(blocks)
+        if found is None:
+            LaunchConfig, new_names = self._config_kind
+            extra = {"is_cooperative": False} if new_names else {"cooperative_launch": False}
+            found = self._configs[blocks] = LaunchConfig(grid=(blocks, 1, 1),
+                                                         block=(THREADS, 1, 1), shmem_size=0,
+                                                         **extra)
+        return found
+
+    def check(self, xb, outb, n, keys, stream) -> bool:
+        """Whether this route's flat arguments are numba's own for the same call."""
+        x_ptr, out_ptr = xb.device_ctypes_pointer.value, outb.device_ctypes_pointer.value
+        mine = _array_arguments(x_ptr, n) + _array_arguments(out_ptr, n) + _scalars(n, *keys)
+        return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys), stream))
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
+        args = _array_arguments(x_ptr, n) + _array_arguments(out_ptr, n) + _scalars(n, *keys)
+        self._core_launch(stream, self.config(blocks), self.function, *args)
+
+
+#: (format as the caller gave it, rounding, sr_bits, device) -> Route, or None where numba's
+#: flat arguments differed from the route's (that request then keeps the general launch)
+_ROUTES: dict = {}
+
+
+def remember(key, rounding, sr_bits, src, outb, kern, keys) -> None:
+    """After a general-path call took the specialised kernel for a torch tensor, build and
+    check the raw route of its request so that later calls skip the general path."""
+    if launch.SIMULATOR:
+        return
+    try:
+        route_key = (key, rounding, sr_bits, type(sr_bits), src.device)
+        hash(route_key)
+    except TypeError:
+        return
+    if route_key in _ROUTES or len(_ROUTES) >= 1024:
+        return
+    route = Route(kern, src.device, mode_code(rounding))
+    ok = route.check(src.bits, outb, src.bits.size, keys, src.stream)
+    _ROUTES[route_key] = route if ok else None
+
+
+def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset):
+    """A torch float32 CUDA call through its cached route: the result, or None where the
+    call needs the general path (no route yet, or anything a route does not cover)."""
+    import torch
+    if not _ROUTES or x.dtype is not torch.float32 or not x.is_cuda:
+        return None
+    device = x.device.index
+    try:
+        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), device))
+    except TypeError:
+        return None
+    n = x.numel()
+    if (route is None or n == 0 or not x.is_contiguous()
+            or device != torch.cuda.current_device()
+            or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
+        return None
+    if out is None:
+        out = torch.empty_like(x)
+    elif (type(out) is not torch.Tensor or out.dtype is not torch.float32
+          or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
+        return None
+    mode = route.mode
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    if not eligible(n, x_ptr, out_ptr, mode, offset):
+        return None
+    seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
+    route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
+          launch.torch_stream(x.device), grid(n, device))
+    return out

@@ -1,0 +1,68 @@
+"""Sixteen-byte loads and stores of four consecutive 32-bit words, for the specialised kernels.
+
+Why: numba indexes an array one element at a time, so a kernel over float32 issues 4-byte
+loads (``LDG.E``); a device copy reaches the memory's bandwidth with 16-byte ones
+(``LDG.E.128``), and a thread that owns four consecutive elements has four independent
+decisions in flight.  ``load4(a, j)`` reads elements 4j .. 4j+3 of a 1-D int32 array as one
+``ld.global.v4.u32`` and ``store4(a, j, w0, w1, w2, w3)`` writes them as one
+``st.global.v4.u32``; both assume the array's data is 16-byte aligned, which the caller
+checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they are plain
+Python over the four elements (same values, no alignment rule to break).
+"""
+
+from __future__ import annotations
+
+from .launch import SIMULATOR
+
+if SIMULATOR:
+    def load4(a, j):
+        i = 4 * j
+        return a[i], a[i + 1], a[i + 2], a[i + 3]
+
+    def store4(a, j, w0, w1, w2, w3):
+        i = 4 * j
+        a[i], a[i + 1], a[i + 2], a[i + 3] = w0, w1, w2, w3
+
+else:
+    from llvmlite import ir
+    from numba.cuda import types
+    from numba.cuda.extending import intrinsic
+
+    _I32 = ir.IntType(32)
+    _V4 = ir.VectorType(_I32, 4)
+
+    def _address(context, builder, aryty, ary, index, indexty):
+        """A ``<4 x i32>*`` to element 4 * index of the array ``ary``."""
+        data = context.make_array(aryty)(context, builder, ary).data
+        j = context.cast(builder, index, indexty, types.intp)
+        first = builder.mul(j, ir.Constant(ir.IntType(64), 4))
+        return builder.bitcast(builder.gep(data, [first]), _V4.as_pointer())
+
+    @intrinsic
+    def load4(typingctx, a, j):
+        if not (isinstance(a, types.Array) and a.dtype == types.int32 and a.ndim == 1
+                and isinstance(j, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            vector = builder.load(_address(context, builder, signature.args[0], args[0],
+                                           args[1], signature.args[1]), align=16)
+            words = [builder.extract_element(vector, ir.Constant(_I32, k)) for k in range(4)]
+            return context.make_tuple(builder, signature.return_type, words)
+        return types.UniTuple(types.int32, 4)(a, j), codegen
+
+    @intrinsic
+    def store4(typingctx, a, j, w0, w1, w2, w3):
+        if not (isinstance(a, types.Array) and a.dtype == types.int32 and a.ndim == 1
+                and isinstance(j, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            vector = ir.Constant(_V4, ir.Undefined)
+            for k in range(4):
+                word = context.cast(builder, args[2 + k], signature.args[2 + k], types.int32)
+                vector = builder.insert_element(vector, word, ir.Constant(_I32, k))
+            builder.store(vector, _address(context, builder, signature.args[0], args[0],
+                                           args[1], signature.args[1]), align=16)
+            return context.get_dummy_value()
+        return types.void(a, j, w0, w1, w2, w3), codegen

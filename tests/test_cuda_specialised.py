@@ -1,0 +1,157 @@
+"""The specialised float32 kernels (lpsim_cuda.specialised) against the CPU simulator.
+
+Bit for bit, on every format edge case, for every mode and sr_bits, at sizes that leave 0-3
+elements after the groups of four, and at stream offsets that move the Philox blocks; each
+test also asserts which kernel ran, so a change that quietly sent every call to the general
+kernel fails here.  Under NUMBA_ENABLE_CUDASIM=1 (conftest) in CI; with LPSIM_TEST_GPU=1 on a
+GPU the same tests run on the device, and the torch route's tests (raw launches) run too.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import lpsim
+import lpsim_cuda
+from lpsim.rounding import MODES
+from lpsim_cuda import specialised
+from test_cuda_quantize import edge_cases
+
+GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The number of specialised launches (numba dispatcher route) made during a test."""
+    calls = []
+    real = specialised.launch_arrays
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+    monkeypatch.setattr(specialised, "launch_arrays", counted)
+    return calls
+
+
+def data(fmt, n, seed=0):
+    """n float32 values: the format's edge cases first, then normals across many binades."""
+    rng = np.random.default_rng(seed)
+    edges = edge_cases(fmt, np.float32)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)).astype(np.float32)
+    x[: min(n, edges.size)] = edges[: min(n, edges.size)]
+    return rng.permutation(x)
+
+
+def same_as_cpu(x, fmt, rounding, **kw):
+    expected = lpsim.quantize(x, fmt, rounding, **kw)
+    got = lpsim_cuda.quantize(cuda.to_device(x), fmt, rounding, **kw).copy_to_host()
+    bad = np.flatnonzero(expected.view(np.int32) != got.view(np.int32))
+    assert bad.size == 0, (fmt, rounding, kw, x[bad[:4]], expected[bad[:4]], got[bad[:4]])
+
+
+@pytest.mark.parametrize("fmt", specialised.FORMATS)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_every_format_equals_the_cpu(fmt, rounding, launches):
+    same_as_cpu(data(fmt, 131), fmt, rounding, seed=7)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e2m1fn"])
+@pytest.mark.parametrize("rounding", sorted(MODES))
+def test_every_mode_equals_the_cpu(fmt, rounding, launches):
+    same_as_cpu(data(fmt, 70, seed=1), fmt, rounding, seed=11)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("sr_bits", [1, 3, 8, 13, 32])
+def test_few_bit_stochastic_rounding(sr_bits, launches):
+    same_as_cpu(data("e4m3fn", 64, seed=2), "e4m3fn", "stochastic", seed=5, sr_bits=sr_bits)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 63, 261])
+@pytest.mark.parametrize("offset", [0, 4, 44, 2 ** 40])
+def test_sizes_and_offsets(n, offset, launches):
+    # the tail (n % 4 elements) takes lane words of the block after the groups'
+    same_as_cpu(data("bf16", n, seed=n), "bf16", "stochastic", seed=3, offset=offset,
+                stream=9)
+    assert len(launches) == 1
+
+
+def test_offsets_that_split_a_philox_block_take_the_general_kernel(launches):
+    for offset in (1, 2, 3, 5):
+        same_as_cpu(data("bf16", 37), "bf16", "stochastic", seed=3, offset=offset)
+    same_as_cpu(data("bf16", 37), "bf16", "nearest", offset=3)   # no random words: any offset
+    assert len(launches) == 1
+
+
+def test_misaligned_and_overlapping_arrays_take_the_general_kernel(launches):
+    x = data("bf16", 65)
+    whole = cuda.to_device(x)
+    expected = lpsim.quantize(x[1:], "bf16", "stochastic", seed=1)
+    got = lpsim_cuda.quantize(whole[1:], "bf16", "stochastic", seed=1).copy_to_host()
+    assert np.array_equal(expected.view(np.int32), got.view(np.int32))
+    assert launches == []                          # x[1:] is 4 bytes past a 16-byte boundary
+    inplace = cuda.to_device(x)
+    lpsim_cuda.quantize(inplace, "bf16", out=inplace)
+    assert np.array_equal(inplace.copy_to_host().view(np.int32),
+                          lpsim.quantize(x, "bf16").view(np.int32))
+    assert len(launches) == 1                      # out is x itself: the specialised kernel
+
+
+def test_calls_the_route_does_not_cover_take_the_general_kernel(launches):
+    x = data("bf16", 40)
+    stats = lpsim.RoundingStats()
+    lpsim_cuda.quantize(cuda.to_device(x), "bf16", stats=stats)          # counted
+    lpsim_cuda.quantize(cuda.to_device(x), "fp(4,3,4)")                  # not a listed format
+    lpsim_cuda.quantize(cuda.to_device(x.astype(np.float64)), "bf16")    # float64
+    assert launches == []
+    assert stats.inexact > 0
+
+
+def test_the_listed_formats_are_specialised():
+    for name in specialised.FORMATS:
+        assert specialised.specialised(lpsim.parse_format(name), "nearest")
+    assert not specialised.specialised(lpsim.parse_format("fp(4,3,4)"), "nearest")
+
+
+@pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_route_equals_the_cpu_and_its_arguments_are_numbas():
+    import torch
+    rng = np.random.default_rng(4)
+    for fmt in ("bf16", "e4m3fn"):
+        for rounding, kw in (("nearest", {}), ("stochastic", {"seed": 3, "offset": 8}),
+                             ("stochastic", {"seed": 3, "sr_bits": 8})):
+            for n in (1, 4099, 1 << 20):
+                x = (rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)).astype(
+                    np.float32)
+                t = torch.from_numpy(x).cuda()
+                expected = lpsim.quantize(x, fmt, rounding, **kw)
+                for _ in range(2):                   # the first call makes the route
+                    got = lpsim_cuda.quantize(t, fmt, rounding, **kw).cpu().numpy()
+                    assert np.array_equal(expected.view(np.int32), got.view(np.int32))
+                key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), 0)
+                assert specialised._ROUTES[key] is not None    # numba's arguments matched
+                y = torch.empty_like(t)
+                assert lpsim_cuda.quantize(t, fmt, rounding, out=y, **kw) is y
+                assert np.array_equal(expected.view(np.int32), y.cpu().numpy().view(np.int32))
+
+
+@pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_route_refuses_what_the_general_path_refuses():
+    import torch
+    t = torch.randn(64, device="cuda")
+    lpsim_cuda.quantize(t, "bf16")
+    lpsim_cuda.quantize(t, "bf16")                   # the route exists now
+    with pytest.raises(ValueError, match="out"):
+        lpsim_cuda.quantize(t, "bf16", out=torch.empty(64, device="cuda", dtype=torch.float64))
+    with pytest.raises(ValueError, match="shape"):
+        lpsim_cuda.quantize(t, "bf16", out=torch.empty(63, device="cuda"))
+    with pytest.raises(ValueError, match="offset"):
+        lpsim_cuda.quantize(t, "bf16", offset=-1)
+    before = t.clone()
+    with pytest.raises((TypeError, ValueError), match="seed"):
+        lpsim_cuda.quantize(t, "bf16", "stochastic", seed=-1, out=t)
+    assert torch.equal(t, before)                    # a refused call changes nothing
