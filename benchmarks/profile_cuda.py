@@ -125,8 +125,10 @@ def main():
         obj = getattr(blocks, name)
         if hasattr(obj, "overloads") and obj.overloads:
             resources(f"blocks.{name}", obj)
-    if optim._optim_kernel.overloads:
-        resources("optim._optim_kernel", optim._optim_kernel)
+    for kernel in optim.KERNELS.values():
+        resources("optim.optim_kernel", kernel)
+    for (fmt, mode, k), kernel in sys.modules["lpsim_cuda.specialised"].KERNELS.items():
+        resources(f"specialised {fmt} {mode} k={k}", kernel)
     if args.sass:
         with open(args.sass, "w") as f:
             for sig in list(q.KERNELS[False].overloads):

@@ -56,23 +56,44 @@ else:                                                      # pragma: no cover (G
     _step_quad = rebind(core, {"fmul": _fmul_rn})["step_quad"]
 
 
-@cuda.jit
-def _optim_kernel(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
-                  counts):
-    n = wb.size
-    first = offset // 4
-    nquads = (offset + n + 3) // 4 - first
-    local = cuda.local.array(NCOUNTS, np.int64)
-    for f in range(NCOUNTS):
-        local[f] = 0
-    j = cuda.grid(1)
-    while j < nquads:
-        _step_quad(first + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc,
-                   ps, sp16, local)
-        j += cuda.gridsize(1)
-    for f in range(NCOUNTS):
-        if local[f]:
-            cuda.atomic.add(counts, f, local[f])
+def _make_kernel(kinds, ints, pw, pc, ps, sp16):
+    """The step kernel of one configuration: storage kinds, the integer options (algorithm,
+    update, modes, sr bits, nesterov, first step) and the formats' parameters are
+    compile-time constants, so each branch on them folds away and the decision keeps only
+    the registers its own case needs.  The hyperparameters, keys and offset stay arguments:
+    they change from step to step without a new kernel."""
+    KINDS, INTS, PW, PC, PS, SP16 = kinds, ints, pw, pc, ps, sp16
+
+    def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
+        n = wb.size
+        first = offset // 4
+        nquads = (offset + n + 3) // 4 - first
+        local = cuda.local.array(NCOUNTS, np.int64)
+        for f in range(NCOUNTS):
+            local[f] = 0
+        j = cuda.grid(1)
+        while j < nquads:
+            _step_quad(first + j, n, offset, wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, PW,
+                       PC, PS, SP16, local)
+            j += cuda.gridsize(1)
+        for f in range(NCOUNTS):
+            if local[f]:
+                cuda.atomic.add(counts, f, local[f])
+
+    return cuda.jit(kernel)
+
+
+#: configuration -> its kernel (profile_cuda.py and kernel_budget.py read what was made)
+KERNELS: dict = {}
+
+
+def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16):
+    """The step kernel of a configuration (:func:`_make_kernel`), made once."""
+    key = (kinds, ints, pw, pc, ps, sp16)
+    found = KERNELS.get(key)
+    if found is None:
+        found = KERNELS[key] = _make_kernel(kinds, ints, pw, pc, ps, sp16)
+    return found
 
 
 def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, counts,
@@ -84,9 +105,9 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
         return
     nquads = (offset + n + 3) // 4 - offset // 4
     grid = launch.grid_size(nquads, launch.current_device())
-    _optim_kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset,
-                                         setup.pw, setup.pc, setup.ps, tuple(setup.sp16),
-                                         counts)
+    kernel = optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                          tuple(setup.sp16))
+    kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, hp, keys, offset, counts)
 
 
 def step(param, grad, m, v, c, r, kargs, setup, counts):                # pragma: no cover

@@ -93,10 +93,17 @@ def _make(params, mode: int, k: int):
 SIGNATURE = "void(int32[::1], int32[::1], int64, int64, int64, int64, int64)"
 
 
-@functools.lru_cache(maxsize=128)
+#: (format, rounding, k) -> its kernel (profile_cuda.py and kernel_budget.py read these)
+KERNELS: dict = {}
+
+
 def kernel(fmt, rounding: str, k: int):
     """The specialised kernel of (parsed format, rounding, sr_bits as k), made once."""
-    return _make(kernel_params(fmt, np.float32), mode_code(rounding), k)
+    found = KERNELS.get((fmt, rounding, k))
+    if found is None:
+        found = KERNELS[fmt, rounding, k] = _make(kernel_params(fmt, np.float32),
+                                                  mode_code(rounding), k)
+    return found
 
 
 def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int) -> bool:
@@ -235,5 +242,12 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
     route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
-          launch.torch_stream(x.device), grid(n, device))
+          _core_stream(torch.cuda.current_stream(device).cuda_stream), grid(n, device))
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _core_stream(handle: int):
+    """cuda.core's stream of a torch stream handle, as numba's launch makes it."""
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    return _to_core_stream(launch.external_stream(handle))

@@ -58,10 +58,12 @@ with mock.patch.object(dispatcher, "get_current_device",
                        lambda: types.SimpleNamespace(compute_capability=(9, 0))):
     for cls, dtype, kw in CONFIGS:
         arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0)
-        args = (*arrays, *kargs, setup.pw, setup.pc, setup.ps, tuple(setup.sp16),
-                np.zeros(7, np.int64))
-        ptx, _ = cuda.compile_ptx(O._optim_kernel.py_func,
-                                  tuple(numba.typeof(a) for a in args), cc=(9, 0))
+        kinds, hp, ints, keys, offset = kargs
+        kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                                tuple(setup.sp16))
+        args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(numba.typeof(a) for a in args),
+                                  cc=(9, 0))
         # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
         print(cls.__name__, dtype, "ok", len(ptx), "fma", ptx.count("fma.rn"))
         report(f"optim {cls.__name__} {dtype} {kw['update_rounding']}", ptx)
