@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_session.sh profile # profile_cuda: host overhead, kernel resources, variants
 #   bash benchmarks/gpu_session.sh probe   # probe_tensor_cores: what torch._scaled_mm returns
 #   bash benchmarks/gpu_session.sh tests probe   # stages run in the order given
-#   bash benchmarks/gpu_session.sh all     # every stage inside ALL_BUDGET seconds (default 450),
+#   bash benchmarks/gpu_session.sh all     # every stage inside ALL_BUDGET seconds (default 450;
+#                                          # STAGES="tests bench" and TEST_FILES=... narrow it),
 #                                          # then benchmarks/gpu_summary.py -> $OUT/gpu-summary.json
 #
 # Under `all` the logs go to a work folder that is packed into $OUT/gpu-run.tgz after each
@@ -29,7 +30,7 @@ if [ "${1:-}" = all ]; then
     FINAL=$OUT                       # the summary and the packed folder come back from here
     OUT=${WORK:-/tmp/gpu-run}        # every log and table of the stages
     mkdir -p "$OUT"
-    set -- tests bench probe profile casgd
+    set -- ${STAGES:-tests bench probe profile casgd}
     ALL=1
 else
     ALL=0
@@ -81,7 +82,7 @@ probe)
         2>&1 | tee "$OUT/probe.log" | tail -40
     ;;
 tests)
-    files=$(grep -l -E "lpsim_cuda|cuda" tests/test_*.py | tr '\n' ' ')
+    files=${TEST_FILES:-$(grep -l -E "lpsim_cuda|cuda" tests/test_*.py | tr '\n' ' ')}
     LPSIM_TEST_GPU=1 timeout "${TEST_BUDGET:-540}" python3 -m pytest -q -p no:cacheprovider \
         -n "${WORKERS:-$([ "$ALL" = 1 ] && echo 12 || echo 6)}" --dist loadfile --timeout 400 -rfE --junitxml="$OUT/tests.xml" \
         $files 2>&1 | tee "$OUT/tests.log" | tail -60

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import warnings
 
 import numpy as np
 from numba import cuda
@@ -125,7 +126,17 @@ def grid(n: int, device: int) -> int:
 def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
                   block0) -> None:
     """Launch through numba's dispatcher (numba arrays; the simulator's only route)."""
-    kern[grid_blocks, THREADS, stream](xb, outb, n, seed_lo, seed_hi, key_stream, block0)
+    configured = kern[grid_blocks, THREADS, stream] if launch.SIMULATOR else \
+        _configured(kern, grid_blocks, stream)
+    configured(xb, outb, n, seed_lo, seed_hi, key_stream, block0)
+
+
+@functools.lru_cache(maxsize=256)
+def _configured(kern, grid_blocks: int, stream):
+    # a small grid is sized to its work: numba's low-occupancy warning is noise here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return kern[grid_blocks, THREADS, stream]
 
 
 # --- the cached route of torch tensors: numba's launch without its per-call typing ---------
@@ -196,6 +207,8 @@ class Route:
 #: (format as the caller gave it, rounding, sr_bits, device) -> Route, or None where numba's
 #: flat arguments differed from the route's (that request then keeps the general launch)
 _ROUTES: dict = {}
+#: route key -> why it has no raw route (the request keeps numba's launch, which is correct)
+ROUTE_ERRORS: dict = {}
 
 
 def remember(key, rounding, sr_bits, src, outb, kern, keys) -> None:
@@ -210,8 +223,14 @@ def remember(key, rounding, sr_bits, src, outb, kern, keys) -> None:
         return
     if route_key in _ROUTES or len(_ROUTES) >= 1024:
         return
-    route = Route(kern, src.device, mode_code(rounding))
-    ok = route.check(src.bits, outb, src.bits.size, keys, src.stream)
+    try:
+        route = Route(kern, src.device, mode_code(rounding))
+        ok = route.check(src.bits, outb, src.bits.size, keys, src.stream)
+    except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
+        ROUTE_ERRORS[route_key] = repr(error)
+        ok = False
+    if not ok:
+        ROUTE_ERRORS.setdefault(route_key, "flat arguments differ from numba's")
     _ROUTES[route_key] = route if ok else None
 
 

@@ -133,7 +133,7 @@ def test_torch_route_equals_the_cpu_and_its_arguments_are_numbas():
                     got = lpsim_cuda.quantize(t, fmt, rounding, **kw).cpu().numpy()
                     assert np.array_equal(expected.view(np.int32), got.view(np.int32))
                 key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), 0)
-                assert specialised._ROUTES[key] is not None    # numba's arguments matched
+                assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
                 y = torch.empty_like(t)
                 assert lpsim_cuda.quantize(t, fmt, rounding, out=y, **kw) is y
                 assert np.array_equal(expected.view(np.int32), y.cpu().numpy().view(np.int32))
