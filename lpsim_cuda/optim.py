@@ -56,35 +56,59 @@ else:                                                      # pragma: no cover (G
     _step_quad = rebind(core, {"fmul": _fmul_rn})["step_quad"]
 
 
+@register_jitable
+def _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16, counts):
+    """Every quad of one parameter in a grid-stride loop; the counters added into
+    ``counts`` with one atomic per counter and thread."""
+    n = wb.size
+    first = offset // 4
+    nquads = (offset + n + 3) // 4 - first
+    local = cuda.local.array(NCOUNTS, np.int64)
+    for f in range(NCOUNTS):
+        local[f] = 0
+    j = cuda.grid(1)
+    while j < nquads:
+        _step_quad(first + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc,
+                   ps, sp16, local)
+        j += cuda.gridsize(1)
+    for f in range(NCOUNTS):
+        if local[f]:
+            cuda.atomic.add(counts, f, local[f])
+
+
+@cuda.jit
+def _optim_kernel(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
+                  counts):
+    """The step with the configuration as runtime data: float16 storage (see
+    :func:`specialises`)."""
+    _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16, counts)
+
+
 def _make_kernel(kinds, ints, pw, pc, ps, sp16):
     """The step kernel of one configuration: storage kinds, the integer options (algorithm,
     update, modes, sr bits, nesterov, first step) and the formats' parameters are
     compile-time constants, so each branch on them folds away and the decision keeps only
-    the registers its own case needs.  The hyperparameters, keys and offset stay arguments:
-    they change from step to step without a new kernel."""
+    the registers its own case needs (AdamW bf16 SR: 162 -> 90 per thread).  The
+    hyperparameters, keys and offset stay arguments: they change from step to step."""
     KINDS, INTS, PW, PC, PS, SP16 = kinds, ints, pw, pc, ps, sp16
 
     def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
-        n = wb.size
-        first = offset // 4
-        nquads = (offset + n + 3) // 4 - first
-        local = cuda.local.array(NCOUNTS, np.int64)
-        for f in range(NCOUNTS):
-            local[f] = 0
-        j = cuda.grid(1)
-        while j < nquads:
-            _step_quad(first + j, n, offset, wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, PW,
-                       PC, PS, SP16, local)
-            j += cuda.gridsize(1)
-        for f in range(NCOUNTS):
-            if local[f]:
-                cuda.atomic.add(counts, f, local[f])
+        _step_all(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS, SP16,
+                  counts)
 
     return cuda.jit(kernel)
 
 
 #: configuration -> its kernel (profile_cuda.py and kernel_budget.py read what was made)
 KERNELS: dict = {}
+
+
+def specialises(kinds) -> bool:
+    """Whether a configuration gets its own kernel.  Not with float16 storage: on an H100
+    (2026-11-26) the specialised SGD float16 Kahan step differed from the CPU in one
+    compensation element of 29 (tests/test_optim_cuda.py), where the runtime-configured
+    kernel, the same decision, matches; until a GPU run finds why, float16 keeps that one."""
+    return core.STORE_F16 not in kinds
 
 
 def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16):
@@ -105,8 +129,12 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
         return
     nquads = (offset + n + 3) // 4 - offset // 4
     grid = launch.grid_size(nquads, launch.current_device())
-    kernel = optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
-                          tuple(setup.sp16))
+    kinds, ints, sp16 = tuple(kinds), tuple(ints), tuple(setup.sp16)
+    if not specialises(kinds):
+        _optim_kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys,
+                                             offset, setup.pw, setup.pc, setup.ps, sp16, counts)
+        return
+    kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16)
     kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, hp, keys, offset, counts)
 
 

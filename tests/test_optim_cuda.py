@@ -140,3 +140,12 @@ def test_gpu_optimizer_matches_cpu(cls, dtype, kw):
     assert (sa, ca) == (sb, cb)
     for key in ta:
         assert torch.equal(ta[key], tb[key]), key
+
+
+def test_float16_storage_keeps_the_runtime_configured_kernel():
+    # the specialised float16 Kahan step differed from the CPU on an H100 (2026-11-26);
+    # until a GPU run explains it, float16 storage takes the kernel that matched there
+    from lpsim_cuda.optim import specialises
+    for cls, dtype, kw in CONFIGS:
+        _, (kinds, *_), _ = inputs(cls, dtype, kw, 8, 0)
+        assert specialises(tuple(kinds)) == (dtype != torch.float16), (cls, dtype, kinds)
