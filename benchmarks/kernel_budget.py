@@ -36,10 +36,12 @@ at 8 resident per SM, which 64 registers per thread allow (65536 / (64 x 128)); 
 optimizer may take 96 (5 blocks).  Spills and local memory: none.
 
 The instruction count is static: every instruction of the loop body once, cold branches
-(round_bits, specials, the divide slow paths reached by CALL, not counted) included, inner
-loops counted once.  A straight-line specialised kernel makes it the instructions one pass
-issues.  Needs numba-cuda and the ``ptx`` extra (nvidia-cuda-nvcc-cu12 carries ptxas,
-nvidia-cuda-nvdisasm nvdisasm); exits 3 when NVVM, ptxas or nvdisasm is missing.
+(round_bits, special values) included and inner loops counted once; subroutines reached by
+CALL (the divide slow paths) are not counted, only the calls.  For a straight-line kernel it
+is the instructions one pass issues.  Needs the ``test`` extra (numba-cuda; torch and pytest for the optimizer's
+arguments, taken from tests/test_optim_cuda.py) and the ``ptx`` extra (NVVM;
+nvidia-cuda-nvcc-cu12 carries ptxas, nvidia-cuda-nvdisasm nvdisasm); exits 3 when NVVM,
+ptxas or nvdisasm is missing.
 To add a kernel, add one ``Case`` to ``CASES``.
 """
 
@@ -385,7 +387,7 @@ def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
              f"# device: sm_90 via NVVM (numba-cuda {numba_cuda.__version__}), ptxas "
              f"{version(ptxas)} / nvdisasm {version(nvdisasm)}, no GPU",
              f"# budget: {SMS} SMs x {SCHEDULERS} x {WARP} threads x {CLOCK_HZ / 1e9:g} GHz = "
-             f"{ISSUE:.3g} thread instructions/s; {BANDWIDTH / 1e12:g} TB/s; x {SAFETY:g}"]
+             f"{ISSUE:.3g} thread instructions/s; {BANDWIDTH / 1e12:.1f} TB/s; x {SAFETY:g}"]
     lines.append("# instructions/element: " + ", ".join(
         f"{kind} {nbytes} B -> {budget(kind)}" for kind, nbytes in KINDS.items()))
     lines.append(f"# registers <= {REGISTER_LIMIT} (optim {REGISTERS['optim']}); no spills, no "
