@@ -38,10 +38,11 @@ optimizer may take 96 (5 blocks).  Spills and local memory: none.
 The instruction count is static: every instruction of the loop body once, cold branches
 (round_bits, special values) included and inner loops counted once; subroutines reached by
 CALL (the divide slow paths) are not counted, only the calls.  For a straight-line kernel it
-is the instructions one pass issues.  Needs the ``test`` extra (numba-cuda; torch and pytest for the optimizer's
-arguments, taken from tests/test_optim_cuda.py) and the ``ptx`` extra (NVVM;
-nvidia-cuda-nvcc-cu12 carries ptxas, nvidia-cuda-nvdisasm nvdisasm); exits 3 when NVVM,
-ptxas or nvdisasm is missing.
+is the instructions one pass issues.
+
+Needs the ``test`` extra (numba-cuda; torch and pytest for the optimizer's arguments, taken
+from tests/test_optim_cuda.py) and the ``ptx`` extra (NVVM; nvidia-cuda-nvcc-cu12 carries
+ptxas, nvidia-cuda-nvdisasm nvdisasm); exits 3 when NVVM, ptxas or nvdisasm is missing.
 To add a kernel, add one ``Case`` to ``CASES``.
 """
 
@@ -88,9 +89,9 @@ class Case:
     hot: run on the training hot path (tests/test_kernel_budget.py holds these).
     kernel: () -> (py_func, numba argument types), called only when the case is compiled.
     elements: elements one pass of the measured loop handles.
-    loads: which global loads the measured loop must hold: "all", or, for a kernel with a
-    deterministic and a stochastic loop, "philox" (loads in a loop whose own or enclosing
-    body draws Philox words) or "plain" (the others).
+    loads: which global loads (of those inside loops) the measured loop must hold: "all",
+    or, for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
+    whose own or enclosing body draws Philox words) or "plain" (the others).
     outer: elements per pass of the loop enclosing the measured one, which share that
     loop's own instructions (a Philox block's words); 0: the enclosing loop is not counted.
     """
@@ -127,6 +128,21 @@ def _quantize(bits: str, out: str, count: bool):
         return kernels[count].py_func, (b[::1], o[::1], T.int64, T.int64, params, T.int64,
                                         T.int64, T.int64, T.int64, T.int64, packing,
                                         T.int64[::1])
+    return build
+
+
+def _specialised(name: str, rounding: str):
+    """lpsim_cuda.specialised's float32 kernel for format ``name`` and ``rounding``."""
+    def build():
+        import importlib
+        import numpy as np
+        from numba.core.sigutils import normalize_signature
+        from lpsim.formats import parse_format
+        from lpsim.quantize import plan
+        S = importlib.import_module("lpsim_cuda.specialised")
+        fmt = parse_format(name)
+        k = plan(fmt, rounding, np.float32, seed=1).k
+        return S.kernel(fmt, rounding, k).py_func, normalize_signature(S.SIGNATURE)[0]
     return build
 
 
@@ -197,6 +213,14 @@ CASES = [
          _quantize("int64", "int64", True), loads="plain"),
     Case("quantize f64 stochastic counted", "quantize64", False,
          _quantize("int64", "int64", True), loads="philox", outer=2),
+    # lpsim_cuda.specialised: format and mode compiled in, four elements (one 16-byte load,
+    # one Philox block) per thread and pass; float32 calls without stats or packing take it
+    Case("quantize specialised bf16 nearest", "quantize", False,
+         _specialised("bf16", "nearest"), elements=4),
+    Case("quantize specialised bf16 stochastic", "quantize", False,
+         _specialised("bf16", "stochastic"), elements=4),
+    Case("quantize specialised e4m3fn stochastic", "quantize", False,
+         _specialised("e4m3fn", "stochastic"), elements=4),
     # a pass of the grid-stride loop steps one quad (its Philox words), the inner loop one
     # parameter of it
     Case("optim AdamW bf16 stochastic", "optim", True,
@@ -327,7 +351,9 @@ def measure(sass: str, case: Case) -> dict:
     local = [op for op, _ in code if op.startswith(("LDL", "STL"))]
     row = {"instructions": len(code), "local_ops": len(local),
            "local_op_bytes": sum(width(op) for op in local) // 8}
-    loads = [i for i, (op, _) in enumerate(code) if op.startswith("LDG")]
+    # global loads inside a loop: one outside every loop is a prologue's or a tail's
+    loads = [i for i, (op, _) in enumerate(code)
+             if op.startswith("LDG") and any(_inside(lp, i) for lp in found)]
     philox = [i for i, (_, operands) in enumerate(code) if _PHILOX.search(operands)]
 
     def draws(i):     # a loop holding load i also holds a Philox multiply
@@ -382,7 +408,9 @@ def row_of(case: Case, report: str, sass: str) -> dict:
 
 def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
     import numba_cuda
-    lines = [f"# lpsim_cuda kernel budget, {datetime.date.today()}",
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip() or "?"
+    lines = [f"# lpsim_cuda kernel budget, {datetime.date.today()}, lpsim {commit}",
              f"# command: {command}",
              f"# device: sm_90 via NVVM (numba-cuda {numba_cuda.__version__}), ptxas "
              f"{version(ptxas)} / nvdisasm {version(nvdisasm)}, no GPU",
@@ -395,7 +423,7 @@ def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
     return lines
 
 
-COLUMNS = (("kernel", 32, "kernel"), ("hot", 3, "hot"), ("registers", 4, "regs"),
+COLUMNS = (("kernel", 38, "kernel"), ("hot", 3, "hot"), ("registers", 4, "regs"),
            ("spill_bytes", 5, "spill"), ("local_bytes", 5, "local"),
            ("loop_instructions", 5, "loop"), ("elements_per_iteration", 4, "elem"),
            ("outer_elements", 5, "outer"),
@@ -427,6 +455,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="also write the table here")
     args = parser.parse_args(argv)
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"        # before numba's import: NVVM, not the simulator
+    sys.path.insert(0, str(ROOT))                   # this checkout's lpsim, not an installed one
     ptxas, nvdisasm = tool("ptxas"), tool("nvdisasm")
     missing = [name for name, path in (("ptxas", ptxas), ("nvdisasm", nvdisasm)) if not path]
     if missing:
