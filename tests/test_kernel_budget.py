@@ -29,7 +29,7 @@ _spec.loader.exec_module(kb)
 REGISTERS = {"quantize": 64, "packed": 64, "blocks": 64, "optim": 96}
 RULES = ("registers", "spills", "local", "instructions")
 ISSUE_31 = "issue 31: the specialised kernels will replace this one"
-#: (case, rule) the current kernels break, with what they measure (ptxas 13.0, 2026-11-26)
+#: (case, rule) the current kernels break, with what they measure (ptxas 12.9 and 13.0, 2026-11-26)
 KNOWN = {
     ("quantize f32 nearest", "instructions"): "~500 loop instructions per element",
     ("quantize f32 stochastic", "instructions"): "~590 loop instructions per element",
