@@ -147,7 +147,7 @@ def _specialised(name: str, rounding: str):
 
 
 def _optim(cls: str, dtype: str, **kw):
-    """lpsim_cuda.optim's kernel with the arguments tests/test_optim_cuda.py launches."""
+    """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps."""
     def build():
         import importlib
         import numba
@@ -158,9 +158,10 @@ def _optim(cls: str, dtype: str, **kw):
         from test_optim_cuda import inputs
         arrays, kargs, setup = inputs(getattr(lpsim.optim, cls), getattr(torch, dtype), kw,
                                       37, 0)
-        args = (*arrays, *kargs, setup.pw, setup.pc, setup.ps, tuple(setup.sp16),
-                np.zeros(7, np.int64))
-        kernel = importlib.import_module("lpsim_cuda.optim")._optim_kernel
+        kinds, hp, ints, keys, offset = kargs
+        kernel = importlib.import_module("lpsim_cuda.optim").optim_kernel(
+            tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps, tuple(setup.sp16))
+        args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
         return kernel.py_func, tuple(numba.typeof(a) for a in args)
     return build
 
