@@ -1,0 +1,494 @@
+"""A static budget for each lpsim_cuda kernel on sm_90, read from ptxas and the SASS, no GPU.
+
+Each case is compiled as a GPU run compiles it (numba-cuda's NVVM, for compute capability
+9.0), assembled with ``ptxas -arch=sm_90 -v`` (registers, spills, stack frame) and
+disassembled with ``nvdisasm`` (the machine code).  From the SASS: loops are found from
+backward branches (a ``BRA`` to a label at a lower address); the measured loop is the
+innermost one holding the case's global loads; its instructions per element, its 64-bit
+integer instructions and the widest global load and store in it are reported.  A
+memory-bound kernel reaches copy speed only with warps enough to hide latency (registers),
+no local memory traffic, wide accesses and few enough instructions per element, so each
+of those is held against a budget:
+
+    python benchmarks/kernel_budget.py [--hot] [--only TEXT] [--json PATH] [--out TXT]
+
+The instruction budget (H100 SXM, the card the project's GPU numbers come from):
+
+    issue rate   132 SMs x 4 schedulers x 1 warp instruction/cycle x 32 threads x 1.755 GHz
+                 = 2.97e13 thread instructions/s  (3.35e13 at the 1.98 GHz boost)
+    memory       3.0 TB/s read + written (device copy measured 2.73-2.88 TB/s on the
+                 project's H100: results/quantize-gpu.txt, optim-gpu.txt, profile-gpu.txt;
+                 rounded up, which tightens the budget)
+    at copy speed a kernel moving B bytes per element must issue each element's
+    instructions in 2.97e13 / (3.0e12 / B) = 9.88 B thread instructions
+    budget       half of that, rounded down: latency hiding needs issue slots left over,
+                 and FP64 or 64-bit multiplies take more than one slot
+
+    kind        bytes/element                               at copy speed   budget
+    quantize    8   (float32 in, float32 out)                      79          39
+    packed      6   (float32 in, bf16 out: fp32 -> bf16 store)     59          29
+    optim       14  (per parameter, bf16 SR AdamW)                138          69
+    blocks      8   (float32 in, float32 out)                      79          39
+    quantize64, blocks64: 16 (float64 in and out)                 158          79
+
+Registers: an SM has 65536; the launch (lpsim_cuda.launch) runs 128-thread blocks and aims
+at 8 resident per SM, which 64 registers per thread allow (65536 / (64 x 128)); the
+optimizer may take 96 (5 blocks).  Spills and local memory: none.
+
+The instruction count is static: every instruction of the loop body once, cold branches
+(round_bits, special values) included and inner loops counted once; subroutines reached by
+CALL (the divide slow paths) are not counted, only the calls.  For a straight-line kernel it
+is the instructions one pass issues.
+
+Needs the ``test`` extra (numba-cuda; torch and pytest for the optimizer's arguments, taken
+from tests/test_optim_cuda.py) and the ``ptx`` extra (NVVM; nvidia-cuda-nvcc-cu12 carries
+ptxas, nvidia-cuda-nvdisasm nvdisasm); exits 3 when NVVM, ptxas or nvdisasm is missing.
+To add a kernel, add one ``Case`` to ``CASES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+COMMAND = "python benchmarks/kernel_budget.py"
+
+SMS, SCHEDULERS, WARP, CLOCK_HZ = 132, 4, 32, 1.755e9
+ISSUE = SMS * SCHEDULERS * WARP * CLOCK_HZ                 # thread instructions per second
+BANDWIDTH = 3.0e12                                         # bytes read + written per second
+SAFETY = 0.5
+#: bytes read + written per element (per parameter for the optimizer)
+KINDS = {"quantize": 8, "packed": 6, "optim": 14, "blocks": 8, "quantize64": 16,
+         "blocks64": 16}
+#: registers per thread: 8 resident 128-thread blocks per SM, 5 for the optimizer
+REGISTERS = {"optim": 96}
+REGISTER_LIMIT = 64
+
+
+def budget(kind: str) -> int:
+    """Instructions per element that the SMs can issue at copy speed, times SAFETY."""
+    return int(ISSUE / (BANDWIDTH / KINDS[kind]) * SAFETY)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row: a kernel specialisation and how to read its main loop.
+
+    name: begins with the kernel family (quantize, optim, blocks).  kind: a key of KINDS.
+    hot: run on the training hot path (tests/test_kernel_budget.py holds these).
+    kernel: () -> (py_func, numba argument types), called only when the case is compiled.
+    elements: elements one pass of the measured loop handles.
+    loads: which global loads (of those inside loops) the measured loop must hold: "all",
+    or, for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
+    whose own or enclosing body draws Philox words) or "plain" (the others).
+    outer: elements per pass of the loop enclosing the measured one, which share that
+    loop's own instructions (a Philox block's words); 0: the enclosing loop is not counted.
+    """
+    name: str
+    kind: str
+    hot: bool
+    kernel: Callable[[], tuple]
+    elements: int = 1
+    loads: str = "all"
+    outer: int = 0
+
+
+def _patched_device():
+    """numba asks the current device for its compute capability even for compile_ptx."""
+    import types
+    from unittest import mock
+    import numba.cuda.dispatcher as dispatcher
+    return mock.patch.object(dispatcher, "get_current_device",
+                             lambda: types.SimpleNamespace(compute_capability=(9, 0)))
+
+
+def _quantize(bits: str, out: str, count: bool):
+    """lpsim_cuda.quantize's kernel on container bits ``bits`` written as ``out``."""
+    def build():
+        import importlib
+        import numba
+        from numba import types as T
+        from lpsim.rounding import Params
+        from lpsim.storage import NO_PACKING
+        kernels = importlib.import_module("lpsim_cuda.quantize").KERNELS
+        b, o = getattr(T, bits), getattr(T, out)
+        params = numba.typeof(Params(*[0] * len(Params._fields)))
+        packing = T.UniTuple(T.int64, len(NO_PACKING))
+        return kernels[count].py_func, (b[::1], o[::1], T.int64, T.int64, params, T.int64,
+                                        T.int64, T.int64, T.int64, T.int64, packing,
+                                        T.int64[::1])
+    return build
+
+
+def _specialised(name: str, rounding: str):
+    """lpsim_cuda.specialised's float32 kernel for format ``name`` and ``rounding``."""
+    def build():
+        import importlib
+        import numpy as np
+        from numba.core.sigutils import normalize_signature
+        from lpsim.formats import parse_format
+        from lpsim.quantize import plan
+        S = importlib.import_module("lpsim_cuda.specialised")
+        fmt = parse_format(name)
+        k = plan(fmt, rounding, np.float32, seed=1).k
+        return S.kernel(fmt, rounding, k).py_func, normalize_signature(S.SIGNATURE)[0]
+    return build
+
+
+def _optim(cls: str, dtype: str, **kw):
+    """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps."""
+    def build():
+        import importlib
+        import numba
+        import numpy as np
+        import torch
+        import lpsim.optim
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_optim_cuda import inputs
+        arrays, kargs, setup = inputs(getattr(lpsim.optim, cls), getattr(torch, dtype), kw,
+                                      37, 0)
+        kinds, hp, ints, keys, offset = kargs
+        kernel = importlib.import_module("lpsim_cuda.optim").optim_kernel(
+            tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps, tuple(setup.sp16))
+        args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
+        return kernel.py_func, tuple(numba.typeof(a) for a in args)
+    return build
+
+
+def _blocks(name: str, dtype: str):
+    """lpsim_cuda.blocks's kernel for block format ``name`` on ``dtype`` values."""
+    def build():
+        import importlib
+        import numba
+        import numpy as np
+        from lpsim.blocks import BLOCK_COUNTERS, _element_params, block_params, \
+            parse_block_format
+        from lpsim.philox import LANES
+        from lpsim.quantize import plan
+        from lpsim.rounding import kernel_params
+        bfmt = parse_block_format(name)
+        request = plan(bfmt.saturating_element, "stochastic", np.dtype(dtype), seed=1)
+        x = np.zeros((2, 64), dtype)
+        args = (x, x.copy(), np.zeros((2, 64)), np.zeros((2, 4)),
+                np.zeros((2, 4, len(BLOCK_COUNTERS)), np.int64), request.mode, request.k,
+                _element_params(bfmt.saturating_element, request.params.W),
+                kernel_params(bfmt.scale, np.float64), block_params(bfmt, 1.0),
+                request.seed_lo, request.seed_hi, request.stream, request.offset,
+                LANES[np.dtype(dtype).itemsize], True, True)
+        kernel = importlib.import_module("lpsim_cuda.blocks")._blocks_kernel
+        return kernel.py_func, tuple(numba.typeof(a) for a in args)
+    return build
+
+
+CASES = [
+    # one kernel, two loops: nearest rounds one element a pass; stochastic rounds one lane a
+    # pass of an inner loop whose enclosing pass draws a Philox block (4 float32, 2 float64)
+    Case("quantize f32 nearest", "quantize", True, _quantize("int32", "int32", False),
+         loads="plain"),
+    Case("quantize f32 stochastic", "quantize", True, _quantize("int32", "int32", False),
+         loads="philox", outer=4),
+    Case("quantize f32->bf16 nearest", "packed", False, _quantize("int32", "int16", False),
+         loads="plain"),
+    Case("quantize f32->bf16 stochastic", "packed", False,
+         _quantize("int32", "int16", False), loads="philox", outer=4),
+    Case("quantize f64 nearest", "quantize64", False, _quantize("int64", "int64", False),
+         loads="plain"),
+    Case("quantize f64 stochastic", "quantize64", False, _quantize("int64", "int64", False),
+         loads="philox", outer=2),
+    Case("quantize f32 nearest counted", "quantize", False, _quantize("int32", "int32", True),
+         loads="plain"),
+    Case("quantize f32 stochastic counted", "quantize", False,
+         _quantize("int32", "int32", True), loads="philox", outer=4),
+    Case("quantize f64 nearest counted", "quantize64", False,
+         _quantize("int64", "int64", True), loads="plain"),
+    Case("quantize f64 stochastic counted", "quantize64", False,
+         _quantize("int64", "int64", True), loads="philox", outer=2),
+    # lpsim_cuda.specialised: format and mode compiled in, four elements (one 16-byte load,
+    # one Philox block) per thread and pass; float32 calls without stats or packing take it
+    Case("quantize specialised bf16 nearest", "quantize", False,
+         _specialised("bf16", "nearest"), elements=4),
+    Case("quantize specialised bf16 stochastic", "quantize", False,
+         _specialised("bf16", "stochastic"), elements=4),
+    Case("quantize specialised e4m3fn stochastic", "quantize", False,
+         _specialised("e4m3fn", "stochastic"), elements=4),
+    # a pass of the grid-stride loop steps one quad (its Philox words), the inner loop one
+    # parameter of it
+    Case("optim AdamW bf16 stochastic", "optim", True,
+         _optim("AdamW", "bfloat16", update_rounding="stochastic",
+                state_rounding="stochastic"), outer=4),
+    # a pass of the group loop: one element per thread for blocks of up to 32 elements
+    Case("blocks mxfp8_e4m3 f32", "blocks", True, _blocks("mxfp8_e4m3", "float32")),
+    Case("blocks mxfp8_e4m3 f64", "blocks64", False, _blocks("mxfp8_e4m3", "float64")),
+]
+
+
+# --- the tools -------------------------------------------------------------------------
+
+def tool(name: str) -> str | None:
+    """``name`` on the PATH, else in an installed nvidia wheel (bin/<name> below nvidia/):
+    nvidia-cuda-nvcc-cu12 carries ptxas, nvidia-cuda-nvdisasm nvdisasm."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for folder in nvidia.__path__:
+        for candidate in sorted(pathlib.Path(folder).rglob(f"bin/{name}")):
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    return None
+
+
+def version(path: str) -> str:
+    """'13.0' from a CUDA tool's --version."""
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else "?"
+
+
+def compile_case(py_func, signature, ptxas: str, nvdisasm: str) -> tuple[str, str]:
+    """(ptxas -v's report, SASS) of py_func compiled for sm_90."""
+    from numba import cuda
+    with _patched_device():
+        ptx, _ = cuda.compile_ptx(py_func, signature, cc=(9, 0))
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "kernel.ptx"
+        path.write_text(ptx)
+        cubin = str(path.with_suffix(".cubin"))
+        done = subprocess.run([ptxas, "-arch=sm_90", "-v", str(path), "-o", cubin],
+                              capture_output=True, text=True, check=True)
+        sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True,
+                              check=True).stdout
+    return done.stderr, sass
+
+
+# --- reading ptxas and the SASS --------------------------------------------------------
+
+def resources(report: str) -> dict:
+    """Registers, spill bytes (stores + loads), stack frame and shared memory of the entry
+    function, from ptxas -v (the subroutines it calls are reported after it)."""
+    entry = report.split("Compiling entry function", 1)[-1]
+    regs = re.search(r"Used (\d+) registers", entry)
+    stack = re.search(r"(\d+) bytes stack frame", entry)
+    smem = re.search(r"(\d+) bytes smem", entry)
+    return {"registers": int(regs.group(1)),
+            "spill_bytes": sum(int(v) for v in re.findall(r"(\d+) bytes spill", entry)),
+            "stack_bytes": int(stack.group(1)) if stack else 0,
+            "shared_bytes": int(smem.group(1)) if smem else 0}
+
+
+_INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][\w.]*)(.*?);")
+_LABEL = re.compile(r"^([.$][\w$.]+):")
+_TARGET = re.compile(r"`\(([.$][\w$.]+)\)")
+#: Philox-4x32's multipliers 0xD2511F53 and 0xCD9E8D57 as SASS writes them (signed)
+_PHILOX = re.compile(r"-0x2daee0ad|-0x326172a9|0xd2511f53|0xcd9e8d57", re.IGNORECASE)
+
+
+def parse_sass(sass: str) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """([(opcode, operands)] in address order, {label: index of the next instruction})."""
+    code, labels = [], {}
+    for line in sass.splitlines():
+        label = _LABEL.match(line.strip())
+        if label:
+            labels[label.group(1)] = len(code)
+            continue
+        found = _INSTRUCTION.match(line)
+        if found:
+            code.append((found.group(2), found.group(3)))
+    return code, labels
+
+
+def loops(code, labels) -> list[tuple[int, int]]:
+    """(first, last) instruction index of each loop: a branch back to a label at or before
+    it closes a loop starting at that label (several back edges to one head: the last)."""
+    heads: dict[int, int] = {}
+    for i, (op, operands) in enumerate(code):
+        target = _TARGET.search(operands)
+        if op.startswith("BRA") and target and labels.get(target.group(1), i + 1) <= i:
+            head = labels[target.group(1)]
+            heads[head] = max(heads.get(head, i), i)
+    return sorted(heads.items())
+
+
+def width(op: str) -> int:
+    """Bits moved by a load or store opcode: LDG.E.128 -> 128, LDG.E.U16 -> 16, LDG.E -> 32."""
+    parts = set(op.split(".")[1:])
+    for bits, names in ((128, {"128"}), (64, {"64"}), (16, {"U16", "S16"}), (8, {"U8", "S8"})):
+        if parts & names:
+            return bits
+    return 32
+
+
+def is_int64(op: str) -> bool:
+    """A heuristic for an integer instruction that is there because a value is 64 bits: a
+    wide multiply (IMAD.WIDE), a 64-bit shift or conversion (SHF.R.U64, I2F.U64), or the high
+    half of a 64-bit add or compare (IADD3.X, LEA.HI.X, ISETP ... .EX); memory ops excluded."""
+    parts = set(op.split(".")[1:])
+    return (not op.startswith(("LD", "ST", "ULD", "RED", "ATOM"))
+            and bool(parts & {"WIDE", "64", "U64", "S64", "X", "EX"}))
+
+
+def _inside(loop, i) -> bool:
+    return loop[0] <= i <= loop[1]
+
+
+def measure(sass: str, case: Case) -> dict:
+    """The SASS facts of one case: its measured loop and the kernel's local memory."""
+    code, labels = parse_sass(sass)
+    found = loops(code, labels)
+    local = [op for op, _ in code if op.startswith(("LDL", "STL"))]
+    row = {"instructions": len(code), "local_ops": len(local),
+           "local_op_bytes": sum(width(op) for op in local) // 8}
+    # global loads inside a loop: one outside every loop is a prologue's or a tail's
+    loads = [i for i, (op, _) in enumerate(code)
+             if op.startswith("LDG") and any(_inside(lp, i) for lp in found)]
+    philox = [i for i, (_, operands) in enumerate(code) if _PHILOX.search(operands)]
+
+    def draws(i):     # a loop holding load i also holds a Philox multiply
+        return any(_inside(lp, i) and any(_inside(lp, j) for j in philox) for lp in found)
+
+    if case.loads != "all":
+        loads = [i for i in loads if draws(i) == (case.loads == "philox")]
+    holding = [lp for lp in found if loads and all(_inside(lp, i) for i in loads)]
+    if not holding:
+        raise ValueError(f"{case.name}: no loop holds its global loads ({case.loads}); "
+                         f"loops {found}, loads {loads}")
+    inner = min(holding, key=lambda lp: lp[1] - lp[0])
+    body = code[inner[0]:inner[1] + 1]
+    count = len(body) / case.elements
+    wide = sum(map(is_int64, (op for op, _ in body))) / case.elements
+    span = body
+    if case.outer:
+        around = [lp for lp in found if lp != inner and lp[0] <= inner[0] and inner[1] <= lp[1]]
+        if not around:
+            raise ValueError(f"{case.name}: outer={case.outer} but no loop encloses {inner}")
+        outer = min(around, key=lambda lp: lp[1] - lp[0])
+        span = code[outer[0]:outer[1] + 1]
+        own = span[:inner[0] - outer[0]] + span[inner[1] + 1 - outer[0]:]
+        count += len(own) / case.outer
+        wide += sum(map(is_int64, (op for op, _ in own))) / case.outer
+    return dict(row, loop_instructions=len(body),
+                loop_instructions_per_element=round(count, 1),
+                loop_int64_per_element=round(wide, 1),
+                loop_calls=sum(op.startswith("CALL") for op, _ in span),
+                load_bits=max((width(op) for op, _ in span if op.startswith("LDG")), default=0),
+                store_bits=max((width(op) for op, _ in span if op.startswith("STG")),
+                               default=0))
+
+
+def row_of(case: Case, report: str, sass: str) -> dict:
+    """The table's row: resources, loop facts, the budgets and the rules it breaks."""
+    row = {"kernel": case.name, "kind": case.kind, "hot": case.hot,
+           "elements_per_iteration": case.elements, "outer_elements": case.outer,
+           **resources(report),
+           **measure(sass, case)}
+    row["local_bytes"] = row["stack_bytes"] + row["local_op_bytes"]
+    row["register_limit"] = REGISTERS.get(case.kind, REGISTER_LIMIT)
+    row["budget"] = budget(case.kind)
+    row["fails"] = [rule for rule, broken in (
+        ("registers", row["registers"] > row["register_limit"]),
+        ("spills", row["spill_bytes"] > 0), ("local", row["local_bytes"] > 0),
+        ("instructions", row["loop_instructions_per_element"] > row["budget"])) if broken]
+    return row
+
+
+# --- the table -------------------------------------------------------------------------
+
+def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
+    import numba_cuda
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip() or "?"
+    lines = [f"# lpsim_cuda kernel budget, {datetime.date.today()}, lpsim {commit}",
+             f"# command: {command}",
+             f"# device: sm_90 via NVVM (numba-cuda {numba_cuda.__version__}), ptxas "
+             f"{version(ptxas)} / nvdisasm {version(nvdisasm)}, no GPU",
+             f"# budget: {SMS} SMs x {SCHEDULERS} x {WARP} threads x {CLOCK_HZ / 1e9:g} GHz = "
+             f"{ISSUE:.3g} thread instructions/s; {BANDWIDTH / 1e12:.1f} TB/s; x {SAFETY:g}"]
+    lines.append("# instructions/element: " + ", ".join(
+        f"{kind} {nbytes} B -> {budget(kind)}" for kind, nbytes in KINDS.items()))
+    lines.append(f"# registers <= {REGISTER_LIMIT} (optim {REGISTERS['optim']}); no spills, no "
+                 "local memory; loop = static SASS count of the measured loop, per element")
+    return lines
+
+
+COLUMNS = (("kernel", 38, "kernel"), ("hot", 3, "hot"), ("registers", 4, "regs"),
+           ("spill_bytes", 5, "spill"), ("local_bytes", 5, "local"),
+           ("loop_instructions", 5, "loop"), ("elements_per_iteration", 4, "elem"),
+           ("outer_elements", 5, "outer"),
+           ("loop_instructions_per_element", 7, "instr/e"), ("budget", 6, "budget"),
+           ("loop_int64_per_element", 6, "int64/e"), ("loop_calls", 5, "calls"),
+           ("load_bits", 4, "ld"), ("store_bits", 4, "st"), ("fails", 0, "fails"))
+
+
+def table(rows: list[dict]) -> list[str]:
+    def cell(value, size, first):
+        if isinstance(value, bool):
+            value = "yes" if value else ""
+        elif isinstance(value, list):
+            value = ",".join(value) or "-"
+        return f"{value:<{size}}" if first else f"{value:>{size}}"
+    lines = [" ".join(cell(title, size, i == 0 or not size)
+                      for i, (_, size, title) in enumerate(COLUMNS))]
+    for row in rows:
+        lines.append(" ".join(cell(row[key], size, i == 0 or not size)
+                              for i, (key, size, _) in enumerate(COLUMNS)))
+    return lines
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hot", action="store_true", help="only the hot-path kernels")
+    parser.add_argument("--only", help="only the cases whose name contains this")
+    parser.add_argument("--json", help="write the rows (and the header) here")
+    parser.add_argument("--out", help="also write the table here")
+    args = parser.parse_args(argv)
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"        # before numba's import: NVVM, not the simulator
+    sys.path.insert(0, str(ROOT))                   # this checkout's lpsim, not an installed one
+    ptxas, nvdisasm = tool("ptxas"), tool("nvdisasm")
+    missing = [name for name, path in (("ptxas", ptxas), ("nvdisasm", nvdisasm)) if not path]
+    if missing:
+        print(f"no {' or '.join(missing)}: pip install -e '.[ptx]' "
+              "(nvidia-cuda-nvcc-cu12, nvidia-cuda-nvdisasm)")
+        sys.exit(3)
+    try:
+        from numba import cuda
+        cuda.compile_ptx(lambda o: None, "void(int64[::1])", cc=(9, 0))
+    except Exception as err:                        # no numba-cuda, no NVVM
+        print("no CUDA compiler (the ptx extra):", type(err).__name__, str(err)[:200])
+        sys.exit(3)
+    cases = [c for c in CASES if (c.hot or not args.hot) and (args.only or "") in c.name]
+    compiled: dict = {}                  # several rows read one kernel's two loops
+    rows = []
+    for case in cases:
+        py_func, signature = case.kernel()
+        key = (py_func, tuple(signature))
+        if key not in compiled:
+            compiled[key] = compile_case(py_func, signature, ptxas, nvdisasm)
+        rows.append(row_of(case, *compiled[key]))
+        print(table(rows)[-1], flush=True)
+    command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
+    head = header(ptxas, nvdisasm, command)
+    lines = head + table(rows)
+    print("\n".join(lines))
+    if args.out:
+        pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"header": head, "rows": rows},
+                                                      indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
