@@ -121,8 +121,9 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     stochastic call draws the same random bits on every replay unless you capture with
     different seeds or offsets.
     """
-    if stats is None and storage is None and launch.is_torch(x):
-        done = specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset)
+    if stats is None and launch.is_torch(x):
+        done = specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset,
+                                      storage)
         if done is not None:
             return done
     key = fmt
@@ -139,16 +140,18 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         n = src.bits.size
         if n == 0:
             return result
-        if (stats is None and name is None and src.dtype == np.float32
+        if (stats is None and src.dtype == np.float32 and outb.dtype in specialised.OUT_BITS
                 and specialised.specialised(fmt, rounding)):
             x_ptr, out_ptr = launch.address(src.bits), launch.address(outb)
-            if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset):
+            if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset,
+                                    outb.dtype.itemsize):
                 keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
-                kernel = specialised.kernel(fmt, rounding, request.k)
+                kernel = specialised.kernel(fmt, rounding, request.k, sp)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
                                           src.bits, outb, n, *keys)
                 if launch.is_torch(x):
-                    specialised.remember(key, rounding, sr_bits, src, outb, kernel, keys)
+                    specialised.remember(key, rounding, sr_bits, storage, src, outb, kernel,
+                                         keys)
                 return result
         buffer, count = counters.launch_counts(stats, src.device, src.stream,
                                                lambda: launch.capturing(x))

@@ -17,7 +17,8 @@ gpu-h100-2026-11-26.md).  Here, for the formats people train in:
   launch configuration and the flat argument list numba would build, checked once against
   numba's own (:func:`_numba_arguments`), so a call costs a few microseconds of Python.
 
-Counting calls (``stats=``), packed storage, float64, misaligned or overlapping arrays and
+Packed storage (``storage=``: an fp32 -> bf16 or float8 store) writes 8 or 4 bytes per
+four elements.  Counting calls (``stats=``), float64, misaligned or overlapping arrays and
 stochastic calls whose ``offset`` is not a multiple of 4 take the general kernel.
 """
 
@@ -34,6 +35,7 @@ from lpsim.formats import parse_format
 from lpsim.philox import block_words
 from lpsim.quantize import MAX_COUNTER, keys
 from lpsim.rounding import DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one
+from lpsim.storage import NO_PACKING, pack_bits, storage_name
 
 from . import launch, vector
 from .launch import THREADS
@@ -43,8 +45,10 @@ FORMATS = ("bf16", "fp16", "e5m2", "e4m3fn", "e4m3", "e3m2fn", "e2m3fn", "e2m1fn
            "fp(6,9,0)")
 #: elements per thread per pass: one 16-byte access, one Philox block of float32 lanes
 GROUP = 4
-#: alignment (bytes) the 16-byte accesses need of x's and out's data
+#: alignment (bytes) the 16-byte loads need of x's data
 ALIGN = 16
+#: the integer views of out the kernels store into: float32 bits, 16- and 8-bit codes
+OUT_BITS = (np.dtype(np.int32), np.dtype(np.int16), np.dtype(np.int8))
 
 
 @functools.cache
@@ -57,10 +61,12 @@ def specialised(fmt, rounding: str) -> bool:
     return fmt in _formats() and (rounding in DETERMINISTIC_MODES or rounding.startswith("stoch"))
 
 
-def _make(params, mode: int, k: int):
-    """The kernel of one (format parameters, mode, sr_bits) as compile-time constants."""
-    P, MODE, K = params, mode, k
+def _make(params, mode: int, k: int, sp):
+    """The kernel of one (format parameters, mode, sr_bits, storage packing) as compile-time
+    constants."""
+    P, MODE, K, SP = params, mode, k, sp
     stochastic = mode >= STOCHASTIC
+    packed = sp.width != 0
 
     def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0):
         """Round float32 bits ``xb`` into ``outb``: elements 4j..4j+3 per thread and pass
@@ -77,6 +83,9 @@ def _make(params, mode: int, k: int):
             o1, _ = round_one(np.int64(b1), MODE, w1, K, P)
             o2, _ = round_one(np.int64(b2), MODE, w2, K, P)
             o3, _ = round_one(np.int64(b3), MODE, w3, K, P)
+            if packed:
+                o0, o1 = pack_bits(o0, SP), pack_bits(o1, SP)
+                o2, o3 = pack_bits(o2, SP), pack_bits(o3, SP)
             vector.store4(outb, j, o0, o1, o2, o3)
             j += step
         i = (groups << 2) + cuda.grid(1)
@@ -85,35 +94,40 @@ def _make(params, mode: int, k: int):
                 w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
-            outb[i], _ = round_one(np.int64(xb[i]), MODE, r, K, P)
+            o, _ = round_one(np.int64(xb[i]), MODE, r, K, P)
+            outb[i] = pack_bits(o, SP) if packed else o
 
     return cuda.jit(kernel)
 
 
-#: numba's signature of every specialised kernel
-SIGNATURE = "void(int32[::1], int32[::1], int64, int64, int64, int64, int64)"
+#: numba's signature of the specialised kernels, by the output's bytes per element
+SIGNATURES = {width: f"void(int32[::1], int{8 * width}[::1], int64, int64, int64, int64, int64)"
+              for width in (4, 2, 1)}
 
 
 #: (format, rounding, k) -> its kernel (profile_cuda.py and kernel_budget.py read these)
 KERNELS: dict = {}
 
 
-def kernel(fmt, rounding: str, k: int):
-    """The specialised kernel of (parsed format, rounding, sr_bits as k), made once."""
-    found = KERNELS.get((fmt, rounding, k))
+def kernel(fmt, rounding: str, k: int, sp=NO_PACKING):
+    """The specialised kernel of (parsed format, rounding, sr_bits as k, storage packing
+    parameters), made once."""
+    key = (fmt, rounding, k, sp)
+    found = KERNELS.get(key)
     if found is None:
-        found = KERNELS[fmt, rounding, k] = _make(kernel_params(fmt, np.float32),
-                                                  mode_code(rounding), k)
+        found = KERNELS[key] = _make(kernel_params(fmt, np.float32), mode_code(rounding), k, sp)
     return found
 
 
-def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int) -> bool:
-    """Whether a float32 call can take the specialised kernel: 16-byte aligned data, out
-    either x itself or disjoint from it, and (stochastic) Philox blocks that start at a
-    group's first element."""
-    if x_ptr % ALIGN or out_ptr % ALIGN:
+def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int,
+             out_bytes: int = 4) -> bool:
+    """Whether a float32 call can take the specialised kernel: x 16-byte aligned, out (of
+    ``out_bytes`` per element) aligned to its four elements, out either x itself or
+    disjoint from it, and (stochastic) Philox blocks that start at a group's first
+    element."""
+    if x_ptr % ALIGN or out_ptr % (GROUP * out_bytes):
         return False
-    if out_ptr != x_ptr and x_ptr < out_ptr + 4 * n and out_ptr < x_ptr + 4 * n:
+    if out_ptr != x_ptr and x_ptr < out_ptr + out_bytes * n and out_ptr < x_ptr + 4 * n:
         return False
     return mode < STOCHASTIC or offset % GROUP == 0
 
@@ -141,10 +155,10 @@ def _configured(kern, grid_blocks: int, stream):
 
 # --- the cached route of torch tensors: numba's launch without its per-call typing ---------
 
-def _array_arguments(ptr: int, n: int) -> list:
-    """The flat kernel arguments numba passes for a 1-D C-contiguous int32 array of n
+def _array_arguments(ptr: int, n: int, itemsize: int = 4) -> list:
+    """The flat kernel arguments numba passes for a 1-D C-contiguous integer array of n
     elements at ``ptr``: meminfo, parent, nitems, itemsize, data, shape, strides."""
-    return [0, 0, n, 4, ptr, n, 4]
+    return [0, 0, n, itemsize, ptr, n, itemsize]
 
 
 def _scalars(*values) -> list:
@@ -172,11 +186,12 @@ class Route:
     function handle and launch configurations, built once; :meth:`__call__` launches it
     with the flat arguments of two torch tensors' data pointers and the keys."""
 
-    def __init__(self, kern, device: int, mode: int):
+    def __init__(self, kern, device: int, mode: int, out_bytes: int):
         from cuda.core import LaunchConfig, launch as core_launch
         from numba.cuda._compat import CUDA_CORE_GE_1_0
         self._core_launch = core_launch
-        self.compiled = kern.compile(SIGNATURE)             # numba's compiled kernel
+        self.compiled = kern.compile(SIGNATURES[out_bytes])   # numba's compiled kernel
+        self.out_bytes = out_bytes
         self.function = self.compiled._codelibrary.get_cufunc().kernel
         self.device = device
         self.mode = mode
@@ -193,15 +208,18 @@ class Route:
                                                          **extra)
         return found
 
+    def arguments(self, x_ptr, out_ptr, n, keys) -> list:
+        return (_array_arguments(x_ptr, n) + _array_arguments(out_ptr, n, self.out_bytes)
+                + _scalars(n, *keys))
+
     def check(self, xb, outb, n, keys, stream) -> bool:
         """Whether this route's flat arguments are numba's own for the same call."""
-        x_ptr, out_ptr = xb.device_ctypes_pointer.value, outb.device_ctypes_pointer.value
-        mine = _array_arguments(x_ptr, n) + _array_arguments(out_ptr, n) + _scalars(n, *keys)
+        mine = self.arguments(launch.address(xb), launch.address(outb), n, keys)
         return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys), stream))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
-        args = _array_arguments(x_ptr, n) + _array_arguments(out_ptr, n) + _scalars(n, *keys)
-        self._core_launch(stream, self.config(blocks), self.function, *args)
+        self._core_launch(stream, self.config(blocks), self.function,
+                          *self.arguments(x_ptr, out_ptr, n, keys))
 
 
 #: (format as the caller gave it, rounding, sr_bits, device) -> Route, or None where numba's
@@ -211,20 +229,21 @@ _ROUTES: dict = {}
 ROUTE_ERRORS: dict = {}
 
 
-def remember(key, rounding, sr_bits, src, outb, kern, keys) -> None:
+def remember(key, rounding, sr_bits, storage, src, outb, kern, keys) -> None:
     """After a general-path call took the specialised kernel for a torch tensor, build and
     check the raw route of its request so that later calls skip the general path."""
     if launch.SIMULATOR:
         return
     try:
-        route_key = (key, rounding, sr_bits, type(sr_bits), src.device)
+        route_key = (key, rounding, sr_bits, type(sr_bits), storage, src.device)
         hash(route_key)
     except TypeError:
         return
     if route_key in _ROUTES or len(_ROUTES) >= 1024:
         return
     try:
-        route = Route(kern, src.device, mode_code(rounding))
+        route = Route(kern, src.device, mode_code(rounding), outb.dtype.itemsize)
+        route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
         ok = route.check(src.bits, outb, src.bits.size, keys, src.stream)
     except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
         ROUTE_ERRORS[route_key] = repr(error)
@@ -234,7 +253,12 @@ def remember(key, rounding, sr_bits, src, outb, kern, keys) -> None:
     _ROUTES[route_key] = route if ok else None
 
 
-def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset):
+def _torch_dtype(name: str):
+    import torch
+    return getattr(torch, name)
+
+
+def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None):
     """A torch float32 CUDA call through its cached route: the result, or None where the
     call needs the general path (no route yet, or anything a route does not cover)."""
     import torch
@@ -242,7 +266,7 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset):
         return None
     device = x.device.index
     try:
-        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), device))
+        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, device))
     except TypeError:
         return None
     n = x.numel()
@@ -250,14 +274,16 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset):
             or device != torch.cuda.current_device()
             or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
         return None
+    want = torch.float32 if route.torch_dtype is None else route.torch_dtype
     if out is None:
-        out = torch.empty_like(x)
-    elif (type(out) is not torch.Tensor or out.dtype is not torch.float32
+        out = torch.empty_like(x) if route.torch_dtype is None else \
+            torch.empty(x.shape, dtype=want, device=x.device)
+    elif (type(out) is not torch.Tensor or out.dtype is not want
           or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
         return None
     mode = route.mode
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    if not eligible(n, x_ptr, out_ptr, mode, offset):
+    if not eligible(n, x_ptr, out_ptr, mode, offset, route.out_bytes):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
     route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),

@@ -16,6 +16,7 @@ from numba import cuda
 import lpsim
 import lpsim_cuda
 from lpsim.rounding import MODES
+from lpsim.storage import pack
 from lpsim_cuda import specialised
 from test_cuda_quantize import edge_cases
 
@@ -80,6 +81,24 @@ def test_sizes_and_offsets(n, offset, launches):
     assert len(launches) == 1
 
 
+@pytest.mark.parametrize("fmt,storage,width", [("bf16", "bfloat16", 16), ("fp16", "float16", 16),
+                                               ("e4m3fn", "float8_e4m3fn", 8),
+                                               ("e5m2", "float8_e5m2", 8)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("n", [5, 67])
+def test_packed_storage_equals_the_cpu_codes(fmt, storage, width, rounding, n, launches):
+    # the fp32 -> bf16 (or float8) store: the rounded values' codes, 8 or 4 bytes per group
+    x = data(fmt, n, seed=n + width)
+    if not lpsim.parse_format(fmt).has_inf:
+        x = np.where(np.isinf(x), np.float32(1), x)          # the storage cannot hold inf
+    expected = pack(lpsim.quantize(x, fmt, rounding, seed=4), storage, fmt)
+    codes = cuda.device_array(n, np.int16 if width == 16 else np.int8)
+    lpsim_cuda.quantize(cuda.to_device(x), fmt, rounding, seed=4, storage=storage, out=codes)
+    got = codes.copy_to_host()
+    assert np.array_equal(got.view(expected.dtype), expected), (x, got, expected)
+    assert len(launches) == 1
+
+
 def test_offsets_that_split_a_philox_block_take_the_general_kernel(launches):
     for offset in (1, 2, 3, 5):
         same_as_cpu(data("bf16", 37), "bf16", "stochastic", seed=3, offset=offset)
@@ -132,11 +151,26 @@ def test_torch_route_equals_the_cpu_and_its_arguments_are_numbas():
                 for _ in range(2):                   # the first call makes the route
                     got = lpsim_cuda.quantize(t, fmt, rounding, **kw).cpu().numpy()
                     assert np.array_equal(expected.view(np.int32), got.view(np.int32))
-                key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), 0)
+                key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), None, 0)
                 assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
                 y = torch.empty_like(t)
                 assert lpsim_cuda.quantize(t, fmt, rounding, out=y, **kw) is y
                 assert np.array_equal(expected.view(np.int32), y.cpu().numpy().view(np.int32))
+
+
+@pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_route_of_a_packed_store_equals_the_cpu():
+    import torch
+    x = data("bf16", 4099, seed=9)
+    x = np.where(np.isfinite(x), x, np.float32(0))
+    t = torch.from_numpy(x).cuda()
+    expected = pack(lpsim.quantize(x, "bf16", "stochastic", seed=2), "bfloat16", "bf16")
+    for _ in range(2):                                   # the first call makes the route
+        got = lpsim_cuda.quantize(t, "bf16", "stochastic", seed=2, storage=torch.bfloat16)
+        assert got.dtype == torch.bfloat16
+        assert np.array_equal(got.view(torch.int16).cpu().numpy(), expected)
+    key = ("bf16", "stochastic", None, type(None), torch.bfloat16, 0)
+    assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
 
 
 @pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
