@@ -131,18 +131,23 @@ def _quantize(bits: str, out: str, count: bool):
     return build
 
 
-def _specialised(name: str, rounding: str):
-    """lpsim_cuda.specialised's float32 kernel for format ``name`` and ``rounding``."""
+def _specialised(name: str, rounding: str, storage: str | None = None):
+    """lpsim_cuda.specialised's float32 kernel for format ``name``, ``rounding`` and packed
+    ``storage`` (None: float32 out)."""
     def build():
         import importlib
         import numpy as np
         from numba.core.sigutils import normalize_signature
         from lpsim.formats import parse_format
         from lpsim.quantize import plan
+        from lpsim.storage import NO_PACKING, storage_params
         S = importlib.import_module("lpsim_cuda.specialised")
         fmt = parse_format(name)
         k = plan(fmt, rounding, np.float32, seed=1).k
-        return S.kernel(fmt, rounding, k).py_func, normalize_signature(S.SIGNATURE)[0]
+        sp = NO_PACKING if storage is None else storage_params(fmt, storage, np.float32)
+        width = 4 if sp.width == 0 else sp.width // 8
+        return (S.kernel(fmt, rounding, k, sp).py_func,
+                normalize_signature(S.SIGNATURES[width])[0])
     return build
 
 
@@ -223,6 +228,8 @@ CASES = [
          _specialised("bf16", "stochastic"), elements=4),
     Case("quantize specialised e4m3fn stochastic", "quantize", False,
          _specialised("e4m3fn", "stochastic"), elements=4),
+    Case("quantize specialised f32->bf16 stochastic", "packed", False,
+         _specialised("bf16", "stochastic", "bfloat16"), elements=4),
     # a pass of the grid-stride loop steps one quad (its Philox words), the inner loop one
     # parameter of it
     Case("optim AdamW bf16 stochastic", "optim", True,
