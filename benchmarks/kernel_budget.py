@@ -131,7 +131,7 @@ def _quantize(bits: str, out: str, count: bool):
     return build
 
 
-def _specialised(name: str, rounding: str, storage: str | None = None):
+def _specialised(name: str, rounding: str, storage: str | None = None, count: bool = False):
     """lpsim_cuda.specialised's float32 kernel for format ``name``, ``rounding`` and packed
     ``storage`` (None: float32 out)."""
     def build():
@@ -146,7 +146,7 @@ def _specialised(name: str, rounding: str, storage: str | None = None):
         k = plan(fmt, rounding, np.float32, seed=1).k
         sp = NO_PACKING if storage is None else storage_params(fmt, storage, np.float32)
         width = 4 if sp.width == 0 else sp.width // 8
-        return (S.kernel(fmt, rounding, k, sp).py_func,
+        return (S.kernel(fmt, rounding, k, sp, count).py_func,
                 normalize_signature(S.SIGNATURES[width])[0])
     return build
 
@@ -230,6 +230,8 @@ CASES = [
          _specialised("e4m3fn", "stochastic"), elements=4),
     Case("quantize specialised f32->bf16 stochastic", "packed", False,
          _specialised("bf16", "stochastic", "bfloat16"), elements=4),
+    Case("quantize specialised bf16 stochastic counted", "quantize", False,
+         _specialised("bf16", "stochastic", count=True), elements=4),
     # a pass of the grid-stride loop steps one quad (its Philox words), the inner loop one
     # parameter of it
     Case("optim AdamW bf16 stochastic", "optim", True,

@@ -12,6 +12,8 @@ from numba import cuda
 
 from lpsim.stats import SLOTS
 
+from .launch import SIMULATOR
+
 #: slot of the accumulator the kernel adds the element count to
 ELEMENTS = SLOTS.index("elements")
 _ZEROS = np.zeros(len(SLOTS), np.int64)
@@ -96,3 +98,34 @@ def prepare(stats, device: int) -> None:
     launch_counts(None, device, 0, lambda: False)
     if stats is not None:
         stats.device_counters(device, lambda: DeviceCounters(device))
+
+
+#: every lane of a warp takes part in the shuffles (the blocks are whole warps)
+FULL_MASK = 0xFFFFFFFF
+
+if SIMULATOR:               # the simulator has no warp shuffles: each thread adds its own
+    @cuda.jit(device=True)
+    def add_warp_counts(counts, c0, c1, c2, c3, c4, c5):
+        """Add one thread's six counters into ``counts`` (slots 0 .. 5)."""
+        for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
+            if v:
+                cuda.atomic.add(counts, f, v)
+else:
+    @cuda.jit(device=True)
+    def add_warp_counts(counts, c0, c1, c2, c3, c4, c5):
+        """Sum six counters over the warp by shuffles and add them into ``counts`` (slots
+        0 .. 5) from its first lane: one atomic per warp and counter, no shared memory.
+        Every lane of the warp must call it."""
+        width = 16
+        while width > 0:
+            c0 += cuda.shfl_down_sync(FULL_MASK, c0, width)
+            c1 += cuda.shfl_down_sync(FULL_MASK, c1, width)
+            c2 += cuda.shfl_down_sync(FULL_MASK, c2, width)
+            c3 += cuda.shfl_down_sync(FULL_MASK, c3, width)
+            c4 += cuda.shfl_down_sync(FULL_MASK, c4, width)
+            c5 += cuda.shfl_down_sync(FULL_MASK, c5, width)
+            width >>= 1
+        if cuda.laneid == 0:
+            for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
+                if v:
+                    cuda.atomic.add(counts, f, v)

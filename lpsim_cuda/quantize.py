@@ -140,21 +140,21 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         n = src.bits.size
         if n == 0:
             return result
-        if (stats is None and src.dtype == np.float32 and outb.dtype in specialised.OUT_BITS
+        buffer, count = counters.launch_counts(stats, src.device, src.stream,
+                                               lambda: launch.capturing(x))
+        if (src.dtype == np.float32 and outb.dtype in specialised.OUT_BITS
                 and specialised.specialised(fmt, rounding)):
             x_ptr, out_ptr = launch.address(src.bits), launch.address(outb)
             if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset,
                                     outb.dtype.itemsize):
                 keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
-                kernel = specialised.kernel(fmt, rounding, request.k, sp)
+                kernel = specialised.kernel(fmt, rounding, request.k, sp, count)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
-                                          src.bits, outb, n, *keys)
-                if launch.is_torch(x):
+                                          src.bits, outb, n, *keys, buffer)
+                if launch.is_torch(x) and not count:
                     specialised.remember(key, rounding, sr_bits, storage, src, outb, kernel,
-                                         keys)
+                                         keys, buffer)
                 return result
-        buffer, count = counters.launch_counts(stats, src.device, src.stream,
-                                               lambda: launch.capturing(x))
         _, nblocks = block_range(n, request.offset, request.lanes)
         _launcher(launch.grid_size(nblocks, src.device), src.stream, count)(
             src.bits, outb, request.mode, request.k, request.params, request.seed_lo,

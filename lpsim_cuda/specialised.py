@@ -18,8 +18,10 @@ gpu-h100-2026-11-26.md).  Here, for the formats people train in:
   numba's own (:func:`_numba_arguments`), so a call costs a few microseconds of Python.
 
 Packed storage (``storage=``: an fp32 -> bf16 or float8 store) writes 8 or 4 bytes per
-four elements.  Counting calls (``stats=``), float64, misaligned or overlapping arrays and
-stochastic calls whose ``offset`` is not a multiple of 4 take the general kernel.
+four elements; counting calls (``stats=``) take a second kernel of the same source whose
+counters are summed per warp by shuffles (no shared memory) and added by one atomic per warp
+and counter.  Float64, misaligned or overlapping arrays and stochastic calls whose
+``offset`` is not a multiple of 4 take the general kernel.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from numba import cuda
 from lpsim.formats import parse_format
 from lpsim.philox import block_words
 from lpsim.quantize import MAX_COUNTER, keys
-from lpsim.rounding import DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one
+from lpsim.rounding import (DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one,
+                            tally)
 from lpsim.storage import NO_PACKING, pack_bits, storage_name
 
 from . import launch, vector
+from .counters import ELEMENTS, add_warp_counts
 from .launch import THREADS
 
 #: the formats with specialised kernels (any mode; float32 containers)
@@ -61,28 +65,33 @@ def specialised(fmt, rounding: str) -> bool:
     return fmt in _formats() and (rounding in DETERMINISTIC_MODES or rounding.startswith("stoch"))
 
 
-def _make(params, mode: int, k: int, sp):
-    """The kernel of one (format parameters, mode, sr_bits, storage packing) as compile-time
-    constants."""
-    P, MODE, K, SP = params, mode, k, sp
+def _make(params, mode: int, k: int, sp, count: bool):
+    """The kernel of one (format parameters, mode, sr_bits, storage packing, counting) as
+    compile-time constants."""
+    P, MODE, K, SP, COUNT = params, mode, k, sp, count
     stochastic = mode >= STOCHASTIC
     packed = sp.width != 0
 
-    def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0):
+    def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0, counts):
         """Round float32 bits ``xb`` into ``outb``: elements 4j..4j+3 per thread and pass
-        (Philox block ``block0 + j``), then the last n % 4 elements one per thread."""
+        (Philox block ``block0 + j``), then the last n % 4 elements one per thread; with
+        COUNT, the flags' six counters summed per warp by shuffles and added to ``counts``
+        by its first lane (no shared memory)."""
         j = cuda.grid(1)
         step = cuda.gridsize(1)
         groups = n >> 2
         w0 = w1 = w2 = w3 = np.int64(0)
+        c = (0, 0, 0, 0, 0, 0)
         while j < groups:
             b0, b1, b2, b3 = vector.load4(xb, j)
             if stochastic:
                 w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
-            o0, _ = round_one(np.int64(b0), MODE, w0, K, P)
-            o1, _ = round_one(np.int64(b1), MODE, w1, K, P)
-            o2, _ = round_one(np.int64(b2), MODE, w2, K, P)
-            o3, _ = round_one(np.int64(b3), MODE, w3, K, P)
+            o0, f0 = round_one(np.int64(b0), MODE, w0, K, P)
+            o1, f1 = round_one(np.int64(b1), MODE, w1, K, P)
+            o2, f2 = round_one(np.int64(b2), MODE, w2, K, P)
+            o3, f3 = round_one(np.int64(b3), MODE, w3, K, P)
+            if COUNT:
+                c = tally(tally(tally(tally(c, f0), f1), f2), f3)
             if packed:
                 o0, o1 = pack_bits(o0, SP), pack_bits(o1, SP)
                 o2, o3 = pack_bits(o2, SP), pack_bits(o3, SP)
@@ -94,28 +103,36 @@ def _make(params, mode: int, k: int, sp):
                 w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
-            o, _ = round_one(np.int64(xb[i]), MODE, r, K, P)
+            o, f = round_one(np.int64(xb[i]), MODE, r, K, P)
             outb[i] = pack_bits(o, SP) if packed else o
+            if COUNT:
+                c = tally(c, f)
+        if COUNT:
+            c0, c1, c2, c3, c4, c5 = c
+            add_warp_counts(counts, c0, c1, c2, c3, c4, c5)
+            if cuda.grid(1) == 0:
+                cuda.atomic.add(counts, ELEMENTS, n)
 
     return cuda.jit(kernel)
 
 
 #: numba's signature of the specialised kernels, by the output's bytes per element
-SIGNATURES = {width: f"void(int32[::1], int{8 * width}[::1], int64, int64, int64, int64, int64)"
-              for width in (4, 2, 1)}
+SIGNATURES = {width: f"void(int32[::1], int{8 * width}[::1], int64, int64, int64, int64, "
+                     "int64, int64[::1])" for width in (4, 2, 1)}
 
 
 #: (format, rounding, k) -> its kernel (profile_cuda.py and kernel_budget.py read these)
 KERNELS: dict = {}
 
 
-def kernel(fmt, rounding: str, k: int, sp=NO_PACKING):
+def kernel(fmt, rounding: str, k: int, sp=NO_PACKING, count: bool = False):
     """The specialised kernel of (parsed format, rounding, sr_bits as k, storage packing
-    parameters), made once."""
-    key = (fmt, rounding, k, sp)
+    parameters, counting), made once."""
+    key = (fmt, rounding, k, sp, count)
     found = KERNELS.get(key)
     if found is None:
-        found = KERNELS[key] = _make(kernel_params(fmt, np.float32), mode_code(rounding), k, sp)
+        found = KERNELS[key] = _make(kernel_params(fmt, np.float32), mode_code(rounding), k, sp,
+                                     count)
     return found
 
 
@@ -138,11 +155,11 @@ def grid(n: int, device: int) -> int:
 
 
 def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
-                  block0) -> None:
+                  block0, counts) -> None:
     """Launch through numba's dispatcher (numba arrays; the simulator's only route)."""
     configured = kern[grid_blocks, THREADS, stream] if launch.SIMULATOR else \
         _configured(kern, grid_blocks, stream)
-    configured(xb, outb, n, seed_lo, seed_hi, key_stream, block0)
+    configured(xb, outb, n, seed_lo, seed_hi, key_stream, block0, counts)
 
 
 @functools.lru_cache(maxsize=256)
@@ -210,12 +227,15 @@ class Route:
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
         return (_array_arguments(x_ptr, n) + _array_arguments(out_ptr, n, self.out_bytes)
-                + _scalars(n, *keys))
+                + _scalars(n, *keys) + self.counts)
 
-    def check(self, xb, outb, n, keys, stream) -> bool:
-        """Whether this route's flat arguments are numba's own for the same call."""
+    def check(self, xb, outb, n, keys, counts, stream) -> bool:
+        """Whether this route's flat arguments are numba's own for the same call (``counts``:
+        the device's scratch counters, which an uncounted kernel never writes)."""
+        self.counts = _array_arguments(launch.address(counts), counts.size, 8)
         mine = self.arguments(launch.address(xb), launch.address(outb), n, keys)
-        return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys), stream))
+        return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys, counts),
+                                            stream))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
         self._core_launch(stream, self.config(blocks), self.function,
@@ -229,7 +249,7 @@ _ROUTES: dict = {}
 ROUTE_ERRORS: dict = {}
 
 
-def remember(key, rounding, sr_bits, storage, src, outb, kern, keys) -> None:
+def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts) -> None:
     """After a general-path call took the specialised kernel for a torch tensor, build and
     check the raw route of its request so that later calls skip the general path."""
     if launch.SIMULATOR:
@@ -244,7 +264,7 @@ def remember(key, rounding, sr_bits, storage, src, outb, kern, keys) -> None:
     try:
         route = Route(kern, src.device, mode_code(rounding), outb.dtype.itemsize)
         route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
-        ok = route.check(src.bits, outb, src.bits.size, keys, src.stream)
+        ok = route.check(src.bits, outb, src.bits.size, keys, counts, src.stream)
     except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
         ROUTE_ERRORS[route_key] = repr(error)
         ok = False

@@ -120,14 +120,27 @@ def test_misaligned_and_overlapping_arrays_take_the_general_kernel(launches):
     assert len(launches) == 1                      # out is x itself: the specialised kernel
 
 
-def test_calls_the_route_does_not_cover_take_the_general_kernel(launches):
+def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
     x = data("bf16", 40)
-    stats = lpsim.RoundingStats()
-    lpsim_cuda.quantize(cuda.to_device(x), "bf16", stats=stats)          # counted
     lpsim_cuda.quantize(cuda.to_device(x), "fp(4,3,4)")                  # not a listed format
     lpsim_cuda.quantize(cuda.to_device(x.astype(np.float64)), "bf16")    # float64
     assert launches == []
-    assert stats.inexact > 0
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e2m1fn", "e5m2"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+def test_counted_kernel_equals_the_cpu_counters(fmt, rounding, launches):
+    # every counter (inexact, overflow, underflow, subnormal, NaN, inf) and the element
+    # count, summed by warp shuffles; sizes with a tail and more threads than groups
+    for n in (3, 131):
+        x = data(fmt, n, seed=n)
+        want, got = lpsim.RoundingStats(), lpsim.RoundingStats()
+        expected = lpsim.quantize(x, fmt, rounding, seed=2, stats=want)
+        result = lpsim_cuda.quantize(cuda.to_device(x), fmt, rounding, seed=2, stats=got)
+        assert np.array_equal(result.copy_to_host().view(np.int32), expected.view(np.int32))
+        assert got == want, (fmt, rounding, n, got, want)
+        assert got.elements == n
+    assert len(launches) == 2
 
 
 def test_the_listed_formats_are_specialised():
