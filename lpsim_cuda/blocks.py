@@ -24,7 +24,7 @@ from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
 from lpsim.stats import check_stats
 
-from . import arrays, launch
+from . import arrays, block_groups, launch
 from .launch import THREADS
 
 
@@ -219,6 +219,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: :func:`lpsim.blocks.quantize`'s results."""
     check_stats(stats, STATS_ACCEPTED)
+    if stats is None:                        # float32 along a contiguous last axis
+        done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
+                                     offset, tensor_scale)
+        if done is not None:
+            return done
     outb = None
     if out is not None and not launch.is_torch(x):
         # x's and out's kind, dtype and shape, named as lpsim_cuda.quantize names them, before

@@ -4,8 +4,9 @@ Why: numba indexes an array one element at a time, so a kernel over float32 issu
 loads (``LDG.E``); a device copy reaches the memory's bandwidth with 16-byte ones
 (``LDG.E.128``), and a thread that owns four consecutive elements has four independent
 decisions in flight.  ``load4(a, j)`` reads elements 4j .. 4j+3 of a 1-D int32 array as one
-``ld.global.v4.u32`` and ``store4(a, j, w0, w1, w2, w3)`` writes elements 4j .. 4j+3 of a
-1-D int32, int16 or int8 array as one 16-, 8- or 4-byte store (packed storage: float32 in,
+``ld.global.v4.u32`` (an int32 or float32 array) and ``store4(a, j, w0, w1, w2, w3)``
+writes elements 4j .. 4j+3 of a 1-D int32, float32, int16 or int8 array (values cast to its
+type, as an array store casts them) as one 16-, 8- or 4-byte store (packed storage: float32 in,
 bfloat16 or float8 codes out); both assume the data is aligned to the access's width, which
 the caller checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they are plain
 Python over the four elements (same values, no alignment rule to break).
@@ -30,10 +31,9 @@ else:
     from numba.cuda.extending import intrinsic
 
     _I32 = ir.IntType(32)
-    _V4 = ir.VectorType(_I32, 4)
-    #: element types store4 writes, with their LLVM integer types
+    #: element types store4 writes (load4 reads the 4-byte ones), with their LLVM types
     _STORED = {types.int32: ir.IntType(32), types.int16: ir.IntType(16),
-               types.int8: ir.IntType(8)}
+               types.int8: ir.IntType(8), types.float32: ir.FloatType()}
 
     def _address(context, builder, aryty, ary, index, indexty, vector):
         """A pointer of type ``vector*`` to element 4 * index of the array ``ary``."""
@@ -47,15 +47,16 @@ else:
 
     @intrinsic
     def load4(typingctx, a, j):
-        if not (_flat(a, (types.int32,)) and isinstance(j, types.Integer)):
+        if not (_flat(a, (types.int32, types.float32)) and isinstance(j, types.Integer)):
             return None
+        vty = ir.VectorType(_STORED[a.dtype], 4)
 
         def codegen(context, builder, signature, args):
             vector = builder.load(_address(context, builder, signature.args[0], args[0],
-                                           args[1], signature.args[1], _V4), align=16)
+                                           args[1], signature.args[1], vty), align=16)
             words = [builder.extract_element(vector, ir.Constant(_I32, k)) for k in range(4)]
             return context.make_tuple(builder, signature.return_type, words)
-        return types.UniTuple(types.int32, 4)(a, j), codegen
+        return types.UniTuple(a.dtype, 4)(a, j), codegen
 
     @intrinsic
     def store4(typingctx, a, j, w0, w1, w2, w3):

@@ -1,0 +1,250 @@
+"""Block-scaled fake quantization of float32 arrays, a block per group of lanes.
+
+Why: the general block kernel (:mod:`lpsim_cuda.blocks`) gives each element a thread and
+each block a shared-memory tree reduction with a barrier per level, holds the largest
+magnitude in float64 and takes the format as runtime data: 0.013-0.025 of an H100's copy
+bandwidth for MXFP8 and NVFP4 (benchmarks/results/gpu-h100-2026-11-26.md).  Here, for float32
+data blocked along its contiguous last axis:
+
+* a block of B elements belongs to B / 4 consecutive lanes of a warp (8 for MX's 32, 4 for
+  NVFP4's 16); each lane reads its four elements with one 16-byte load, so a warp reads
+  whole blocks, contiguous;
+* the block's largest finite magnitude (as float32 bits) and whether it holds a NaN or inf
+  are reduced across those lanes by warp shuffles: no shared memory, no barrier;
+* every lane takes the block's scale from :func:`lpsim.blocks.block_scale` and rounds its
+  four elements with :func:`lpsim.blocks.element_fast` (:func:`lpsim.blocks.element_exact`
+  where it declines), the CPU kernels' own decisions, with its Philox block's four words;
+  element and scale formats, mode and sr_bits are compile-time constants.
+
+The CUDA simulator has no warp shuffles: there each lane reads its whole block for the
+reduction (same values, more loads).  Other layouts, float64, counted calls and tails the
+block does not divide take the general kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import cuda
+
+from lpsim.blocks import (_element_params, block_params, block_recip, block_scale,
+                          checked_tensor_scale, element_exact, element_fast, parse_block_format,
+                          tensor_scale_from)
+from lpsim.philox import block_words
+from lpsim.quantize import plan
+from lpsim.rounding import STOCHASTIC, kernel_params
+
+from . import arrays, launch, vector
+from .launch import SIMULATOR, THREADS
+
+#: every lane of a warp takes part in the shuffles (the blocks are whole warps)
+FULL_MASK = 0xFFFFFFFF
+#: float32 magnitude bits of inf: finite magnitudes lie below
+_INF32 = 0x7F800000
+
+
+def lanes_of(block: int) -> int:
+    """Lanes per block (four elements each), or 0 where a block is not 4, 8, ..., 128 long."""
+    lanes = block // 4
+    return lanes if block % 4 == 0 and 0 < lanes <= 32 and lanes & (lanes - 1) == 0 else 0
+
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
+        """(largest finite magnitude bits, 1 if any element is NaN or inf) of the block at
+        element ``first``: read whole by each lane (the simulator has no shuffles)."""
+        amax_bits = 0
+        nonfinite = 0
+        for i in range(first, min(first + block, x.size)):   # a lane past the last block: 0
+            v = x[i]
+            if v != v or v == np.inf or v == -np.inf:
+                nonfinite = 1
+            else:
+                b = np.int64(np.float32(abs(v)).view(np.int32))
+                amax_bits = max(amax_bits, b)
+        return amax_bits, nonfinite
+else:
+    @cuda.jit(device=True)
+    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
+        """The lanes' partial (largest finite magnitude bits, any NaN or inf) combined over
+        the ``lanes`` lanes of a block by butterfly shuffles (every lane gets the result)."""
+        width = lanes >> 1
+        while width > 0:
+            amax_bits = max(amax_bits, cuda.shfl_xor_sync(FULL_MASK, amax_bits, width))
+            nonfinite = max(nonfinite, cuda.shfl_xor_sync(FULL_MASK, nonfinite, width))
+            width >>= 1
+        return amax_bits, nonfinite
+
+
+@cuda.jit(device=True)
+def _value(b):
+    """The float32 whose bits are the int32 ``b``."""
+    return np.int32(b).view(np.float32)
+
+
+@cuda.jit(device=True)
+def _lane_partial(b):
+    """(finite magnitude bits or 0, 1 if NaN or inf) of one float32 element's bits."""
+    a = b & 0x7FFFFFFF
+    bad = np.int32(a >= _INF32)
+    return (a if a < _INF32 else 0), bad
+
+
+def _make(p, sp, mode: int, k: int, lanes: int):
+    """The kernel of one (element Params, scale Params, mode, k, lanes per block)."""
+    P, SP, MODE, K, LANES = p, sp, mode, k, lanes
+    stochastic = mode >= STOCHASTIC
+    block = 4 * lanes
+
+    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0):
+        """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
+        bits) in blocks of 4 * LANES consecutive elements into ``out``."""
+        t = cuda.grid(1)
+        lane = t % LANES
+        per_pass = cuda.gridsize(1) // LANES           # blocks a pass of the grid covers
+        nblocks = n // block
+        base = 0
+        while base < nblocks:                          # the same trip count on every lane
+            g = base + t // LANES
+            live = g < nblocks
+            j = g * LANES + lane                       # this lane's group of four elements
+            b0 = b1 = b2 = b3 = np.int32(0)
+            if live:
+                b0, b1, b2, b3 = vector.load4(xb, j)
+            a0, f0 = _lane_partial(b0)
+            a1, f1 = _lane_partial(b1)
+            a2, f2 = _lane_partial(b2)
+            a3, f3 = _lane_partial(b3)
+            amax_bits, nonfinite = _block_reduce(x, g * block, block,
+                                                 max(max(a0, a1), max(a2, a3)),
+                                                 max(max(f0, f1), max(f2, f3)), LANES)
+            if live:
+                amax = np.float64(np.int32(amax_bits).view(np.float32))
+                s, _ = block_scale(amax, bp, SP)
+                if bp.nonfinite_nan != 0 and nonfinite != 0:
+                    v0 = v1 = v2 = v3 = np.nan
+                else:
+                    recip = block_recip(s, bp)
+                    w0 = w1 = w2 = w3 = np.int64(0)
+                    if stochastic:
+                        w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
+                    v0 = _element(_value(b0), recip, s, w0, bp)
+                    v1 = _element(_value(b1), recip, s, w1, bp)
+                    v2 = _element(_value(b2), recip, s, w2, bp)
+                    v3 = _element(_value(b3), recip, s, w3, bp)
+                vector.store4(out, j, v0, v1, v2, v3)
+            base += per_pass
+
+    @cuda.jit(device=True)
+    def _element(xv, recip, s, r, bp):
+        _, v, ok, _ = element_fast(xv, recip, s, MODE, r, K, P, bp)
+        if not ok:
+            _, v, _ = element_exact(xv, recip, s, MODE, r, K, P, bp)
+        return v
+
+    return cuda.jit(kernel)
+
+
+#: (element format, scale format, mode, k, lanes) -> its kernel
+KERNELS: dict = {}
+
+
+def kernel(bfmt, mode: int, k: int, word_bits: int):
+    """The kernel of a parsed block format (element and scale formats compiled in)."""
+    lanes = lanes_of(bfmt.block)
+    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes)
+    found = KERNELS.get(key)
+    if found is None:
+        p = _element_params(bfmt.saturating_element, word_bits)
+        found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes)
+    return found
+
+
+def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
+             offset: int) -> bool:
+    """Whether a float32 call blocked along its contiguous last axis can take these
+    kernels: a block of 4 .. 128 elements (a power of two over four) that divides the axis,
+    16-byte aligned arrays, out x itself or apart from it, and (stochastic) Philox blocks
+    that start at a lane's first element."""
+    if not lanes_of(bfmt.block) or length % bfmt.block or x_ptr % 16 or out_ptr % 16:
+        return False
+    if out_ptr != x_ptr and x_ptr < out_ptr + 4 * n and out_ptr < x_ptr + 4 * n:
+        return False
+    return mode < STOCHASTIC or offset % 4 == 0
+
+
+@functools.lru_cache(maxsize=256)
+def _configured(kern, blocks: int):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return kern[blocks, THREADS]
+
+
+def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int) -> None:
+    """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
+    ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
+    launches there)."""
+    kern = kernel(bfmt, request.mode, request.k, request.params.W)
+    bp = block_params(bfmt, pts)
+    blocks = launch.grid_size(-(-n // 4), launch.current_device())
+    configured = kern[blocks, THREADS] if SIMULATOR else _configured(kern, blocks)
+    configured(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi, request.stream,
+               request.offset // 4)
+
+
+def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale):
+    """:func:`lpsim_cuda.blocks.quantize` without stats through these kernels: the result,
+    or None where the call needs the general kernel (its checks and errors run there)."""
+    bfmt = parse_block_format(bfmt)
+    if launch.is_torch(x):
+        import torch
+        if (x.dtype is not torch.float32 or not x.is_cuda or not x.is_contiguous()
+                or (x.ndim > 1 and axis not in (-1, x.ndim - 1))):
+            return None
+        if out is not None and (not launch.is_torch(out) or out.dtype is not torch.float32
+                                or out.shape != x.shape or out.device != x.device
+                                or not out.is_contiguous()):
+            return None
+        # the general kernel launches on the default stream after numba waited for the
+        # tensor's: here a tensor on another current stream takes that route
+        if torch.cuda.current_stream(x.device).cuda_stream != 0:
+            return None
+    elif not (cuda.devicearray.is_cuda_ndarray(x) and x.dtype == np.float32
+              and x.is_c_contiguous() and (x.ndim <= 1 or axis in (-1, x.ndim - 1))
+              and out is None):
+        return None
+    n = x.numel() if launch.is_torch(x) else x.size
+    length = x.shape[x.ndim - 1] if x.ndim else 1
+    if n == 0:
+        return None
+    with launch.device_of(x):
+        request = plan(bfmt.saturating_element, rounding, np.float32, seed=seed,
+                       stream=stream, sr_bits=sr_bits, offset=offset, size=n)
+        result = out
+        if result is None:
+            result = x.new_empty(x.shape) if launch.is_torch(x) else \
+                cuda.device_array(x.shape, np.float32)
+        xf, outf = _flat(x), _flat(result)
+        if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
+                        request.mode, request.offset):
+            return None
+        pts = 1.0
+        if bfmt.tensor_scale:
+            from .blocks import tensor_amax
+            pts = tensor_scale_from(tensor_amax(xf), bfmt) if tensor_scale is None \
+                else checked_tensor_scale(tensor_scale, bfmt)
+        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n)
+    return result
+
+
+def _flat(a):
+    """A 1-D numba float32 view of a contiguous torch tensor or numba array."""
+    if launch.is_torch(a):
+        return arrays._torch_bits(a).view(np.float32)
+    return a.reshape(a.size)
+
+
+__all__ = ["eligible", "kernel", "lanes_of", "launch_flat", "quantize"]

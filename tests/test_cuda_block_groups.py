@@ -1,0 +1,119 @@
+"""The block-per-lane-group kernels (lpsim_cuda.block_groups) against the CPU, bit for bit.
+
+Every preset, scale rule and mode, NaN/inf/zero/huge/tiny elements, 1-D and 2-D arrays and
+stream offsets; each test asserts which kernel ran, so a change that quietly sent every
+call to the general kernel fails.  Under NUMBA_ENABLE_CUDASIM=1 (conftest), where the
+block reductions read whole blocks instead of shuffling; with LPSIM_TEST_GPU=1 the same
+tests run on the device (shuffles), plus the torch tensor tests.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import lpsim
+import lpsim_cuda.blocks as cuda_blocks
+from lpsim.blocks import PRESETS, block, quantize_blocks
+from lpsim_cuda import block_groups
+
+GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    real = block_groups.launch_flat
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+    monkeypatch.setattr(block_groups, "launch_flat", counted)
+    return calls
+
+
+def data(shape, seed=0):
+    """float32 values over many binades with zeros, tiny and huge values (no NaN or inf)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 2.0 ** rng.integers(-24, 24, shape)
+    flat = x.reshape(-1)
+    flat[::7] = 0.0
+    flat[3::11] = 1e-40
+    flat[5::13] = 3e38
+    return x.astype(np.float32)
+
+
+def same_as_cpu(x, fmt, rounding, **kw):
+    expected = lpsim.quantize(x, fmt, rounding, **kw)
+    got = cuda_blocks.quantize(cuda.to_device(x), fmt, rounding, **kw).copy_to_host()
+    bad = np.flatnonzero(expected.view(np.int32).ravel() != got.view(np.int32).ravel())
+    assert bad.size == 0, (fmt, rounding, kw, x.ravel()[bad[:4]], expected.ravel()[bad[:4]],
+                           got.ravel()[bad[:4]])
+
+
+BLOCKED = [name for name, f in PRESETS.items() if block_groups.lanes_of(f.block)]
+
+
+def test_the_presets_have_lane_groups():
+    assert {"mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e3m2", "mxfp6_e2m3", "mxfp4",
+            "nvfp4"} <= set(BLOCKED)
+
+
+@pytest.mark.parametrize("fmt", BLOCKED)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_every_preset_equals_the_cpu(fmt, rounding, launches):
+    same_as_cpu(data((3, 96), seed=1), fmt, rounding, seed=5)
+    same_as_cpu(data(64, seed=2), fmt, rounding, seed=5, offset=12)
+    assert len(launches) == 2
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+@pytest.mark.parametrize("rounding", ["up", "odd"])
+def test_scale_rules_and_modes(rule, rounding, launches):
+    same_as_cpu(data((2, 64), seed=3), block("e4m3fn", 32, rule=rule), rounding)
+    assert len(launches) == 1
+
+
+@pytest.mark.parametrize("nonfinite", ["nan", "finite"])
+def test_blocks_holding_nan_or_inf(nonfinite, launches):
+    x = data((4, 32), seed=4)
+    x[0, 3], x[2, 31] = np.nan, -np.inf
+    same_as_cpu(x, block("e2m1fn", 32, nonfinite=nonfinite), "nearest")
+    same_as_cpu(x, block("e2m1fn", 32, nonfinite=nonfinite), "stochastic", seed=1)
+    assert len(launches) == 2
+
+
+def test_nvfp4_tensor_scale_given_or_found(launches):
+    x = data((2, 48), seed=6)
+    same_as_cpu(x, "nvfp4", "nearest")                     # found on the device
+    expected = quantize_blocks(x, "nvfp4", tensor_scale=0.5, want_elements=False).values
+    got = cuda_blocks.quantize(cuda.to_device(x), "nvfp4", tensor_scale=0.5).copy_to_host()
+    assert np.array_equal(got.view(np.int32), expected.view(np.int32))
+    assert len(launches) == 2
+
+
+def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
+    same_as_cpu(data((2, 40), seed=7), "mxfp8_e4m3", "nearest")         # 32 does not divide 40
+    same_as_cpu(data((2, 64), seed=7).astype(np.float64), "mxfp4", "nearest")   # float64
+    same_as_cpu(data(64, seed=7), "mxfp4", "stochastic", seed=1, offset=2)  # split Philox block
+    same_as_cpu(data(96, seed=7), block("e4m3fn", 12), "nearest")        # 12 / 4 lanes
+    stats = lpsim.RoundingStats()
+    cuda_blocks.quantize(cuda.to_device(data(64)), "mxfp4", stats=stats)   # counted
+    assert launches == []
+    assert stats.elements == 64
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_tensors_equal_the_cpu(launches):
+    import torch
+    for fmt in ("mxfp8_e4m3", "nvfp4", "mxfp4"):
+        x = data((64, 256), seed=8)
+        expected = lpsim.quantize(x, fmt, "stochastic", seed=3)
+        t = torch.from_numpy(x).cuda()
+        got = lpsim.quantize(t, fmt, "stochastic", seed=3)
+        assert np.array_equal(got.cpu().numpy().view(np.int32), expected.view(np.int32))
+        y = torch.empty_like(t)
+        assert lpsim.quantize(t, fmt, "stochastic", seed=3, out=y) is y
+        assert torch.equal(y.view(torch.int32), got.view(torch.int32))
+    assert len(launches) == 6
