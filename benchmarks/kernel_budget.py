@@ -151,6 +151,26 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
     return build
 
 
+def _block_groups(name: str, rounding: str):
+    """lpsim_cuda.block_groups's float32 kernel for block format ``name`` and ``rounding``."""
+    def build():
+        import importlib
+        import numba
+        import numpy as np
+        from numba.core import types
+        from lpsim.blocks import block_params, parse_block_format
+        from lpsim.quantize import plan
+        G = importlib.import_module("lpsim_cuda.block_groups")
+        bfmt = parse_block_format(name)
+        request = plan(bfmt.saturating_element, rounding, np.float32, seed=1)
+        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W)
+        f32, i32 = types.float32[::1], types.int32[::1]
+        return kernel.py_func, (f32, i32, f32, types.int64,
+                                numba.typeof(block_params(bfmt, 1.0)), types.int64,
+                                types.int64, types.int64, types.int64)
+    return build
+
+
 def _optim(cls: str, dtype: str, **kw):
     """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps."""
     def build():
@@ -238,7 +258,16 @@ CASES = [
          _optim("AdamW", "bfloat16", update_rounding="stochastic",
                 state_rounding="stochastic"), outer=4),
     # a pass of the group loop: one element per thread for blocks of up to 32 elements
-    Case("blocks mxfp8_e4m3 f32", "blocks", True, _blocks("mxfp8_e4m3", "float32")),
+    # (counted calls, other layouts)
+    Case("blocks mxfp8_e4m3 f32", "blocks", False, _blocks("mxfp8_e4m3", "float32")),
+    # lpsim_cuda.block_groups: a block per B/4 lanes, four elements (one 16-byte load) each;
+    # float32 calls without stats along a contiguous last axis take it: the hot path
+    Case("blocks groups mxfp8_e4m3 nearest", "blocks", True,
+         _block_groups("mxfp8_e4m3", "nearest"), elements=4),
+    Case("blocks groups nvfp4 nearest", "blocks", True, _block_groups("nvfp4", "nearest"),
+         elements=4),
+    Case("blocks groups mxfp4 stochastic", "blocks", False,
+         _block_groups("mxfp4", "stochastic"), elements=4),
     Case("blocks mxfp8_e4m3 f64", "blocks64", False, _blocks("mxfp8_e4m3", "float64")),
 ]
 

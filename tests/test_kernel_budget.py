@@ -36,8 +36,8 @@ KNOWN = {
     ("quantize specialised bf16 nearest", "instructions"): "~147 static per element",
     ("quantize specialised bf16 stochastic", "instructions"): "~181 static per element",
     ("optim AdamW bf16 stochastic", "instructions"): "~790 loop instructions per parameter",
-    ("blocks mxfp8_e4m3 f32", "registers"): "127-131 registers",
-    ("blocks mxfp8_e4m3 f32", "instructions"): "~2720 loop instructions per element",
+    ("blocks groups mxfp8_e4m3 nearest", "instructions"): "~400 static per element",
+    ("blocks groups nvfp4 nearest", "instructions"): "~400 static per element",
 }
 HOT = [case for case in kb.CASES if case.hot]
 
