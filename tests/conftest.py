@@ -104,3 +104,16 @@ def _same_global_random_state():
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(0)
+
+
+def count_calls(monkeypatch, module, name: str) -> list:
+    """Replace ``module.name`` by a wrapper that records its first argument on each call and
+    return that record: tests assert which kernel route ran."""
+    calls = []
+    real = getattr(module, name)
+
+    def counted(*args):
+        calls.append(args[0])
+        return real(*args)
+    monkeypatch.setattr(module, name, counted)
+    return calls

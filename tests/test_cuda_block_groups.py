@@ -17,20 +17,15 @@ import lpsim
 import lpsim_cuda.blocks as cuda_blocks
 from lpsim.blocks import PRESETS, block, quantize_blocks
 from lpsim_cuda import block_groups
+from conftest import count_calls
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    calls = []
-    real = block_groups.launch_flat
-
-    def counted(*args):
-        calls.append(args[0])
-        return real(*args)
-    monkeypatch.setattr(block_groups, "launch_flat", counted)
-    return calls
+    """The block_groups launches made during a test."""
+    return count_calls(monkeypatch, block_groups, "launch_flat")
 
 
 def data(shape, seed=0):

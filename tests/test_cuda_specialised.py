@@ -19,21 +19,15 @@ from lpsim.rounding import MODES
 from lpsim.storage import pack
 from lpsim_cuda import specialised
 from test_cuda_quantize import edge_cases
+from conftest import count_calls
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The number of specialised launches (numba dispatcher route) made during a test."""
-    calls = []
-    real = specialised.launch_arrays
-
-    def counted(*args):
-        calls.append(args[0])
-        return real(*args)
-    monkeypatch.setattr(specialised, "launch_arrays", counted)
-    return calls
+    """The specialised launches made during a test."""
+    return count_calls(monkeypatch, specialised, "launch_arrays")
 
 
 def data(fmt, n, seed=0):
