@@ -58,3 +58,23 @@ def test_readme_block_runs(index, tmp_path):
         pytest.skip("README block needs a GPU (# requires: cuda): run with LPSIM_TEST_GPU=1")
     done = run_block(block, tmp_path)
     assert done.returncode == 0, f"README python block {index}:\n{block}\n{done.stderr}"
+
+
+def test_readme_is_a_short_entry():
+    # the details live in the user guide (docs/guide/); the README is where a user starts
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 300
+
+
+def test_ci_runs_the_readme_test_command():
+    """The README's test command is what .ci/run runs, with extras CI installs."""
+    text = README.read_text(encoding="utf-8")
+    commands = [b.strip() for b in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+                if "pytest" in b]
+    assert len(commands) == 1, commands
+    install, run = commands[0].split(" && ")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(rf"^{re.escape(run)}$", ci, re.M), f"{run!r} is not a line of .ci/run"
+    extras = re.fullmatch(r'pip install -e "\.\[([\w,]+)\]" -c constraints\.txt', install)
+    ci_extras = re.search(r'-e "\.\[([\w,]+)\]" -c constraints\.txt', ci)
+    assert extras and ci_extras, (install, ci_extras)
+    assert set(extras.group(1).split(",")) <= set(ci_extras.group(1).split(","))
