@@ -43,7 +43,7 @@ def test_lpsim_kernels_are_stamped_by_the_whole_package():
     assert package == kernel_cache.package_stamp()
     files = {entry[0] for entry in package}
     assert os.path.join("lpsim", "rounding.py") in files
-    assert os.path.join("lpsim", "blocks.py") in files
+    assert os.path.join("lpsim", "blocks", "kernels.py") in files
     # a function outside lpsim keeps numba's own locator
     from numba import njit
 

@@ -1,43 +1,12 @@
-"""Block-scaled formats (OCP MX, NVFP4): elements of a small format sharing one scale per block.
+"""The CPU block kernels and how a call runs them.
 
-A :class:`BlockFormat` is an element format, a block size along an axis, a scale format and a
-scale rule.  For a block with largest magnitude ``amax`` the scale is ``s`` and each element
-is ``s * round(x / s)``, rounded in the element format with saturation (OCP MX v1.0, Sec. 6.3).
-Power-of-two scale formats (``e8m0fnu``: MX) take the exponent from ``amax``
-(``emax`` is the element format's largest exponent, ``max`` its largest value):
-
-=========  ================================================================  ================
-rule       scale exponent                                                    as in
-=========  ================================================================  ================
-``floor``  floor(log2 amax) - emax                                           OCP MX, gfloat
-``ceil``   ceil(log2 amax) - emax                                            torchao CEIL
-``even``   floor(log2 amax') - emax, amax' = amax rounded to the element's    torchao EVEN
-           mantissa bits, ties away
-``rceil``  ceil(log2 d), d = amax / max rounded to float32                   cuBLAS, TE,
-                                                                             torchao RCEIL
-=========  ================================================================  ================
-
-clamped to the scale format's exponents (a *clipped scale*).  An all-zero block takes the
-smallest scale.  Scale formats with mantissa bits (NVFP4's ``e4m3fn``) take
-``t = fp32(amax / max)`` (divided by the per-tensor scale ``fp32(tensor_amax / (scale max *
-max))`` when ``tensor_scale``), clamped to the scale format's range and rounded to it: to
-nearest (``even``), up (``ceil``, ``rceil``) or down (``floor``); the elements are then
-``fp32(x * r)`` with the float32 reciprocal ``r = fp32(fp32(1/pts) / s)``, as torchao's NVFP4
-and TransformerEngine compute them.  The per-tensor scale is a float32 (a given one is
-rounded to float32) of at least :func:`min_tensor_scale` (about 2**-119 for NVFP4), so that
-``r`` stays finite for the smallest block scale: a tensor whose largest magnitude is below
-about 4e-33 is scaled as if it reached it.  The fake-quantized value is ``q * s``
-(``* pts``) rounded once to the container.
-
-A block holding a NaN or inf gets a NaN scale and decodes to NaN (``nonfinite="nan"``, OCP),
-or takes its scale from its finite elements (``nonfinite="finite"``: NaN stays NaN, inf
-saturates).  Element rounding is any lpsim mode with the random bits of
-:func:`lpsim.quantize` (element ``i`` of the blocked layout, C order with the block axis last,
-uses counter ``offset + i``), ``sr_bits`` included.  The scale decision
-(:func:`block_scale`) and the element step (:func:`element_fast`: :func:`scaled_bits`, then
-:func:`lpsim.rounding.round_fast_sub`; else :func:`element_exact` with
-:func:`lpsim.rounding.round_bits`) are the shared scalar core of the CPU kernel here (a
-vectorised pass per block, see "the CPU kernel" below) and of ``lpsim_cuda.blocks``.
+The counted kernel (:func:`_blocks_range`: float32 or float64 arrays, element values and
+per-block counters) and the float32 word kernel (:func:`_words_range` over
+:mod:`lpsim.blocks.words`' loops, no counters), each compiled once per rounding mode with
+the mode a constant of its body (:data:`KERNELS`, :data:`WORD_KERNELS`: ``njit(cache=True)``,
+named ``blocks_<mode>`` and ``blocks_words_<mode>`` for numba's on-disk cache).
+:func:`run_blocks` picks one for a call and :func:`run_kernel` splits its blocks over
+lpsim's threads (PARALLEL_GRAIN, SERIAL_BELOW).
 """
 
 from __future__ import annotations
@@ -52,17 +21,16 @@ import numpy as np
 from numba import njit
 from numba.extending import overload, register_jitable
 
-from .formats import Format, parse_format
-from .cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
-                  thread_pool, threads, word_buffer)
-from .philox import LANES, block_words, lane_word
-from .quantize import MAX_COUNTER, keys
-from .rounding import (DOWN, INEXACT, MODES, NEAREST, OVERFLOW, STOCHASTIC, UP, Params,
-                       fast_sub_ok,
-                       kernel_params, nearest32, nearest32_exact, nearest32_words, round_bits,
-                       round_fast_sub)
-from .stats import RoundingStats, check_stats
-from .word32 import as_int64, bits_float32, float32_bits, like, word
+from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
+                   thread_pool, threads, word_buffer)
+from ..formats import Format, parse_format
+from ..philox import block_words, lane_word
+from ..quantize import MAX_COUNTER, keys
+from ..rounding import (DOWN, INEXACT, MODES, NEAREST, OVERFLOW, STOCHASTIC, UP, Params,
+                        fast_sub_ok, kernel_params, nearest32, nearest32_exact, nearest32_words,
+                        round_bits, round_fast_sub)
+from ..stats import RoundingStats, check_stats
+from ..word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per extra thread, and the size below which a call runs in the calling thread: an
 #: element costs ten or more times a plain rounding (lpsim.cpu's grain), so threads pay sooner
@@ -283,8 +251,6 @@ def parse_block_format(spec) -> BlockFormat:
     return bfmt
 
 
-# --- the shared scalar core ---------------------------------------------------------------
-
 class BlockParams(NamedTuple):
     """What the block kernels need besides the element and scale Params; floats are float64."""
 
@@ -319,13 +285,13 @@ def i2f(b):
 
 @overload(f2i)
 def _f2i_compiled(v):
-    from .ops.exact import f2i as bitcast     # here: lpsim.ops imports this module
+    from ..ops.exact import f2i as bitcast     # here: lpsim.ops imports this module
     return lambda v: bitcast(np.float64(v))
 
 
 @overload(i2f)
 def _i2f_compiled(b):
-    from .ops.exact import i2f as bitcast
+    from ..ops.exact import i2f as bitcast
     return lambda b: bitcast(np.int64(b))
 
 
@@ -1235,7 +1201,7 @@ WORD_KERNELS = {mode: njit(cache=True, nogil=True)(_words_kernel(mode))
 def kernel_entry(mode: int, dtype: np.dtype):
     """The compiled entry point of ``mode``'s kernel for ``dtype`` arrays, without numba's
     dispatch (typing three NamedTuples costs more than quantizing a small array)."""
-    from .quantize import plan
+    from ..quantize import plan
     dispatcher = KERNELS[mode]
     bfmt = PRESETS["mxfp4"]
     request = plan(bfmt.saturating_element, "nearest", dtype)
@@ -1601,7 +1567,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     C-contiguous array of x's shape and dtype that does not overlap x and the blocks run
     along the last axis (else a new array, as without it).
     """
-    from .quantize import plan
+    from ..quantize import plan
     bfmt = parse_block_format(bfmt)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
@@ -1685,7 +1651,7 @@ MAX_CACHED = 256
 
 
 def _remember_words(given, bfmt, rounding, sr_bits) -> None:
-    from .quantize import plan
+    from ..quantize import plan
     request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
     bp = block_params(bfmt, 1.0)
     if not bp.f32:
@@ -1757,7 +1723,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                                           out=out, offset=offset, tensor_scale=tensor_scale)
     if module.startswith("torch") or type(out).__module__.startswith("torch"):
         # lpsim.quantize's torch rules (lpsim.torch.tensors): dtypes, autograd, out=
-        from .torch.tensors import quantize_tensor
+        from ..torch.tensors import quantize_tensor
 
         def round_with(src, fmt, rounding, *, out=None, **kw):
             if isinstance(src, np.ndarray):
@@ -1768,7 +1734,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                                               tensor_scale=tensor_scale, **kw)
         return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                                stats=stats, out=out, offset=offset, round_with=round_with)
-    from .quantize import _check_out, as_container_array
+    from ..quantize import _check_out, as_container_array
     if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
         value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
                          stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
@@ -1822,8 +1788,8 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
     ``x``: what :func:`quantize` takes on the CPU (arrays of any float dtype, integer arrays
     exact in float64, Python numbers and lists of them, CPU torch tensors), converted
     exactly as it converts them."""
-    from .quantize import as_container_array
-    from .storage import encode_values
+    from ..quantize import as_container_array
+    from ..storage import encode_values
     bfmt = parse_block_format(bfmt)
     if type(x).__module__.startswith("torch"):
         x = _torch_host(x)
@@ -1851,7 +1817,7 @@ def _torch_host(t):
 
 def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
     """The values q * s (* tensor scale) of :func:`encode`'s codes, in x's layout."""
-    from .storage import decode_codes
+    from ..storage import decode_codes
     bfmt = encoded.format
     q = decode_codes(encoded.codes, bfmt.element)
     s = np.repeat(decode_codes(encoded.scales, bfmt.scale), bfmt.block, axis=1)[:, :q.shape[1]]
@@ -1860,8 +1826,3 @@ def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
     if encoded.shape == ():                                 # a 0-d x: one block of one
         return values.reshape(())
     return np.moveaxis(values.reshape(encoded.shape), -1, encoded.axis)
-
-
-__all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
-           "as_block_format", "parse_block_format", "quantize", "quantize_blocks", "block_scale",
-           "scaled_bits", "Blocked", "RULES"]
