@@ -27,64 +27,15 @@ from ..quantize import MAX_COUNTER, keys
 from ..rounding import (DOWN, INEXACT, MODES, NEAREST, OVERFLOW, STOCHASTIC, UP, Params,
                         fast_sub_ok, kernel_params, nearest32, nearest32_exact, nearest32_words,
                         round_bits, round_fast_sub)
-from ..stats import RoundingStats, check_stats
+from ..stats import check_stats
 from ..word32 import as_int64, bits_float32, float32_bits, like, word
+from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat, parse_block_format
 
 #: elements per extra thread, and the size below which a call runs in the calling thread: an
 #: element costs ten or more times a plain rounding (lpsim.cpu's grain), so threads pay sooner
 PARALLEL_GRAIN = 1 << 17
 SERIAL_BELOW = 2 * PARALLEL_GRAIN
-
-
-#: per-block counter columns of the kernels
-BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
-                  "clipped_scale", "flushed", "nan_block")
-
-
-#: what a block format's ``stats`` may be
-STATS_ACCEPTED = "an lpsim.RoundingStats, an lpsim.blocks.BlockStats or None"
-
-
-class BlockStats(RoundingStats):
-    """RoundingStats of the elements plus per-call block counters.
-
-    overflow counts saturated elements (x / s beyond the element format's largest value);
-    blocks: blocks quantized; clipped_scales: scales clamped to the scale format's range;
-    flushed_blocks: blocks with a nonzero element whose elements all became zero;
-    nan_blocks: blocks given a NaN scale (a NaN or inf element, ``nonfinite="nan"``).
-    """
-
-    __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
-
-    def __init__(self, **counts):
-        block = {name: int(counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
-        super().__init__(**counts)
-        for name, value in block.items():
-            setattr(self, name, value)
-
-    def as_dict(self) -> dict:
-        return {**super().as_dict(), **{name: getattr(self, name) for name in self.BLOCK_FIELDS}}
-
-    def reset(self) -> None:
-        super().reset()
-        for name in self.BLOCK_FIELDS:
-            setattr(self, name, 0)
-
-    def __repr__(self) -> str:
-        return "BlockStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
-
-    def __getstate__(self):
-        return self.as_dict()
-
-    def __setstate__(self, state):
-        self.__init__(**state)
-
-    def __copy__(self) -> "BlockStats":
-        return BlockStats(**self.as_dict())
-
-    def __deepcopy__(self, memo) -> "BlockStats":
-        return self.__copy__()
 
 
 _MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -1456,19 +1407,6 @@ def writes_into(out, x, axis) -> bool:
     return (isinstance(out, np.ndarray) and (x.ndim <= 1 or axis in (-1, x.ndim - 1))
             and out.dtype == x.dtype and out.shape == x.shape and out.flags.c_contiguous
             and out.flags.writeable and not np.may_share_memory(out, x))
-
-
-def add_counts(stats, counts, elements) -> None:
-    """Add a call's per-block counts to a RoundingStats (and the block fields of BlockStats)."""
-    if stats is None:
-        return
-    totals = counts.reshape(-1, len(BLOCK_COUNTERS)).sum(axis=0)
-    stats.add(elements, totals[:6])
-    if isinstance(stats, BlockStats):
-        stats.blocks += counts.shape[0] * counts.shape[1]
-        stats.clipped_scales += int(totals[6])
-        stats.flushed_blocks += int(totals[7])
-        stats.nan_blocks += int(totals[8])
 
 
 class _Words(NamedTuple):
