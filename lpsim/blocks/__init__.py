@@ -71,23 +71,25 @@ from .formats import (  # noqa: F401
     RULES, SCALE_EXP_RANGE, BlockFormat, as_block_format, block, parse_block_format)
 from .counters import (  # noqa: F401
     BLOCK_COUNTERS, STATS_ACCEPTED, BlockStats, add_counts)
+from .decisions import (  # noqa: F401
+    _INF64, _MAG64, _MAX64, _NORMAL64, _SIGN64, BlockParams, _element_params, _exact_product,
+    _f2i_compiled, _i2f_compiled, _reciprocal_finite, _scale_mode, bits_value, block_params,
+    block_recip, block_scale, dequantize_element, element_exact, element_fast, element_fast32,
+    element_ok32, element_params32, element_word, f2i, i2f, ilog2, nearest_words_exact,
+    round_scale, scale_recip, scaled_bits, words_exact)
 from .kernels import (  # noqa: F401
-    _INF64, _MAG64, _MAX64, _NORMAL64, _SIGN64, _WORDS, AMAX_GRAIN, FLOAT32_MAX, KERNELS,
-    MAX_CACHED, NO_AMAXES, PARALLEL_GRAIN, SCALE_AHEAD, SERIAL_BELOW, STEPS_FROM, WORD_KERNELS,
-    Blocked, BlockParams, Encoded, _amax_entry, _amaxes_entry, _amaxes_of, _block_amax32,
-    _block_bounds, _block_elements, _block_nearest32, _block_slow, _blocked_view, _blocks_kernel,
-    _blocks_nearest_steps, _blocks_range, _chunk, _chunk_words, _code_dtype, _element_params,
-    _elements_nearest32, _elements_words, _exact_product, _f2i_compiled, _finite_amax,
-    _group_elements, _i2f_compiled, _min_tensor_scale, _next_step, _nonfinite_block,
-    _reciprocal_finite, _reciprocals, _remember_words, _scale_mode, _scale_of, _scale_steps,
-    _threaded_max, _torch_host, _Words, _words_kernel, _words_range, bits_value, block_amaxes,
-    block_params, block_recip, block_scale, blocked_shape, checked_tensor_scale, container_bits,
-    decode, dequantize_element, element_exact, element_fast, element_fast32, element_nearest32,
-    element_ok32, element_params32, element_word, encode, f2i, finite_amax, finite_bits, i2f,
-    ilog2, kernel_entry, min_tensor_scale, nearest_words_exact, quantize, quantize_blocks,
-    quantize_cached, round_scale, run_blocks, run_kernel, scale_ahead_scratch, scale_recip,
-    scale_words, scaled_bits, takes_words, tensor_amax, tensor_amaxes, tensor_scale_from,
-    tensor_scale_of, word_kernel_entry, word_tensor_scale, words_exact, writes_into)
+    _WORDS, AMAX_GRAIN, FLOAT32_MAX, KERNELS, MAX_CACHED, NO_AMAXES, PARALLEL_GRAIN, SCALE_AHEAD,
+    SERIAL_BELOW, STEPS_FROM, WORD_KERNELS, Blocked, Encoded, _amax_entry, _amaxes_entry,
+    _amaxes_of, _block_amax32, _block_bounds, _block_elements, _block_nearest32, _block_slow,
+    _blocked_view, _blocks_kernel, _blocks_nearest_steps, _blocks_range, _chunk, _chunk_words,
+    _code_dtype, _elements_nearest32, _elements_words, _finite_amax, _group_elements,
+    _min_tensor_scale, _next_step, _nonfinite_block, _reciprocals, _remember_words, _scale_of,
+    _scale_steps, _threaded_max, _torch_host, _Words, _words_kernel, _words_range, block_amaxes,
+    blocked_shape, checked_tensor_scale, container_bits, decode, element_nearest32, encode,
+    finite_amax, finite_bits, kernel_entry, min_tensor_scale, quantize, quantize_blocks,
+    quantize_cached, run_blocks, run_kernel, scale_ahead_scratch, scale_words, takes_words,
+    tensor_amax, tensor_amaxes, tensor_scale_from, tensor_scale_of, word_kernel_entry,
+    word_tensor_scale, writes_into)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
