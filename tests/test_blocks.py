@@ -515,8 +515,8 @@ def test_tensor_amax_on_every_layout_and_split(dtype, monkeypatch):
     finite = np.abs(x[np.isfinite(x)])
     assert blocks.tensor_amax(x) == float(finite.max())
     assert blocks.tensor_amax(x[::3]) == float(np.abs(x[::3][np.isfinite(x[::3])]).max())
-    monkeypatch.setattr(blocks.kernels, "AMAX_GRAIN", 512)
-    monkeypatch.setattr(blocks.kernels, "threads", lambda: 3)
+    monkeypatch.setattr(blocks.amax, "AMAX_GRAIN", 512)
+    monkeypatch.setattr(blocks.amax, "threads", lambda: 3)
     assert blocks.tensor_amax(x) == float(finite.max())
     assert blocks.tensor_amax(np.full(7, np.nan, dtype)) == 0.0
 

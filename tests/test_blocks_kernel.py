@@ -367,8 +367,8 @@ def test_block_amaxes_are_every_blocks_largest_magnitude(size, monkeypatch):
     bits = (flat.view(np.uint32) & 0x7FFFFFFF).reshape(-1, size)
     finite = np.abs(flat[np.isfinite(flat)])
     for threads in (1, 3):
-        monkeypatch.setattr(blocks.kernels, "AMAX_GRAIN", 64 if threads > 1 else 1 << 20)
-        monkeypatch.setattr(blocks.kernels, "threads", lambda: threads)
+        monkeypatch.setattr(blocks.amax, "AMAX_GRAIN", 64 if threads > 1 else 1 << 20)
+        monkeypatch.setattr(blocks.amax, "threads", lambda: threads)
         amax, bam = blocks.tensor_amaxes(x, size)
         assert amax == float(finite.max())
         assert bam.dtype == np.int32 and np.array_equal(bam, bits.max(axis=1))
@@ -404,7 +404,8 @@ def test_word_kernel_with_the_blocks_amaxes_equals_the_counted_kernel(bfmt, monk
                     (np.inf, np.nan, -np.inf, np.nan, np.inf, -np.inf, np.nan)):
         flat[i] = v
     assert x.size // 16 >= 2 * blocks.STEPS_FROM      # the table in each thread's range
-    monkeypatch.setattr(blocks.kernels, "threads", lambda: 2)
+    for module in (blocks.amax, blocks.kernels):          # the amax pass and the kernel
+        monkeypatch.setattr(module, "threads", lambda: 2)
     for y, rounding in ((x, "nearest"), (x[:, :4090], "nearest"), (x, "stochastic"),
                         (x, "up")):
         kw = dict(seed=9) if rounding == "stochastic" else {}

@@ -77,19 +77,20 @@ from .decisions import (  # noqa: F401
     block_recip, block_scale, dequantize_element, element_exact, element_fast, element_fast32,
     element_ok32, element_params32, element_word, f2i, i2f, ilog2, nearest_words_exact,
     round_scale, scale_recip, scaled_bits, words_exact)
+from .amax import (  # noqa: F401
+    AMAX_GRAIN, FLOAT32_MAX, NO_AMAXES, _amax_entry, _amaxes_entry, _amaxes_of, _block_amax32,
+    _finite_amax, _min_tensor_scale, _threaded_max, block_amaxes, checked_tensor_scale,
+    container_bits, finite_amax, finite_bits, min_tensor_scale, tensor_amax, tensor_amaxes,
+    tensor_scale_from, tensor_scale_of, word_tensor_scale)
 from .kernels import (  # noqa: F401
-    _WORDS, AMAX_GRAIN, FLOAT32_MAX, KERNELS, MAX_CACHED, NO_AMAXES, PARALLEL_GRAIN, SCALE_AHEAD,
-    SERIAL_BELOW, STEPS_FROM, WORD_KERNELS, Blocked, Encoded, _amax_entry, _amaxes_entry,
-    _amaxes_of, _block_amax32, _block_bounds, _block_elements, _block_nearest32, _block_slow,
+    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SCALE_AHEAD, SERIAL_BELOW, STEPS_FROM,
+    WORD_KERNELS, Blocked, Encoded, _block_bounds, _block_elements, _block_nearest32, _block_slow,
     _blocked_view, _blocks_kernel, _blocks_nearest_steps, _blocks_range, _chunk, _chunk_words,
-    _code_dtype, _elements_nearest32, _elements_words, _finite_amax, _group_elements,
-    _min_tensor_scale, _next_step, _nonfinite_block, _reciprocals, _remember_words, _scale_of,
-    _scale_steps, _threaded_max, _torch_host, _Words, _words_kernel, _words_range, block_amaxes,
-    blocked_shape, checked_tensor_scale, container_bits, decode, element_nearest32, encode,
-    finite_amax, finite_bits, kernel_entry, min_tensor_scale, quantize, quantize_blocks,
-    quantize_cached, run_blocks, run_kernel, scale_ahead_scratch, scale_words, takes_words,
-    tensor_amax, tensor_amaxes, tensor_scale_from, tensor_scale_of, word_kernel_entry,
-    word_tensor_scale, writes_into)
+    _code_dtype, _elements_nearest32, _elements_words, _group_elements, _next_step,
+    _nonfinite_block, _reciprocals, _remember_words, _scale_of, _scale_steps, _torch_host, _Words,
+    _words_kernel, _words_range, blocked_shape, decode, element_nearest32, encode, kernel_entry,
+    quantize, quantize_blocks, quantize_cached, run_blocks, run_kernel, scale_ahead_scratch,
+    scale_words, takes_words, word_kernel_entry, writes_into)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
