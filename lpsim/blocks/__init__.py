@@ -84,14 +84,15 @@ from .amax import (  # noqa: F401
     tensor_scale_from, tensor_scale_of, word_tensor_scale)
 from .word_scales import (  # noqa: F401
     STEPS_FROM, _next_step, _reciprocals, _scale_of, _scale_steps, scale_words)
+from .words import (  # noqa: F401
+    SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
+    _elements_words, _group_elements, element_nearest32, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
-    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SCALE_AHEAD, SERIAL_BELOW, WORD_KERNELS, Blocked,
-    Encoded, _block_bounds, _block_elements, _block_nearest32, _block_slow, _blocked_view,
-    _blocks_kernel, _blocks_nearest_steps, _blocks_range, _chunk, _chunk_words, _code_dtype,
-    _elements_nearest32, _elements_words, _group_elements, _nonfinite_block, _remember_words,
-    _torch_host, _Words, _words_kernel, _words_range, blocked_shape, decode, element_nearest32,
-    encode, kernel_entry, quantize, quantize_blocks, quantize_cached, run_blocks, run_kernel,
-    scale_ahead_scratch, takes_words, word_kernel_entry, writes_into)
+    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, Blocked, Encoded,
+    _block_bounds, _block_elements, _block_slow, _blocked_view, _blocks_kernel, _blocks_range,
+    _chunk, _code_dtype, _nonfinite_block, _remember_words, _torch_host, _Words, _words_kernel,
+    _words_range, blocked_shape, decode, encode, kernel_entry, quantize, quantize_blocks,
+    quantize_cached, run_blocks, run_kernel, takes_words, word_kernel_entry, writes_into)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
