@@ -88,11 +88,13 @@ from .words import (  # noqa: F401
     SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
     _elements_words, _group_elements, element_nearest32, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
-    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, Blocked, Encoded,
+    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, Blocked,
     _block_bounds, _block_elements, _block_slow, _blocked_view, _blocks_kernel, _blocks_range,
-    _chunk, _code_dtype, _nonfinite_block, _remember_words, _torch_host, _Words, _words_kernel,
-    _words_range, blocked_shape, decode, encode, kernel_entry, quantize, quantize_blocks,
-    quantize_cached, run_blocks, run_kernel, takes_words, word_kernel_entry, writes_into)
+    _chunk, _nonfinite_block, _remember_words, _Words, _words_kernel, _words_range, blocked_shape,
+    kernel_entry, quantize, quantize_blocks, quantize_cached, run_blocks, run_kernel, takes_words,
+    word_kernel_entry, writes_into)
+from .codec import (  # noqa: F401
+    Encoded, _code_dtype, _torch_host, decode, encode)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",
