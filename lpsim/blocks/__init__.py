@@ -88,13 +88,14 @@ from .words import (  # noqa: F401
     SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
     _elements_words, _group_elements, element_nearest32, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
-    _WORDS, KERNELS, MAX_CACHED, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, Blocked,
-    _block_bounds, _block_elements, _block_slow, _blocked_view, _blocks_kernel, _blocks_range,
-    _chunk, _nonfinite_block, _remember_words, _Words, _words_kernel, _words_range, blocked_shape,
-    kernel_entry, quantize, quantize_blocks, quantize_cached, run_blocks, run_kernel, takes_words,
-    word_kernel_entry, writes_into)
+    KERNELS, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, _block_bounds, _block_elements,
+    _block_slow, _blocks_kernel, _blocks_range, _chunk, _nonfinite_block, _words_kernel,
+    _words_range, kernel_entry, run_blocks, run_kernel, takes_words, word_kernel_entry)
 from .codec import (  # noqa: F401
     Encoded, _code_dtype, _torch_host, decode, encode)
+from .fake_quantize import (  # noqa: F401
+    _WORDS, MAX_CACHED, Blocked, _blocked_view, _remember_words, _Words, blocked_shape, quantize,
+    quantize_blocks, quantize_cached, writes_into)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",

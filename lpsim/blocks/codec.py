@@ -10,8 +10,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..formats import Format
+from .fake_quantize import quantize_blocks
 from .formats import BlockFormat, parse_block_format
-from .kernels import quantize_blocks
 
 
 class Encoded(NamedTuple):
