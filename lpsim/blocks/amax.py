@@ -25,6 +25,8 @@ from .formats import BlockFormat, parse_block_format
 
 @register_jitable
 def _finite_amax(xs):
+    """The largest finite magnitude of a block's elements (0.0 if none), as a float64: the
+    scale of a block holding a NaN or inf under ``nonfinite="finite"``."""
     amax = 0.0
     for i in range(xs.size):
         v = abs(np.float64(xs[i]))

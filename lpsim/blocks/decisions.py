@@ -309,7 +309,7 @@ def bits_value(a, M, EB):
     return i2f(((field_ - EB + 1023) << 52) | (frac << (52 - M)))
 
 
-# --- host side ------------------------------------------------------------------------------
+# --- host side: the kernels' parameters -----------------------------------------------------
 
 @functools.lru_cache(maxsize=256)
 def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
@@ -342,9 +342,10 @@ def element_params32(bfmt: BlockFormat) -> Params:
 
 @functools.lru_cache(maxsize=256)
 def nearest_words_exact(fmt: Format) -> bool:
-    """Whether :func:`element_nearest32` rounds x / s to ``fmt`` as round_bits does to
-    nearest: :func:`lpsim.rounding.nearest32_exact`, and a smallest subnormal above 2**-125,
-    so that a quotient that underflows to a float32 subnormal rounds to 0 either way."""
+    """Whether :func:`lpsim.blocks.words.element_nearest32` rounds x / s to ``fmt`` as
+    round_bits does to nearest: :func:`lpsim.rounding.nearest32_exact`, and a smallest
+    subnormal above 2**-125, so that a quotient that underflows to a float32 subnormal rounds
+    to 0 either way."""
     return nearest32_exact(fmt) and fmt.emin - fmt.m >= -124 and fmt.emax <= 100
 
 
