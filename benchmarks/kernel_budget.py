@@ -197,8 +197,9 @@ def _blocks(name: str, dtype: str):
         import importlib
         import numba
         import numpy as np
-        from lpsim.blocks import BLOCK_COUNTERS, _element_params, block_params, \
-            parse_block_format
+        from lpsim.blocks.counters import BLOCK_COUNTERS
+        from lpsim.blocks.decisions import _element_params, block_params
+        from lpsim.blocks.formats import parse_block_format
         from lpsim.philox import LANES
         from lpsim.quantize import plan
         from lpsim.rounding import kernel_params

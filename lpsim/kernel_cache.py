@@ -1,12 +1,12 @@
 """numba's on-disk cache of lpsim's kernels, invalidated when any lpsim source changes.
 
-numba stamps a cached kernel with its own source file only.  A kernel in lpsim/blocks.py
-compiles lpsim/rounding.py's decision into itself, so after an edit of rounding.py numba
-would load the old blocks kernel, silently, with the old decision.  Here each kernel's stamp
-is its file's (numba's own) plus the (path, mtime, size) of every source file of lpsim and
-lpsim_cuda, so a change anywhere recompiles everything once.  A fresh install changes every
-file, so this matters most to whoever edits lpsim (an editable install) and to processes
-sharing one cache directory across versions.
+numba stamps a cached kernel with its own source file only.  A kernel in
+lpsim/blocks/kernels.py compiles lpsim/rounding.py's decision into itself, so after an edit
+of rounding.py numba would load the old blocks kernel, silently, with the old decision.
+Here each kernel's stamp is its file's (numba's own) plus the (path, mtime, size) of every
+source file of lpsim and lpsim_cuda (subpackages included), so a change anywhere recompiles
+everything once.  A fresh install changes every file, so this matters most to whoever edits
+lpsim (an editable install) and to processes sharing one cache directory across versions.
 
 It works through numba's cache locators (``numba.core.caching.CacheImpl``): each locator
 that backs a cache with a source file gets an lpsim twin that answers for lpsim's files

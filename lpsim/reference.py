@@ -283,7 +283,7 @@ def block_scale_exact(amax: Fraction, bfmt, pts: Fraction = Fraction(1)):
     Written from the table in :mod:`lpsim.blocks` with Fractions: exponents by exact
     floor/ceil of log2, float32 steps by :func:`round_exact` to fp32.
     """
-    from .blocks import parse_block_format
+    from .blocks.formats import parse_block_format
     bfmt = parse_block_format(bfmt)
     el, sc = bfmt.saturating_element, bfmt.scale
     fp32 = parse_format("fp32")
@@ -326,8 +326,9 @@ def tensor_scale_exact(x, bfmt) -> Fraction:
     """The per-tensor scale of the array ``x`` under ``bfmt`` (which has one), from the
     table in :mod:`lpsim.blocks`: amax32 = fp32(largest finite |x|), saturated at float32's
     largest value; fp32(amax32 / fp32(scale max * element max)), at least
-    :func:`lpsim.blocks.min_tensor_scale`; 1 for a tensor without a nonzero finite value."""
-    from .blocks import min_tensor_scale, parse_block_format
+    :func:`lpsim.blocks.amax.min_tensor_scale`; 1 for a tensor without a nonzero finite value."""
+    from .blocks.amax import min_tensor_scale
+    from .blocks.formats import parse_block_format
     bfmt = parse_block_format(bfmt)
     finite = [abs(Fraction(float(v))) for v in np.asarray(x).reshape(-1)
               if math.isfinite(float(v))]
@@ -345,12 +346,14 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, uniforms=None, sr_bit
                     tensor_scale=None):
     """Block-quantize the rows of a 2-D float32/float64 array exactly (blocks along axis 1).
 
-    Returns (values, elements q, scales, counts) as :func:`lpsim.blocks.quantize_blocks`
-    does, counts per block in :data:`lpsim.blocks.BLOCK_COUNTERS` order.  Stochastic modes
-    take element (row, i)'s uniform from ``uniforms[row, i]``.  A format with a per-tensor
+    Returns (values, elements q, scales, counts) as
+    :func:`lpsim.blocks.fake_quantize.quantize_blocks` does, counts per block in
+    :data:`lpsim.blocks.counters.BLOCK_COUNTERS` order.  Stochastic modes take element
+    (row, i)'s uniform from ``uniforms[row, i]``.  A format with a per-tensor
     scale takes ``tensor_scale`` (a float32), by default :func:`tensor_scale_exact` of x.
     """
-    from .blocks import BLOCK_COUNTERS, parse_block_format
+    from .blocks.counters import BLOCK_COUNTERS
+    from .blocks.formats import parse_block_format
     bfmt = parse_block_format(bfmt)
     x = np.asarray(x)
     if x.ndim != 2 or x.dtype not in (np.float32, np.float64):

@@ -116,7 +116,7 @@ def _names(value, what):
 def _block_jobs(modes, dtypes):
     """lpsim.quantize to mxfp4 (every block format takes the same kernels): per mode, float32
     without stats (its word kernel), with stats, float64; nvfp4's per-tensor amax once."""
-    from .blocks import BlockStats
+    from .blocks.counters import BlockStats
     from .quantize import quantize
     todo = []
     for m in modes:

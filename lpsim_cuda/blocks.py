@@ -3,9 +3,10 @@
 One thread per element (per few elements for blocks longer than 32): a group of P lanes (a
 power of two, at most a warp) holds one block; the group reduces its largest magnitude and
 its NaN/inf counts in shared memory, every lane takes the scale from the CPU kernel's own
-:func:`lpsim.blocks.block_scale` and rounds its elements with :func:`lpsim.blocks.element_fast`
-(else :func:`lpsim.blocks.element_exact`), then the group sums its counters the same way.  So
-the two paths share their decisions and random bits instead of copying them.
+:func:`lpsim.blocks.decisions.block_scale` and rounds its elements with
+:func:`lpsim.blocks.decisions.element_fast` (else :func:`lpsim.blocks.decisions.element_exact`),
+then the group sums its counters the same way.  So the two paths share their decisions and
+random bits instead of copying them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import numba
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks import (BLOCK_COUNTERS, STATS_ACCEPTED, Blocked, _element_params,
-                          add_counts, block_params, bits_value, block_recip, block_scale,
-                          blocked_shape, checked_tensor_scale, container_bits, element_exact,
-                          element_fast, element_word, finite_bits, parse_block_format,
-                          tensor_scale_from)
+from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
+                               tensor_scale_from)
+from lpsim.blocks.counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
+from lpsim.blocks.decisions import (_element_params, bits_value, block_params, block_recip,
+                                    block_scale, element_exact, element_fast, element_word)
+from lpsim.blocks.fake_quantize import Blocked, blocked_shape
+from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import LANES
 from lpsim.quantize import plan
 from lpsim.rounding import kernel_params
@@ -118,7 +121,7 @@ def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed
 
 @cuda.jit
 def _amax_kernel(bits, cmag, cinf, out):
-    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.finite_bits): a
+    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits): a
     grid-stride max per thread, then one atomic max each."""
     am = np.int64(0)
     i = cuda.grid(1)
@@ -175,7 +178,7 @@ def _rows(x, axis):
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
                     want_elements: bool = True, want_counts: bool = True) -> Blocked:
-    """:func:`lpsim.blocks.quantize_blocks` on a CUDA array; fields are device arrays
+    """:func:`lpsim.blocks.fake_quantize.quantize_blocks` on a CUDA array; fields are device arrays
     (values in the blocked layout, counts copied to the host).  want_counts=False skips the
     per-block counters (counts is then None): nine int64 per block, allocated, zeroed and
     copied back, cost more host time than the kernel when nothing reads them."""
@@ -217,7 +220,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
 
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
-    """Fake-quantize a CUDA array to a block format: :func:`lpsim.blocks.quantize`'s results."""
+    """Fake-quantize a CUDA array to a block format: the results of
+    :func:`lpsim.blocks.fake_quantize.quantize`."""
     check_stats(stats, STATS_ACCEPTED)
     if stats is None:                        # float32 along a contiguous last axis
         done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out,

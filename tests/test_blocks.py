@@ -426,7 +426,8 @@ def test_cached_calls_equal_the_general_path(bfmt, monkeypatch):
         assert key in blocks._WORDS
         general = blocks.quantize_blocks
         with monkeypatch.context() as m:
-            m.setattr(blocks, "quantize_blocks", None)      # the cached path never calls it
+            # the cached path never calls it
+            m.setattr(blocks.fake_quantize, "quantize_blocks", None)
             assert same(lpsim.quantize(x, bfmt, rounding, **kw), want)
             out = np.full_like(x, np.nan)
             assert lpsim.quantize(x, bfmt, rounding, out=out, **kw) is out
@@ -458,7 +459,7 @@ def test_the_plan_cache_stays_bounded_and_right_under_threads(monkeypatch):
     still gives the general path's values, also with four threads filling and reading it at
     once."""
     import threading
-    monkeypatch.setattr(blocks, "MAX_CACHED", 8)
+    monkeypatch.setattr(blocks.fake_quantize, "MAX_CACHED", 8)
     blocks._WORDS.clear()
     x = np.random.default_rng(4).standard_normal((2, 48)).astype(np.float32)
     formats = [block("e2m1fn", size) for size in range(1, 25)]
@@ -515,8 +516,8 @@ def test_tensor_amax_on_every_layout_and_split(dtype, monkeypatch):
     finite = np.abs(x[np.isfinite(x)])
     assert blocks.tensor_amax(x) == float(finite.max())
     assert blocks.tensor_amax(x[::3]) == float(np.abs(x[::3][np.isfinite(x[::3])]).max())
-    monkeypatch.setattr(blocks, "AMAX_GRAIN", 512)
-    monkeypatch.setattr(blocks, "threads", lambda: 3)
+    monkeypatch.setattr(blocks.amax, "AMAX_GRAIN", 512)
+    monkeypatch.setattr(blocks.amax, "threads", lambda: 3)
     assert blocks.tensor_amax(x) == float(finite.max())
     assert blocks.tensor_amax(np.full(7, np.nan, dtype)) == 0.0
 

@@ -69,9 +69,9 @@ SHAPES = [(1, 1), (1, 5), (2, 32), (3, 40), (5, 7), (4, 100), (1, 333)]
 @pytest.mark.parametrize("threads", ["serial", "threaded"])
 def test_sizes_across_every_threshold_equal_the_reference(bfmt, dtype, threads, monkeypatch):
     if threads == "threaded":
-        monkeypatch.setattr(blocks, "CHUNK", 64)
-        monkeypatch.setattr(blocks, "SERIAL_BELOW", 128)
-        monkeypatch.setattr(blocks, "PARALLEL_GRAIN", 64)
+        monkeypatch.setattr(blocks.kernels, "CHUNK", 64)
+        monkeypatch.setattr(blocks.kernels, "SERIAL_BELOW", 128)
+        monkeypatch.setattr(blocks.kernels, "PARALLEL_GRAIN", 64)
     for i, (rows, length) in enumerate(SHAPES):
         x = sweep_data(rows, length, dtype, seed=i)
         assert_equal_to_reference(x, bfmt, "nearest")
@@ -124,7 +124,7 @@ def test_threaded_large_array_equals_the_serial_kernel(monkeypatch):
     for rounding in ("nearest", "stochastic"):
         threaded = blocks.quantize_blocks(x, "mxfp4", rounding, seed=3)
         with monkeypatch.context() as m:
-            m.setattr(blocks, "SERIAL_BELOW", 1 << 62)
+            m.setattr(blocks.kernels, "SERIAL_BELOW", 1 << 62)
             serial = blocks.quantize_blocks(x, "mxfp4", rounding, seed=3)
         assert same(threaded.values, serial.values) and same(threaded.scales, serial.scales)
         assert np.array_equal(threaded.counts, serial.counts)
@@ -367,8 +367,8 @@ def test_block_amaxes_are_every_blocks_largest_magnitude(size, monkeypatch):
     bits = (flat.view(np.uint32) & 0x7FFFFFFF).reshape(-1, size)
     finite = np.abs(flat[np.isfinite(flat)])
     for threads in (1, 3):
-        monkeypatch.setattr(blocks, "AMAX_GRAIN", 64 if threads > 1 else 1 << 20)
-        monkeypatch.setattr(blocks, "threads", lambda: threads)
+        monkeypatch.setattr(blocks.amax, "AMAX_GRAIN", 64 if threads > 1 else 1 << 20)
+        monkeypatch.setattr(blocks.amax, "threads", lambda: threads)
         amax, bam = blocks.tensor_amaxes(x, size)
         assert amax == float(finite.max())
         assert bam.dtype == np.int32 and np.array_equal(bam, bits.max(axis=1))
@@ -404,7 +404,8 @@ def test_word_kernel_with_the_blocks_amaxes_equals_the_counted_kernel(bfmt, monk
                     (np.inf, np.nan, -np.inf, np.nan, np.inf, -np.inf, np.nan)):
         flat[i] = v
     assert x.size // 16 >= 2 * blocks.STEPS_FROM      # the table in each thread's range
-    monkeypatch.setattr(blocks, "threads", lambda: 2)
+    for module in (blocks.amax, blocks.kernels):          # the amax pass and the kernel
+        monkeypatch.setattr(module, "threads", lambda: 2)
     for y, rounding in ((x, "nearest"), (x[:, :4090], "nearest"), (x, "stochastic"),
                         (x, "up")):
         kw = dict(seed=9) if rounding == "stochastic" else {}

@@ -43,7 +43,7 @@ def test_lpsim_kernels_are_stamped_by_the_whole_package():
     assert package == kernel_cache.package_stamp()
     files = {entry[0] for entry in package}
     assert os.path.join("lpsim", "rounding.py") in files
-    assert os.path.join("lpsim", "blocks.py") in files
+    assert os.path.join("lpsim", "blocks", "amax.py") in files
     # a function outside lpsim keeps numba's own locator
     from numba import njit
 
@@ -67,7 +67,7 @@ print(json.dumps([blocks.__file__, sum(stats.cache_hits.values()),
 def test_an_edit_of_another_module_recompiles_a_cached_kernel(tmp_path):
     """A copy of lpsim, run three times in processes sharing one cache directory: the second
     loads the first's lpsim.blocks kernel; after an edit of lpsim/rounding.py alone (numba's
-    own stamp is blocks.py's file), the third compiles it again."""
+    own stamp is lpsim/blocks/amax.py's file), the third compiles it again."""
     src = tmp_path / "src"
     here = os.path.dirname(os.path.dirname(os.path.abspath(lpsim.__file__)))
     for package in kernel_cache.PACKAGES:

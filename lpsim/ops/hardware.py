@@ -75,7 +75,7 @@ class TensorCoreModel:
     description: str = ""
 
     def __post_init__(self):
-        from ..blocks import as_block_format
+        from ..blocks.formats import as_block_format
         if self.in_fmt is not None:
             block = as_block_format(self.in_fmt)
             object.__setattr__(self, "in_fmt", block if block is not None
@@ -135,7 +135,7 @@ def hardware_model(model) -> TensorCoreModel | None:
 
 def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0, stats=None):
     """a and b block-quantized along K (a's last axis, b's first): the exact values q * s."""
-    from ..blocks import quantize as quantize_blocks
+    from ..blocks.fake_quantize import quantize as quantize_blocks
     a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream, stats=stats)
     b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1, stats=stats)
     return np.ascontiguousarray(a), np.ascontiguousarray(b)
@@ -219,7 +219,7 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
     model's in_fmt with ``rounding``); the container is numpy's result type of a and b,
     float64 when out_fmt does not fit float32, as :func:`lpsim.ops.matmul`'s.  stats: a
     RoundingStats counting every rounding (the module's docstring)."""
-    from ..blocks import BlockFormat
+    from ..blocks.formats import BlockFormat
     from ..quantize import quantize
     from .operands import as_array
     model = hardware_model(model)
@@ -319,7 +319,7 @@ def _passes_through(model, in_fmt) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _passes_through_cached(model, in_fmt) -> bool:
-    from ..blocks import as_block_format
+    from ..blocks.formats import as_block_format
     return hardware_model(model) is None and as_block_format(in_fmt) is None
 
 
@@ -340,7 +340,7 @@ def dispatch(a, b, model, in_fmt, seed, stream, stats=None, **keywords):
     """
     if _passes_through(model, in_fmt):
         return None, a, b, model, in_fmt
-    from ..blocks import as_block_format
+    from ..blocks.formats import as_block_format
     from .models import get_model
     hw = hardware_model(model)
     if hw is not None:

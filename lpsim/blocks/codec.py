@@ -1,0 +1,83 @@
+"""Block-quantized arrays as codes: :func:`encode` gives the element codes and scale codes
+(ml_dtypes bit layouts: :class:`Encoded`), :func:`decode` the values q * s (* tensor scale)
+back in x's layout.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..formats import Format
+from .fake_quantize import quantize_blocks
+from .formats import BlockFormat, parse_block_format
+
+
+class Encoded(NamedTuple):
+    """Element codes and scale codes of a block-quantized array (ml_dtypes bit layouts).
+
+    codes: uint8 (uint16 above 8 bits) element codes in the blocked layout (rows, length):
+    ``codes.view(ml_dtypes.float4_e2m1fn)`` etc. where ml_dtypes has the dtype, and
+    :func:`lpsim.storage.pack_nibbles` packs 4-bit codes two a byte.  scales: codes of the
+    scale format (rows, blocks per row), e.g. ``float8_e8m0fnu``.  NaN blocks carry a NaN
+    scale code.
+    """
+
+    codes: np.ndarray
+    scales: np.ndarray
+    tensor_scale: float
+    format: BlockFormat
+    shape: tuple        # x's shape with the block axis moved last
+    axis: int
+
+
+def _code_dtype(fmt: Format):
+    return np.uint8 if fmt.bits <= 8 else np.uint16
+
+
+def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
+           sr_bits=None, offset: int = 0, tensor_scale=None) -> Encoded:
+    """Block-quantize ``x`` (as :func:`quantize`) and return the codes and scale codes.
+
+    ``x``: what :func:`quantize` takes on the CPU (arrays of any float dtype, integer arrays
+    exact in float64, Python numbers and lists of them, CPU torch tensors), converted
+    exactly as it converts them."""
+    from ..quantize import as_container_array
+    from ..storage import encode_values
+    bfmt = parse_block_format(bfmt)
+    if type(x).__module__.startswith("torch"):
+        x = _torch_host(x)
+    x = as_container_array(x)
+    r = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                        sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale)
+    codes = encode_values(r.elements, bfmt.element).astype(_code_dtype(bfmt.element))
+    scales = encode_values(r.scales, bfmt.scale).astype(_code_dtype(bfmt.scale))
+    shape = np.moveaxis(x, axis, -1).shape if x.ndim else ()
+    return Encoded(codes, scales, r.tensor_scale, bfmt, shape, axis)
+
+
+def _torch_host(t):
+    """A torch tensor's values as a numpy array (float16 and bfloat16 exactly as float32)."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise TypeError(f"encode takes CPU data, not a tensor on {t.device}; use t.cpu()")
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.float()
+    return t.numpy()
+
+
+def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
+    """The values q * s (* tensor scale) of :func:`encode`'s codes, in x's layout."""
+    from ..storage import decode_codes
+    bfmt = encoded.format
+    q = decode_codes(encoded.codes, bfmt.element)
+    s = np.repeat(decode_codes(encoded.scales, bfmt.scale), bfmt.block, axis=1)[:, :q.shape[1]]
+    values = q * s * (encoded.tensor_scale if bfmt.tensor_scale else 1.0)
+    values = np.where(np.isnan(s), np.nan, values).astype(dtype)
+    if encoded.shape == ():                                 # a 0-d x: one block of one
+        return values.reshape(())
+    return np.moveaxis(values.reshape(encoded.shape), -1, encoded.axis)

@@ -1,0 +1,73 @@
+"""What the block kernels count: the per-block counter columns (:data:`BLOCK_COUNTERS`),
+:class:`BlockStats` (an lpsim.RoundingStats with block counters) and :func:`add_counts`.
+
+Every block writes its own row of counters, on the CPU and in ``lpsim_cuda.blocks``, so
+threads and GPU groups never add into one another's; a call's rows are summed into the
+caller's stats once, by :func:`add_counts`.
+"""
+
+from __future__ import annotations
+
+from ..stats import RoundingStats
+
+#: per-block counter columns of the kernels
+BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
+                  "clipped_scale", "flushed", "nan_block")
+
+
+#: what a block format's ``stats`` may be
+STATS_ACCEPTED = "an lpsim.RoundingStats, an lpsim.blocks.BlockStats or None"
+
+
+class BlockStats(RoundingStats):
+    """RoundingStats of the elements plus per-call block counters.
+
+    overflow counts saturated elements (x / s beyond the element format's largest value);
+    blocks: blocks quantized; clipped_scales: scales clamped to the scale format's range;
+    flushed_blocks: blocks with a nonzero element whose elements all became zero;
+    nan_blocks: blocks given a NaN scale (a NaN or inf element, ``nonfinite="nan"``).
+    """
+
+    __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
+
+    def __init__(self, **counts):
+        block = {name: int(counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
+        super().__init__(**counts)
+        for name, value in block.items():
+            setattr(self, name, value)
+
+    def as_dict(self) -> dict:
+        return {**super().as_dict(), **{name: getattr(self, name) for name in self.BLOCK_FIELDS}}
+
+    def reset(self) -> None:
+        super().reset()
+        for name in self.BLOCK_FIELDS:
+            setattr(self, name, 0)
+
+    def __repr__(self) -> str:
+        return "BlockStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
+
+    def __getstate__(self):
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def __copy__(self) -> "BlockStats":
+        return BlockStats(**self.as_dict())
+
+    def __deepcopy__(self, memo) -> "BlockStats":
+        return self.__copy__()
+
+
+def add_counts(stats, counts, elements) -> None:
+    """Add a call's per-block counts to a RoundingStats (and the block fields of BlockStats)."""
+    if stats is None:
+        return
+    totals = counts.reshape(-1, len(BLOCK_COUNTERS)).sum(axis=0)
+    stats.add(elements, totals[:6])
+    if isinstance(stats, BlockStats):
+        stats.blocks += counts.shape[0] * counts.shape[1]
+        stats.clipped_scales += int(totals[6])
+        stats.flushed_blocks += int(totals[7])
+        stats.nan_blocks += int(totals[8])

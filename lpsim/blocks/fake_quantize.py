@@ -1,0 +1,243 @@
+"""Block quantization of numpy arrays: :func:`quantize` (what ``lpsim.quantize`` runs for a
+block format: values in x's layout, with stats and ``out``; CUDA arrays and torch tensors
+go to their own paths), :func:`quantize_blocks` (values, element values, scales, tensor
+scale and per-block counts: :class:`Blocked`), and the plan cache: a float32 call without
+stats leaves the word kernel's arguments under (format as given, rounding, sr_bits), and
+the next such call runs from them (:func:`quantize_cached`, which lpsim.quantize tries
+before parsing the format: a few microseconds).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ..cpu import CHUNK
+from ..quantize import MAX_COUNTER, keys
+from ..rounding import Params, kernel_params
+from ..stats import check_stats
+from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_scale
+from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
+from .decisions import BlockParams, _element_params, block_params, element_params32
+from .formats import BlockFormat, parse_block_format
+from .kernels import run_blocks, run_kernel, takes_words, word_kernel_entry
+
+
+class Blocked(NamedTuple):
+    """The result of :func:`quantize_blocks`: fake-quantized values, element values, scales."""
+
+    values: np.ndarray      # x's shape and dtype: q * s
+    elements: np.ndarray    # float64 element values q, blocked layout (rows, length)
+    scales: np.ndarray      # float64 scales (rows, blocks per row)
+    tensor_scale: float     # per-tensor scale (1.0 without)
+    counts: np.ndarray      # int64 (rows, blocks per row, len(BLOCK_COUNTERS)); None when
+    #                         lpsim_cuda skipped them (want_counts=False)
+
+
+def blocked_shape(shape: tuple) -> tuple[int, int]:
+    """(rows, length) of the blocked layout of an array of ``shape`` with the block axis
+    last (shared with lpsim_cuda): a 0-d array is one block of one, and rows are counted
+    (reshape(-1, length) and size // length fail on length 0)."""
+    if not shape:
+        return 1, 1
+    return int(np.prod(shape[:-1])), shape[-1]
+
+
+def _blocked_view(x, axis):
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
+    moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
+    return np.ascontiguousarray(moved).reshape(blocked_shape(moved.shape)), moved.shape
+
+
+def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
+                    stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
+                    want_elements: bool = True, want_counts: bool = True,
+                    out=None) -> Blocked:
+    """Block-quantize a float32/float64 numpy array along ``axis`` (blocks of bfmt.block).
+
+    A row whose length is not a multiple of the block size ends in a shorter block.
+    tensor_scale: the per-tensor scale to use (default: computed from x when bfmt has one).
+    want_counts=False (no stats wanted) skips the element counters; counts is then None, or
+    incomplete where the kernel keeps them anyway.  out: where the values go, when it is a
+    C-contiguous array of x's shape and dtype that does not overlap x and the blocks run
+    along the last axis (else a new array, as without it).
+    """
+    from ..quantize import plan
+    bfmt = parse_block_format(bfmt)
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
+                        "float64 numpy array (lpsim.quantize also takes torch tensors)")
+    request = plan(bfmt.saturating_element, rounding, x.dtype, seed=seed, stream=stream,
+                   sr_bits=sr_bits, offset=offset, size=x.size)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis={axis!r} must be an integer")
+    x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \
+        if x.ndim else (x.reshape(1, 1), (1,))
+    want_counts = want_counts or want_elements
+    # the float32 word kernel writes no counters: no array for them
+    counted = not takes_words(x2, block_params(bfmt), want_elements, want_counts)
+    pts, bam = 1.0, NO_AMAXES
+    if bfmt.tensor_scale and tensor_scale is not None:
+        pts = checked_tensor_scale(tensor_scale, bfmt)
+    elif bfmt.tensor_scale:
+        pts, bam = (tensor_scale_of(x, bfmt), NO_AMAXES) if counted \
+            else word_tensor_scale(x2, bfmt)
+    bp = block_params(bfmt, pts)
+    p = _element_params(bfmt.saturating_element, request.params.W)
+    p32 = element_params32(bfmt)
+    sp = kernel_params(bfmt.scale, np.float64)
+    rows, length = x2.shape
+    nblk = -(-length // bfmt.block) if length else 0
+    out2 = out.reshape(x2.shape) if writes_into(out, x, axis) else np.empty_like(x2)
+    q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
+    s2 = np.empty((rows, nblk), np.float64)
+    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)) if counted else (1, 1, 1), np.int64)
+    if x2.size:
+        run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_elements,
+                   want_counts, bam)
+    if not want_counts:
+        counts = None
+    values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
+    if x.ndim and axis not in (-1, x.ndim - 1):
+        values = np.moveaxis(values, -1, axis)
+    return Blocked(values, q2 if want_elements else None, s2, pts, counts)
+
+
+def writes_into(out, x, axis) -> bool:
+    """Whether :func:`quantize_blocks` writes x's values straight into ``out``: a writable
+    C-contiguous array of x's shape and dtype, apart from x, with the blocks along the last
+    axis (elsewhere it writes a new array, which the caller copies)."""
+    return (isinstance(out, np.ndarray) and (x.ndim <= 1 or axis in (-1, x.ndim - 1))
+            and out.dtype == x.dtype and out.shape == x.shape and out.flags.c_contiguous
+            and out.flags.writeable and not np.may_share_memory(out, x))
+
+
+class _Words(NamedTuple):
+    """What a float32 call without stats needs besides its arrays and keys (the word
+    kernel's arguments), cached by :func:`_remember_words` after a first call validated
+    the request."""
+
+    bfmt: BlockFormat
+    mode: int
+    k: int
+    p: Params
+    p32: Params
+    sp: Params
+    bp: BlockParams         # with pts = 1 (formats with a tensor scale take theirs per call)
+    kernel: object
+
+
+#: (format as given, rounding, sr_bits, type(sr_bits)) -> _Words; cleared when full
+_WORDS: dict = {}
+MAX_CACHED = 256
+
+
+def _remember_words(given, bfmt, rounding, sr_bits) -> None:
+    from ..quantize import plan
+    request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
+    bp = block_params(bfmt, 1.0)
+    if not bp.f32:
+        return
+    if len(_WORDS) >= MAX_CACHED:
+        _WORDS.clear()
+    try:
+        _WORDS[given, rounding, sr_bits, type(sr_bits)] = _Words(
+            bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
+            element_params32(bfmt), kernel_params(bfmt.scale, np.float64), bp,
+            word_kernel_entry(request.mode))
+    except TypeError:                   # an unhashable argument: no cached path
+        pass
+
+
+def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
+    """:func:`quantize` of a float32 numpy array without stats by the word kernel, from the
+    plan a first call of the same (format as given, rounding, sr_bits) left; None where the
+    general path must run (no plan yet, other layouts, an ``out`` it cannot write straight
+    into, keys or offsets that need checking).  A few microseconds: lpsim.quantize calls it
+    before parsing the format."""
+    try:
+        words = _WORDS.get((fmt, rounding, sr_bits, type(sr_bits)))
+    except TypeError:                   # an unhashable argument
+        return None
+    if words is None or x.dtype != np.float32 or x.ndim == 0 or x.size == 0 \
+            or not x.flags.c_contiguous or type(axis) is not int or axis not in (-1, x.ndim - 1):
+        return None
+    if type(offset) is not int or offset < 0 or offset + x.size > MAX_COUNTER:
+        return None
+    if (seed is not None and type(seed) is not int) or type(stream) is not int:
+        return None
+    if out is not None and not writes_into(out, x, axis):
+        return None
+    seed_lo, seed_hi, stream = keys(seed, stream, words.mode)
+    bfmt = words.bfmt
+    length = x.shape[-1]
+    x2 = x.reshape(-1, length)
+    bp, bam = words.bp, NO_AMAXES
+    if bfmt.tensor_scale:
+        pts, bam = word_tensor_scale(x2, bfmt)
+        bp = block_params(bfmt, pts)
+    result = np.empty_like(x) if out is None else out
+    s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
+    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, bam),
+               (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
+                CHUNK), s2.size, x.size)
+    return result
+
+
+def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
+             stream: int = 0, sr_bits=None, stats=None, out=None, offset: int = 0,
+             tensor_scale=None):
+    """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
+    with a block format lands here).  stats: a RoundingStats (element counters) or a
+    :class:`BlockStats` (also block counters)."""
+    if stats is None and tensor_scale is None and type(x) is np.ndarray:
+        done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset)
+        if done is not None:
+            return done
+    check_stats(stats, STATS_ACCEPTED)
+    given, bfmt = bfmt, parse_block_format(bfmt)
+    module = type(x).__module__
+    if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
+                                          or "numba" in module and "cuda" in module):
+        import lpsim_cuda.blocks
+        return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
+                                          stream=stream, sr_bits=sr_bits, stats=stats,
+                                          out=out, offset=offset, tensor_scale=tensor_scale)
+    if module.startswith("torch") or type(out).__module__.startswith("torch"):
+        # lpsim.quantize's torch rules (lpsim.torch.tensors): dtypes, autograd, out=
+        from ..torch.tensors import quantize_tensor
+
+        def round_with(src, fmt, rounding, *, out=None, **kw):
+            if isinstance(src, np.ndarray):
+                return quantize(src, fmt, rounding, axis=axis, tensor_scale=tensor_scale,
+                                out=out, **kw)
+            import lpsim_cuda.blocks
+            return lpsim_cuda.blocks.quantize(src, fmt, rounding, axis=axis, out=out,
+                                              tensor_scale=tensor_scale, **kw)
+        return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                               stats=stats, out=out, offset=offset, round_with=round_with)
+    from ..quantize import _check_out, as_container_array
+    if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
+        value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
+                         stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
+                         tensor_scale=tensor_scale)[0]
+        return value if isinstance(x, np.floating) else float(value)
+    # any array-like, upcast exactly as lpsim.quantize does (float16, lists, integers)
+    x = as_container_array(x)
+    if out is not None:
+        _check_out(out, x)                  # before anything is counted or written
+    direct = writes_into(out, x, axis)
+    result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
+                             sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
+                             want_elements=False, want_counts=stats is not None,
+                             out=out if direct else None)
+    add_counts(stats, result.counts, x.size)
+    if stats is None and x.dtype == np.float32:
+        _remember_words(given, bfmt, rounding, sr_bits)
+    if out is not None:
+        if not direct:
+            out[...] = result.values
+        return out
+    return result.values

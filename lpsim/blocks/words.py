@@ -1,0 +1,278 @@
+"""The float32 word kernel's loops: blocks of float32 data without counters, on 32-bit words
+(eight AVX2 lanes; :mod:`lpsim.word32`).
+
+:func:`_chunk_words` takes a chunk of blocks: per group of SCALE_AHEAD blocks first each
+block's largest magnitude, scale and reciprocal (:mod:`lpsim.blocks.word_scales`), then
+each block's elements, to nearest by :func:`element_nearest32` (one float32 add and subtract
+an element) where it is exact, else by :func:`lpsim.blocks.decisions.element_fast32` and
+:func:`lpsim.blocks.decisions.element_exact` for what that leaves.  Blocks of 32 and 16
+elements run loops of that literal length.  :mod:`lpsim.blocks.kernels` compiles these
+loops into one kernel per rounding mode and splits a call over threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba.extending import register_jitable
+
+from ..cpu import _constant, as_bits, literal_jitable
+from ..rounding import NEAREST, STOCHASTIC, nearest32, nearest32_words
+from ..word32 import as_int64, bits_float32, float32_bits, word
+from .amax import _block_amax32, _finite_amax
+from .decisions import block_recip, block_scale, element_exact, element_fast32, element_ok32
+from .word_scales import scale_words
+
+
+@register_jitable(forceinline=True)
+def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
+    """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
+    element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
+    max) carrying x's sign.  x * rc underflowing to a float32 subnormal or to 0 is harmless
+    here: such a quotient is below half the element's smallest subnormal and rounds to 0."""
+    yb = float32_bits(xv * rc)
+    q = min(nearest32(yb, cw, lw), maxe)
+    return bits_float32(float32_bits(q * s * pts) | (float32_bits(xv) & 0x80000000))
+
+
+@register_jitable(forceinline=True)
+def _elements_nearest32(xf, outf, lo, size, rc, s, pts, maxe, cw, lw):
+    """:func:`element_nearest32` over the ``size`` elements from ``lo`` (unsigned offsets:
+    no negative-index checks; a literal size is a loop LLVM unrolls into vector steps)."""
+    for i in range(size):
+        j = lo + np.uint64(i)
+        outf[j] = element_nearest32(xf[j], rc, s, pts, maxe, cw, lw)
+
+
+@register_jitable(forceinline=True)
+def _block_nearest32(xf, outf, lo, n, rc, s, pts, maxe, cw, lw):
+    """:func:`_elements_nearest32` over a block of n elements from ``lo``: a loop of literal
+    length for blocks of 32 and 16."""
+    if n == 32:
+        _elements_nearest32(xf, outf, lo, 32, rc, s, pts, maxe, cw, lw)
+    elif n == 16:
+        _elements_nearest32(xf, outf, lo, 16, rc, s, pts, maxe, cw, lw)
+    else:
+        _elements_nearest32(xf, outf, lo, n, rc, s, pts, maxe, cw, lw)
+
+
+@register_jitable(forceinline=True)
+def _elements_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
+    """:func:`element_fast32` over the ``size`` elements from ``lo`` (random words from
+    ``r0``); returns how many it left to the exact step."""
+    rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
+    slow = word(np.int32(0))
+    for i in range(size):
+        j = lo + np.uint64(i)
+        _, v, ok, _ = element_fast32(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
+                                     mode, k, p32, bp)
+        outf[j] = v
+        slow += 1 - ok
+    return slow
+
+
+#: blocks of :func:`_chunk_words` whose scales are found before their elements are rounded:
+#: one block's scale is a chain of dependent steps (largest magnitude, divisions, rounding,
+#: reciprocal), and with the scales of a group found first the chains of different blocks
+#: overlap one another and the element loops
+SCALE_AHEAD = 16
+
+
+@register_jitable
+def scale_ahead_scratch():
+    """The per-group arrays of :func:`_chunk_words`: first element and length of each block
+    (a length below 0: a block with a NaN or inf), its float32 scale and reciprocal."""
+    return (np.empty(SCALE_AHEAD, np.int64), np.empty(SCALE_AHEAD, np.int64),
+            np.empty(SCALE_AHEAD, np.float32), np.empty(SCALE_AHEAD, np.float32))
+
+
+@literal_jitable
+def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead):
+    """The element phase of :func:`_chunk_words` for blocks g0 .. g1-1 in every case (blocks
+    with a NaN or inf, the general element step): a function of its own, so that the
+    nearest-rounding loop of :func:`_chunk_words` compiles without this code around it."""
+    mode = _constant(mode)
+    near = mode == NEAREST and bp.near32
+    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    cw, lw = nearest32_words(p32.m, p32.emin)
+    los, ns, s32s, rcs = ahead
+    for tb in range(g0, g1):                # the group's elements
+        j = tb - g0
+        lo_, n = los[j], ns[j]
+        if n < 0:
+            hi_ = lo_ - n
+            if bp.nonfinite_nan:
+                sf[tb] = np.nan
+                for e in range(lo_, hi_):
+                    outf[e] = np.nan
+                continue
+            s, _ = block_scale(_finite_amax(xf[lo_:hi_]), bp, sp)
+            sf[tb] = s
+            recip = block_recip(s, bp)
+            for e in range(lo_, hi_):
+                _, outf[e], _ = element_exact(xf[e], recip, s, mode,
+                                              np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
+            continue
+        lo, rc, s32 = np.uint64(lo_), rcs[j], s32s[j]
+        if near:
+            _block_nearest32(xf, outf, lo, n, rc, s32, pts, maxe, cw, lw)
+            continue
+        r0 = np.uint64(lo_ - e_lo)
+        if n == 32:
+            slow = _elements_words(xf, outf, rs, lo, r0, 32, rc, s32, mode, k, p32, bp)
+        elif n == 16:
+            slow = _elements_words(xf, outf, rs, lo, r0, 16, rc, s32, mode, k, p32, bp)
+        else:
+            slow = _elements_words(xf, outf, rs, lo, r0, n, rc, s32, mode, k, p32, bp)
+        if slow != 0:
+            s = sf[tb]
+            recip = block_recip(s, bp)
+            for e in range(lo_, lo_ + n):
+                if element_ok32(xf[e], rc, p32) == 0:
+                    r = rs[(e - e_lo) & rmask]
+                    _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k,
+                                                  p, bp)
+
+
+@register_jitable(forceinline=True)
+def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
+                          cw, lw):
+    """Blocks tb .. t_end-1 of ``size`` elements each, end to end from element ``lo``, to
+    nearest with their scales from :func:`_scale_steps`' table (largest magnitudes from
+    ``bam`` where it is not empty), up to a block with a NaN or inf: returns its index
+    (t_end if none) and leaves it to the caller.  One plain loop: with each block's steps
+    (largest magnitude, table, elements) in one iteration the processor overlaps those of
+    neighbouring blocks itself."""
+    step_base, step_thr, svals, rvals, kshift = steps
+    stored = bam.size != 0
+    lo = np.uint64(lo)
+    for b in range(tb, t_end):
+        am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
+        if am >= cinf:
+            return b
+        a = as_int64(am)
+        key = a >> kshift
+        i = step_base[key] + np.int64(a >= step_thr[key])
+        s32 = svals[i]
+        sf[b] = s32
+        _elements_nearest32(xf, outf, lo, size, rvals[i], s32, pts, maxe, cw, lw)
+        lo += np.uint64(size)
+    return t_end
+
+
+@literal_jitable
+def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length,
+                 nblk, rct, ri0, rsh, steps, ahead):
+    """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
+    on 32-bit words, without counters.
+
+    Per group of SCALE_AHEAD blocks, first each block's largest magnitude, scale
+    (:func:`scale_words`) and reciprocal, then each block's element loop
+    (:func:`element_nearest32` for nearest rounding where :func:`nearest_words_exact` holds,
+    else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
+    32 and 16 elements run loops of that literal length: a loop of a run-time length this
+    short spends more on its set-up than on its elements.  A block with a NaN or inf is
+    NaN (``nonfinite="nan"``) or takes the exact step throughout.  ``rct``, ``ri0``,
+    ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`); ``steps``: the
+    scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
+    :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
+    (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding with the
+    table, of rows of whole blocks, runs :func:`_blocks_nearest_steps` instead.
+    """
+    near = _constant(mode) == NEAREST and bp.near32
+    xb = as_bits(xf)
+    size = bp.block
+    cinf = word(np.int32(255 << 23))
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    cw, lw = nearest32_words(p32.m, p32.emin)
+    los, ns, s32s, rcs = ahead
+    step_base, step_thr, svals, rvals, kshift = steps
+    full = length == nblk * size                # every block of a row has size elements
+    if near and full and step_base.size:
+        tb = t
+        while tb < t_end:
+            lo = e_lo + (tb - t) * size
+            if size == 16:
+                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
+                                            cinf, pts, maxe, cw, lw)
+            else:
+                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps,
+                                            cinf, pts, maxe, cw, lw)
+            if bad == t_end:
+                return
+            los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
+            _group_elements(xf, outf, sf, rs, bad, bad + 1, e_lo, mode, k, p, p32, sp, bp,
+                            ahead)
+            tb = bad + 1
+        return
+    stored = bam.size != 0
+    # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
+    # block cost about as much as a 16-element block's rounding
+    row_lo, col = (t // nblk) * length, t % nblk
+    for g0 in range(t, t_end, SCALE_AHEAD):
+        g1 = min(g0 + SCALE_AHEAD, t_end)
+        nonfinite = 0
+        # a group of whole blocks within one row: its bounds without the count's carried
+        # dependency, which costs a sixth of a 16-element block
+        simple = col + (g1 - g0) < nblk or (col + (g1 - g0) == nblk and full)
+        if simple:
+            base = row_lo + col * size
+            for j in range(g1 - g0):
+                los[j] = base + j * size
+                ns[j] = size
+            col += g1 - g0
+            if col == nblk:
+                col = 0
+                row_lo += length
+        else:
+            for j in range(g1 - g0):
+                lo_ = row_lo + col * size
+                los[j] = lo_
+                ns[j] = min(lo_ + size, row_lo + length) - lo_
+                col += 1
+                if col == nblk:
+                    col = 0
+                    row_lo += length
+        for tb in range(g0, g1):                # the group's scales
+            j = tb - g0
+            lo_, n_ = los[j], ns[j]
+            lo = np.uint64(lo_)
+            if stored:
+                am = word(bam[tb])
+            elif n_ == 32:
+                am = _block_amax32(xb, lo, 32)
+            elif n_ == 16:
+                am = _block_amax32(xb, lo, 16)
+            else:
+                am = _block_amax32(xb, lo, n_)
+            if am >= cinf:                      # a NaN or inf in the block
+                ns[j] = -n_
+                nonfinite += 1
+                continue
+            if step_base.size:                  # the table of the scale's steps
+                a = as_int64(am)
+                key = a >> kshift
+                i = step_base[key] + np.int64(a >= step_thr[key])
+                s32 = svals[i]
+                sf[tb] = s32
+                s32s[j] = s32
+                rcs[j] = rvals[i]
+                continue
+            s = scale_words(am, bp, sp)
+            sf[tb] = s
+            s32 = np.float32(s)
+            s32s[j] = s32
+            # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
+            # (the float64 quotient of float32 values rounded to float32 is the same), from
+            # the table of the scale's values where there is one
+            if bp.pow2:
+                rcs[j] = np.float32(block_recip(s, bp))
+            else:
+                i = (as_int64(float32_bits(s32)) >> rsh) - ri0
+                rcs[j] = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
+        if near and nonfinite == 0:             # the group's elements, to nearest
+            for j in range(g1 - g0):
+                _block_nearest32(xf, outf, np.uint64(los[j]), ns[j], rcs[j], s32s[j], pts,
+                                 maxe, cw, lw)
+            continue
+        _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead)
