@@ -20,7 +20,7 @@ from lpsim.blocks import (BLOCK_COUNTERS, STATS_ACCEPTED, Blocked, _element_para
                           element_fast, element_word, finite_bits, parse_block_format,
                           tensor_scale_from)
 from lpsim.philox import LANES
-from lpsim.quantize import plan
+from lpsim.request import plan
 from lpsim.rounding import kernel_params
 from lpsim.stats import check_stats
 
