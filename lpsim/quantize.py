@@ -9,6 +9,12 @@ runs: the parsed format, the decision's parameters and the kernel's entry point 
 up once per (format, rounding, dtype, sr_bits), and everything else is a few checks.  A
 small C-contiguous float32 call to nearest with nothing else asked takes the shortest path,
 about a microsecond in all on a 2-core VM (as fast as ml_dtypes' round trip).
+
+This module is the front: the only one that knows the backends (lpsim.cpu's kernels, the
+block formats of lpsim.blocks and lpsim_cuda.blocks, lpsim.fixed, the torch tensor backend
+lpsim.tensors, lpsim_cuda) and dispatches to them.  What a request is and how it is checked
+(:func:`plan`, :func:`keys`, the checks) lives below every backend in :mod:`lpsim.request`
+and is re-exported here (docs/architecture.rst).
 """
 
 from __future__ import annotations
