@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .formats import Format, fp
+from .request import as_container_array, check_out as _check_out, check_scalar_out
+from .stats import check_stats
 
 
 @dataclass(frozen=True)
@@ -127,14 +129,19 @@ def _carrier_round(quantize, x, fmt, rounding, kwargs):
 
 
 def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr_bits=None,
-                   stats=None, out=None, offset=0, generator=None):
+                   stats=None, out=None, offset=0, generator=None, round_with=None):
     """Round ``x`` to the fixed-point format ``fmt``: :func:`lpsim.quantize`'s contract.
 
-    Torch tensors: the gradient is the straight-through one inside the range and 0 where a
-    value saturated (torch.clamp's).
+    ``round_with``: what rounds ``x`` to the carrier format (``lpsim.quantize`` passes
+    itself: this backend sits below the front and does not import it); then the values are
+    clamped to the range.  Torch tensors: the gradient is the straight-through one inside
+    the range and 0 where a value saturated (torch.clamp's).
     """
-    from .quantize import _check_out, as_container_array, check_scalar_out, quantize
-    from .stats import check_stats
+    if round_with is None:
+        raise TypeError("quantize_fixed rounds through the carrier rounder it is given; call "
+                        "lpsim.quantize(x, lpsim.fixed(wl, fl), ...), or pass "
+                        "round_with=lpsim.quantize")
+    quantize = round_with
     check_stats(stats)
     lo, hi = fmt.min_finite, fmt.max_finite
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, offset=offset, generator=generator)
@@ -147,7 +154,7 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         return y
     if type(x).__module__.startswith("torch"):
         if out is not None:             # refused before a random word is drawn
-            from .torch.tensors import check_out
+            from .tensors import check_out
             check_out(x, out)
         rounded = _carrier_round(quantize, x, fmt, rounding, kwargs)
         y = rounded.clamp(lo, hi)

@@ -9,6 +9,12 @@ runs: the parsed format, the decision's parameters and the kernel's entry point 
 up once per (format, rounding, dtype, sr_bits), and everything else is a few checks.  A
 small C-contiguous float32 call to nearest with nothing else asked takes the shortest path,
 about a microsecond in all on a 2-core VM (as fast as ml_dtypes' round trip).
+
+This module is the front: the only one that knows the backends (lpsim.cpu's kernels, the
+block formats of lpsim.blocks and lpsim_cuda.blocks, lpsim.fixed, the torch tensor backend
+lpsim.tensors, lpsim_cuda) and dispatches to them.  What a request is and how it is checked
+(:func:`plan`, :func:`keys`, the checks) lives below every backend in :mod:`lpsim.request`
+and is re-exported here (docs/architecture.rst).
 """
 
 from __future__ import annotations
@@ -18,107 +24,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import cpu
+from . import blocks, cpu
 from .fixed import Fixed, quantize_fixed
 from .formats import Format, parse_format
 from .generator import Generator, resolve as resolve_generator
-from .philox import LANES, MASK32, WORD_BITS, split_key
-from .rounding import NEAREST, STOCHASTIC, Params, kernel_params, mode_code, nearest32_exact
+from .philox import MASK32, WORD_BITS, split_key
+# what a request is and how it is checked (lpsim.request), re-exported where users import it
+from .request import F32 as _F32, F64 as _F64, MAX_COUNTER, Plan, as_container_array, keys, plan
+from .request import check_dtype, check_offset, check_scalar_out, check_sr_bits
+from .request import check_out as _check_out, container as _container, is_torch as _is_torch
+from .request import exact_in_float64 as _exact_in_float64, signed as _signed
+from .rounding import NEAREST, STOCHASTIC, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats, check_stats
 
-#: counters of elements: ``offset + x.size`` must not exceed this (random-word counters and
-#: the kernels' index arithmetic stay in int64)
-MAX_COUNTER = 2 ** 62
-
-_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _ndarray = np.ndarray
-
-
-class Plan(NamedTuple):
-    """A validated rounding request for one container dtype: what the kernels take.
-
-    ``stream`` is the 64-bit stream as a signed int64 (two's complement), so that every
-    kernel is typed for int64 whatever its value.
-    """
-
-    params: Params
-    mode: int
-    k: int
-    seed_lo: int
-    seed_hi: int
-    stream: int
-    offset: int
-    lanes: int
-
-
-def _signed(value: int) -> int:
-    """A 64-bit unsigned integer as the int64 with the same bits."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def check_offset(offset, size: int = 0) -> int:
-    """``offset`` as an int, with a clear error unless 0 <= offset and offset + size <=
-    MAX_COUNTER."""
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-        raise TypeError(f"offset={offset!r} must be an integer; accepted: 0 <= offset and "
-                        f"offset + size <= 2**62")
-    offset = int(offset)
-    if offset < 0 or offset + size > MAX_COUNTER:
-        raise ValueError(f"offset={offset} is out of range for {size} elements; accepted: "
-                         f"0 <= offset and offset + size <= 2**62 (the element counters)")
-    return offset
-
-
-def check_sr_bits(sr_bits, rounding, width: int, dtype) -> int:
-    """The random bits per decision: ``width`` unless few-bit SR asks for fewer."""
-    if sr_bits is None:
-        return width
-    if rounding != "stochastic":
-        raise ValueError(f"sr_bits={sr_bits!r} applies to rounding='stochastic' only, not "
-                         f"rounding={rounding!r}")
-    if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
-        raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: an integer "
-                        f"1..{width} for a {dtype} container")
-    if not 1 <= sr_bits <= width:
-        raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: an integer 1..{width} "
-                         f"for a {dtype} container")
-    return int(sr_bits)
-
-
-def check_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype not in (_F32, _F64):
-        raise TypeError(f"cannot round an array of dtype {dtype}; accepted: float32, float64 "
-                        "(cast integer or object data to a float dtype first)")
-    return dtype
-
-
-def keys(seed, stream, mode: int) -> tuple[int, int, int]:
-    """(seed_lo, seed_hi, stream as int64) of a request; seed=None draws a fresh seed for the
-    stochastic modes."""
-    if seed is None:
-        seed = secrets.randbits(64) if mode >= STOCHASTIC else 0
-    if type(seed) is int and 0 <= seed < 1 << 64:
-        seed_lo, seed_hi = seed & MASK32, seed >> 32
-    else:
-        seed_lo, seed_hi = split_key(seed, "seed")
-    if type(stream) is int and 0 <= stream < 1 << 63:
-        return seed_lo, seed_hi, stream
-    stream_lo, stream_hi = split_key(stream, "stream")
-    return seed_lo, seed_hi, _signed(stream_lo | (stream_hi << 32))
-
-
-def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0,
-         size: int = 0) -> Plan:
-    """Validate a request and turn it into kernel arguments (shared with lpsim_cuda)."""
-    fmt = parse_format(fmt)
-    mode = mode_code(rounding)
-    dtype = check_dtype(dtype)
-    params = kernel_params(fmt, dtype)
-    k = check_sr_bits(sr_bits, rounding, WORD_BITS[dtype.itemsize], dtype)
-    seed_lo, seed_hi, stream = keys(seed, stream, mode)
-    return Plan(params, mode, k, seed_lo, seed_hi, stream, check_offset(offset, size),
-                LANES[dtype.itemsize])
 
 
 class _Route(NamedTuple):
@@ -224,27 +143,6 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     return out
 
 
-def _check_out(out, x):
-    """out, if it can take the result for ``x``; otherwise a clear error."""
-    if _is_torch(out):
-        raise TypeError(f"out is a torch tensor but x is a {type(x).__name__}; pass a torch "
-                        "tensor x with a torch out (or numpy arrays for both)")
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out is a {type(out).__name__}; accepted: a numpy array of shape "
-                        f"{x.shape} and dtype {x.dtype} (or x itself, to round in place)")
-    if out.shape != x.shape or out.dtype != x.dtype or not out.dtype.isnative:
-        raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype {x.dtype} "
-                         f"(native byte order), got {out.shape} {out.dtype}")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only; accepted: a writable array (for in-place rounding "
-                         "of a read-only array, round into a copy)")
-    return out
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,
              stats: RoundingStats | None = None, out=None, offset: int = 0, generator=None,
              axis: int = -1):
@@ -318,8 +216,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                                    offset, generator, axis)
         if stats is None and generator is None:
             # a block format called before (lpsim.blocks): its plan, a few microseconds
-            done = _blocks().quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits,
-                                             out, offset)
+            done = blocks.quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out,
+                                          offset)
             if done is not None:
                 return done
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
@@ -332,21 +230,9 @@ def _round_generated(x, route, generator, rounding, stream, stats, out, offset):
     return _round_array(x, route, seed, stream, stats, out, offset)
 
 
-_BLOCKS = []
-
-
-def _blocks():
-    """The lpsim.blocks module, imported on first use (it imports this one); a list lookup
-    where an import statement costs a microsecond a call."""
-    if not _BLOCKS:
-        from . import blocks
-        _BLOCKS.append(blocks)
-    return _BLOCKS[0]
-
-
 def _block_format(fmt):
     """The block format ``fmt`` names (lpsim.blocks), or None."""
-    return _blocks().as_block_format(fmt)
+    return blocks.as_block_format(fmt)
 
 
 def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
@@ -361,14 +247,6 @@ def _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                          generator, axis)
 
 
-def check_scalar_out(x, out) -> None:
-    """Refuse ``out=`` with a scalar ``x``: a scalar is returned rounded (shared with
-    lpsim.fixed)."""
-    if out is not None:
-        raise TypeError(f"out= applies to arrays; a {type(x).__name__} scalar is returned "
-                        "rounded (pass a numpy array to round into out)")
-
-
 def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, generator,
                   axis):
     """:func:`_quantize_other`'s work."""
@@ -378,19 +256,20 @@ def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, g
         if isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)):
             check_scalar_out(x, out)
         seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
-        return _blocks().quantize(x, fmt, rounding, axis=axis, seed=seed, stream=stream,
-                                  sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-    if isinstance(fmt, Fixed):
+        return _quantize_blocks(x, fmt, bfmt, rounding, axis, seed, stream, sr_bits, stats,
+                                out, offset)
+    if isinstance(fmt, Fixed):      # fixed point: the carrier format, rounded here, clamped
         return quantize_fixed(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
-                              stats=stats, out=out, offset=offset, generator=generator)
+                              stats=stats, out=out, offset=offset, generator=generator,
+                              round_with=quantize)
     given, fmt = fmt, parse_format(fmt)     # the cache keys on the format as the caller gave it
     mode_code(rounding)
     seed, stream, offset = resolve_generator(generator, x, rounding, seed, stream, offset)
     check_stats(stats)
     if _is_torch(x) or _is_torch(out):
-        from .torch.tensors import quantize_tensor
+        from .tensors import quantize_tensor
         return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
-                               stats=stats, out=out, offset=offset)
+                               stats=stats, out=out, offset=offset, round_with=round_container)
     if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba.cuda"):
         import lpsim_cuda
         return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
@@ -420,77 +299,48 @@ def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, g
                     stats=stats, out=out, offset=offset)
 
 
-def _container(dtype) -> np.dtype:
-    """The container a float dtype rounds in: float16 and bfloat16 (exact) in float32."""
-    return _F64 if np.dtype(dtype).itemsize > 4 else _F32
+def round_container(src, fmt, rounding, *, out=None, **kwargs):
+    """Round a tensor's container array (the torch tensor backend's ``round_with`` for
+    element formats): a CPU tensor's float32/float64 numpy view here, a CUDA tensor in
+    lpsim_cuda.  ``kwargs``: seed, stream, sr_bits, stats, offset."""
+    if isinstance(src, np.ndarray):
+        return quantize(src, fmt, rounding, out=out, **kwargs)
+    import lpsim_cuda
+    return lpsim_cuda.quantize(src, fmt, rounding, out=out, **kwargs)
 
 
-def as_container_array(x, name: str = "x") -> np.ndarray:
-    """``x`` as a native float32/float64 array, converted exactly, or a clear error.
-
-    float16 and ml_dtypes' bfloat16 (and any float of at most 32 bits) become float32;
-    integers float64, when every value is exact there; big-endian floats are byte-swapped.
-    """
-    if isinstance(x, np.matrix):
-        raise TypeError(f"{name} is a numpy.matrix; accepted: a numpy array "
-                        "(np.asarray(x) keeps the values)")
-    if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(f"{name} is a masked array; lpsim does not round masks; accepted: "
-                        f"a plain array ({name}.filled(...) or np.asarray({name}.data))")
-    try:
-        array = np.asarray(x)
-    except (ValueError, TypeError) as error:
-        raise TypeError(f"{name} of type {type(x).__name__} is not an array of numbers: "
-                        f"{error}") from None
-    kind = array.dtype.kind
-    if kind == "f" or (kind == "V" and array.dtype.itemsize <= 4 and _is_float_like(array)):
-        if array.dtype.itemsize > 8:
-            raise TypeError(f"{name} has dtype {array.dtype}; accepted: floats of at most 64 "
-                            "bits (a long double does not fit the float64 container)")
-        container = _container(array.dtype)
-        # the canonical dtype object too (an unpickled array's float64 is an equal copy)
-        return array.astype(container, copy=False).view(container)
-    if kind in "iu":
-        wide = array.astype(np.float64)
-        # 2**63 (2**64 unsigned) is past the dtype's top: casting it back is undefined (x86
-        # gives the smallest int64, aarch64 saturates to the largest), so bound it first
-        in_range = wide < (2.0 ** 63 if kind == "i" else 2.0 ** 64)
-        exact = in_range & (np.where(in_range, wide, 0.0).astype(array.dtype) == array)
-        if not np.all(exact):
-            bad = array.reshape(-1)[np.flatnonzero(~exact.reshape(-1))[0]]
-            raise ValueError(f"{name} holds the integer {bad}, which float64 cannot hold "
-                             "exactly; accepted: integers of at most 53 bits in an array "
-                             "(a Python int scalar is rounded exactly)")
-        return wide
-    if kind == "O" and array.size and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in array.reshape(-1)):
-        # Python ints beyond int64: float64 when every one is exact there
-        inexact = [v for v in array.reshape(-1) if not _exact_in_float64(v)]
-        if inexact:
-            raise ValueError(f"{name} holds the integer {inexact[0]}, which float64 cannot "
-                             "hold exactly; accepted here: integers exact in float64 "
-                             f"(float({name}) accepts its float64 rounding; lpsim.quantize "
-                             "rounds Python ints and lists of them exactly to element formats)")
-        return array.astype(np.float64)
-    raise TypeError(f"cannot round {name} (a {type(x).__name__}) of dtype {array.dtype}; "
-                    "accepted: float arrays "
-                    "(float16, bfloat16, float32, float64), integer arrays exact in float64, "
-                    "Python numbers, and lists or tuples of them")
+def _is_cuda_array(x) -> bool:
+    """A CUDA array lpsim_cuda takes: CUDA-array-interface objects (CUDA torch tensors,
+    CuPy) and numba device arrays."""
+    module = type(x).__module__
+    return not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
+                                              or "numba" in module and "cuda" in module)
 
 
-def _is_float_like(array) -> bool:
-    """ml_dtypes' floats (bfloat16, float8_*) have kind 'V' and a float conversion."""
-    try:
-        return np.can_cast(array.dtype, np.float32) and array.dtype.names is None
-    except TypeError:
-        return False
+def _quantize_blocks(x, given, bfmt, rounding, axis, seed, stream, sr_bits, stats, out,
+                     offset):
+    """A block format (MX, NVFP4): CUDA arrays in lpsim_cuda.blocks, torch tensors through
+    the torch tensor backend (either kernel), everything else in lpsim.blocks."""
+    if _is_cuda_array(x) or _is_torch(x) or _is_torch(out):
+        check_stats(stats, blocks.STATS_ACCEPTED)
+    else:
+        return blocks.quantize(x, given, rounding, axis=axis, seed=seed, stream=stream,
+                               sr_bits=sr_bits, stats=stats, out=out, offset=offset)
+    if _is_cuda_array(x):
+        import lpsim_cuda.blocks
+        return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
+                                          stream=stream, sr_bits=sr_bits, stats=stats,
+                                          out=out, offset=offset)
+    # lpsim.quantize's torch rules (lpsim.tensors): dtypes, autograd, out=
+    from .tensors import quantize_tensor
 
-
-def _exact_in_float64(value: int) -> bool:
-    try:
-        return float(value) == value
-    except OverflowError:
-        return False
+    def round_with(src, fmt, rounding, *, out=None, **kw):
+        if isinstance(src, np.ndarray):
+            return blocks.quantize(src, fmt, rounding, axis=axis, out=out, **kw)
+        import lpsim_cuda.blocks
+        return lpsim_cuda.blocks.quantize(src, fmt, rounding, axis=axis, out=out, **kw)
+    return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                           stats=stats, out=out, offset=offset, round_with=round_with)
 
 
 def _round_int(value: int, fmt: Format, rounding, seed, stream, sr_bits, stats, offset):
@@ -582,5 +432,6 @@ def round_into(flat, out, request: Plan):
     return counts[1:]
 
 
-__all__ = ["quantize", "plan", "Plan", "round_into", "COUNTERS", "Format", "MAX_COUNTER",
-           "as_container_array"]
+__all__ = ["quantize", "plan", "Plan", "round_into", "round_container", "COUNTERS", "Format",
+           "MAX_COUNTER", "as_container_array", "keys", "check_offset", "check_sr_bits",
+           "check_dtype", "check_scalar_out"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from .formats import Format, parse_format
 from .philox import WORD_BITS, random_words
-from .quantize import plan
+from .request import plan
 from .rounding import MODES, STOCHASTIC_MODES
 from .stats import COUNTERS, RoundingStats
 

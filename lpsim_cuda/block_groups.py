@@ -28,11 +28,13 @@ import functools
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks import (_element_params, block_params, block_recip, block_scale,
-                          checked_tensor_scale, element_exact, element_fast, parse_block_format,
-                          tensor_scale_from)
+from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
+                               tensor_scale_from)
+from lpsim.blocks.decisions import (_element_params, bits_value, block_params, block_recip,
+                                    block_scale, element_exact, element_fast)
+from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
-from lpsim.quantize import plan
+from lpsim.request import plan
 from lpsim.rounding import STOCHASTIC, kernel_params
 
 from . import arrays, launch, vector
@@ -233,11 +235,34 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             return None
         pts = 1.0
         if bfmt.tensor_scale:
-            from .blocks import tensor_amax
             pts = tensor_scale_from(tensor_amax(xf), bfmt) if tensor_scale is None \
                 else checked_tensor_scale(tensor_scale, bfmt)
         launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n)
     return result
+
+
+@cuda.jit
+def _amax_kernel(bits, cmag, cinf, out):
+    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits): a
+    grid-stride max per thread, then one atomic max each."""
+    am = np.int64(0)
+    i = cuda.grid(1)
+    while i < bits.size:
+        am = max(am, finite_bits(np.int64(bits[i]), cmag, cinf))
+        i += cuda.gridsize(1)
+    cuda.atomic.max(out, 0, am)
+
+
+def tensor_amax(x2) -> float:
+    """The largest finite magnitude of the device array ``x2`` (float32/float64), found on
+    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale)."""
+    cmag, cinf, M, EB = container_bits(x2.dtype)
+    bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
+    out = cuda.to_device(np.zeros(1, np.int64))
+    if bits.size:
+        _amax_kernel[launch.grid_size(bits.size, launch.current_device()), THREADS](
+            bits, cmag, cinf, out)
+    return float(bits_value(out.copy_to_host()[0], M, EB))
 
 
 def _flat(a):
@@ -247,4 +272,4 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-__all__ = ["eligible", "kernel", "lanes_of", "launch_flat", "quantize"]
+__all__ = ["eligible", "kernel", "lanes_of", "launch_flat", "quantize", "tensor_amax"]

@@ -15,19 +15,19 @@ import numba
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
-                               tensor_scale_from)
+from lpsim.blocks.amax import checked_tensor_scale, tensor_scale_from
 from lpsim.blocks.counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
-from lpsim.blocks.decisions import (_element_params, bits_value, block_params, block_recip,
-                                    block_scale, element_exact, element_fast, element_word)
+from lpsim.blocks.decisions import (_element_params, block_params, block_recip, block_scale,
+                                    element_exact, element_fast, element_word)
 from lpsim.blocks.fake_quantize import Blocked, blocked_shape
 from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import LANES
-from lpsim.quantize import plan
+from lpsim.request import plan
 from lpsim.rounding import kernel_params
 from lpsim.stats import check_stats
 
 from . import arrays, block_groups, launch
+from .block_groups import tensor_amax
 from .launch import THREADS
 
 
@@ -117,30 +117,6 @@ def _blocks_kernel(x, out, qout, sout, counts, mode, k, p, sp, bp, seed_lo, seed
                     c[7] = np.int64(amax != 0 and sums_sh[t, 6] == 0)
         cuda.syncthreads()
         base += step
-
-
-@cuda.jit
-def _amax_kernel(bits, cmag, cinf, out):
-    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits): a
-    grid-stride max per thread, then one atomic max each."""
-    am = np.int64(0)
-    i = cuda.grid(1)
-    while i < bits.size:
-        am = max(am, finite_bits(np.int64(bits[i]), cmag, cinf))
-        i += cuda.gridsize(1)
-    cuda.atomic.max(out, 0, am)
-
-
-def tensor_amax(x2) -> float:
-    """The largest finite magnitude of the device array ``x2`` (float32/float64), found on
-    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale)."""
-    cmag, cinf, M, EB = container_bits(x2.dtype)
-    bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
-    out = cuda.to_device(np.zeros(1, np.int64))
-    if bits.size:
-        _amax_kernel[launch.grid_size(bits.size, launch.current_device()), THREADS](
-            bits, cmag, cinf, out)
-    return float(bits_value(out.copy_to_host()[0], M, EB))
 
 
 @cuda.jit(device=True)

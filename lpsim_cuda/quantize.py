@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda
 
 from lpsim.formats import parse_format
-from lpsim.quantize import plan
+from lpsim.request import plan
 from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, tally
 from lpsim.stats import RoundingStats, check_stats
 from lpsim.storage import NO_PACKING, storage_name, storage_params

@@ -35,7 +35,7 @@ from numba import cuda
 
 from lpsim.formats import parse_format
 from lpsim.philox import block_words
-from lpsim.quantize import MAX_COUNTER, keys
+from lpsim.request import MAX_COUNTER, keys
 from lpsim.rounding import (DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one,
                             tally)
 from lpsim.storage import NO_PACKING, pack_bits, storage_name

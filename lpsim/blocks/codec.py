@@ -43,7 +43,7 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
     ``x``: what :func:`quantize` takes on the CPU (arrays of any float dtype, integer arrays
     exact in float64, Python numbers and lists of them, CPU torch tensors), converted
     exactly as it converts them."""
-    from ..quantize import as_container_array
+    from ..request import as_container_array
     from ..storage import encode_values
     bfmt = parse_block_format(bfmt)
     if type(x).__module__.startswith("torch"):

@@ -65,13 +65,13 @@ def i2f(b):
 
 @overload(f2i)
 def _f2i_compiled(v):
-    from ..ops.exact import f2i as bitcast     # here: lpsim.ops imports this module
+    from ..exact import f2i as bitcast
     return lambda v: bitcast(np.float64(v))
 
 
 @overload(i2f)
 def _i2f_compiled(b):
-    from ..ops.exact import i2f as bitcast
+    from ..exact import i2f as bitcast
     return lambda b: bitcast(np.int64(b))
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cpu import CHUNK
-from ..quantize import MAX_COUNTER, keys
+from ..request import MAX_COUNTER, keys
 from ..rounding import Params, kernel_params
 from ..stats import check_stats
 from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_scale
@@ -64,7 +64,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     C-contiguous array of x's shape and dtype that does not overlap x and the blocks run
     along the last axis (else a new array, as without it).
     """
-    from ..quantize import plan
+    from ..request import plan
     bfmt = parse_block_format(bfmt)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
@@ -135,7 +135,7 @@ MAX_CACHED = 256
 
 
 def _remember_words(given, bfmt, rounding, sr_bits) -> None:
-    from ..quantize import plan
+    from ..request import plan
     request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
     bp = block_params(bfmt, 1.0)
     if not bp.f32:
@@ -201,24 +201,20 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     module = type(x).__module__
     if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
                                           or "numba" in module and "cuda" in module):
-        import lpsim_cuda.blocks
-        return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
-                                          stream=stream, sr_bits=sr_bits, stats=stats,
-                                          out=out, offset=offset, tensor_scale=tensor_scale)
+        # the CPU backend: lpsim.quantize dispatches CUDA arrays to lpsim_cuda.blocks
+        raise TypeError(f"lpsim.blocks.quantize rounds on the CPU, not a {type(x).__name__} "
+                        "on a GPU; accepted there: lpsim.quantize(x, fmt, axis=...), or "
+                        "lpsim_cuda.blocks.quantize(x, fmt, tensor_scale=...)")
     if module.startswith("torch") or type(out).__module__.startswith("torch"):
-        # lpsim.quantize's torch rules (lpsim.torch.tensors): dtypes, autograd, out=
-        from ..torch.tensors import quantize_tensor
+        # lpsim.quantize's torch rules (lpsim.tensors): dtypes, autograd, out=
+        from ..tensors import quantize_tensor
 
         def round_with(src, fmt, rounding, *, out=None, **kw):
-            if isinstance(src, np.ndarray):
-                return quantize(src, fmt, rounding, axis=axis, tensor_scale=tensor_scale,
-                                out=out, **kw)
-            import lpsim_cuda.blocks
-            return lpsim_cuda.blocks.quantize(src, fmt, rounding, axis=axis, out=out,
-                                              tensor_scale=tensor_scale, **kw)
+            return quantize(src, fmt, rounding, axis=axis, tensor_scale=tensor_scale, out=out,
+                            **kw)
         return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                                stats=stats, out=out, offset=offset, round_with=round_with)
-    from ..quantize import _check_out, as_container_array
+    from ..request import as_container_array, check_out as _check_out
     if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
         value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
                          stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,

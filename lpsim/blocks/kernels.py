@@ -269,7 +269,7 @@ WORD_KERNELS = {mode: njit(cache=True, nogil=True)(_words_kernel(mode))
 def kernel_entry(mode: int, dtype: np.dtype):
     """The compiled entry point of ``mode``'s kernel for ``dtype`` arrays, without numba's
     dispatch (typing three NamedTuples costs more than quantizing a small array)."""
-    from ..quantize import plan
+    from ..request import plan
     dispatcher = KERNELS[mode]
     bfmt = PRESETS["mxfp4"]
     request = plan(bfmt.saturating_element, "nearest", dtype)

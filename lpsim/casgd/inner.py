@@ -28,7 +28,7 @@ from numba import njit
 from numba.extending import overload, register_jitable
 
 from ..formats import Format
-from ..ops import exact
+from .. import exact
 from ..rounding import NEAREST, kernel_params, round_bits
 
 LOGISTIC, LINEAR, POISSON = 0, 1, 2

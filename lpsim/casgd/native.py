@@ -30,9 +30,9 @@ from .inner import inner_args, jitted_recipe
 from .losses import LOSSES, get_loss
 from .recipes import Recipe, as_recipe
 from .sampling import SAMPLE_STREAM
-from .solvers import (Result, check_block_size, check_data, check_eta, check_int,
-                      check_sample_weight, check_seed, check_sparse, check_x0, diverged,
-                      is_sparse, record_points, report)
+from .common import (Result, check_block_size, check_data, check_eta, check_int,
+                     check_sample_weight, check_seed, check_sparse, check_x0, diverged,
+                     is_sparse, record_points, report)
 from ..philox import split_key
 
 _TORCH = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -1,6 +1,6 @@
 """Simulated elementwise arithmetic: add, sub, mul, div, fma, sqrt rounded once to a format.
 
-Each result is computed exactly to odd in float64 (:mod:`lpsim.ops.exact`) and rounded
+Each result is computed exactly to odd in float64 (:mod:`lpsim.exact`) and rounded
 once to ``fmt`` with :func:`lpsim.quantize`'s kernel, so it is the correctly rounded exact
 result, never a double rounding of a float64 one.  Exact, for every float32/float64 operand:
 add, sub (TwoSum), mul, div, sqrt (FMA residuals; a dividend or radicand below 2**-900 is
@@ -49,8 +49,8 @@ from ..philox import WORD_BITS, block_words, lane_word, random_words
 from ..quantize import MAX_COUNTER, check_offset, keys, plan
 from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
 from ..stats import COUNTERS, RoundingStats, check_stats
-from .exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
-from .exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
+from ..exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
+from ..exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
 from .operands import as_array, check_out, round_inputs
 
 ADD, SUB, MUL, DIV, FMA, SQRT = range(6)

@@ -56,7 +56,7 @@ from numba import njit, prange
 
 from ..formats import Format, parse_format
 from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits, tally
-from .exact import f2i, i2f, sum_to_odd
+from ..exact import f2i, i2f, sum_to_odd
 
 
 @dataclass(frozen=True)

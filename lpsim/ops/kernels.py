@@ -8,7 +8,7 @@ output column (``dot``, ``sum``) in sequential or blocked order run :func:`chain
 keeps the accumulator in a register (a few integer operations a step).  Deterministic
 products in blocked order run :func:`gemm_plain`, the same body without the random-word and
 pairwise code, which then never compiles for them (a smaller first compile).
-Every step computes RO(x + y) in float64 (:mod:`lpsim.ops.exact`; an exact zero sum is -0
+Every step computes RO(x + y) in float64 (:mod:`lpsim.exact`; an exact zero sum is -0
 under rounding down, IEEE 754 section 6.3) and rounds it with
 :func:`lpsim.rounding.round_fast` (the common case), then :func:`lpsim.rounding.round_bits`
 for the lanes round_fast does not cover.
@@ -29,7 +29,7 @@ from numba.extending import overload, register_jitable
 from ..cpu import first_call, literal_jitable, params_of, thread_pool
 from ..philox import block_words, lane_word
 from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
-from .exact import f2i, i2f, step_sum_to_odd
+from ..exact import f2i, i2f, step_sum_to_odd
 
 #: fewest and most outputs per work item of the GEMM (lanes that step together)
 TILE = 32

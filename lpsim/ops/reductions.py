@@ -44,7 +44,7 @@ from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
 from ..rounding import STOCHASTIC, kernel_params
 from ..stats import check_stats
-from .exact import check_exact
+from ..exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
 from .kernels import gemm_items, gemm_kernel, run
 from .hardware import _passes_through, dispatch
