@@ -544,3 +544,14 @@ def test_block_formats_refuse_out_with_a_scalar(fmt):
             with pytest.raises(TypeError, match="out= applies to arrays"):
                 lpsim.quantize(x, fmt, out=out)
     assert lpsim.quantize(1.2345, fmt) == lpsim.quantize(np.array([1.2345]), fmt)[0]
+
+
+@pytest.mark.parametrize("scale", ["e4m3fn", "fp(5,3)", "fp(6,2)", "fp(7,4)"])
+def test_min_tensor_scale_is_the_least_float32_with_finite_reciprocals(scale):
+    # found by bisection over float32 bits: it holds, and the float32 below it does not
+    from lpsim.blocks.amax import _reciprocal_finite
+    bfmt = blocks.block("e2m1fn", 16, scale=scale, rule="even", tensor_scale=True)
+    least = np.float32(blocks.min_tensor_scale(bfmt))
+    smin = np.float32(bfmt.scale.min_subnormal)
+    assert _reciprocal_finite(least, smin)
+    assert not _reciprocal_finite(np.nextafter(least, np.float32(0)), smin)
