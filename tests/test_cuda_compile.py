@@ -99,7 +99,8 @@ with mock.patch.object(dispatcher, "get_current_device",
             print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
             report(f"blocks {name} {np.dtype(dtype)}", ptx)
     for bits in (numba.int32[::1], numba.int64[::1]):       # NVFP4's per-tensor amax
-        ptx, _ = cuda.compile_ptx(B._amax_kernel.py_func,
+        ptx, _ = cuda.compile_ptx(importlib.import_module("lpsim_cuda.block_groups")
+                                  ._amax_kernel.py_func,
                                   (bits, numba.int64, numba.int64, numba.int64[::1]), cc=(9, 0))
         assert "atom.global.max.s64" in ptx, "no 64-bit atomic max"
         print("amax", bits.dtype, "ok", len(ptx))
