@@ -127,8 +127,9 @@ def main():
             resources(f"blocks.{name}", obj)
     for kernel in optim.KERNELS.values():
         resources("optim.optim_kernel", kernel)
-    for (fmt, mode, k), kernel in sys.modules["lpsim_cuda.specialised"].KERNELS.items():
-        resources(f"specialised {fmt} {mode} k={k}", kernel)
+    for (fmt, mode, k, sp, count), kernel in sys.modules["lpsim_cuda.specialised"].KERNELS.items():
+        resources(f"specialised {fmt} {mode} k={k} packed={sp.width != 0} count={count}",
+                  kernel)
     if args.sass:
         with open(args.sass, "w") as f:
             for sig in list(q.KERNELS[False].overloads):

@@ -98,7 +98,11 @@ def _storage_params(fmt: Format, name: str, dtype: np.dtype) -> StorageParams:
 
 @register_jitable
 def pack_bits(bits, sp):
-    """Storage bit pattern (as a signed integer of sp.width bits) of container bits ``bits``."""
+    """Storage bit pattern (as a signed integer of sp.width bits) of container bits ``bits``.
+
+    The right shifts are capped at 63: ``a`` is below 2^63, so the value is the same, and a
+    shift by 64 or more is undefined in LLVM.  Where the parameters are compile-time constants
+    (the CUDA kernels bake them) LLVM folded ``0 >> 125`` (a zero into float16) to garbage."""
     width, M, EB, EMAXF, MAG, sub_shift, m, bias, emin, inf_code, nan_code = sp
     bits = np.int64(bits)
     a = bits & MAG
@@ -107,13 +111,13 @@ def pack_bits(bits, sp):
     if biased == EMAXF:
         code = nan_code if a & fracmask else inf_code
     elif biased == 0:
-        code = a >> sub_shift
+        code = a >> min(sub_shift, 63)
     else:
         ex = biased - EB
         if ex >= emin:
             code = ((ex + bias) << m) | ((a & fracmask) >> (M - m))
         else:
-            code = ((a & fracmask) | (np.int64(1) << M)) >> (emin - m - ex + M)
+            code = ((a & fracmask) | (np.int64(1) << M)) >> min(emin - m - ex + M, 63)
     if bits < 0 and not (biased == EMAXF and a & fracmask):
         code |= np.int64(1) << (width - 1)
     if code >= (np.int64(1) << (width - 1)):

@@ -76,14 +76,6 @@ def _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
             cuda.atomic.add(counts, f, local[f])
 
 
-@cuda.jit
-def _optim_kernel(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
-                  counts):
-    """The step with the configuration as runtime data: float16 storage (see
-    :func:`specialises`)."""
-    _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16, counts)
-
-
 def _make_kernel(kinds, ints, pw, pc, ps, sp16):
     """The step kernel of one configuration: storage kinds, the integer options (algorithm,
     update, modes, sr bits, nesterov, first step) and the formats' parameters are
@@ -101,14 +93,6 @@ def _make_kernel(kinds, ints, pw, pc, ps, sp16):
 
 #: configuration -> its kernel (profile_cuda.py and kernel_budget.py read what was made)
 KERNELS: dict = {}
-
-
-def specialises(kinds) -> bool:
-    """Whether a configuration gets its own kernel.  Not with float16 storage: on an H100
-    (2026-11-26) the specialised SGD float16 Kahan step differed from the CPU in one
-    compensation element of 29 (tests/test_optim_cuda.py), where the runtime-configured
-    kernel, the same decision, matches; until a GPU run finds why, float16 keeps that one."""
-    return core.STORE_F16 not in kinds
 
 
 def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16):
@@ -130,10 +114,6 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
     nquads = (offset + n + 3) // 4 - offset // 4
     grid = launch.grid_size(nquads, launch.current_device())
     kinds, ints, sp16 = tuple(kinds), tuple(ints), tuple(setup.sp16)
-    if not specialises(kinds):
-        _optim_kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys,
-                                             offset, setup.pw, setup.pc, setup.ps, sp16, counts)
-        return
     kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16)
     kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, hp, keys, offset, counts)
 

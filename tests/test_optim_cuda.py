@@ -142,10 +142,27 @@ def test_gpu_optimizer_matches_cpu(cls, dtype, kw):
         assert torch.equal(ta[key], tb[key]), key
 
 
-def test_float16_storage_keeps_the_runtime_configured_kernel():
-    # the specialised float16 Kahan step differed from the CPU on an H100 (2026-11-26);
-    # until a GPU run explains it, float16 storage takes the kernel that matched there
-    from lpsim_cuda.optim import specialises
-    for cls, dtype, kw in CONFIGS:
-        _, (kinds, *_), _ = inputs(cls, dtype, kw, 8, 0)
-        assert specialises(tuple(kinds)) == (dtype != torch.float16), (cls, dtype, kinds)
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_step_with_its_configuration_as_constants_equals_the_cpu_kernel(cls, dtype, kw):
+    """lpsim_cuda compiles one step kernel per configuration, its options and formats as
+    constants; compiled so on the CPU, LLVM folds the same branches.  Float16's Kahan step
+    once stored garbage compensations on an H100, where a constant shift of 125 in
+    lpsim.storage.pack_bits was folded (test_storage holds that one on the CPU)."""
+    arrays, kargs, setup = inputs(cls, dtype, kw, 4099, 3)
+    kinds, hp, ints, ks, offset = kargs
+    KINDS, INTS, PW, PC, PS, SP = (tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                                   tuple(setup.sp16))
+
+    @njit
+    def baked(nquads, n, wb, gb, mb, vb, cb, rb, hp, ks, counts):
+        for q in range(nquads):
+            core.step_quad(offset // 4 + q, n, offset, wb, gb, mb, vb, cb, rb, KINDS, hp, INTS,
+                           ks, PW, PC, PS, SP, counts)
+
+    host = [a.copy() for a in arrays]
+    counts_cpu = cpu.step(*host, *kargs, setup)
+    counts = np.zeros(core.NCOUNTS, np.int64)
+    baked((offset + 4099 + 3) // 4 - offset // 4, 4099, *arrays, hp, ks, counts)
+    for want, got in zip(host, arrays):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(counts, counts_cpu)

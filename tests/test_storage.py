@@ -5,8 +5,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from numba import njit
+
 import lpsim
-from lpsim.storage import pack, storage_name, storage_params
+from lpsim.storage import pack, pack_bits, storage_name, storage_params
 
 CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
          ("float8_e5m2", "e5m2", ml_dtypes.float8_e5m2),
@@ -29,6 +31,29 @@ def test_pack_equals_the_peer_encoding(storage, fmt, peer, dtype):
     nan = np.isnan(rounded)
     assert np.array_equal(got[~nan], expected[~nan])
     assert np.all(np.isnan(got[nan].view(peer).astype(np.float32)))
+
+
+@pytest.mark.parametrize("storage, fmt, peer", CASES)
+def test_pack_bits_with_constant_parameters_equals_the_runtime_packing(storage, fmt, peer):
+    """The CUDA kernels compile pack_bits with the storage parameters as constants; LLVM then
+    folds every shift, and one of 64 or more is undefined: float16's zero packed to garbage
+    on an H100 (2026-11-26) and on this CPU alike, until the shifts were capped."""
+    SP = storage_params(fmt, storage, np.float32)
+
+    @njit
+    def baked(bits, out):
+        for i in range(bits.size):
+            out[i] = pack_bits(bits[i], SP)
+
+    width = np.dtype(peer).itemsize * 8
+    codes = np.arange(2 ** width, dtype=np.uint16 if width == 16 else np.uint8)
+    with np.errstate(invalid="ignore"):
+        values = codes.view(peer).astype(np.float32)
+    x = np.concatenate([values, np.float32([0.0, -0.0])])
+    got = np.empty(x.size, np.int16 if width == 16 else np.int8)
+    baked(x.view(np.int32), got)
+    assert np.array_equal(got, pack(x, storage, fmt))
+    assert got[-2] == 0 and got[-1] == -2 ** (width - 1)     # +0 and -0: the sign bit alone
 
 
 def test_storage_must_hold_the_format():
