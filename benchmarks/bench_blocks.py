@@ -7,7 +7,7 @@ measured in the same run: a copy (``np.copyto``; on the GPU ``torch.clone``), gf
 torchao's cast plus dequantize (``to_mx`` + ``to_dtype``, ``nvfp4_quantize`` and unpacking:
 the fake-quantize torchao users run).  Median of several runs after a warm-up.
 
-    python benchmarks/bench_blocks.py [--log2n 22] [--repeats 5] [--device cpu|cuda]
+    python benchmarks/bench_blocks.py [--log2n 22 (26 on cuda)] [--repeats 5] [--device cpu|cuda]
                                       [--json out.json] [--png out.png]
     python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
 """
@@ -265,7 +265,9 @@ def plot(rows, header, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log2n", type=int, default=22)
+    parser.add_argument("--log2n", type=int,
+                        help="2**log2n elements (default 22; on the GPU 26: at 2**22 each "
+                             "timed call there is mostly its synchronisation)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--scaled-mm", action="store_true")
@@ -273,6 +275,7 @@ def main() -> None:
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
     args = parser.parse_args()
+    log2n = args.log2n or (26 if args.device == "cuda" else 22)
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
               f"# lpsim {revision()}; command: python benchmarks/bench_blocks.py "
@@ -285,7 +288,7 @@ def main() -> None:
             print(f"{r['k']:>6} {r['model']:<24} {r['equal']:>7}/{r['outputs']:<6} "
                   f"{r['max_rel']:>13.3g}")
     else:
-        rows, what = (cuda_rows if args.device == "cuda" else cpu_rows)(args.log2n,
+        rows, what = (cuda_rows if args.device == "cuda" else cpu_rows)(log2n,
                                                                        args.repeats)
         load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
         print("\n".join(header + [f"# {what}; load average at the end: {load}"]))

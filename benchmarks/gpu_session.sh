@@ -59,7 +59,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
   python3 -c 'import torch, numba, numba_cuda, numpy; print("torch", torch.__version__, "numba", numba.__version__, "numba-cuda", numba_cuda.__version__, "numpy", numpy.__version__)'
 } >"$OUT/device.txt" 2>&1
 cat "$OUT/device.txt"
-git rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo "${LPSIM_COMMIT:-unknown}" >"$OUT/commit.txt"
+# the lent machine's git can lag the tree it was sent (2026-11-26: it kept the session's first
+# commit), so a caller may name the commit: LPSIM_COMMIT=$(git rev-parse HEAD) in the command
+[ -n "${LPSIM_COMMIT:-}" ] && echo "$LPSIM_COMMIT" >"$OUT/commit.txt" \
+    || git rev-parse HEAD >"$OUT/commit.txt" 2>/dev/null || echo unknown >"$OUT/commit.txt"
 
 # caps of each stage under `all` (seconds); alone, a stage runs to its own limits
 declare -A CAP=([tests]=${TEST_BUDGET:-230} [bench]=200 [probe]=30 [profile]=45 [casgd]=60)
