@@ -23,8 +23,6 @@ block does not divide take the general kernel.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import cuda
 
@@ -38,10 +36,8 @@ from lpsim.request import plan
 from lpsim.rounding import STOCHASTIC, kernel_params
 
 from . import arrays, launch, vector
-from .launch import SIMULATOR, THREADS
+from .launch import FULL_MASK, SIMULATOR
 
-#: every lane of a warp takes part in the shuffles (the blocks are whole warps)
-FULL_MASK = 0xFFFFFFFF
 #: float32 magnitude bits of inf: finite magnitudes lie below
 _INF32 = 0x7F800000
 
@@ -177,14 +173,6 @@ def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
     return mode < STOCHASTIC or offset % 4 == 0
 
 
-@functools.lru_cache(maxsize=256)
-def _configured(kern, blocks: int):
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return kern[blocks, THREADS]
-
-
 def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int) -> None:
     """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
     ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
@@ -192,8 +180,7 @@ def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int) -> None:
     kern = kernel(bfmt, request.mode, request.k, request.params.W)
     bp = block_params(bfmt, pts)
     blocks = launch.grid_size(-(-n // 4), launch.current_device())
-    configured = kern[blocks, THREADS] if SIMULATOR else _configured(kern, blocks)
-    configured(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi, request.stream,
+    launch.configured(kern, blocks)(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi, request.stream,
                request.offset // 4)
 
 
@@ -260,7 +247,7 @@ def tensor_amax(x2) -> float:
     bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
     out = cuda.to_device(np.zeros(1, np.int64))
     if bits.size:
-        _amax_kernel[launch.grid_size(bits.size, launch.current_device()), THREADS](
+        launch.configured(_amax_kernel, launch.grid_size(bits.size, launch.current_device()))(
             bits, cmag, cinf, out)
     return float(bits_value(out.copy_to_host()[0], M, EB))
 

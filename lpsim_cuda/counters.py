@@ -12,7 +12,7 @@ from numba import cuda
 
 from lpsim.stats import SLOTS
 
-from .launch import SIMULATOR
+from .launch import FULL_MASK, SIMULATOR
 
 #: slot of the accumulator the kernel adds the element count to
 ELEMENTS = SLOTS.index("elements")
@@ -99,9 +99,6 @@ def prepare(stats, device: int) -> None:
     if stats is not None:
         stats.device_counters(device, lambda: DeviceCounters(device))
 
-
-#: every lane of a warp takes part in the shuffles (the blocks are whole warps)
-FULL_MASK = 0xFFFFFFFF
 
 if SIMULATOR:               # the simulator has no warp shuffles: each thread adds its own
     @cuda.jit(device=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 
 import numpy as np
 from numba import config, cuda
@@ -24,6 +25,8 @@ SIMULATOR_BLOCKS = 2
 #: a cap on the grid in blocks (None: from the device); tests lower it to run the
 #: grid-stride loop many times over
 GRID_LIMIT: int | None = None
+#: every lane of a warp takes part in a shuffle (the kernels' blocks are whole warps)
+FULL_MASK = 0xFFFFFFFF
 
 
 def check_numpy(load=None) -> None:
@@ -79,6 +82,24 @@ def grid_size(nblocks: int, device: int) -> int:
     """Blocks for ``nblocks`` Philox blocks (one per thread and pass of the grid-stride loop)."""
     cap = GRID_LIMIT or _device_blocks(device)
     return max(1, min(cap, -(-nblocks // THREADS)))
+
+
+def configured(kernel, blocks: int, stream=0):
+    """``kernel[blocks, THREADS, stream]``, made once per (kernel, grid, stream) on a GPU.
+
+    A small grid is sized to its work, so numba's low-occupancy warning, the only one that
+    configuring a launch gives, is noise and is silenced.  The simulator's ``kernel[...]``
+    reconfigures one shared object, so there it is made on every call."""
+    if SIMULATOR:
+        return kernel[blocks, THREADS, stream]
+    return _configured(kernel, blocks, stream)
+
+
+@functools.lru_cache(maxsize=512)
+def _configured(kernel, blocks: int, stream):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return kernel[blocks, THREADS, stream]
 
 
 @functools.cache

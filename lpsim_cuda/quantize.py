@@ -12,8 +12,6 @@ memory and added with atomics into the stats object's device accumulator
 
 from __future__ import annotations
 
-import functools
-import warnings
 
 import numpy as np
 from numba import cuda
@@ -86,18 +84,7 @@ KERNELS = {count: _make_kernel(count) for count in (False, True)}
 
 def _launcher(grid: int, stream, count: bool):
     """The kernel (counting or not) configured for ``grid`` blocks on ``stream``."""
-    if launch.SIMULATOR:        # the simulator's kernel[...] reconfigures one shared object
-        return KERNELS[count][grid, THREADS, stream]
-    return _cached_launcher(grid, stream, count)
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_launcher(grid: int, stream, count: bool):
-    # a small grid is deliberate (sized to the work), so numba's low-occupancy warning, the
-    # only one configuring a launch gives, is noise
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return KERNELS[count][grid, THREADS, stream]
+    return launch.configured(KERNELS[count], grid, stream)
 
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, sr_bits=None,

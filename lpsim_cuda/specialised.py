@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import warnings
 
 import numpy as np
 from numba import cuda
@@ -157,17 +156,7 @@ def grid(n: int, device: int) -> int:
 def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
                   block0, counts) -> None:
     """Launch through numba's dispatcher (numba arrays; the simulator's only route)."""
-    configured = kern[grid_blocks, THREADS, stream] if launch.SIMULATOR else \
-        _configured(kern, grid_blocks, stream)
-    configured(xb, outb, n, seed_lo, seed_hi, key_stream, block0, counts)
-
-
-@functools.lru_cache(maxsize=256)
-def _configured(kern, grid_blocks: int, stream):
-    # a small grid is sized to its work: numba's low-occupancy warning is noise here
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return kern[grid_blocks, THREADS, stream]
+    launch.configured(kern, grid_blocks, stream)(xb, outb, n, seed_lo, seed_hi, key_stream, block0, counts)
 
 
 # --- the cached route of torch tensors: numba's launch without its per-call typing ---------
@@ -203,14 +192,13 @@ class Route:
     function handle and launch configurations, built once; :meth:`__call__` launches it
     with the flat arguments of two torch tensors' data pointers and the keys."""
 
-    def __init__(self, kern, device: int, mode: int, out_bytes: int):
+    def __init__(self, kern, mode: int, out_bytes: int):
         from cuda.core import LaunchConfig, launch as core_launch
         from numba.cuda._compat import CUDA_CORE_GE_1_0
         self._core_launch = core_launch
         self.compiled = kern.compile(SIGNATURES[out_bytes])   # numba's compiled kernel
         self.out_bytes = out_bytes
         self.function = self.compiled._codelibrary.get_cufunc().kernel
-        self.device = device
         self.mode = mode
         self._configs = {}
         self._config_kind = (LaunchConfig, CUDA_CORE_GE_1_0)
@@ -262,7 +250,7 @@ def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts) -> 
     if route_key in _ROUTES or len(_ROUTES) >= 1024:
         return
     try:
-        route = Route(kern, src.device, mode_code(rounding), outb.dtype.itemsize)
+        route = Route(kern, mode_code(rounding), outb.dtype.itemsize)
         route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
         ok = route.check(src.bits, outb, src.bits.size, keys, counts, src.stream)
     except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
