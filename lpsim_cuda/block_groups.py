@@ -29,11 +29,15 @@ from numba import cuda
 from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
                                tensor_scale_from)
 from lpsim.blocks.decisions import (_element_params, bits_value, block_params, block_recip,
-                                    block_scale, element_exact, element_fast)
+                                    block_scale, element_exact, element_fast, element_fast32,
+                                    element_params32, nearest_words_exact, words_exact)
+from lpsim.blocks.word_scales import scale_words
+from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
 from lpsim.request import plan
-from lpsim.rounding import STOCHASTIC, kernel_params
+from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
+from lpsim.word32 import word
 
 from . import arrays, launch, vector
 from .launch import FULL_MASK, SIMULATOR
@@ -90,9 +94,19 @@ def _lane_partial(b):
     return (a if a < _INF32 else 0), bad
 
 
-def _make(p, sp, mode: int, k: int, lanes: int):
-    """The kernel of one (element Params, scale Params, mode, k, lanes per block)."""
+def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False):
+    """The kernel of one (element Params, scale Params, mode, k, lanes per block).
+
+    With ``p32`` (the element's float32 Params, where :func:`lpsim.blocks.words_exact`
+    holds) the elements of a block without NaN or inf take the CPU word kernel's float32
+    steps: :func:`lpsim.blocks.words.element_nearest32` to nearest where ``near``
+    (:func:`lpsim.blocks.nearest_words_exact`), else
+    :func:`lpsim.blocks.element_fast32` with :func:`lpsim.blocks.element_exact` for what it
+    declines; float32 products and 32-bit integers where the general step works in float64."""
     P, SP, MODE, K, LANES = p, sp, mode, k, lanes
+    WORDS, P32 = p32 is not None, p32
+    NEAR = WORDS and near and mode == NEAREST
+    CW, LW = nearest32_words(p32.m, p32.emin) if WORDS else (0, 0)
     stochastic = mode >= STOCHASTIC
     block = 4 * lanes
 
@@ -119,11 +133,32 @@ def _make(p, sp, mode: int, k: int, lanes: int):
                                                  max(max(a0, a1), max(a2, a3)),
                                                  max(max(f0, f1), max(f2, f3)), LANES)
             if live:
-                amax = np.float64(np.int32(amax_bits).view(np.float32))
-                s, _ = block_scale(amax, bp, SP)
                 if bp.nonfinite_nan != 0 and nonfinite != 0:
                     v0 = v1 = v2 = v3 = np.nan
+                elif WORDS and nonfinite == 0:
+                    # the word kernel's scale: integer steps from the amax bits, the float32
+                    # reciprocal by exponent bits or one float32 division
+                    s = scale_words(word(np.int32(amax_bits)), bp, SP)
+                    s32 = np.float32(s)
+                    rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
+                        np.float32(bp.pts_inv) / s32
+                    if NEAR:
+                        pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
+                        v0 = element_nearest32(_value(b0), rc, s32, pts, maxe, CW, LW)
+                        v1 = element_nearest32(_value(b1), rc, s32, pts, maxe, CW, LW)
+                        v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
+                        v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
+                    else:
+                        w0 = w1 = w2 = w3 = np.int64(0)
+                        if stochastic:
+                            w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
+                        v0 = _element32(_value(b0), rc, s32, s, w0, bp)
+                        v1 = _element32(_value(b1), rc, s32, s, w1, bp)
+                        v2 = _element32(_value(b2), rc, s32, s, w2, bp)
+                        v3 = _element32(_value(b3), rc, s32, s, w3, bp)
                 else:
+                    amax = np.float64(np.int32(amax_bits).view(np.float32))
+                    s, _ = block_scale(amax, bp, SP)
                     recip = block_recip(s, bp)
                     w0 = w1 = w2 = w3 = np.int64(0)
                     if stochastic:
@@ -142,21 +177,31 @@ def _make(p, sp, mode: int, k: int, lanes: int):
             _, v, _ = element_exact(xv, recip, s, MODE, r, K, P, bp)
         return v
 
+    @cuda.jit(device=True)
+    def _element32(xv, rc, s32, s, r, bp):
+        _, v, ok, _ = element_fast32(xv, r, rc, s32, MODE, K, P32, bp)
+        if ok == 0:
+            _, v, _ = element_exact(xv, block_recip(s, bp), s, MODE, r, K, P, bp)
+        return v
+
     return cuda.jit(kernel)
 
 
-#: (element format, scale format, mode, k, lanes) -> its kernel
+#: (element format, scale format, mode, k, lanes, float32 steps, nearest steps) -> its kernel
 KERNELS: dict = {}
 
 
 def kernel(bfmt, mode: int, k: int, word_bits: int):
     """The kernel of a parsed block format (element and scale formats compiled in)."""
     lanes = lanes_of(bfmt.block)
-    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes)
+    words = words_exact(bfmt)
+    near = words and nearest_words_exact(bfmt.saturating_element)
+    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
-        found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes)
+        found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
+                                     element_params32(bfmt) if words else None, near)
     return found
 
 

@@ -63,6 +63,35 @@ def test_every_preset_equals_the_cpu(fmt, rounding, launches):
     assert len(launches) == 2
 
 
+def test_the_cpu_word_kernels_formats_take_its_float32_steps(launches):
+    """Where the CPU's word kernel holds (lpsim.blocks.words_exact), the kernel is built
+    with the same float32 steps: MXFP8, MXFP6, MXFP4 and NVFP4, to nearest by one float32
+    add and subtract an element."""
+    from lpsim.blocks import nearest_words_exact, words_exact
+    for name in BLOCKED:
+        bfmt = PRESETS[name]
+        cuda_blocks.quantize(cuda.to_device(data(64)), bfmt, "nearest")
+        words = words_exact(bfmt)
+        near = words and nearest_words_exact(bfmt.saturating_element)
+        assert any(key[0] == bfmt.saturating_element and key[1] == bfmt.scale
+                   and key[-2:] == (words, near) for key in block_groups.KERNELS), name
+    for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
+        assert words_exact(PRESETS[name]) and nearest_words_exact(
+            PRESETS[name].saturating_element), name
+    assert len(launches) == len(BLOCKED)
+
+
+@pytest.mark.skipif(not GPU, reason="large arrays: on a GPU (LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down"])
+def test_large_arrays_of_every_preset_equal_the_cpu(rounding, launches):
+    """2**18 elements a preset: many blocks of each binade, the float32 steps' fallbacks."""
+    x = data((256, 1024), seed=11)
+    x[7, 100:104] = np.float32(2.0 ** -149)                   # float32 subnormals
+    for fmt in BLOCKED:
+        same_as_cpu(x, fmt, rounding, seed=9)
+    assert len(launches) == len(BLOCKED)
+
+
 @pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
 @pytest.mark.parametrize("rounding", ["up", "odd"])
 def test_scale_rules_and_modes(rule, rounding, launches):
