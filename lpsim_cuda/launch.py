@@ -126,8 +126,18 @@ def current_device() -> int:
 
 def torch_stream(device):
     """torch's current stream on ``device``, as a stream numba launches on."""
+    return external_stream(torch_stream_handle(device))
+
+
+def torch_stream_handle(device: int) -> int:
+    """The handle of torch's current stream on ``device``: torch's raw query where the build
+    has it (the one torch's compiled code calls), since the public stream object costs
+    microseconds a call (benchmarks/results/profile-gpu.txt)."""
     import torch
-    return external_stream(torch.cuda.current_stream(device).cuda_stream)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def external_stream(handle):

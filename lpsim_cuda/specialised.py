@@ -295,7 +295,7 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
     route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
-          _core_stream(torch.cuda.current_stream(device).cuda_stream), grid(n, device))
+          _core_stream(launch.torch_stream_handle(device)), grid(n, device))
     return out
 
 

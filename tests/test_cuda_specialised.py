@@ -196,3 +196,23 @@ def test_torch_route_refuses_what_the_general_path_refuses():
     with pytest.raises((TypeError, ValueError), match="seed"):
         lpsim_cuda.quantize(t, "bf16", "stochastic", seed=-1, out=t)
     assert torch.equal(t, before)                    # a refused call changes nothing
+
+
+def test_torch_stream_handle_asks_torch_for_the_devices_current_stream(monkeypatch):
+    """The raw query where torch has it, the public stream object otherwise; both for the
+    device asked about (no GPU needed: torch's two entry points are stood in for)."""
+    import types
+
+    import torch
+
+    from lpsim_cuda import launch
+    asked = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
+                        lambda device: asked.append(("raw", device)) or 1000 + device,
+                        raising=False)
+    assert launch.torch_stream_handle(3) == 1003 and asked == [("raw", 3)]
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device: asked.append(("public", device))
+                        or types.SimpleNamespace(cuda_stream=2000 + device))
+    assert launch.torch_stream_handle(1) == 2001 and asked[-1] == ("public", 1)
