@@ -117,3 +117,19 @@ def count_calls(monkeypatch, module, name: str) -> list:
         return real(*args)
     monkeypatch.setattr(module, name, counted)
     return calls
+
+
+#: test files (by name prefix) whose slow part is the same few large compiles: the
+#: optimizer's CPU step kernels and the block kernels.  Under ``--dist loadgroup`` (the
+#: README's test command) each group runs in one worker, which compiles them once; spread
+#: file by file, every worker compiled each of them (about a minute apiece)
+SHARED_COMPILES = {"test_optim": "optim", "test_blocks": "blocks"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test's xdist group: its file's shared-compile group, else its file."""
+    for item in items:
+        name = item.path.stem
+        group = next((g for prefix, g in SHARED_COMPILES.items() if name.startswith(prefix)),
+                     name)
+        item.add_marker(pytest.mark.xdist_group(group))
