@@ -268,12 +268,12 @@ def _decoded(values, ptx_type, name, shape, zero_e, transposed=False):
         bad = _tf32_low_bits(values)
     if bad >= 0:
         where = np.unravel_index(bad, shape)[::-1 if transposed else 1]
-        value = values.ravel()[bad]
+        value = float(values.ravel()[bad])
         accepted = (f"finite values of {ptx_type} ({fmt!r}: {fmt.m} fraction bits, least "
                     f"exponent {fmt.emin}, largest finite {fmt.max_finite:g})"
                     + (", inf" if fmt.has_inf else ", no inf") + " and NaN")
         raise ValueError(f"mma: {name}[{', '.join(str(int(w)) for w in where)}] = {value!r} "
-                         f"is not a {ptx_type} value; accepted: {accepted}")
+                         f"is not a value of type {ptx_type}; accepted: {accepted}")
     return m, e, cls
 
 
