@@ -24,6 +24,7 @@ are decoded once, a product is one integer multiply, and the alignment is a shif
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -37,34 +38,43 @@ _ZERO_E = -(1 << 20)      # exponent of a zero input: never a node's maximum
 
 
 @njit(cache=True, nogil=True)
-def _decode(values, p, e_sub, e_max, top, has_inf, zero_e, m, e, cls):
-    """Split float64 ``values`` of a type with ``p`` fraction bits into signed integer
-    significands ``m`` and exponents ``e`` (value = m * 2**(e - p), e >= e_sub; zeros get
-    ``zero_e``) and a class (finite, NaN, +inf, -inf).  Returns the flat index of the first
+def _decode(bits, p, e_sub, e_max, top, has_inf, zero_e, mag, sgn, e, cls):
+    """Split float64 values (their int64 ``bits``) of a type with ``p`` fraction bits into
+    significand magnitudes ``mag``, signs ``sgn`` (0 or -1) and exponents ``e`` (value =
+    mag * 2**(e - p), e >= e_sub; zeros get ``zero_e``) and a class (finite, NaN, +inf,
+    -inf), from the bit fields: no float arithmetic.  Returns the flat index of the first
     value the type cannot hold (-1: all can): a ValueError must name it."""
-    flat = values.ravel()
-    fm, fe, fc = m.ravel(), e.ravel(), cls.ravel()
-    for i in range(flat.size):
-        v = flat[i]
-        fm[i] = 0
-        fe[i] = zero_e
-        fc[i] = _FINITE
-        if v != v:
-            fc[i] = _NAN
-        elif math.isinf(v):
-            if not has_inf:
+    for i in range(bits.size):
+        b = bits[i]
+        ef = (b >> 52) & 0x7FF
+        frac = b & 0xFFFFFFFFFFFFF
+        mag[i] = 0
+        sgn[i] = -1 if b < 0 else 0
+        e[i] = zero_e
+        cls[i] = _FINITE
+        if ef == 0x7FF:
+            if frac != 0:
+                cls[i] = _NAN
+            elif not has_inf:
                 return i
-            fc[i] = _POS_INF if v > 0 else _NEG_INF
-        elif v != 0.0:
-            ex = math.frexp(v)[1] - 1
+            else:
+                cls[i] = _NEG_INF if b < 0 else _POS_INF
+        elif ef != 0 or frac != 0:
+            if ef == 0:                       # float64 subnormal: below every type here
+                return i
+            ex = ef - 1023
+            sh = 52 - p
             if ex < e_sub:
+                sh += e_sub - ex
                 ex = e_sub
-            scaled = math.ldexp(v, p - ex)
-            sig = int(scaled)
-            if sig != scaled or ex > e_max or (ex == e_max and abs(sig) > top):
+            full = frac | (1 << 52)
+            if sh > 53 or (full & ((1 << sh) - 1)) != 0:
                 return i
-            fm[i] = sig
-            fe[i] = ex
+            m = full >> sh
+            if ex > e_max or (ex == e_max and m > top):
+                return i
+            mag[i] = m
+            e[i] = ex
     return -1
 
 
@@ -80,14 +90,25 @@ def _shift(x, s):
     return -((-x) >> -s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
+def _msb(a):
+    """Position of the leading one bit of 0 < a < 2**64 (a binary search of shifts)."""
+    n = 0
+    for w in (32, 16, 8, 4, 2, 1):
+        if a >> w:
+            a >>= w
+            n += w
+    return n
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _round(S, x0, rho):
     """The output code (int32 bits of FP32, or FP16 bits) of S * 2**x0 rounded by ``rho``;
     zero gives +0 and overflow inf, as the hardware does."""
     if S == 0:
         return 0
     a = -S if S < 0 else S
-    nb = math.frexp(float(a))[1] - 1          # a < 2**53: exact
+    nb = _msb(a)
     if rho == RNE_FP16:
         k, e_sub = 10, -14
     elif rho == RZ_E8M13:
@@ -122,23 +143,23 @@ def _round(S, x0, rho):
 
 
 @njit(cache=True, nogil=True)
-def _special(am, acl, bm, bcl, i, j, k0, L, ccl):
+def _special(am, asg, acl, bm, bsg, bcl, i, j, k0, L, ccl):
     """Class of a node's IEEE sum when an input or C is NaN or inf."""
     pos = ccl == _POS_INF
     neg = ccl == _NEG_INF
     nan = ccl == _NAN
     for t in range(k0, k0 + L):
-        ca, cb = acl[i, t], bcl[j, t]
+        ca, cb = acl[i, t], bcl[t, j]
         if ca == _FINITE and cb == _FINITE:
             continue
         if ca == _NAN or cb == _NAN:
             nan = True
             continue
-        if (ca == _FINITE and am[i, t] == 0) or (cb == _FINITE and bm[j, t] == 0):
+        if (ca == _FINITE and am[i, t] == 0) or (cb == _FINITE and bm[t, j] == 0):
             nan = True                                         # inf * 0
             continue
-        sa = ca == _NEG_INF or (ca == _FINITE and am[i, t] < 0)
-        sb = cb == _NEG_INF or (cb == _FINITE and bm[j, t] < 0)
+        sa = ca == _NEG_INF or (ca == _FINITE and asg[i, t] < 0)
+        sb = cb == _NEG_INF or (cb == _FINITE and bsg[t, j] < 0)
         if sa != sb:
             neg = True
         else:
@@ -181,55 +202,72 @@ def _unpack(bits, out16):
 
 
 @njit(cache=True, nogil=True)
-def mma_kernel(am, ae, acl, bm, be, bcl, cm, ce, ccl, pc, pab, F, L, e_zero, rho, out):
+def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero, rho, S, out):
     """D = A B + C by fused nodes of ``L`` products (the module's docstring) into the int32
-    output codes ``out``.  ``am``/``ae``/``acl`` (M x K) and ``bm``/``be``/``bcl`` (N x K:
-    B transposed) are the inputs' significands, exponents and classes, with ``pab`` the
-    fraction bits of a product; ``cm``/``ce``/``ccl`` C's, with ``pc`` its fraction bits."""
+    output codes ``out``.  ``am``/``asg``/``ae``/``acl`` (M x K) and the same of B (K x N)
+    are the inputs' significand magnitudes, signs (0 or -1), exponents and classes, A's
+    magnitudes shifted left by F minus a product's fraction bits so that a product's term
+    is (am * bm) >> (E_max - e_a - e_b).  ``cm``/``ce``/``ccl`` are C's signed significands,
+    exponents and classes, ``pc`` its fraction bits.  ``S`` (N) holds a row's node sums:
+    int32 where they fit (F = 13: terms below 2**15), else int64.
+
+    Row by row of D, a node's steps run across the row (j innermost, B's rows contiguous):
+    branch-free int32 loops (products are below 2**28) the compiler vectorises; only the
+    rounding is per output."""
     M, K = am.shape
-    N = bm.shape[0]
+    N = bm.shape[1]
     nodes = K // L
     out16 = rho == RNE_FP16
     p_out = 10 if out16 else 23
-    a_special = np.zeros((M, nodes), np.bool_)
-    b_special = np.zeros((N, nodes), np.bool_)
-    for i in range(M):
-        for t in range(K):
-            if acl[i, t] != _FINITE:
-                a_special[i, t // L] = True
-    for j in range(N):
-        for t in range(K):
-            if bcl[j, t] != _FINITE:
-                b_special[j, t // L] = True
-    P = np.empty(L, np.int64)
-    E = np.empty(L, np.int64)
-    for i in range(M):
+    b_special = np.zeros((nodes, N), np.bool_)
+    for t in range(K):
         for j in range(N):
-            m_c, e_c, cl_c, p_c = cm[i, j], ce[i, j], ccl[i, j], pc
-            bits = 0
-            for node in range(nodes):
-                k0 = node * L
-                if cl_c != _FINITE or a_special[i, node] or b_special[j, node]:
-                    bits = _code_of(_special(am, acl, bm, bcl, i, j, k0, L, cl_c), out16)
+            if bcl[t, j] != _FINITE:
+                b_special[t // L, j] = True
+    m_c = np.empty(N, np.int64)
+    e_c = np.empty(N, np.int64)
+    cl_c = np.empty(N, np.int64)
+    hi = np.empty(N, np.int32)
+    lo = np.empty(N, np.int32)
+    for i in range(M):
+        p_c = pc
+        for j in range(N):
+            m_c[j], e_c[j], cl_c[j] = cm[i, j], ce[i, j], ccl[i, j]
+        for node in range(nodes):
+            k0 = node * L
+            a_special = False
+            for t in range(L):
+                a_special |= acl[i, k0 + t] != _FINITE
+            for j in range(N):
+                hi[j] = e_c[j] if m_c[j] != 0 else e_zero
+                lo[j] = 0
+            for t in range(L):
+                a_e = ae[i, k0 + t]
+                for j in range(N):
+                    E = np.int32(a_e + be[k0 + t, j])
+                    hi[j] = max(hi[j], E)
+                    lo[j] = min(lo[j], E)
+            for j in range(N):
+                if lo[j] < _ZERO_E // 2:                  # a zero product
+                    hi[j] = max(hi[j], e_zero)
+                S[j] = _shift(m_c[j], e_c[j] - p_c - hi[j] + F)
+            for t in range(L):
+                a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
+                for j in range(N):
+                    d = min(np.int32(hi[j] - np.int32(a_e + be[k0 + t, j])), np.int32(31))
+                    q = np.int32(np.int32(a_m * bm[k0 + t, j]) >> d)
+                    s = np.int32(a_s ^ bsg[k0 + t, j])
+                    S[j] += np.int32(np.int32(q ^ s) - s)
+            for j in range(N):
+                if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                    bits = _code_of(_special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
+                                             cl_c[j]), out16)
                 else:
-                    e_max = e_c if m_c != 0 else e_zero
-                    zero = False
-                    for t in range(L):
-                        P[t] = am[i, k0 + t] * bm[j, k0 + t]
-                        E[t] = ae[i, k0 + t] + be[j, k0 + t]
-                        if E[t] > e_max:
-                            e_max = E[t]
-                        zero |= P[t] == 0
-                    if zero and e_zero > e_max:
-                        e_max = e_zero
-                    x0 = e_max - F
-                    S = _shift(m_c, e_c - p_c - x0)
-                    for t in range(L):
-                        S += _shift(P[t], E[t] - pab - x0)
-                    bits = _round(S, x0, rho)
-                m_c, e_c, cl_c = _unpack(bits, out16)
-                p_c = p_out
-            out[i, j] = bits
+                    bits = _round(S[j], hi[j] - F, rho)
+                if node + 1 < nodes:
+                    m_c[j], e_c[j], cl_c[j] = _unpack(bits, out16)
+                out[i, j] = bits
+            p_c = p_out
 
 
 def _as_float64(x, name):
@@ -255,26 +293,36 @@ def _tf32_low_bits(x):
     return int(bad[0]) if bad.size else -1
 
 
-def _decoded(values, ptx_type, name, shape, zero_e, transposed=False):
-    """Significands, exponents and classes of an operand (:func:`_decode`); ValueError
-    naming the first value ``ptx_type`` cannot hold (``transposed``: values is B.T)."""
+@functools.lru_cache(maxsize=None)
+def _type_params(ptx_type):
+    """(format, fraction bits, least exponent, largest exponent, largest significand at it,
+    has inf) of a PTX type, from lpsim's format of it."""
     fmt = parse_format(FORMATS[ptx_type])
-    m = np.empty(values.shape, np.int64)
-    e = np.empty(values.shape, np.int64)
+    return fmt, fmt.m, fmt.emin, fmt.emax, (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf
+
+
+def _decoded(values, ptx_type, name, zero_e):
+    """Significand magnitudes, signs, exponents and classes of an operand (:func:`_decode`);
+    ValueError naming the first value ``ptx_type`` cannot hold."""
+    fmt, p, e_sub, e_max, top, has_inf = _type_params(ptx_type)
+    values = np.ascontiguousarray(values)
+    mag = np.empty(values.shape, np.int32)
+    sgn = np.empty(values.shape, np.int32)
+    e = np.empty(values.shape, np.int32)
     cls = np.empty(values.shape, np.int8)
-    bad = _decode(np.ascontiguousarray(values), fmt.m, fmt.emin, fmt.emax,
-                  (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf, zero_e, m, e, cls)
+    bad = _decode(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, zero_e,
+                  mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
     if bad < 0 and ptx_type == "tf32":
         bad = _tf32_low_bits(values)
     if bad >= 0:
-        where = np.unravel_index(bad, shape)[::-1 if transposed else 1]
+        where = np.unravel_index(bad, values.shape)
         value = float(values.ravel()[bad])
         accepted = (f"finite values of {ptx_type} ({fmt!r}: {fmt.m} fraction bits, least "
                     f"exponent {fmt.emin}, largest finite {fmt.max_finite:g})"
                     + (", inf" if fmt.has_inf else ", no inf") + " and NaN")
         raise ValueError(f"mma: {name}[{', '.join(str(int(w)) for w in where)}] = {value!r} "
                          f"is not a value of type {ptx_type}; accepted: {accepted}")
-    return m, e, cls
+    return mag, sgn, e, cls
 
 
 def mma(a, b, c, *, arch, instruction):
@@ -299,16 +347,16 @@ def mma(a, b, c, *, arch, instruction):
             raise ValueError(f"mma: {name} has shape {arr.shape}; {ins.opcode} on {ins.arch} "
                              f"accepts {name} of shape {want} (m={ins.m}, n={ins.n}, "
                              f"k={ins.k})")
-    am, ae, acl = _decoded(A, ins.a_type, "a", A.shape, _ZERO_E)
-    Bt = np.ascontiguousarray(B.T)
-    bm, be, bcl = _decoded(Bt, ins.b_type, "b", Bt.shape, _ZERO_E, transposed=True)
-    cm, ce, ccl = _decoded(C, ins.c_type, "c", C.shape, 0)
-    pa = parse_format(FORMATS[ins.a_type]).m
-    pb = parse_format(FORMATS[ins.b_type]).m
-    pc = parse_format(FORMATS[ins.c_type]).m
+    am, asg, ae, acl = _decoded(A, ins.a_type, "a", _ZERO_E)
+    bm, bsg, be, bcl = _decoded(B, ins.b_type, "b", _ZERO_E)
+    cm, csg, ce, ccl = _decoded(C, ins.c_type, "c", 0)
+    shift = ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
+    assert shift >= 0, "a product's significand is never wider than F bits"
+    am <<= shift
     out = np.empty((ins.m, ins.n), np.int32)
-    mma_kernel(am, ae, acl, bm, be, bcl, cm, ce, ccl, pc, pa + pb, ins.F, ins.L, ins.e_zero,
-               ins.rho, out)
+    S = np.empty(ins.n, np.int32 if ins.F <= 13 else np.int64)
+    mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, (cm ^ csg) - csg, ce, ccl,
+               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
     if lib == "torch":
