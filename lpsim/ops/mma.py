@@ -220,36 +220,38 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
     out16 = rho == RNE_FP16
     p_out = 10 if out16 else 23
     b_special = np.zeros((nodes, N), np.bool_)
+    b_zero = np.zeros((nodes, N), np.bool_)
     for t in range(K):
         for j in range(N):
-            if bcl[t, j] != _FINITE:
-                b_special[t // L, j] = True
+            b_special[t // L, j] |= bcl[t, j] != _FINITE
+            b_zero[t // L, j] |= bm[t, j] == 0
     m_c = np.empty(N, np.int64)
     e_c = np.empty(N, np.int64)
     cl_c = np.empty(N, np.int64)
     hi = np.empty(N, np.int32)
-    lo = np.empty(N, np.int32)
     for i in range(M):
         p_c = pc
         for j in range(N):
             m_c[j], e_c[j], cl_c[j] = cm[i, j], ce[i, j], ccl[i, j]
         for node in range(nodes):
             k0 = node * L
-            a_special = False
+            a_special = a_zero = False
             for t in range(L):
                 a_special |= acl[i, k0 + t] != _FINITE
+                a_zero |= am[i, k0 + t] == 0
             for j in range(N):
-                hi[j] = e_c[j] if m_c[j] != 0 else e_zero
-                lo[j] = 0
+                # C's exponent, or e_zero where C or a product is zero
+                if m_c[j] == 0:
+                    hi[j] = e_zero
+                elif a_zero or b_zero[node, j]:
+                    hi[j] = max(e_c[j], e_zero)
+                else:
+                    hi[j] = e_c[j]
             for t in range(L):
                 a_e = ae[i, k0 + t]
                 for j in range(N):
-                    E = np.int32(a_e + be[k0 + t, j])
-                    hi[j] = max(hi[j], E)
-                    lo[j] = min(lo[j], E)
+                    hi[j] = max(hi[j], np.int32(a_e + be[k0 + t, j]))
             for j in range(N):
-                if lo[j] < _ZERO_E // 2:                  # a zero product
-                    hi[j] = max(hi[j], e_zero)
                 S[j] = _shift(m_c[j], e_c[j] - p_c - hi[j] + F)
             for t in range(L):
                 a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
@@ -270,11 +272,29 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
             p_c = p_out
 
 
+@functools.lru_cache(maxsize=None)
+def _code_values(dtype):
+    """float64 value of every code of a torch 8- or 16-bit float dtype, by code."""
+    import torch
+    bits = 8 * dtype.itemsize
+    codes = torch.arange(2 ** bits, dtype=torch.int32)
+    codes = torch.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes)
+    words = codes.to(torch.int8 if bits == 8 else torch.int16).view(dtype)
+    with np.errstate(invalid="ignore"):
+        return words.float().numpy().astype(np.float64)
+
+
 def _as_float64(x, name):
-    """(float64 numpy copy, library of x, torch device or None) of an operand."""
+    """(float64 numpy copy, library of x, torch device or None) of an operand; torch's
+    8- and 16-bit floats by a table of their codes (faster than converting)."""
     if hasattr(x, "detach") and hasattr(x, "dtype") and type(x).__module__.startswith("torch"):
         device = x.device
         x = x.detach().cpu()
+        if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
+            import torch
+            words = x.contiguous().view(torch.uint8 if x.dtype.itemsize == 1 else torch.int16)
+            codes = words.numpy().astype(np.int64) & (2 ** (8 * x.dtype.itemsize) - 1)
+            return _code_values(x.dtype)[codes], "torch", device
         x = x if x.dtype.is_floating_point and x.dtype.itemsize == 8 else x.float()
         with np.errstate(invalid="ignore"):              # NaN codes: no warning
             return x.numpy().astype(np.float64), "torch", device
