@@ -26,6 +26,7 @@ Volta's numbers.  Opcodes are written as PTX writes them; the ``sync``, ``aligne
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -103,6 +104,13 @@ def _accepted(arch: str) -> str:
 def lookup(arch, instruction) -> Instruction:
     """The :class:`Instruction` for ``arch`` and a PTX opcode; ValueError naming what is
     accepted when the generation or the opcode is unknown or the generation lacks it."""
+    if isinstance(arch, str) and isinstance(instruction, str):
+        return _lookup(arch, instruction)
+    return _lookup.__wrapped__(arch, instruction)
+
+
+@functools.lru_cache(maxsize=256)
+def _lookup(arch, instruction) -> Instruction:
     if not isinstance(arch, str) or arch.strip().lower() not in ARCHS:
         raise ValueError(f"mma: arch={arch!r} is unknown; accepted: {', '.join(ARCHS)}")
     arch = arch.strip().lower()
