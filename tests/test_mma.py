@@ -5,6 +5,7 @@ tests draw them; C is random FP32 (or FP16) codes.  Outputs are compared as code
 return the hardware's canonical NaN, so NaN must match NaN code for code.
 """
 
+import pathlib
 import zlib
 
 import numpy as np
@@ -168,14 +169,20 @@ def test_refused_shapes():
         mma(a, b.T, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
 
 
+E4M3 = "wgmma.m64n8k32.f32.e4m3.e4m3"
+
+
 @pytest.mark.parametrize("operand,where,value,ins,match", [
-    ("a", (3, 5), 0.3, "wgmma.m64n8k32.f32.e4m3.e4m3", r"a\[3, 5\] = 0.3 is not a value of type e4m3"),
-    ("a", (0, 1), np.inf, "wgmma.m64n8k32.f32.e4m3.e4m3", r"a\[0, 1\] = inf .*no inf"),
-    ("b", (2, 7), 480.0, "wgmma.m64n8k32.f32.e4m3.e4m3", r"b\[2, 7\] = 480.0 .*largest finite 448"),
-    ("b", (1, 4), 1 + 2 ** -8, "wgmma.m64n8k16.f32.bf16.bf16", r"b\[1, 4\] = 1.00390625 is not a value of type bf16"),
-    ("a", (9, 2), 1 + 2 ** -11, "wgmma.m64n8k8.f32.tf32.tf32", r"a\[9, 2\] = 1.00048828125 is not a value of type tf32"),
-    ("c", (5, 6), 1 + 2 ** -30, "wgmma.m64n8k32.f32.e4m3.e4m3", r"c\[5, 6\] = 1.0000000009313226 is not a value of type f32"),
-    ("c", (0, 0), 70000.0, "wgmma.m64n8k16.f16.f16.f16", r"c\[0, 0\] = 70000.0 is not a value of type f16"),
+    ("a", (3, 5), 0.3, E4M3, r"a\[3, 5\] = 0.3 is not a value of type e4m3"),
+    ("a", (0, 1), np.inf, E4M3, r"a\[0, 1\] = inf .*no inf"),
+    ("b", (2, 7), 480.0, E4M3, r"b\[2, 7\] = 480.0 .*largest finite 448"),
+    ("b", (1, 4), 1 + 2 ** -8, "wgmma.m64n8k16.f32.bf16.bf16",
+     r"b\[1, 4\] = 1.00390625 is not a value of type bf16"),
+    ("a", (9, 2), 1 + 2 ** -11, "wgmma.m64n8k8.f32.tf32.tf32",
+     r"a\[9, 2\] = 1.00048828125 is not a value of type tf32"),
+    ("c", (5, 6), 1 + 2 ** -30, E4M3, r"c\[5, 6\] = 1.0000000009313226 is not a value of type f32"),
+    ("c", (0, 0), 70000.0, "wgmma.m64n8k16.f16.f16.f16",
+     r"c\[0, 0\] = 70000.0 is not a value of type f16"),
 ])
 def test_refused_values(operand, where, value, ins, match):
     i = lookup("hopper", ins)
@@ -186,3 +193,32 @@ def test_refused_values(operand, where, value, ins, match):
         mma(args["a"], args["b"], args["c"], arch="hopper", instruction=ins)
     for k in args:
         assert np.array_equal(args[k], before[k], equal_nan=True)
+
+
+RECORDING = pathlib.Path(__file__).parent / "data" / "tensor-cores-h100.npz"
+
+
+def test_h100_recording_fast_accumulation():
+    """``torch._scaled_mm(use_fast_accum=True)`` recorded on an H100 (e4m3 inputs, scales 1,
+    17 input families, K = 16 .. 4096) is a chain of wgmma.m64nNk32.f32.e4m3.e4m3 along K,
+    each D fed back as C: every recorded output equal, code for code (K padded with zeros to
+    a multiple of 32, rows to 64)."""
+    data = np.load(RECORDING)
+    families = sorted({k.rsplit("/", 1)[0] for k in data.files if k.endswith("/fp8-fast1")})
+    assert len(families) == 17
+    for family in families:
+        a = torch.from_numpy(data[family + "/a"]).view(torch.float8_e4m3fn)
+        b = torch.from_numpy(data[family + "/b"]).view(torch.float8_e4m3fn)
+        want = torch.from_numpy(data[family + "/fp8-fast1"])
+        (m, k), n = a.shape, b.shape[1]
+        kp = -(-k // 32) * 32
+        A = torch.zeros((64, kp), dtype=torch.float8_e4m3fn)
+        B = torch.zeros((kp, n), dtype=torch.float8_e4m3fn)
+        A[:m, :k], B[:k] = a, b
+        D = torch.zeros((64, n))
+        for k0 in range(0, kp, 32):
+            D = mma(A[:, k0:k0 + 32], B[k0:k0 + 32], D, arch="hopper",
+                    instruction=f"wgmma.m64n{n}k32.f32.e4m3.e4m3")
+        got = D[:m]
+        same = (codes(got) == codes(want)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), f"{family}: {int((~same).sum())} of {want.numel()} differ"

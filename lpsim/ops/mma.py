@@ -17,6 +17,12 @@ NaN and inf follow IEEE 754 within a node (a NaN input, inf * 0 or +inf + -inf g
 other infinite products or C give that inf) and the hardware's canonical NaN is returned:
 0x7FFFFFFF (f32) or 0x7FFF (f16).
 
+On the hardware: ``torch._scaled_mm(use_fast_accum=True)`` recorded on an H100
+(``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096) is reproduced code
+for code, all 17408 outputs, by chaining ``wgmma.m64nNk32.f32.e4m3.e4m3`` along K with each D
+fed back as C (``tests/test_mma.py``), where the chunk model of :mod:`lpsim.ops.hardware`
+matches 77.5%.
+
 The node is computed on integers in one compiled numba loop: the significands of A and B
 are decoded once, a product is one integer multiply, and the alignment is a shift, so a
 256x256x4096 FP8 GEMM runs as 2**28 multiply-shift-adds.
@@ -25,7 +31,6 @@ are decoded once, a product is one integer multiply, and the alignment is a shif
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 from numba import njit
