@@ -33,7 +33,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from ..formats import parse_format
 from .mma_table import FORMATS, RNE_FP16, RZ_E8M13, Instruction, lookup
@@ -81,6 +82,17 @@ def _decode(bits, p, e_sub, e_max, top, has_inf, zero_e, mag, sgn, e, cls):
             mag[i] = m
             e[i] = ex
     return -1
+
+
+@intrinsic
+def _ashr32(typingctx, x, d):
+    """x >> d on int32 words (0 <= d <= 31): numba's ``>>`` widens to int64, which halves
+    the lanes of the vectorised node sum."""
+    sig = types.int32(types.int32, types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.ashr(args[0], args[1])
+    return sig, codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -262,7 +274,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                 a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
                 for j in range(N):
                     d = min(np.int32(hi[j] - np.int32(a_e + be[k0 + t, j])), np.int32(31))
-                    q = np.int32(np.int32(a_m * bm[k0 + t, j]) >> d)
+                    q = _ashr32(np.int32(a_m * bm[k0 + t, j]), d)
                     s = np.int32(a_s ^ bsg[k0 + t, j])
                     S[j] += np.int32(np.int32(q ^ s) - s)
             for j in range(N):
@@ -350,6 +362,44 @@ def _decoded(values, ptx_type, name, zero_e):
     return mag, sgn, e, cls
 
 
+_TORCH_NAMES = {"e4m3": "torch.float8_e4m3fn", "e5m2": "torch.float8_e5m2",
+                "bf16": "torch.bfloat16", "f16": "torch.float16"}
+
+
+@njit(cache=True, nogil=True)
+def _gather(codes, mask, t_mag, t_sgn, t_e, t_cls, mag, sgn, e, cls):
+    """Decode codes through the tables of :func:`_code_tables`."""
+    for i in range(codes.size):
+        k = codes[i] & mask
+        mag[i], sgn[i], e[i], cls[i] = t_mag[k], t_sgn[k], t_e[k], t_cls[k]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_tables(dtype, ptx_type):
+    """Significand, sign, exponent and class of every code of a torch 8- or 16-bit dtype
+    that is ``ptx_type`` itself (every code valid)."""
+    return _decoded(_code_values(dtype), ptx_type, "table", _ZERO_E)
+
+
+def _operand(x, ptx_type, name, shape):
+    """(significands, signs, exponents, classes) of an operand (None if its shape is not
+    ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the instruction's own 8- or 16-bit type is decoded from its
+    codes through a table; anything else through float64 values, checked."""
+    is_torch = type(x).__module__.startswith("torch") and hasattr(x, "dtype")
+    if is_torch and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
+        import torch
+        words = x.detach().cpu().contiguous().view(
+            torch.uint8 if x.dtype.itemsize == 1 else torch.int16).numpy()
+        parts = tuple(np.empty(shape, dt) for dt in (np.int32, np.int32, np.int32, np.int8))
+        _gather(words.ravel(), 0xFF if x.dtype.itemsize == 1 else 0xFFFF,
+                *_code_tables(x.dtype, ptx_type), *(p.ravel() for p in parts))
+        return parts, True, x.device, shape
+    values, lib, device = _as_float64(x, name)
+    if values.shape != shape:
+        return None, lib == "torch", device, values.shape
+    return _decoded(values, ptx_type, name, _ZERO_E), lib == "torch", device, shape
+
+
 def mma(a, b, c, *, arch, instruction):
     """D = A B + C of one tensor-core ``instruction`` (a PTX opcode such as
     ``"mma.m16n8k16.f32.bf16.bf16.f32"`` or ``"wgmma.m64n8k32.f32.e4m3.e4m3"``) on the GPU
@@ -363,18 +413,19 @@ def mma(a, b, c, *, arch, instruction):
     numpy array, or a torch tensor on a's device when a is one.  A wrong shape, an unknown or
     missing instruction, or a value the type cannot hold is a ValueError naming it."""
     ins: Instruction = lookup(arch, instruction)
-    A, lib, device = _as_float64(a, "a")
-    B, _, _ = _as_float64(b, "b")
-    C, _, _ = _as_float64(c, "c")
-    for name, arr, want in (("a", A, (ins.m, ins.k)), ("b", B, (ins.k, ins.n)),
-                            ("c", C, (ins.m, ins.n))):
-        if arr.shape != want:
-            raise ValueError(f"mma: {name} has shape {arr.shape}; {ins.opcode} on {ins.arch} "
+    decoded = []
+    for name, x, ptx_type, want in (("a", a, ins.a_type, (ins.m, ins.k)),
+                                    ("b", b, ins.b_type, (ins.k, ins.n)),
+                                    ("c", c, ins.c_type, (ins.m, ins.n))):
+        parts, is_torch, device, shape = _operand(x, ptx_type, name, want)
+        if parts is None:
+            raise ValueError(f"mma: {name} has shape {shape}; {ins.opcode} on {ins.arch} "
                              f"accepts {name} of shape {want} (m={ins.m}, n={ins.n}, "
                              f"k={ins.k})")
-    am, asg, ae, acl = _decoded(A, ins.a_type, "a", _ZERO_E)
-    bm, bsg, be, bcl = _decoded(B, ins.b_type, "b", _ZERO_E)
-    cm, csg, ce, ccl = _decoded(C, ins.c_type, "c", 0)
+        decoded.append((parts, is_torch, device))
+    (am, asg, ae, acl), lib_torch, device = decoded[0]
+    bm, bsg, be, bcl = decoded[1][0]
+    cm, csg, ce, ccl = decoded[2][0]
     shift = ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
     assert shift >= 0, "a product's significand is never wider than F bits"
     am <<= shift
@@ -384,7 +435,7 @@ def mma(a, b, c, *, arch, instruction):
                _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
-    if lib == "torch":
+    if lib_torch:
         import torch
         return torch.from_numpy(d.copy()).to(device)
     return d
