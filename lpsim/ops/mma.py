@@ -383,8 +383,9 @@ def _code_tables(dtype, ptx_type):
 
 def _operand(x, ptx_type, name, shape):
     """(significands, signs, exponents, classes) of an operand (None if its shape is not
-    ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the instruction's own 8- or 16-bit type is decoded from its
-    codes through a table; anything else through float64 values, checked."""
+    ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the
+    instruction's own 8- or 16-bit type is decoded from its codes through a table; anything
+    else through float64 values, checked."""
     is_torch = type(x).__module__.startswith("torch") and hasattr(x, "dtype")
     if is_torch and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
         import torch
