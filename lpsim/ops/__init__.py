@@ -14,7 +14,8 @@ from .elementwise import add, div, fma, mul, sqrt, sub
 from .models import MODELS, AccumulationModel, get_model
 from .hardware import HARDWARE_MODELS, TensorCoreModel
 from .reductions import dot, matmul, sum
+from .mma import mma
 
 __all__ = ["add", "sub", "mul", "div", "fma", "sqrt", "sum", "dot", "matmul", "MODELS",
            "AccumulationModel", "get_model", "gamma", "input_cast_factor", "HARDWARE_MODELS",
-           "TensorCoreModel"]
+           "TensorCoreModel", "mma"]

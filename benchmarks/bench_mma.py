@@ -1,0 +1,186 @@
+"""lpsim.ops.mma against MMA-Sim (mmasim): bit-for-bit agreement per instruction, and speed.
+
+    python benchmarks/bench_mma.py [--outputs 100000] [--gemm-slice 16]
+                                   [--out benchmarks/results/mma-cpu.txt]
+
+1. For every (arch, instruction) lpsim models (wgmma at n = 256), at least ``--outputs``
+   outputs on uniform random codes of the input types (C: random FP32/FP16 codes), each
+   instruction call run by both simulators; prints equal / total output codes.
+2. A 256 x 256 x 4096 FP8 GEMM as a Hopper kernel runs it with fast accumulation: tiles of
+   ``wgmma.m64n256k32.f32.e4m3.e4m3``, each K step's D fed back as the next step's C
+   (4 x 128 instructions).  lpsim runs all of them; mmasim runs the first ``--gemm-slice``
+   instructions of the chain and its time is scaled to the 512 (its rate is the same per
+   instruction).  Both on one thread (numba and torch).  Checks the 8 x 8 corner of lpsim's
+   D against mmasim's fused-node chain over the full K = 4096.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+import zlib
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import numba                                   # noqa: E402
+import numpy as np                             # noqa: E402
+import torch                                   # noqa: E402
+from tqdm import tqdm                          # noqa: E402
+
+import lpsim                                   # noqa: E402
+from lpsim.ops import mma                      # noqa: E402
+from lpsim.ops.mma_table import ARCHS, MMA_SHAPES, lookup    # noqa: E402
+
+SIM_ARCH = {"volta": "Volta", "turing": "Turing", "ampere": "Ampere", "ada": "Ada Lovelace",
+            "hopper": "Hopper", "blackwell": "Blackwell"}
+TORCH_TYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+              "e5m2": torch.float8_e5m2, "f32": torch.float32, "tf32": torch.float32}
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+FP8 = ("e5m2", "e4m3")
+WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16", "k16.f32.bf16.bf16"]
+               + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in FP8 for b in FP8])
+CASES = ([(arch, f"mma.{s}") for arch in ARCHS for s in MMA_SHAPES[arch]]
+         + [("hopper", f"wgmma.m64n256{t}") for t in WGMMA_TYPES])
+
+
+def random_codes(shape, ptx_type, rng):
+    """Uniform random codes of a type (tf32: float32 with the 13 low bits zero)."""
+    dtype = TORCH_TYPE[ptx_type]
+    nbytes = dtype.itemsize
+    codes = rng.integers(0, 2 ** (8 * nbytes), size=shape, dtype=np.uint64)
+    if ptx_type == "tf32":
+        codes &= np.uint64(0xFFFFE000)
+    signed = codes.astype(np.int64) - (codes >= 2 ** (8 * nbytes - 1)) * 2 ** (8 * nbytes)
+    return torch.from_numpy(signed).to(_INT[nbytes]).view(dtype)
+
+
+def simulator(arch, instruction):
+    from mmasim import nv_ptx
+    op, rest = instruction.split(".", 1)
+    return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(SIM_ARCH[arch], rest)
+
+
+def codes(x):
+    return x.view(torch.int16 if x.dtype == torch.float16 else torch.int32)
+
+
+def agreement(outputs):
+    rows = []
+    for arch, instruction in tqdm(CASES, desc="bit for bit", unit="instr"):
+        ins = lookup(arch, instruction)
+        sim = simulator(arch, instruction)
+        rng = np.random.default_rng(zlib.crc32(f"{arch} {instruction}".encode()))
+        equal = total = 0
+        t_lp = t_sim = 0.0
+        while total < outputs:
+            a = random_codes((ins.m, ins.k), ins.a_type, rng)
+            b = random_codes((ins.k, ins.n), ins.b_type, rng)
+            c = random_codes((ins.m, ins.n), ins.c_type, rng)
+            t = time.perf_counter()
+            want = sim(a, b, c)
+            t_sim += time.perf_counter() - t
+            t = time.perf_counter()
+            got = mma(a, b, c, arch=arch, instruction=instruction)
+            t_lp += time.perf_counter() - t
+            equal += int((codes(got) == codes(want)).sum())
+            total += want.numel()
+        rows.append((arch, instruction, equal, total, t_lp, t_sim))
+    return rows
+
+
+def gemm(slice_calls):
+    M, N, K, tm, tk = 256, 256, 4096, 64, 32
+    instruction = "wgmma.m64n256k32.f32.e4m3.e4m3"
+    rng = np.random.default_rng(0)
+    # finite values of moderate range, as a GEMM's operands are
+    A = torch.from_numpy(rng.standard_normal((M, K)).astype(np.float32)).to(torch.float8_e4m3fn)
+    B = torch.from_numpy(rng.standard_normal((K, N)).astype(np.float32)).to(torch.float8_e4m3fn)
+    C = torch.zeros((M, N), dtype=torch.float32)
+    calls = [(i, k) for i in range(0, M, tm) for k in range(0, K, tk)]
+
+    def run_lpsim():
+        D = C.clone()
+        for i, k in tqdm(calls, desc="lpsim GEMM", unit="wgmma", leave=False):
+            D[i:i + tm] = mma(A[i:i + tm, k:k + tk], B[k:k + tk], D[i:i + tm],
+                              arch="hopper", instruction=instruction)
+        return D
+
+    mma(A[:tm, :tk], B[:tk], C[:tm], arch="hopper", instruction=instruction)   # compiled
+    t = time.perf_counter()
+    D = run_lpsim()
+    t_lp = time.perf_counter() - t
+
+    sim = simulator("hopper", instruction)
+    d = C[:tm].clone()
+    t = time.perf_counter()
+    for i, k in tqdm(calls[:slice_calls], desc="mmasim GEMM slice", unit="wgmma", leave=False):
+        d = sim(A[i:i + tm, k:k + tk], B[k:k + tk], d)
+    t_sim_slice = time.perf_counter() - t
+    t_sim = t_sim_slice * len(calls) / slice_calls
+    # the corner of D through mmasim's chain of fused nodes over all of K
+    a_vec = A[:8, None, :].expand(-1, 8, -1)
+    b_vec = B[:, :8].T[None, :, :].expand(8, -1, -1)
+    corner = sim.dpa(a_vec, b_vec, C[:8, :8])
+    corner_equal = int((codes(corner) == codes(D[:8, :8].contiguous())).sum())
+    return dict(calls=len(calls), t_lp=t_lp, t_sim=t_sim, t_sim_slice=t_sim_slice,
+                slice_calls=slice_calls, corner_equal=corner_equal)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--outputs", type=int, default=100_000)
+    parser.add_argument("--gemm-slice", type=int, default=16)
+    parser.add_argument("--out", default=None, help="write the table here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import mmasim
+    rows = agreement(args.outputs)
+    g = gemm(args.gemm_slice)
+    macs = 256 * 256 * 4096
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    lines = [
+        f"# {datetime.date.today()}  {cpu}, {os.cpu_count()} cores (shared with other jobs), "
+        f"one thread each (numba {numba.__version__}, torch {torch.__version__} "
+        f"set_num_threads(1)); lpsim {lpsim.__version__}, "
+        f"mmasim {getattr(mmasim, '__version__', '2.1.1')}, numpy {np.__version__}",
+        f"# command: python {' '.join(sys.argv)}",
+        "# bit for bit: random codes of the input types (NaN, inf, subnormals, zeros), "
+        "C random codes; seconds: all calls of the case",
+        f"{'arch':<10} {'instruction':<36} {'equal':>8} / {'total':<8} {'lpsim s':>8} "
+        f"{'mmasim s':>9}",
+    ]
+    for arch, ins, eq, tot, tl, ts in rows:
+        lines.append(f"{arch:<10} {ins:<36} {eq:>8} / {tot:<8} {tl:8.2f} {ts:9.2f}")
+    eq_all = sum(r[2] for r in rows)
+    tot_all = sum(r[3] for r in rows)
+    lines.append(f"{'all':<10} {f'{len(rows)} (arch, instruction) pairs':<36} {eq_all:>8} / "
+                 f"{tot_all:<8}")
+    lines += [
+        "",
+        f"# 256x256x4096 FP8 GEMM: {g['calls']} x wgmma.m64n256k32.f32.e4m3.e4m3, D fed back "
+        "as C along K (fast accumulation), standard normal inputs rounded to e4m3",
+        f"lpsim.ops.mma   {g['t_lp']:8.2f} s  {macs / g['t_lp']:.3e} MAC/s  (all "
+        f"{g['calls']} instructions)",
+        f"mmasim          {g['t_sim']:8.2f} s  {macs / g['t_sim']:.3e} MAC/s  (scaled from "
+        f"{g['slice_calls']} instructions in {g['t_sim_slice']:.2f} s)",
+        f"speed-up        {g['t_sim'] / g['t_lp']:8.1f} x",
+        f"D[:8, :8] equal to mmasim's chain over K = 4096: {g['corner_equal']} / 64",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

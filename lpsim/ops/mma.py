@@ -1,0 +1,442 @@
+"""One NVIDIA tensor-core instruction, D = A B + C, bit for bit as the hardware computes it.
+
+:func:`mma` runs an ``mma`` or ``wgmma`` opcode of a GPU generation (the table and its numbers:
+:mod:`lpsim.ops.mma_table`) with the rule MMA-Sim measured on the hardware.  Per output d_ij,
+K is cut into fused nodes of L products, and each node, with C the previous node's result
+(the instruction's C for the first), does:
+
+1. every product a_ik b_kj exactly: significand in [0, 4), exponent e_a + e_b (subnormal
+   inputs at the type's least exponent);
+2. the largest exponent E over the products and C, a zero term counting as ``e_zero``;
+3. every term truncated toward zero to a multiple of 2**(E - F) (no guard or sticky bit);
+4. the truncated terms added exactly (integers here: no rounding can occur);
+5. the sum rounded once: toward zero to FP32 (or to 13 fraction bits for FP8 inputs, then
+   held as FP32) or to nearest even FP16, overflow giving inf; a zero result is +0.
+
+NaN and inf follow IEEE 754 within a node (a NaN input, inf * 0 or +inf + -inf give NaN,
+other infinite products or C give that inf) and the hardware's canonical NaN is returned:
+0x7FFFFFFF (f32) or 0x7FFF (f16).
+
+On the hardware: ``torch._scaled_mm(use_fast_accum=True)`` recorded on an H100
+(``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096) is reproduced code
+for code, all 17408 outputs, by chaining ``wgmma.m64nNk32.f32.e4m3.e4m3`` along K with each D
+fed back as C (``tests/test_mma.py``), where the chunk model of :mod:`lpsim.ops.hardware`
+matches 77.5%.
+
+The node is computed on integers in one compiled numba loop: the significands of A and B
+are decoded once, a product is one integer multiply, and the alignment is a shift, so a
+256x256x4096 FP8 GEMM runs as 2**28 multiply-shift-adds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+from ..formats import parse_format
+from .mma_table import FORMATS, RNE_FP16, RZ_E8M13, Instruction, lookup
+
+_FINITE, _NAN, _POS_INF, _NEG_INF = 0, 1, 2, 3
+_ZERO_E = -(1 << 20)      # exponent of a zero input: never a node's maximum
+
+
+@njit(cache=True, nogil=True)
+def _decode(bits, p, e_sub, e_max, top, has_inf, zero_e, mag, sgn, e, cls):
+    """Split float64 values (their int64 ``bits``) of a type with ``p`` fraction bits into
+    significand magnitudes ``mag``, signs ``sgn`` (0 or -1) and exponents ``e`` (value =
+    mag * 2**(e - p), e >= e_sub; zeros get ``zero_e``) and a class (finite, NaN, +inf,
+    -inf), from the bit fields: no float arithmetic.  Returns the flat index of the first
+    value the type cannot hold (-1: all can): a ValueError must name it."""
+    for i in range(bits.size):
+        b = bits[i]
+        ef = (b >> 52) & 0x7FF
+        frac = b & 0xFFFFFFFFFFFFF
+        mag[i] = 0
+        sgn[i] = -1 if b < 0 else 0
+        e[i] = zero_e
+        cls[i] = _FINITE
+        if ef == 0x7FF:
+            if frac != 0:
+                cls[i] = _NAN
+            elif not has_inf:
+                return i
+            else:
+                cls[i] = _NEG_INF if b < 0 else _POS_INF
+        elif ef != 0 or frac != 0:
+            if ef == 0:                       # float64 subnormal: below every type here
+                return i
+            ex = ef - 1023
+            sh = 52 - p
+            if ex < e_sub:
+                sh += e_sub - ex
+                ex = e_sub
+            full = frac | (1 << 52)
+            if sh > 53 or (full & ((1 << sh) - 1)) != 0:
+                return i
+            m = full >> sh
+            if ex > e_max or (ex == e_max and m > top):
+                return i
+            mag[i] = m
+            e[i] = ex
+    return -1
+
+
+@intrinsic
+def _ashr32(typingctx, x, d):
+    """x >> d on int32 words (0 <= d <= 31): numba's ``>>`` widens to int64, which halves
+    the lanes of the vectorised node sum."""
+    sig = types.int32(types.int32, types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.ashr(args[0], args[1])
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _shift(x, s):
+    """x * 2**s truncated toward zero (the node's alignment of a term)."""
+    if s >= 0:
+        return x << s
+    if s < -62:
+        return 0
+    if x >= 0:
+        return x >> -s
+    return -((-x) >> -s)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _msb(a):
+    """Position of the leading one bit of 0 < a < 2**64 (a binary search of shifts)."""
+    n = 0
+    for w in (32, 16, 8, 4, 2, 1):
+        if a >> w:
+            a >>= w
+            n += w
+    return n
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _round(S, x0, rho):
+    """The output code (int32 bits of FP32, or FP16 bits) of S * 2**x0 rounded by ``rho``;
+    zero gives +0 and overflow inf, as the hardware does."""
+    if S == 0:
+        return 0
+    a = -S if S < 0 else S
+    nb = _msb(a)
+    if rho == RNE_FP16:
+        k, e_sub = 10, -14
+    elif rho == RZ_E8M13:
+        k, e_sub = 13, -126
+    else:
+        k, e_sub = 23, -126
+    E = x0 + nb
+    if E < e_sub:
+        E = e_sub
+    r = E - k - x0
+    if r <= 0:
+        q = a << -r
+    elif r > 61:
+        q = 0
+    else:
+        q = a >> r
+        if rho == RNE_FP16:
+            rem = a - (q << r)
+            half = 1 << (r - 1)
+            if rem > half or (rem == half and (q & 1) == 1):
+                q += 1
+    if q == 0:
+        return 0
+    if rho == RNE_FP16:
+        bits = 0x7C00 if E > 15 else min(((E + 14) << 10) + q, 0x7C00)
+        return bits | 0x8000 if S < 0 else bits
+    if E > 127:
+        bits = 0x7F800000
+    else:
+        bits = ((E + 126) << 23) + (q << (23 - k))
+    return bits | -0x80000000 if S < 0 else bits
+
+
+@njit(cache=True, nogil=True)
+def _special(am, asg, acl, bm, bsg, bcl, i, j, k0, L, ccl):
+    """Class of a node's IEEE sum when an input or C is NaN or inf."""
+    pos = ccl == _POS_INF
+    neg = ccl == _NEG_INF
+    nan = ccl == _NAN
+    for t in range(k0, k0 + L):
+        ca, cb = acl[i, t], bcl[t, j]
+        if ca == _FINITE and cb == _FINITE:
+            continue
+        if ca == _NAN or cb == _NAN:
+            nan = True
+            continue
+        if (ca == _FINITE and am[i, t] == 0) or (cb == _FINITE and bm[t, j] == 0):
+            nan = True                                         # inf * 0
+            continue
+        sa = ca == _NEG_INF or (ca == _FINITE and asg[i, t] < 0)
+        sb = cb == _NEG_INF or (cb == _FINITE and bsg[t, j] < 0)
+        if sa != sb:
+            neg = True
+        else:
+            pos = True
+    if nan or (pos and neg):
+        return _NAN
+    return _NEG_INF if neg else _POS_INF
+
+
+@njit(cache=True, nogil=True)
+def _code_of(cls, out16):
+    """The output code of NaN or an infinity."""
+    if cls == _NAN:
+        return 0x7FFF if out16 else 0x7FFFFFFF
+    if out16:
+        return 0x7C00 if cls == _POS_INF else 0xFC00
+    return 0x7F800000 if cls == _POS_INF else -0x800000
+
+
+@njit(cache=True, nogil=True)
+def _unpack(bits, out16):
+    """(significand, exponent, class) of an output code as the next node's C."""
+    if out16:
+        ef, frac, neg, p, bias, e_sub = (bits >> 10) & 0x1F, bits & 0x3FF, (bits >> 15) & 1, \
+            10, 15, -14
+        top = 0x1F
+    else:
+        ef, frac, neg, p, bias, e_sub = (bits >> 23) & 0xFF, bits & 0x7FFFFF, \
+            (bits >> 31) & 1, 23, 127, -126
+        top = 0xFF
+    if ef == top:
+        if frac != 0:
+            return 0, 0, _NAN
+        return 0, 0, _NEG_INF if neg else _POS_INF
+    if ef == 0:
+        m, e = frac, e_sub
+    else:
+        m, e = frac | (1 << p), ef - bias
+    return (-m if neg else m), e, _FINITE
+
+
+@njit(cache=True, nogil=True)
+def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero, rho, S, out):
+    """D = A B + C by fused nodes of ``L`` products (the module's docstring) into the int32
+    output codes ``out``.  ``am``/``asg``/``ae``/``acl`` (M x K) and the same of B (K x N)
+    are the inputs' significand magnitudes, signs (0 or -1), exponents and classes, A's
+    magnitudes shifted left by F minus a product's fraction bits so that a product's term
+    is (am * bm) >> (E_max - e_a - e_b).  ``cm``/``ce``/``ccl`` are C's signed significands,
+    exponents and classes, ``pc`` its fraction bits.  ``S`` (N) holds a row's node sums:
+    int32 where they fit (F = 13: terms below 2**15), else int64.
+
+    Row by row of D, a node's steps run across the row (j innermost, B's rows contiguous):
+    branch-free int32 loops (products are below 2**28) the compiler vectorises; only the
+    rounding is per output."""
+    M, K = am.shape
+    N = bm.shape[1]
+    nodes = K // L
+    out16 = rho == RNE_FP16
+    p_out = 10 if out16 else 23
+    b_special = np.zeros((nodes, N), np.bool_)
+    b_zero = np.zeros((nodes, N), np.bool_)
+    for t in range(K):
+        for j in range(N):
+            b_special[t // L, j] |= bcl[t, j] != _FINITE
+            b_zero[t // L, j] |= bm[t, j] == 0
+    m_c = np.empty(N, np.int64)
+    e_c = np.empty(N, np.int64)
+    cl_c = np.empty(N, np.int64)
+    hi = np.empty(N, np.int32)
+    for i in range(M):
+        p_c = pc
+        for j in range(N):
+            m_c[j], e_c[j], cl_c[j] = cm[i, j], ce[i, j], ccl[i, j]
+        for node in range(nodes):
+            k0 = node * L
+            a_special = a_zero = False
+            for t in range(L):
+                a_special |= acl[i, k0 + t] != _FINITE
+                a_zero |= am[i, k0 + t] == 0
+            for j in range(N):
+                # C's exponent, or e_zero where C or a product is zero
+                if m_c[j] == 0:
+                    hi[j] = e_zero
+                elif a_zero or b_zero[node, j]:
+                    hi[j] = max(e_c[j], e_zero)
+                else:
+                    hi[j] = e_c[j]
+            for t in range(L):
+                a_e = ae[i, k0 + t]
+                for j in range(N):
+                    hi[j] = max(hi[j], np.int32(a_e + be[k0 + t, j]))
+            for j in range(N):
+                S[j] = _shift(m_c[j], e_c[j] - p_c - hi[j] + F)
+            for t in range(L):
+                a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
+                for j in range(N):
+                    d = min(np.int32(hi[j] - np.int32(a_e + be[k0 + t, j])), np.int32(31))
+                    q = _ashr32(np.int32(a_m * bm[k0 + t, j]), d)
+                    s = np.int32(a_s ^ bsg[k0 + t, j])
+                    S[j] += np.int32(np.int32(q ^ s) - s)
+            for j in range(N):
+                if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                    bits = _code_of(_special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
+                                             cl_c[j]), out16)
+                else:
+                    bits = _round(S[j], hi[j] - F, rho)
+                if node + 1 < nodes:
+                    m_c[j], e_c[j], cl_c[j] = _unpack(bits, out16)
+                out[i, j] = bits
+            p_c = p_out
+
+
+@functools.lru_cache(maxsize=None)
+def _code_values(dtype):
+    """float64 value of every code of a torch 8- or 16-bit float dtype, by code."""
+    import torch
+    bits = 8 * dtype.itemsize
+    codes = torch.arange(2 ** bits, dtype=torch.int32)
+    codes = torch.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes)
+    words = codes.to(torch.int8 if bits == 8 else torch.int16).view(dtype)
+    with np.errstate(invalid="ignore"):
+        return words.float().numpy().astype(np.float64)
+
+
+def _as_float64(x, name):
+    """(float64 numpy copy, library of x, torch device or None) of an operand; torch's
+    8- and 16-bit floats by a table of their codes (faster than converting)."""
+    if hasattr(x, "detach") and hasattr(x, "dtype") and type(x).__module__.startswith("torch"):
+        device = x.device
+        x = x.detach().cpu()
+        if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
+            import torch
+            words = x.contiguous().view(torch.uint8 if x.dtype.itemsize == 1 else torch.int16)
+            codes = words.numpy().astype(np.int64) & (2 ** (8 * x.dtype.itemsize) - 1)
+            return _code_values(x.dtype)[codes], "torch", device
+        x = x if x.dtype.is_floating_point and x.dtype.itemsize == 8 else x.float()
+        with np.errstate(invalid="ignore"):              # NaN codes: no warning
+            return x.numpy().astype(np.float64), "torch", device
+    try:
+        with np.errstate(invalid="ignore"):
+            return np.asarray(x).astype(np.float64), "numpy", None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"mma: {name} must be a numpy array or torch tensor of numbers, not "
+                         f"{type(x).__name__} ({exc})") from None
+
+
+def _tf32_low_bits(x):
+    """Flat index of the first float32 value with any of the 13 bits TF32 lacks set, or -1."""
+    bits = np.ascontiguousarray(x, np.float64).astype(np.float32).view(np.uint32)
+    bad = np.flatnonzero(bits & np.uint32(0x1FFF))
+    return int(bad[0]) if bad.size else -1
+
+
+@functools.lru_cache(maxsize=None)
+def _type_params(ptx_type):
+    """(format, fraction bits, least exponent, largest exponent, largest significand at it,
+    has inf) of a PTX type, from lpsim's format of it."""
+    fmt = parse_format(FORMATS[ptx_type])
+    return fmt, fmt.m, fmt.emin, fmt.emax, (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf
+
+
+def _decoded(values, ptx_type, name, zero_e):
+    """Significand magnitudes, signs, exponents and classes of an operand (:func:`_decode`);
+    ValueError naming the first value ``ptx_type`` cannot hold."""
+    fmt, p, e_sub, e_max, top, has_inf = _type_params(ptx_type)
+    values = np.ascontiguousarray(values)
+    mag = np.empty(values.shape, np.int32)
+    sgn = np.empty(values.shape, np.int32)
+    e = np.empty(values.shape, np.int32)
+    cls = np.empty(values.shape, np.int8)
+    bad = _decode(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, zero_e,
+                  mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
+    if bad < 0 and ptx_type == "tf32":
+        bad = _tf32_low_bits(values)
+    if bad >= 0:
+        where = np.unravel_index(bad, values.shape)
+        value = float(values.ravel()[bad])
+        accepted = (f"finite values of {ptx_type} ({fmt!r}: {fmt.m} fraction bits, least "
+                    f"exponent {fmt.emin}, largest finite {fmt.max_finite:g})"
+                    + (", inf" if fmt.has_inf else ", no inf") + " and NaN")
+        raise ValueError(f"mma: {name}[{', '.join(str(int(w)) for w in where)}] = {value!r} "
+                         f"is not a value of type {ptx_type}; accepted: {accepted}")
+    return mag, sgn, e, cls
+
+
+_TORCH_NAMES = {"e4m3": "torch.float8_e4m3fn", "e5m2": "torch.float8_e5m2",
+                "bf16": "torch.bfloat16", "f16": "torch.float16"}
+
+
+@njit(cache=True, nogil=True)
+def _gather(codes, mask, t_mag, t_sgn, t_e, t_cls, mag, sgn, e, cls):
+    """Decode codes through the tables of :func:`_code_tables`."""
+    for i in range(codes.size):
+        k = codes[i] & mask
+        mag[i], sgn[i], e[i], cls[i] = t_mag[k], t_sgn[k], t_e[k], t_cls[k]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_tables(dtype, ptx_type):
+    """Significand, sign, exponent and class of every code of a torch 8- or 16-bit dtype
+    that is ``ptx_type`` itself (every code valid)."""
+    return _decoded(_code_values(dtype), ptx_type, "table", _ZERO_E)
+
+
+def _operand(x, ptx_type, name, shape):
+    """(significands, signs, exponents, classes) of an operand (None if its shape is not
+    ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the
+    instruction's own 8- or 16-bit type is decoded from its codes through a table; anything
+    else through float64 values, checked."""
+    is_torch = type(x).__module__.startswith("torch") and hasattr(x, "dtype")
+    if is_torch and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
+        import torch
+        words = x.detach().cpu().contiguous().view(
+            torch.uint8 if x.dtype.itemsize == 1 else torch.int16).numpy()
+        parts = tuple(np.empty(shape, dt) for dt in (np.int32, np.int32, np.int32, np.int8))
+        _gather(words.ravel(), 0xFF if x.dtype.itemsize == 1 else 0xFFFF,
+                *_code_tables(x.dtype, ptx_type), *(p.ravel() for p in parts))
+        return parts, True, x.device, shape
+    values, lib, device = _as_float64(x, name)
+    if values.shape != shape:
+        return None, lib == "torch", device, values.shape
+    return _decoded(values, ptx_type, name, _ZERO_E), lib == "torch", device, shape
+
+
+def mma(a, b, c, *, arch, instruction):
+    """D = A B + C of one tensor-core ``instruction`` (a PTX opcode such as
+    ``"mma.m16n8k16.f32.bf16.bf16.f32"`` or ``"wgmma.m64n8k32.f32.e4m3.e4m3"``) on the GPU
+    generation ``arch`` ("volta", "turing", "ampere", "ada", "hopper", "blackwell"), bit for
+    bit as the hardware computes it (the module's docstring).
+
+    ``a`` (m x k), ``b`` (k x n) and ``c`` (m x n) are numpy arrays or torch tensors holding
+    values of the instruction's A, B and C types (torch or ml_dtypes float8/bf16/fp16 dtypes,
+    or float32/float64 containers whose values the type can hold; a tf32 operand is float32
+    with the low 13 bits zero).  Returns D as float32 (float16 for an ``.f16`` result), a
+    numpy array, or a torch tensor on a's device when a is one.  A wrong shape, an unknown or
+    missing instruction, or a value the type cannot hold is a ValueError naming it."""
+    ins: Instruction = lookup(arch, instruction)
+    decoded = []
+    for name, x, ptx_type, want in (("a", a, ins.a_type, (ins.m, ins.k)),
+                                    ("b", b, ins.b_type, (ins.k, ins.n)),
+                                    ("c", c, ins.c_type, (ins.m, ins.n))):
+        parts, is_torch, device, shape = _operand(x, ptx_type, name, want)
+        if parts is None:
+            raise ValueError(f"mma: {name} has shape {shape}; {ins.opcode} on {ins.arch} "
+                             f"accepts {name} of shape {want} (m={ins.m}, n={ins.n}, "
+                             f"k={ins.k})")
+        decoded.append((parts, is_torch, device))
+    (am, asg, ae, acl), lib_torch, device = decoded[0]
+    bm, bsg, be, bcl = decoded[1][0]
+    cm, csg, ce, ccl = decoded[2][0]
+    shift = ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
+    assert shift >= 0, "a product's significand is never wider than F bits"
+    am <<= shift
+    out = np.empty((ins.m, ins.n), np.int32)
+    S = np.empty(ins.n, np.int32 if ins.F <= 13 else np.int64)
+    mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, (cm ^ csg) - csg, ce, ccl,
+               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out)
+    d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
+         else out.view(np.float32))
+    if lib_torch:
+        import torch
+        return torch.from_numpy(d.copy()).to(device)
+    return d

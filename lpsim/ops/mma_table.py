@@ -1,0 +1,153 @@
+"""Which tensor-core instructions each NVIDIA generation has, and the arithmetic of each.
+
+Every supported instruction computes D = A B + C as chained fused dot products: K is cut into
+nodes of ``L`` products; a node adds C (the previous node's result) and its products in one
+fused step that keeps ``F`` fraction bits below the largest term's exponent (zero terms count
+with the exponent ``e_zero``) and rounds the sum once (``rho``).  The numbers per generation
+are those measured on the hardware by MMA-Sim (Sec. 4 of its paper; package ``mmasim`` 2.1):
+
+==========  ====  ===================  ===========================
+generation  F     node (bytes of A)    e_zero (f16 / f32 output)
+==========  ====  ===================  ===========================
+volta       23    8                    -19 / -131
+turing      24    16                   -20 / -132
+ampere      24    16                   -20 / -132
+ada         24    16                   -20 / -132
+hopper      25    32                   -21 / -133
+blackwell   25    32                   -21 / -133
+==========  ====  ===================  ===========================
+
+FP8 inputs (ada ``mma``, hopper ``wgmma``) keep only F = 13 and round an f32 result toward
+zero to 13 fraction bits (E8M13) before it is an FP32 value.  An f32 result is otherwise
+rounded toward zero, an f16 result to nearest even.  Turing runs Volta's m8n8k4 shapes with
+Volta's numbers.  Opcodes are written as PTX writes them; the ``sync``, ``aligned``,
+``mma_async``, ``row`` and ``col`` qualifiers may be left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+
+_F = {"volta": 23, "turing": 24, "ampere": 24, "ada": 24, "hopper": 25, "blackwell": 25}
+_NODE_BYTES = {"volta": 8, "turing": 16, "ampere": 16, "ada": 16, "hopper": 32,
+               "blackwell": 32}
+_E_ZERO16 = {"volta": -19, "turing": -20, "ampere": -20, "ada": -20, "hopper": -21,
+             "blackwell": -21}
+_E_ZERO32 = {"volta": -131, "turing": -132, "ampere": -132, "ada": -132, "hopper": -133,
+             "blackwell": -133}
+_BYTES = {"f16": 2, "bf16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1}
+# lpsim format of each PTX type (lpsim.formats.parse_format)
+FORMATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "e4m3fn",
+           "e5m2": "e5m2"}
+
+_FP8 = ("e5m2", "e4m3")
+# mma shapes and types ("shape.d.a.b.c") by the first generation that has them
+_SM70 = ["m8n8k4.f32.f16.f16.f32", "m8n8k4.f32.f16.f16.f16", "m8n8k4.f16.f16.f16.f16"]
+_SM75 = ["m16n8k8.f32.f16.f16.f32", "m16n8k8.f16.f16.f16.f16"]
+_SM80 = ["m16n8k8.f32.tf32.tf32.f32", "m16n8k4.f32.tf32.tf32.f32",
+         "m16n8k16.f32.f16.f16.f32", "m16n8k16.f16.f16.f16.f16",
+         "m16n8k16.f32.bf16.bf16.f32", "m16n8k8.f32.bf16.bf16.f32"]
+_SM89 = [f"m16n8k{k}.{d}.{a}.{b}.{d}" for k in (32, 16) for d in ("f32", "f16")
+         for a in _FP8 for b in _FP8]
+MMA_SHAPES = {
+    "volta": _SM70,
+    "turing": _SM75 + _SM70,
+    "ampere": _SM80 + _SM75,
+    "ada": _SM89 + _SM80 + _SM75,
+    "hopper": _SM80 + _SM75,
+    "blackwell": _SM80 + _SM75,
+}
+# wgmma ("shape.d.a.b", C has D's type): Hopper only, m64, n = 8, 16, ..., 256
+_WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16",
+                 "k16.f32.bf16.bf16"]
+                + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in _FP8 for b in _FP8])
+WGMMA_N = tuple(range(8, 257, 8))
+
+_DROP = {"sync", "aligned", "mma_async", "row", "col"}
+_SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One instruction on one generation: shapes, PTX types and its fused-node arithmetic."""
+
+    arch: str
+    opcode: str         # normalised: "mma.m16n8k16.f32.bf16.bf16.f32"
+    m: int
+    n: int
+    k: int
+    d_type: str
+    a_type: str
+    b_type: str
+    c_type: str
+    F: int              # fraction bits kept below the node's largest exponent
+    L: int              # products per fused node
+    e_zero: int         # exponent a zero term takes in the node's maximum
+    rho: int            # output rounding: RZ_E8M13, RZ_FP32 or RNE_FP16
+
+
+RZ_E8M13, RZ_FP32, RNE_FP16 = 0, 1, 2
+
+
+def _accepted(arch: str) -> str:
+    mma = ", ".join(f"mma.{s}" for s in MMA_SHAPES[arch])
+    if arch != "hopper":
+        return mma
+    return (mma + "".join(f", wgmma.m64nN{t}" for t in _WGMMA_TYPES)
+            + " (N = 8, 16, ..., 256)")
+
+
+def lookup(arch, instruction) -> Instruction:
+    """The :class:`Instruction` for ``arch`` and a PTX opcode; ValueError naming what is
+    accepted when the generation or the opcode is unknown or the generation lacks it."""
+    if isinstance(arch, str) and isinstance(instruction, str):
+        return _lookup(arch, instruction)
+    return _lookup.__wrapped__(arch, instruction)
+
+
+@functools.lru_cache(maxsize=256)
+def _lookup(arch, instruction) -> Instruction:
+    if not isinstance(arch, str) or arch.strip().lower() not in ARCHS:
+        raise ValueError(f"mma: arch={arch!r} is unknown; accepted: {', '.join(ARCHS)}")
+    arch = arch.strip().lower()
+    if not isinstance(instruction, str):
+        raise ValueError(f"mma: instruction={instruction!r} must be a PTX opcode string such "
+                         f"as 'mma.m16n8k16.f32.bf16.bf16.f32'")
+    parts = [p for p in instruction.strip().lower().split(".") if p not in _DROP]
+    op, rest = (parts[0], parts[1:]) if parts else ("", [])
+    shape = rest[0] if rest else ""
+    match = _SHAPE.fullmatch(shape)
+    key = ".".join(rest)
+    if op == "mma" and match and len(rest) == 5 and key in MMA_SHAPES[arch]:
+        d, a, b, c = rest[1:]
+    elif (op == "wgmma" and match and len(rest) == 4 and arch == "hopper"
+          and match.group(1) == "64" and int(match.group(2)) in WGMMA_N
+          and f"k{match.group(3)}." + ".".join(rest[1:]) in _WGMMA_TYPES):
+        d, a, b = rest[1:]
+        c = d
+    else:
+        where = [g for g in ARCHS
+                 if (op == "mma" and key in MMA_SHAPES[g])
+                 or (op == "wgmma" and g == "hopper" and match and match.group(1) == "64"
+                     and int(match.group(2)) in WGMMA_N
+                     and f"k{match.group(3)}." + ".".join(rest[1:]) in _WGMMA_TYPES)]
+        lacks = (f"{arch} lacks it (it runs on {', '.join(where)})" if where else
+                 "it is unknown or not modelled")
+        raise ValueError(f"mma: instruction={instruction!r}: {lacks}; accepted on {arch}: "
+                         f"{_accepted(arch)}")
+    m, n, k = (int(g) for g in match.groups())
+    volta_numbers = arch == "turing" and key in _SM70
+    numbers = "volta" if volta_numbers else arch
+    F = _F[numbers]
+    L = min(k, _NODE_BYTES[numbers] // _BYTES[a])
+    e_zero = _E_ZERO16[numbers] if d == "f16" else _E_ZERO32[numbers]
+    rho = RNE_FP16 if d == "f16" else RZ_FP32
+    if a in _FP8:
+        F = 13
+        if d == "f32":
+            rho = RZ_E8M13
+    return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho)

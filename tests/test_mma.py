@@ -1,0 +1,224 @@
+"""lpsim.ops.mma against MMA-Sim (mmasim), bit for bit, on random bit patterns of every type.
+
+Uniform random codes hold NaN, inf, subnormals and zeros about as often as MMA-Sim's own
+tests draw them; C is random FP32 (or FP16) codes.  Outputs are compared as codes: both
+return the hardware's canonical NaN, so NaN must match NaN code for code.
+"""
+
+import pathlib
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
+
+from lpsim.ops import mma                                   # noqa: E402
+from lpsim.ops.mma_table import ARCHS, MMA_SHAPES, lookup   # noqa: E402
+
+SIM_ARCH = {"volta": "Volta", "turing": "Turing", "ampere": "Ampere", "ada": "Ada Lovelace",
+            "hopper": "Hopper", "blackwell": "Blackwell"}
+TORCH_TYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+              "e5m2": torch.float8_e5m2, "f32": torch.float32, "tf32": torch.float32}
+_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+FP8 = ("e5m2", "e4m3")
+WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16", "k16.f32.bf16.bf16"]
+               + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in FP8 for b in FP8])
+
+CASES = ([(arch, f"mma.{s}") for arch in ARCHS for s in MMA_SHAPES[arch]]
+         + [("hopper", f"wgmma.m64n32{t}") for t in WGMMA_TYPES])
+OUTPUTS = 2048       # per case
+
+
+def random_codes(shape, ptx_type, rng, zeros=0.0):
+    """Uniform random codes of a type as a torch tensor (tf32: float32 with 13 low bits 0);
+    ``zeros``: the share of entries set to +-0."""
+    dtype = TORCH_TYPE[ptx_type]
+    nbytes = dtype.itemsize
+    codes = rng.integers(0, 2 ** (8 * nbytes), size=shape, dtype=np.uint64)
+    if ptx_type == "tf32":
+        codes &= np.uint64(0xFFFFE000)
+    if zeros:
+        sign = np.uint64(1 << (8 * nbytes - 1))
+        codes = np.where(rng.random(shape) < zeros, codes & sign, codes)
+    signed = codes.astype(np.int64) - (codes >= 2 ** (8 * nbytes - 1)) * 2 ** (8 * nbytes)
+    return torch.from_numpy(signed).to(_INT[nbytes]).view(dtype)
+
+
+def simulator(arch, instruction):
+    op, rest = instruction.split(".", 1)
+    cls = mmasim_nv.WGMMA if op == "wgmma" else mmasim_nv.MMA
+    return cls(SIM_ARCH[arch], rest)
+
+
+def codes(x):
+    return x.view(torch.int16 if x.dtype == torch.float16 else torch.int32)
+
+
+def compare(arch, instruction, rng, calls, zeros=0.0, c_scale=False):
+    ins = lookup(arch, instruction)
+    sim = simulator(arch, instruction)
+    for _ in range(calls):
+        a = random_codes((ins.m, ins.k), ins.a_type, rng, zeros)
+        b = random_codes((ins.k, ins.n), ins.b_type, rng, zeros)
+        c = random_codes((ins.m, ins.n), ins.c_type, rng, zeros)
+        want = sim(a, b, c)
+        got = mma(a, b, c, arch=arch, instruction=instruction)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        bad = (codes(got) != codes(want)).nonzero()
+        if len(bad):
+            i, j = bad[0].tolist()
+            pytest.fail(f"{arch} {instruction}: {len(bad)} of {want.numel()} outputs differ; "
+                        f"first d[{i},{j}]: lpsim {got[i, j].item()!r} "
+                        f"(0x{codes(got)[i, j].item() & 0xFFFFFFFF:x}), mmasim "
+                        f"{want[i, j].item()!r} (0x{codes(want)[i, j].item() & 0xFFFFFFFF:x})")
+
+
+@pytest.mark.parametrize("arch,instruction", CASES)
+def test_bit_exact_random_codes(arch, instruction):
+    ins = lookup(arch, instruction)
+    rng = np.random.default_rng(zlib.crc32(f"{arch} {instruction}".encode()))
+    compare(arch, instruction, rng, max(1, OUTPUTS // (ins.m * ins.n)))
+
+
+@pytest.mark.parametrize("arch,instruction", [
+    ("volta", "mma.m8n8k4.f32.f16.f16.f32"), ("turing", "mma.m16n8k8.f16.f16.f16.f16"),
+    ("ampere", "mma.m16n8k4.f32.tf32.tf32.f32"), ("ada", "mma.m16n8k32.f32.e4m3.e5m2.f32"),
+    ("ada", "mma.m16n8k16.f16.e5m2.e5m2.f16"), ("hopper", "mma.m16n8k16.f32.bf16.bf16.f32"),
+    ("hopper", "wgmma.m64n16k32.f32.e4m3.e4m3"), ("hopper", "wgmma.m64n16k16.f16.f16.f16")])
+def test_bit_exact_with_many_zeros(arch, instruction):
+    """Half the inputs zero: nodes whose largest exponent is the zero exponent e_zero."""
+    rng = np.random.default_rng(7)
+    compare(arch, instruction, rng, 4, zeros=0.5)
+
+
+@pytest.mark.parametrize("n", [8, 136, 256])
+def test_wgmma_n(n):
+    rng = np.random.default_rng(n)
+    compare("hopper", f"wgmma.m64n{n}k32.f16.e5m2.e4m3", rng, 1)
+
+
+def test_containers_and_opcode_spelling():
+    """float32 numpy containers, ml_dtypes-free values, PTX's full spelling: the same bits."""
+    rng = np.random.default_rng(3)
+    ins = "wgmma.m64n8k32.f32.e4m3.e4m3"
+    a = random_codes((64, 32), "e4m3", rng)
+    b = random_codes((32, 8), "e4m3", rng)
+    c = random_codes((64, 8), "f32", rng)
+    d = mma(a, b, c, arch="hopper", instruction=ins)
+    assert isinstance(d, torch.Tensor) and d.dtype == torch.float32
+    d2 = mma(a.float().numpy(), b.float().numpy(), c.numpy(), arch="hopper",
+             instruction="wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3")
+    assert isinstance(d2, np.ndarray) and d2.dtype == np.float32
+    assert np.array_equal(d2.view(np.int32), d.numpy().view(np.int32))
+    d3 = mma(a.double(), b.double(), c.double(), arch="Hopper", instruction=ins)
+    assert torch.equal(codes(d3), codes(d))
+    h = mma(np.zeros((16, 16), np.float16), np.zeros((16, 8), np.float16),
+            np.full((16, 8), -0.0, np.float16), arch="ampere",
+            instruction="mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16")
+    assert h.dtype == np.float16 and not np.signbit(h).any()
+
+
+def test_known_values():
+    """Hopper FP8: 1 + 2**-14 loses its low bit (F = 13 below the largest term) where a
+    correctly rounded FP32 sum keeps it; the result is truncated, not rounded."""
+    a = np.zeros((64, 32), np.float32)
+    b = np.zeros((32, 8), np.float32)
+    a[0, 0], b[0, 0] = 1.0, 1.0
+    a[0, 1], b[1, 0] = 2.0 ** -7, 2.0 ** -7
+    c = np.zeros((64, 8), np.float32)
+    d = mma(a, b, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+    assert d[0, 0] == 1.0 and d[1, 0] == 0.0
+    a[0, 1] = 2.0 ** -6
+    d = mma(a, b, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+    assert d[0, 0] == 1.0 + 2.0 ** -13
+    c[0, 0] = np.inf
+    a[1, 0] = np.nan
+    d = mma(a, b, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+    assert d[0, 0] == np.inf and d.view(np.int32)[1, 0] == 0x7FFFFFFF
+
+
+def _args(ins="wgmma.m64n8k32.f32.e4m3.e4m3"):
+    i = lookup("hopper", ins)
+    return (np.ones((i.m, i.k), np.float32), np.ones((i.k, i.n), np.float32),
+            np.zeros((i.m, i.n), np.float32))
+
+
+@pytest.mark.parametrize("arch,instruction,match", [
+    ("pascal", "mma.m16n8k16.f32.bf16.bf16.f32", "arch='pascal' is unknown; accepted: volta"),
+    ("ampere", "mma.m16n8k16.f32.bf16.bf16.f33", "unknown or not modelled; accepted on ampere"),
+    ("ampere", "wgmma.m64n8k32.f32.e4m3.e4m3", "ampere lacks it .it runs on hopper"),
+    ("volta", "mma.m16n8k32.f32.e4m3.e4m3.f32", "volta lacks it .it runs on ada"),
+    ("hopper", "wgmma.m64n12k32.f32.e4m3.e4m3", "unknown or not modelled"),
+    ("hopper", 3, "must be a PTX opcode"),
+])
+def test_refused_instructions(arch, instruction, match):
+    a, b, c = _args()
+    with pytest.raises(ValueError, match=match):
+        mma(a, b, c, arch=arch, instruction=instruction)
+
+
+def test_refused_shapes():
+    a, b, c = _args()
+    with pytest.raises(ValueError, match=r"a has shape \(64, 16\); .* shape \(64, 32\)"):
+        mma(a[:, :16], b, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+    with pytest.raises(ValueError, match=r"c has shape \(64, 4\)"):
+        mma(a, b, c[:, :4], arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+    with pytest.raises(ValueError, match=r"b has shape \(8, 32\)"):
+        mma(a, b.T, c, arch="hopper", instruction="wgmma.m64n8k32.f32.e4m3.e4m3")
+
+
+E4M3 = "wgmma.m64n8k32.f32.e4m3.e4m3"
+
+
+@pytest.mark.parametrize("operand,where,value,ins,match", [
+    ("a", (3, 5), 0.3, E4M3, r"a\[3, 5\] = 0.3 is not a value of type e4m3"),
+    ("a", (0, 1), np.inf, E4M3, r"a\[0, 1\] = inf .*no inf"),
+    ("b", (2, 7), 480.0, E4M3, r"b\[2, 7\] = 480.0 .*largest finite 448"),
+    ("b", (1, 4), 1 + 2 ** -8, "wgmma.m64n8k16.f32.bf16.bf16",
+     r"b\[1, 4\] = 1.00390625 is not a value of type bf16"),
+    ("a", (9, 2), 1 + 2 ** -11, "wgmma.m64n8k8.f32.tf32.tf32",
+     r"a\[9, 2\] = 1.00048828125 is not a value of type tf32"),
+    ("c", (5, 6), 1 + 2 ** -30, E4M3, r"c\[5, 6\] = 1.0000000009313226 is not a value of type f32"),
+    ("c", (0, 0), 70000.0, "wgmma.m64n8k16.f16.f16.f16",
+     r"c\[0, 0\] = 70000.0 is not a value of type f16"),
+])
+def test_refused_values(operand, where, value, ins, match):
+    i = lookup("hopper", ins)
+    args = {"a": np.ones((i.m, i.k)), "b": np.ones((i.k, i.n)), "c": np.zeros((i.m, i.n))}
+    args[operand][where] = value
+    before = {k: v.copy() for k, v in args.items()}
+    with pytest.raises(ValueError, match=match):
+        mma(args["a"], args["b"], args["c"], arch="hopper", instruction=ins)
+    for k in args:
+        assert np.array_equal(args[k], before[k], equal_nan=True)
+
+
+RECORDING = pathlib.Path(__file__).parent / "data" / "tensor-cores-h100.npz"
+
+
+def test_h100_recording_fast_accumulation():
+    """``torch._scaled_mm(use_fast_accum=True)`` recorded on an H100 (e4m3 inputs, scales 1,
+    17 input families, K = 16 .. 4096) is a chain of wgmma.m64nNk32.f32.e4m3.e4m3 along K,
+    each D fed back as C: every recorded output equal, code for code (K padded with zeros to
+    a multiple of 32, rows to 64)."""
+    data = np.load(RECORDING)
+    families = sorted({k.rsplit("/", 1)[0] for k in data.files if k.endswith("/fp8-fast1")})
+    assert len(families) == 17
+    for family in families:
+        a = torch.from_numpy(data[family + "/a"]).view(torch.float8_e4m3fn)
+        b = torch.from_numpy(data[family + "/b"]).view(torch.float8_e4m3fn)
+        want = torch.from_numpy(data[family + "/fp8-fast1"])
+        (m, k), n = a.shape, b.shape[1]
+        kp = -(-k // 32) * 32
+        A = torch.zeros((64, kp), dtype=torch.float8_e4m3fn)
+        B = torch.zeros((kp, n), dtype=torch.float8_e4m3fn)
+        A[:m, :k], B[:k] = a, b
+        D = torch.zeros((64, n))
+        for k0 in range(0, kp, 32):
+            D = mma(A[:, k0:k0 + 32], B[k0:k0 + 32], D, arch="hopper",
+                    instruction=f"wgmma.m64n{n}k32.f32.e4m3.e4m3")
+        got = D[:m]
+        same = (codes(got) == codes(want)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), f"{family}: {int((~same).sum())} of {want.numel()} differ"
