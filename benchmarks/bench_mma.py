@@ -33,35 +33,16 @@ from tqdm import tqdm                          # noqa: E402
 
 import lpsim                                   # noqa: E402
 from lpsim.ops import mma                      # noqa: E402
-from lpsim.ops.mma_table import ARCHS, MMA_SHAPES, lookup    # noqa: E402
+from lpsim.ops.mma_table import (MMASIM_ARCH, instructions, lookup,  # noqa: E402
+                                  random_codes)
 
-SIM_ARCH = {"volta": "Volta", "turing": "Turing", "ampere": "Ampere", "ada": "Ada Lovelace",
-            "hopper": "Hopper", "blackwell": "Blackwell"}
-TORCH_TYPE = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
-              "e5m2": torch.float8_e5m2, "f32": torch.float32, "tf32": torch.float32}
-_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
-FP8 = ("e5m2", "e4m3")
-WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16", "k16.f32.bf16.bf16"]
-               + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in FP8 for b in FP8])
-CASES = ([(arch, f"mma.{s}") for arch in ARCHS for s in MMA_SHAPES[arch]]
-         + [("hopper", f"wgmma.m64n256{t}") for t in WGMMA_TYPES])
-
-
-def random_codes(shape, ptx_type, rng):
-    """Uniform random codes of a type (tf32: float32 with the 13 low bits zero)."""
-    dtype = TORCH_TYPE[ptx_type]
-    nbytes = dtype.itemsize
-    codes = rng.integers(0, 2 ** (8 * nbytes), size=shape, dtype=np.uint64)
-    if ptx_type == "tf32":
-        codes &= np.uint64(0xFFFFE000)
-    signed = codes.astype(np.int64) - (codes >= 2 ** (8 * nbytes - 1)) * 2 ** (8 * nbytes)
-    return torch.from_numpy(signed).to(_INT[nbytes]).view(dtype)
+CASES = instructions(256)
 
 
 def simulator(arch, instruction):
     from mmasim import nv_ptx
     op, rest = instruction.split(".", 1)
-    return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(SIM_ARCH[arch], rest)
+    return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(MMASIM_ARCH[arch], rest)
 
 
 def codes(x):

@@ -30,6 +30,8 @@ import functools
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 _F = {"volta": 23, "turing": 24, "ampere": 24, "ada": 24, "hopper": 25, "blackwell": 25}
@@ -66,6 +68,13 @@ _WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16",
                  "k16.f32.bf16.bf16"]
                 + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in _FP8 for b in _FP8])
 WGMMA_N = tuple(range(8, 257, 8))
+
+
+def instructions(wgmma_n: int = 8) -> list[tuple[str, str]]:
+    """Every (generation, instruction) :func:`lpsim.ops.mma` runs, ``wgmma`` at width
+    ``wgmma_n``: the cases the tests and ``benchmarks/bench_mma.py`` check against mmasim."""
+    return ([(arch, f"mma.{shape}") for arch in ARCHS for shape in MMA_SHAPES[arch]]
+            + [("hopper", f"wgmma.m64n{wgmma_n}{t}") for t in _WGMMA_TYPES])
 
 _DROP = {"sync", "aligned", "mma_async", "row", "col"}
 _SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)")
@@ -151,3 +160,29 @@ def _lookup(arch, instruction) -> Instruction:
         if d == "f32":
             rho = RZ_E8M13
     return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho)
+
+
+#: mmasim's names of the generations (its ``MMA`` and ``WGMMA`` take these)
+MMASIM_ARCH = {"volta": "Volta", "turing": "Turing", "ampere": "Ampere", "ada": "Ada Lovelace",
+               "hopper": "Hopper", "blackwell": "Blackwell"}
+
+
+def random_codes(shape, ptx_type: str, rng, zeros: float = 0.0):
+    """Uniform random codes of a PTX input type as a torch tensor of its dtype (tf32: float32
+    with the 13 low bits zero), so NaN, inf, subnormals and zeros come as often as codes
+    hold them: the inputs with which the tests and ``benchmarks/bench_mma.py`` check
+    :func:`lpsim.ops.mma` against mmasim.  ``zeros``: the share of entries set to +-0."""
+    import torch
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+             "e5m2": torch.float8_e5m2, "f32": torch.float32, "tf32": torch.float32}[ptx_type]
+    nbytes = dtype.itemsize
+    codes = rng.integers(0, 2 ** (8 * nbytes), size=shape, dtype=np.uint64)
+    if ptx_type == "tf32":
+        codes &= np.uint64(0xFFFFE000)
+    if zeros:
+        sign = np.uint64(1 << (8 * nbytes - 1))
+        codes = np.where(rng.random(shape) < zeros, codes & sign, codes)
+    signed = codes.astype(np.int64) - (codes >= 2 ** (8 * nbytes - 1)) * 2 ** (8 * nbytes)
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32}[nbytes]
+    return torch.from_numpy(signed).to(ints).view(dtype)
+
