@@ -14,8 +14,8 @@ from .elementwise import add, div, fma, mul, sqrt, sub
 from .models import MODELS, AccumulationModel, get_model
 from .hardware import HARDWARE_MODELS, TensorCoreModel
 from .reductions import dot, matmul, sum
-from .mma import mma
+from .mma import mma, wgmma_matmul
 
 __all__ = ["add", "sub", "mul", "div", "fma", "sqrt", "sum", "dot", "matmul", "MODELS",
            "AccumulationModel", "get_model", "gamma", "input_cast_factor", "HARDWARE_MODELS",
-           "TensorCoreModel", "mma"]
+           "TensorCoreModel", "mma", "wgmma_matmul"]

@@ -17,11 +17,11 @@ NaN and inf follow IEEE 754 within a node (a NaN input, inf * 0 or +inf + -inf g
 other infinite products or C give that inf) and the hardware's canonical NaN is returned:
 0x7FFFFFFF (f32) or 0x7FFF (f16).
 
-On the hardware: ``torch._scaled_mm(use_fast_accum=True)`` recorded on an H100
-(``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096) is reproduced code
-for code, all 17408 outputs, by chaining ``wgmma.m64nNk32.f32.e4m3.e4m3`` along K with each D
-fed back as C (``tests/test_mma.py``), where the chunk model of :mod:`lpsim.ops.hardware`
-matches 77.5%.
+On the hardware: ``torch._scaled_mm`` recorded on an H100 (``tests/data/tensor-cores-h100.npz``,
+17 input families, K = 16 .. 4096) is reproduced code for code, all 17408 outputs of each
+``use_fast_accum`` setting, by :func:`wgmma_matmul` (``wgmma.m64nNk32.f32.e4m3.e4m3`` chained
+along K; by default promoted to float32 every 128 products), where the chunk models of
+:mod:`lpsim.ops.hardware` match 77.5% and 62.3% (``tests/test_mma.py``).
 
 The node is computed on integers in one compiled numba loop: the significands of A and B
 are decoded once, a product is one integer multiply, and the alignment is a shift, so a
@@ -440,3 +440,68 @@ def mma(a, b, c, *, arch, instruction):
         import torch
         return torch.from_numpy(d.copy()).to(device)
     return d
+
+
+def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
+    """A @ B (float32) as a Hopper FP8 GEMM kernel computes it from ``wgmma.m64nNk32.f32``
+    instructions (``types``: A's and B's, ``"e4m3.e4m3"`` ... ``"e5m2.e5m2"``): rows in
+    tiles of 64 and columns in tiles of up to 256, K in steps of 32 (both padded with
+    zeros), each instruction's D fed back as its C.
+
+    ``promote``: every ``promote`` products (a multiple of 32) the partial sum, begun from
+    zero, is added to a float32 accumulator with one float32 addition.  128 is cuBLASLt's
+    for ``torch._scaled_mm`` by default: with it this gives every output an H100 recorded
+    (``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096), code for code;
+    ``promote=None`` (no promotion, one chain along K) gives every output of
+    ``use_fast_accum=True``.  Scales are 1: multiply the result by the scales as the
+    epilogue does.  ``a`` (m x k), ``b`` (k x n): numpy arrays or torch tensors holding
+    values of those types; the result follows ``a``'s library."""
+    a_type, b_type = _wgmma_types(types)
+    if promote is not None and (isinstance(promote, bool) or not isinstance(
+            promote, (int, np.integer)) or promote < 32 or promote % 32):
+        raise ValueError(f"wgmma_matmul: promote={promote!r} is not accepted; accepted: None "
+                         "or a positive multiple of 32")
+    A, lib, device = _as_float64(a, "a")
+    B = _as_float64(b, "b")[0]
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+        raise ValueError(f"wgmma_matmul: a {A.shape} and b {B.shape} are not an m x k and a "
+                         "k x n matrix")
+    (m, k), n = A.shape, B.shape[1]
+    kp, mp = -(-k // 32) * 32, -(-m // 64) * 64
+    Ap, Bp = np.zeros((mp, kp)), np.zeros((kp, n))
+    Ap[:m, :k], Bp[:k] = A, B
+    out = np.zeros((mp, n), np.float32)
+    step = kp if promote is None else int(promote)
+    for c0 in range(0, n, 256):
+        cols = min(256, n - c0)
+        width = -(-cols // 8) * 8
+        ins = f"wgmma.m64n{width}k32.f32.{a_type}.{b_type}"
+        Bt = np.zeros((kp, width))
+        Bt[:, :cols] = Bp[:, c0:c0 + cols]
+        for r0 in range(0, mp, 64):
+            acc = np.zeros((64, width), np.float32)
+            for p0 in range(0, kp, step):
+                d = np.zeros((64, width), np.float32)
+                for k0 in range(p0, min(p0 + step, kp), 32):
+                    try:
+                        d = mma(Ap[r0:r0 + 64, k0:k0 + 32], Bt[k0:k0 + 32], d,
+                                arch="hopper", instruction=ins)
+                    except ValueError as err:      # a value the types cannot hold
+                        raise ValueError(f"wgmma_matmul: in the tile of a's rows {r0}.. and "
+                                         f"b's columns {c0}.., K from {k0}: {err}") from None
+                acc = d if promote is None else acc + d
+            out[r0:r0 + 64, c0:c0 + cols] = acc[:, :cols]
+    result = out[:m]
+    if lib == "torch":
+        import torch
+        return torch.from_numpy(result.copy()).to(device)
+    return result
+
+
+def _wgmma_types(types) -> tuple[str, str]:
+    fp8 = ("e4m3", "e5m2")
+    parts = types.split(".") if isinstance(types, str) else ()
+    if len(parts) != 2 or parts[0] not in fp8 or parts[1] not in fp8:
+        raise ValueError(f"wgmma_matmul: types={types!r} is not accepted; accepted: "
+                         "'e4m3.e4m3', 'e4m3.e5m2', 'e5m2.e4m3', 'e5m2.e5m2'")
+    return parts[0], parts[1]
