@@ -206,3 +206,13 @@ def test_wgmma_matmul_refuses_by_name():
     with pytest.raises(ValueError,
                        match=r"K from 32: mma: a\[2, 7\] = 0.3\d* is not a value of type e4m3"):
         wgmma_matmul(a, np.zeros((40, 5)))
+
+
+def test_complex_operands_are_refused_not_truncated():
+    """A complex operand's imaginary part would be dropped: refused, numpy and torch."""
+    ins = "wgmma.m64n8k32.f32.e4m3.e4m3"
+    a, b, c = np.ones((64, 32), np.complex64), np.ones((32, 8)), np.zeros((64, 8))
+    with pytest.raises(ValueError, match="a must be .* real numbers, not ndarray"):
+        mma(a, b, c, arch="hopper", instruction=ins)
+    with pytest.raises(ValueError, match=r"a is a complex tensor \(torch.complex64\)"):
+        mma(torch.from_numpy(a), b, c, arch="hopper", instruction=ins)

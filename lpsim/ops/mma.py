@@ -301,11 +301,15 @@ def _code_values(dtype):
         return words.float().numpy().astype(np.float64)
 
 
-def _as_float64(x, name):
+def _as_float64(x, name, who="mma"):
     """(float64 numpy copy, library of x, torch device or None) of an operand; torch's
-    8- and 16-bit floats by a table of their codes (faster than converting)."""
+    8- and 16-bit floats by a table of their codes (faster than converting).  Complex
+    operands are refused: their imaginary parts would be dropped."""
     if hasattr(x, "detach") and hasattr(x, "dtype") and type(x).__module__.startswith("torch"):
         device = x.device
+        if x.dtype.is_complex:
+            raise ValueError(f"{who}: {name} is a complex tensor ({x.dtype}); accepted: real "
+                             "values of the instruction's type")
         x = x.detach().cpu()
         if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
             import torch
@@ -315,12 +319,16 @@ def _as_float64(x, name):
         x = x if x.dtype.is_floating_point and x.dtype.itemsize == 8 else x.float()
         with np.errstate(invalid="ignore"):              # NaN codes: no warning
             return x.numpy().astype(np.float64), "torch", device
+    given = type(x).__name__
     try:
+        x = np.asarray(x)
+        if x.dtype.kind == "c":
+            raise ValueError(f"{x.dtype} values have imaginary parts")
         with np.errstate(invalid="ignore"):
-            return np.asarray(x).astype(np.float64), "numpy", None
+            return x.astype(np.float64), "numpy", None
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"mma: {name} must be a numpy array or torch tensor of numbers, not "
-                         f"{type(x).__name__} ({exc})") from None
+        raise ValueError(f"{who}: {name} must be a numpy array or torch tensor of real "
+                         f"numbers, not {given} ({exc})") from None
 
 
 def _tf32_low_bits(x):
@@ -461,8 +469,8 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
             promote, (int, np.integer)) or promote < 32 or promote % 32):
         raise ValueError(f"wgmma_matmul: promote={promote!r} is not accepted; accepted: None "
                          "or a positive multiple of 32")
-    A, lib, device = _as_float64(a, "a")
-    B = _as_float64(b, "b")[0]
+    A, lib, device = _as_float64(a, "a", "wgmma_matmul")
+    B = _as_float64(b, "b", "wgmma_matmul")[0]
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ValueError(f"wgmma_matmul: a {A.shape} and b {B.shape} are not an m x k and a "
                          "k x n matrix")
