@@ -1,6 +1,7 @@
 """lpsim for torch users: tensor rounding that autograd sees, autograd quantizers, a qtorch
-drop-in (:mod:`lpsim.torch.qtorch_compat`) and per-tensor precision assignment
-(:mod:`lpsim.torch.precision`).  Importing it needs torch; ``import lpsim`` does not."""
+drop-in (:mod:`lpsim.torch.qtorch_compat`), per-tensor precision assignment
+(:mod:`lpsim.torch.precision`) and simulated FP8/MXFP8/NVFP4 training recipes
+(:mod:`lpsim.torch.recipes`, :mod:`lpsim.torch.simulate`).  Importing it needs torch; ``import lpsim`` does not."""
 
 from .._extras import require
 
@@ -10,6 +11,10 @@ from .precision import (Candidates, DynamicLossScaler, PrecisionAssignment, Prec
                         assign)
 from .quantizer import Quantizer, Rounding, quantizer
 from .tensors import quantize
+from .recipes import PRESETS, Gemm, Operand, Recipe, recipe
+from .simulate import Report, SimulatedLinear, report, simulate
 
 __all__ = ["quantize", "quantizer", "Quantizer", "Rounding", "PrecisionModel",
-           "PrecisionAssignment", "Candidates", "DynamicLossScaler", "assign"]
+           "PrecisionAssignment", "Candidates", "DynamicLossScaler", "assign", "simulate",
+           "SimulatedLinear", "report", "Report", "Recipe", "Gemm", "Operand", "recipe",
+           "PRESETS"]

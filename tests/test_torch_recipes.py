@@ -1,0 +1,380 @@
+"""Simulated training recipes (lpsim.torch.simulate): every preset's GEMMs, forward and
+backward, equal bit for bit the composition written here by hand with lpsim.quantize and
+lpsim.ops.matmul; the RHT is orthogonal; SR gradients are unbiased (one z-test, false alarm
+1e-5); gradcheck passes on the exact recipe; bad recipes are refused by field name.
+
+The same tests run on a GPU with LPSIM_TEST_GPU=1 (the CUDA cases; lpsim_cuda quantizes and
+cuBLAS multiplies without TF32 there).
+"""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import lpsim
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from lpsim.blocks import BlockFormat, BlockStats, block  # noqa: E402
+from lpsim.ops import HARDWARE_MODELS  # noqa: E402
+from lpsim.philox import random_words  # noqa: E402
+from lpsim.torch import (PRESETS, Gemm, Operand, Recipe, SimulatedLinear, report,  # noqa: E402
+                         simulate)
+from lpsim.torch.simulate import RHT_STREAM, quantize_operand  # noqa: E402
+
+GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
+DEVICES = ["cpu"] + (["cuda"] if GPU else [])
+SEED = 20261126
+
+
+# --- the composition, by hand -------------------------------------------------------------
+
+def by_hand(t, op, axis, g, amax=None):
+    """One operand quantized as the recipe says, written out with lpsim.quantize."""
+    t = t.detach().float()
+    fmt = op.fmt
+    if fmt is None:
+        return t
+    if isinstance(fmt, BlockFormat) and op.blocks_2d:
+        k = fmt.block
+        r, c = t.shape
+        tiles = t.reshape(r // k, k, c // k, k).transpose(1, 2).reshape(r // k, c // k, k * k)
+        square = block(fmt.element, k * k, fmt.scale, fmt.rule, tensor_scale=fmt.tensor_scale)
+        q = lpsim.quantize(tiles, square, op.rounding, generator=g)
+        return q.reshape(r // k, c // k, k, k).transpose(1, 2).reshape(r, c)
+    if isinstance(fmt, BlockFormat):
+        return lpsim.quantize(t, fmt, op.rounding, generator=g, axis=axis)
+    if op.scaling == "none":
+        return lpsim.quantize(t, fmt, op.rounding, generator=g)
+    amax = float(t.abs().max()) if amax is None else amax
+    s = np.float32(np.float32(fmt.max_finite) / np.float32(amax)) if amax else 1.0
+    return lpsim.quantize(t * float(s), fmt, op.rounding, generator=g) / float(s)
+
+
+def hand_rht(t, step, n):
+    words = np.array(random_words(n, 4, SEED, RHT_STREAM + 0, step * n), dtype=np.uint64)
+    signs = np.where(words >> np.uint64(31), -1.0, 1.0)
+    h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)])
+    m = torch.tensor(h * signs / np.sqrt(n), dtype=torch.float32, device=t.device)
+    return torch.matmul(m, t.reshape(-1, n, t.shape[1])).reshape(t.shape)
+
+
+def product(a, b, gemm):
+    if a.device.type == "cuda" and gemm.accumulate is None:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return a @ b
+    y = lpsim.ops.matmul(a.cpu().contiguous(), b.cpu().contiguous(), model=gemm.accumulate)
+    return y.to(a.device)
+
+
+def out(y, gemm, bias=None):
+    y = y + bias.detach() if bias is not None else y
+    return y if gemm.out is None else lpsim.quantize(y, gemm.out)
+
+
+class Hand:
+    """The recipe's three GEMMs by hand, steps in the layer's order of random draws."""
+
+    def __init__(self, recipe):
+        self.r, self.g, self.step, self.history = recipe, lpsim.Generator(SEED), 0, {}
+
+    def q(self, t, gemm, role, axis):
+        g = getattr(self.r, gemm)
+        op = g.a if role == lpsim.torch.recipes.GEMMS[gemm][0] else g.b
+        amax = None
+        if op.scaling == "delayed":
+            hist = self.history.setdefault((gemm, role), [])
+            amax = max(hist) if hist else 0.0
+            hist.append(float(t.abs().max()))
+        return by_hand(t, op, axis, self.g, amax)
+
+    def forward(self, x, w, b):
+        self.wq = self.q(w, "fprop", "w", -1)
+        return out(product(self.q(x, "fprop", "x", -1), self.wq.t(), self.r.fprop), self.r.fprop,
+                   b)
+
+    def backward(self, x, w, dy):
+        r = self.r
+        shared = r.dgrad.b == r.fprop.b and r.fprop.b.blocks_2d
+        dyq = self.q(dy, "dgrad", "dy", -1)
+        wq = self.wq if shared else self.q(w, "dgrad", "w", 0)
+        dx = out(product(dyq, wq, r.dgrad), r.dgrad)
+        dyw, xw = dy, x.detach().float()
+        if r.rht:
+            dyw, xw = hand_rht(dyw, self.step, r.rht), hand_rht(xw, self.step, r.rht)
+        dw = out(product(self.q(dyw, "wgrad", "dy", 0).t(), self.q(xw, "wgrad", "x", 0),
+                     r.wgrad), r.wgrad)
+        self.step += 1
+        return dx, dw, dy.sum(0)
+
+
+def layer_and_data(recipe, device, in_f=64, out_f=32, tokens=64, seed=0):
+    torch.manual_seed(seed)
+    linear = nn.Linear(in_f, out_f).to(device)
+    layer = SimulatedLinear.from_linear(linear, recipe, generator=lpsim.Generator(SEED))
+    x = (torch.randn(tokens, in_f, device=device) * 3).requires_grad_()
+    dy = torch.randn(tokens, out_f, device=device) * 1e-3
+    return layer, x, dy
+
+
+def same(a, b):
+    return torch.equal(a, b) or (a.isnan() == b.isnan()).all() and torch.equal(
+        a.nan_to_num(), b.nan_to_num())
+
+
+def equal_over_steps(recipe, device, steps=3):
+    layer, x, dy = layer_and_data(recipe, device)
+    hand = Hand(layer.recipe)
+    for step in range(steps):
+        scale = 1.0 + step      # delayed scaling sees a growing tensor: saturation
+        xs = (x.detach() * scale).requires_grad_()
+        layer.weight.grad = layer.bias.grad = None
+        y = layer(xs)
+        y.backward(dy)
+        with torch.no_grad():
+            y_hand = hand.forward(xs, layer.weight, layer.bias)
+            dx, dw, db = hand.backward(xs, layer.weight, dy)
+        assert same(y, y_hand), (step, "fprop")
+        assert same(xs.grad, dx), (step, "dgrad")
+        assert same(layer.weight.grad, dw), (step, "wgrad")
+        assert same(layer.bias.grad, db), (step, "bias")
+    return layer
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_equals_its_composition_by_hand(name, device):
+    equal_over_steps(PRESETS[name], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tensor_core_accumulation_equals_lpsim_ops_matmul_with_the_model(device):
+    fp8 = PRESETS["fp8_current"]
+    r = fp8.with_(fprop=Gemm(fp8.fprop.a, fp8.fprop.b, accumulate="hopper-fp8-promote128"),
+                  wgrad=Gemm(fp8.wgrad.a, fp8.wgrad.b, accumulate="hopper-fp8", out=None))
+    assert r.fprop.accumulate == HARDWARE_MODELS["hopper-fp8-promote128"].with_(in_fmt=None)
+    equal_over_steps(r, device, steps=2)
+    mx = PRESETS["mxfp8"]
+    equal_over_steps(mx.with_(dgrad=Gemm(mx.dgrad.a, mx.dgrad.b, accumulate="bf16-fp32")),
+                     device, steps=1)
+
+
+def test_the_two_dimensional_weight_is_quantized_once_for_fprop_and_dgrad():
+    layer, x, dy = layer_and_data("nvfp4", "cpu")
+    layer(x).backward(dy)
+    t = layer.telemetry
+    assert t["fprop", "w"].elements == layer.weight.numel() and t["dgrad", "w"].elements == 0
+    # a 16 x 16 block's scale serves rows and columns alike: quantizing along either axis of
+    # the 2-D-blocked weight gives the same values
+    op = layer.recipe.fprop.b
+    w = layer.weight.detach()
+    assert torch.equal(quantize_operand(w, op, -1), quantize_operand(w, op, 0))
+
+
+# --- the RHT, SR and gradcheck -----------------------------------------------------------
+
+def test_rht_with_quantization_off_leaves_wgrad_within_float32_rounding():
+    exact = Operand(None)
+    plain = Gemm(exact, exact, out=None)
+    layer, x, dy = layer_and_data(Recipe(plain, plain, plain, rht=16), "cpu", tokens=64)
+    dy = dy * 1e3
+    layer(x).backward(dy)
+    rotated = layer.weight.grad.double()
+    xd, dyd = x.detach().double(), dy.double()
+    assert not torch.equal(layer.weight.grad, (dy.t() @ x.detach()))   # the RHT did run
+    # |fl(T dy) - T dy| <= g16 |T||dy|, the same for x, then a float32 GEMM over 64 tokens:
+    # |error| <= (2 g16 + g16^2 + g64 (1 + g16)^2) (|T||dy|)^T (|T||x|), |T| = 1/4 entries
+    u = 2.0 ** -24
+    g = [n * u / (1 - n * u) for n in (16, 64)]
+    bound = (2 * g[0] + g[0] ** 2 + g[1] * (1 + g[0]) ** 2)
+    ones = torch.ones(16, 16, dtype=torch.float64) / 4
+    abs_t = lambda t: torch.matmul(ones, t.abs().reshape(-1, 16, t.shape[1])).reshape(t.shape)
+    limit = bound * (abs_t(dyd).t() @ abs_t(xd))
+    assert ((rotated - dyd.t() @ xd).abs() <= limit).all()
+
+
+def test_rht_signs_differ_per_step_and_layer():
+    from lpsim.torch.simulate import rht_signs
+    a, b, c = rht_signs(1, 0, 0, 16), rht_signs(1, 0, 1, 16), rht_signs(1, 1, 0, 16)
+    assert set(np.unique(a)) <= {-1.0, 1.0}
+    assert not np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
+def test_stochastically_rounded_gradients_are_unbiased(name):
+    """z = sum(mean - x) / sqrt(sum var / R) over 4096 elements and R = 256 draws is N(0, 1)
+    for an unbiased rounding: |z| < 4.42 fails with probability 1e-5 when it is."""
+    op = PRESETS[name].dgrad.a
+    assert op.rounding == "stochastic"
+    torch.manual_seed(3)
+    x = torch.randn(16, 256) * torch.exp2(torch.randint(-6, 6, (16, 1)).float())
+    g = lpsim.Generator(7)
+    draws = 256
+    total = torch.zeros_like(x, dtype=torch.float64)
+    for _ in range(draws):
+        total += quantize_operand(x, op, -1, generator=g).double()
+    lo = quantize_operand(x, op.with_(rounding="down"), -1).double()
+    hi = quantize_operand(x, op.with_(rounding="up"), -1).double()
+    xd, mean = x.double(), total / draws
+    # elements between two neighbours (not those a block's scale saturates, whose SR is
+    # clamped, nor those an FP32 reciprocal moved by an ulp): the z-test's population
+    inside = (lo < xd) & (xd < hi)
+    assert inside.float().mean() > 0.9
+    exact = (lo == hi) & (lo == xd)
+    assert torch.equal(mean[exact], xd[exact])
+    p = (xd - lo) / torch.where(inside, hi - lo, torch.ones_like(xd))
+    var = torch.where(inside, (hi - lo) ** 2 * p * (1 - p), torch.zeros_like(xd))
+    sd = (var.sum() / draws).sqrt()
+    z = float(torch.where(inside, mean - xd, torch.zeros_like(xd)).sum() / sd)
+    assert abs(z) < 4.42, z
+    # and the test can fail: means biased by 1/256 of each element's step are far outside
+    off = torch.where(inside, mean - xd + (hi - lo) / 2 ** 8, torch.zeros_like(xd))
+    assert abs(float(off.sum() / sd)) > 4.42
+
+
+def test_gradcheck_passes_on_the_exact_recipe_with_rht_in_float64():
+    exact = Operand(None)
+    plain = Gemm(exact, exact, out=None)
+    torch.manual_seed(0)
+    linear = nn.Linear(8, 4).double()
+    layer = SimulatedLinear.from_linear(linear, Recipe(plain, plain, plain, rht=4),
+                                        generator=lpsim.Generator(1))
+    x = torch.randn(2, 4, 8, dtype=torch.float64, requires_grad=True)
+    # each backward draws the next step's signs: equal only up to float64 rounding
+    assert torch.autograd.gradcheck(lambda x, w, b: _functional(layer, x, w, b),
+                                    (x, layer.weight, layer.bias), nondet_tol=1e-12)
+
+
+def _functional(layer, x, w, b):
+    from lpsim.torch.simulate import _LinearFunction
+    return _LinearFunction.apply(x.reshape(-1, 8), w, b, layer)
+
+
+# --- simulate, telemetry, refusals -------------------------------------------------------
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                         nn.Linear(64, 32))
+
+
+def test_simulate_keeps_the_parameters_and_any_optimizer_trains_them():
+    model = mlp()
+    params = list(model.parameters())
+    keys = list(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert simulate(model, "nvfp4", generator=5) is model
+    assert [p is q for p, q in zip(params, model.parameters())] == [True] * len(params)
+    assert list(model.state_dict()) == keys
+    assert [m.recipe.name for m in model if isinstance(m, SimulatedLinear)] == \
+        ["bf16", "nvfp4", "bf16"]            # keep_first_last
+    before = model[2].weight.detach().clone()
+    x = torch.randn(16, 32)
+    model(x).square().mean().backward()
+    opt.step()
+    assert not torch.equal(before, model[2].weight)
+    simulate(model, "mxfp8")                 # a new recipe for simulated layers
+    assert [m.recipe.name for m in model if isinstance(m, SimulatedLinear)] == ["mxfp8"] * 3
+
+
+def test_skip_by_name_or_callable_and_unknown_names_refused():
+    model = simulate(mlp(), "mxfp8", skip=["2"])
+    assert type(model[2]) is nn.Linear and isinstance(model[0], SimulatedLinear)
+    model = simulate(mlp(), "mxfp8", skip=lambda name, m: m.in_features == 32)
+    assert type(model[0]) is nn.Linear and isinstance(model[4], SimulatedLinear)
+    with pytest.raises(ValueError, match=r"skip=\['9'\]"):
+        simulate(mlp(), "mxfp8", skip=["9"])
+
+
+def test_multihead_attention_projections_are_named_not_swapped():
+    model = nn.Sequential(nn.MultiheadAttention(32, 4), nn.Linear(32, 32))
+    with pytest.warns(UserWarning, match=r"0\.out_proj"):
+        simulate(model, "mxfp8")
+    assert type(model[0].out_proj) is not SimulatedLinear and \
+        isinstance(model[1], SimulatedLinear)
+
+
+def test_telemetry_counts_equal_the_hand_composition_counts():
+    layer, x, dy = layer_and_data("nvfp4", "cpu")
+    x = (x.detach() * 1e4).requires_grad_()
+    layer(x).backward(dy)
+    expect = BlockStats()
+    lpsim.quantize(x.detach(), PRESETS["nvfp4"].fprop.a.fmt, stats=expect)
+    assert layer.telemetry["fprop", "x"] == expect
+    rows = report(nn.Sequential(layer)).rows
+    assert len(rows) == 6 and rows[0]["elements"] == x.numel()
+    assert {r["gemm"] for r in rows} == {"fprop", "dgrad", "wgrad"}
+
+
+def test_delayed_scaling_saturates_a_growing_tensor_and_the_report_says_where():
+    model = simulate(nn.Sequential(nn.Linear(32, 32)), "fp8_delayed")
+    x = torch.randn(8, 32)
+    model(x)
+    model(x * 1000)                          # scale from the first step's amax: saturates
+    rep = report(model)
+    worst = rep.worst()
+    assert (worst["gemm"], worst["operand"]) == ("fprop", "x") and worst["saturated"] > 0
+    assert "saturated" in str(rep).splitlines()[0]
+
+
+def test_a_refused_call_changes_nothing():
+    model = simulate(mlp(), "nvfp4")
+    x = torch.randn(24, 32)                  # 24 tokens: the RHT's 16 does not divide them
+    before = [dict(s.as_dict()) for s in model[2].telemetry.values()]
+    with pytest.raises(ValueError, match=r"layer '2': wgrad\.a\.fmt: block 16 does not "
+                                         r"divide K = 24 of wgrad \(its tokens\)"):
+        model(x)
+    assert [s.as_dict() for s in model[2].telemetry.values()] == before
+    assert model[2].steps == 0
+    with torch.no_grad():
+        assert model(x).shape == (24, 32)    # no backward to follow: no wgrad to refuse
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: simulate(nn.Linear(40, 32), "mxfp8"),
+     r"fprop\.a\.fmt: block 32 does not divide K = 40 of fprop \(its in_features\)"),
+    (lambda: simulate(nn.Linear(32, 40), "mxfp8"),
+     r"dgrad\.a\.fmt: block 32 does not divide K = 40"),
+    (lambda: simulate(nn.Linear(32, 24), Recipe(Gemm(Operand("bf16"), Operand(
+        "nvfp4", blocks_2d=True)))), r"fprop\.b\.fmt: 16 x 16 blocks of w need both its "
+                                     r"dimensions divisible by 16; 24 is not"),
+    (lambda: Operand(block("e4m3fn", 32, "e2m1fn")), r"cannot hold the scales"),
+    (lambda: Operand(None, "stochastic"), r"rounding='stochastic' is asked of an operand "
+                                          r"kept exact"),
+    (lambda: Operand("fp32", "stochastic"), r"kept exact"),
+    (lambda: Operand("e4m3fn", sr_bits=4), r"sr_bits=4 needs rounding='stochastic'"),
+    (lambda: Operand("mxfp8", scaling="current"), r"scaling='current' needs an element format"),
+    (lambda: Operand("e4m3fn", scaling="amax"), r"scaling='amax' is unknown"),
+    (lambda: Operand("bf16", blocks_2d=True), r"blocks_2d=True needs a block format"),
+    (lambda: Operand("e4m3fnx"), r"fmt='e4m3fnx'"),
+    (lambda: Gemm(accumulate="tpu"), r"accumulate='tpu'"),
+    (lambda: Recipe(rht=12), r"rht=12 is not accepted"),
+    (lambda: simulate(mlp(), "fp4"), r"unknown recipe 'fp4'"),
+    (lambda: simulate(mlp(), "nvfp4", generator=torch.Generator()), r"generator="),
+])
+def test_bad_recipes_are_refused_by_field(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_first_refusal_leaves_the_model_unswapped():
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 40), nn.Linear(40, 32))
+    with pytest.raises(ValueError, match="layer '1'"):
+        simulate(model, "mxfp8")
+    assert all(type(m) is nn.Linear for m in model)
+
+
+def test_layers_accept_batched_and_bfloat16_inputs():
+    model = simulate(mlp(), "mxfp8", generator=1)
+    x = torch.randn(2, 16, 32)
+    y = model(x)
+    assert y.shape == (2, 16, 32)
+    yb = model(x.bfloat16())
+    assert yb.dtype == torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"accepted: \(\.\.\., 32\)"):
+            model(torch.randn(4, 31))
