@@ -55,11 +55,14 @@ def by_hand(t, op, axis, g, amax=None):
 
 
 def hand_rht(t, step, n):
+    """The RHT of the columns of t (blocks of n tokens), as the recipe defines it: the
+    transpose's runs of n, as rows, times (H diag(d) / sqrt(n))^T."""
     words = np.array(random_words(n, 4, SEED, RHT_STREAM + 0, step * n), dtype=np.uint64)
     signs = np.where(words >> np.uint64(31), -1.0, 1.0)
     h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)])
     m = torch.tensor(h * signs / np.sqrt(n), dtype=torch.float32, device=t.device)
-    return torch.matmul(m, t.reshape(-1, n, t.shape[1])).reshape(t.shape)
+    tt = t.t().contiguous()
+    return torch.matmul(tt.reshape(-1, n), m.t()).reshape(tt.shape).t()
 
 
 def product(a, b, gemm):
@@ -307,6 +310,20 @@ def test_telemetry_counts_equal_the_hand_composition_counts():
     rows = report(nn.Sequential(layer)).rows
     assert len(rows) == 6 and rows[0]["elements"] == x.numel()
     assert {r["gemm"] for r in rows} == {"fprop", "dgrad", "wgrad"}
+
+
+def test_telemetry_every_n_steps_counts_those_steps_only():
+    model = simulate(nn.Sequential(nn.Linear(32, 32)), "mxfp8", telemetry=3)
+    x = torch.randn(32, 32)
+    for _ in range(4):                       # steps 0 and 3 counted
+        model(x).sum().backward()
+    assert model[0].telemetry["fprop", "x"].elements == 2 * x.numel()
+    off = simulate(nn.Sequential(nn.Linear(32, 32)), "mxfp8", telemetry=False)
+    off(x).sum().backward()
+    assert all(s.elements == 0 for s in off[0].telemetry.values())
+    for bad in (0, -1, 2.5, "often"):
+        with pytest.raises(ValueError, match="telemetry="):
+            simulate(nn.Sequential(nn.Linear(32, 32)), "mxfp8", telemetry=bad)
 
 
 def test_delayed_scaling_saturates_a_growing_tensor_and_the_report_says_where():

@@ -6,8 +6,8 @@ bit for bit, the composition a user could write by hand (:func:`gemm` is that co
 
 1. each operand fake-quantized along the GEMM's K by :func:`quantize_operand`
    (``lpsim.quantize`` with the operand's format, rounding and per-tensor scale; k x k blocks
-   as blocks of k*k elements of the tiled tensor), the wgrad operands after :func:`rht`
-   when the recipe has one;
+   as blocks of k*k elements of the tiled tensor), the wgrad operands (tokens along K)
+   after :func:`rht` along the tokens when the recipe has one;
 2. :func:`lpsim.ops.matmul` with the recipe's accumulation (on a GPU, an FP32 GEMM is
    ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU);
 3. the bias added in FP32 (fprop), then the output rounded to nearest in its format.
@@ -69,6 +69,12 @@ def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None,
     if isinstance(fmt, BlockFormat):
         if op.blocks_2d:
             return _quantize_tiles(t, op, generator, stats)
+        if t.ndim == 2 and axis in (0, -2):
+            # blocks down the columns: the transpose's rows, the same blocks and random
+            # counters (C order of the blocked layout); torch's transposing copy is the
+            # fastest here, and the result goes back as a view, which the GEMM reads as is
+            return lp_quantize(t.t().contiguous(), fmt, op.rounding, sr_bits=op.sr_bits,
+                               generator=generator, stats=stats, axis=-1).t()
         return lp_quantize(t, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
                            stats=stats, axis=axis)
     if op.scaling == "none":
@@ -109,17 +115,18 @@ def rht_signs(seed: int, layer: int, step: int, n: int) -> np.ndarray:
 
 
 def rht(t: torch.Tensor, signs: np.ndarray) -> torch.Tensor:
-    """Blocks of n rows of ``t`` (rows a multiple of n) times the orthogonal
-    ``H diag(signs) / sqrt(n)``, in t's dtype (``torch.matmul``)."""
+    """``t`` with each run of n consecutive elements along its last axis (n = len(signs),
+    dividing it) multiplied by the orthogonal ``H diag(signs) / sqrt(n)``, in t's dtype:
+    ``torch.matmul`` of the runs, as rows, by that matrix's transpose.  The wgrad operands
+    are transformed along the tokens, which their transposes hold along the last axis."""
     n = len(signs)
     m = torch.from_numpy(hadamard(n) * signs / np.sqrt(n)).to(t.device, t.dtype)
-    rows = t.shape[0]
-    return torch.matmul(m, t.reshape(rows // n, n, -1)).reshape(t.shape)
+    return torch.matmul(t.reshape(-1, n), m.t()).reshape(t.shape)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
-    if a.device.type == "cpu":
-        return lp_matmul(a.contiguous(), b.contiguous(), model=accumulate)
+    if a.device.type == "cpu":      # transposed views go to BLAS as they are
+        return lp_matmul(a, b, model=accumulate)
     if accumulate is None:
         flag = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -128,7 +135,7 @@ def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
         finally:
             torch.backends.cuda.matmul.allow_tf32 = flag
     # the models of lpsim.ops are CPU kernels: the operands go there and back
-    return lp_matmul(a.cpu().contiguous(), b.cpu().contiguous(), model=accumulate).to(a.device)
+    return lp_matmul(a.cpu(), b.cpu(), model=accumulate).to(a.device)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None) -> torch.Tensor:
@@ -177,14 +184,16 @@ class _LinearFunction(torch.autograd.Function):
             wq = wq_shared if wq_shared is not None else layer.quantize(weight, "dgrad", "w", 0)
             dx = gemm(dyq, wq, r.dgrad).to(x.dtype)
         if ctx.needs_input_grad[1]:
-            dy_w, x_w = dy, x.detach().to(dy.dtype)
+            # K is the tokens: the transposes hold them along the last axis, where the RHT
+            # runs and the blocks lie (the same blocks and counters as along axis 0)
+            dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()
             if r.rht is not None:
                 signs = rht_signs(layer.generator.initial_seed(), layer.layer_index,
                                   layer.steps, r.rht)
-                dy_w, x_w = rht(dy_w, signs), rht(x_w, signs)
-            dyq = layer.quantize(dy_w, "wgrad", "dy", 0)
-            xq = layer.quantize(x_w, "wgrad", "x", 0)
-            dw = gemm(dyq.t(), xq, r.wgrad).to(weight.dtype)
+                dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
+            dyq = layer.quantize(dy_t, "wgrad", "dy", -1)
+            xq = layer.quantize(x_t, "wgrad", "x", -1)
+            dw = gemm(dyq, xq.t(), r.wgrad).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         layer.steps += 1
@@ -195,8 +204,8 @@ class SimulatedLinear(nn.Linear):
     """An ``nn.Linear`` whose GEMMs follow a recipe; it holds the original's Parameters.
 
     Made by :func:`simulate` (or :meth:`from_linear`).  ``telemetry``: per (gemm, operand)
-    the counters of every quantization of that operand so far; ``steps``: backward passes
-    so far (the RHT's step).
+    the counters of the counted quantizations of that operand so far (every step, or every
+    ``telemetry_every``-th); ``steps``: backward passes so far (the RHT's step).
     """
 
     def __init__(self, *args, **kwargs):
@@ -216,7 +225,7 @@ class SimulatedLinear(nn.Linear):
         self.recipe = r
         self.generator = generator if generator is not None else Generator()
         self.layer_name, self.layer_index = name, index
-        self.count = telemetry
+        self.telemetry_every = _telemetry_every(telemetry)
         self.steps = 0
         self.sites = {(g, role): _Site(BlockStats(), [])
                       for g, roles in GEMMS.items() for role in roles}
@@ -236,8 +245,10 @@ class SimulatedLinear(nn.Linear):
             amax = max(site.history) if site.history else 0.0
             site.history.append(_amax(t))
             del site.history[:-op.history]
+        every = self.telemetry_every
+        counted = every is not None and self.steps % every == 0
         return quantize_operand(t, op, axis, generator=self.generator, amax=amax,
-                                stats=site.stats if self.count else None)
+                                stats=site.stats if counted else None)
 
     @property
     def telemetry(self) -> dict:
@@ -265,12 +276,22 @@ class SimulatedLinear(nn.Linear):
         return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
 
 
+def _telemetry_every(telemetry) -> int | None:
+    """Steps between counted steps: True 1, False None, an integer N >= 1 itself."""
+    if isinstance(telemetry, (bool, np.bool_)):
+        return 1 if telemetry else None
+    if isinstance(telemetry, (int, np.integer)) and telemetry >= 1:
+        return int(telemetry)
+    raise ValueError(f"telemetry={telemetry!r} is not accepted; accepted: True (count every "
+                     "step), False, or an integer N >= 1 (count every N-th step)")
+
+
 def _in_attention(name: str, attention: list[str]) -> bool:
     return any(name.startswith(prefix + ".") for prefix in attention)
 
 
 def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
-             telemetry: bool = True) -> nn.Module:
+             telemetry: bool | int = True) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for :class:`SimulatedLinear` with ``recipe``
     (a name of :data:`lpsim.torch.PRESETS` or a Recipe), in place; returns ``model``.
 
@@ -278,7 +299,10 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
     them), or a callable ``skip(name, module) -> bool``.  With ``recipe.keep_first_last``
     the first and last linear layers (in ``named_modules`` order) run the ``bf16`` recipe.
     generator: an :class:`lpsim.Generator` (or an integer seed) for stochastic rounding and
-    the RHT signs; None draws a seed.  Layers already simulated take the new recipe.
+    the RHT signs; None draws a seed.  telemetry: count every quantization (True), none
+    (False) or those of every N-th step (an integer N; a step ends with a layer's backward
+    pass): the counting kernels cost about as much as the rest of a simulated step on the
+    CPU (``benchmarks/bench_recipes.py``).  Layers already simulated take the new recipe.
     The projections inside ``nn.MultiheadAttention`` are not swapped (its forward reads
     their weights directly): a warning names them.
     """
@@ -315,6 +339,7 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
         warnings.warn(f"lpsim.torch.simulate: {left} belong to nn.MultiheadAttention, whose "
                       "forward reads their weights directly; they are not simulated",
                       stacklevel=2)
+    _telemetry_every(telemetry)
     made = []
     for index, (name, module) in enumerate(layers):
         first_last = r.keep_first_last and index in (0, len(layers) - 1)

@@ -1,0 +1,129 @@
+"""A simulated low-precision training step against the plain BF16 step of the same model.
+
+The model is the byte-level transformer of examples/train_lm.py (``--d-model``, ``--layers``,
+``--context``, ``--batch``).  One step is zero_grad, forward, cross-entropy, backward and
+torch's AdamW step.  Cases, timed in alternating rounds after two untimed steps (medians):
+
+* ``bf16 autocast``: the plain BF16 step (FP32 weights, ``torch.autocast(bfloat16)``), the
+  peer the issue's targets are stated against;
+* ``fp32``: the same model in FP32;
+* ``lpsim <preset>``: the FP32 model with ``lpsim.torch.simulate(model, preset)`` (every
+  GEMM of every linear layer quantized, multiplied and rounded as the recipe says;
+  telemetry on, as users run it).
+
+Prints milliseconds per step and the ratios to the BF16 and FP32 steps (a CPU without bf16
+instructions runs the BF16 step slower than the FP32 one: the FP32 ratio is the sterner);
+targets: at most 2x the BF16 step for mxfp8 and nvfp4 on the CPU, 1.5x on a GPU.  The
+cases "(no telemetry)" run ``simulate(..., telemetry=False)``.
+
+    python benchmarks/bench_recipes.py [--device cpu|cuda] [--d-model 256] [--layers 4]
+        [--context 128] [--batch 16] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+import lpsim  # noqa: E402
+from lpsim.torch import simulate  # noqa: E402
+from train_lm import ByteLM  # noqa: E402
+from timing import cpu_model  # noqa: E402
+
+PRESETS = ["bf16", "fp8_current", "mxfp8", "mxfp4", "nvfp4"]
+#: (case, least ratio to the BF16 step) per device
+TARGETS = {"cpu": {"lpsim mxfp8": 2.0, "lpsim nvfp4": 2.0},
+           "cuda": {"lpsim mxfp8": 1.5, "lpsim nvfp4": 1.5}}
+
+
+def make_step(case, args):
+    torch.manual_seed(0)
+    model = ByteLM(args.d_model, args.layers, args.heads, args.context).to(args.device)
+    autocast = case == "bf16 autocast"
+    if case.startswith("lpsim "):
+        name, _, counted = case.split(" ", 1)[1].partition(" ")
+        simulate(model, name, generator=lpsim.Generator(0), telemetry=counted != "(no telemetry)")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 256, (args.batch, args.context + 1), generator=gen).to(args.device)
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step():
+        opt.zero_grad()
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--presets", nargs="+", default=PRESETS, choices=PRESETS)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    cases = ["bf16 autocast", "fp32"] + [f"lpsim {p}" for p in args.presets] + \
+        [f"lpsim {p} (no telemetry)" for p in args.presets]
+    steps = {}
+    for case in cases:
+        steps[case] = make_step(case, args)
+        for _ in range(2):                    # compiles, caches, allocator
+            steps[case]()
+    times = {case: [] for case in cases}
+    for _ in range(args.rounds):
+        for case, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[case].append(time.perf_counter() - start)
+    ms = {case: 1e3 * float(np.median(t)) for case, t in times.items()}
+    base = ms["bf16 autocast"]
+    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_model()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=HERE).stdout.strip()
+    print(f"# bench_recipes: device {device} ({os.cpu_count()} CPUs, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads), "
+          f"{datetime.date.today()}, commit {commit}")
+    print(f"# command: python benchmarks/bench_recipes.py {' '.join(argv or sys.argv[1:])}")
+    print(f"# ByteLM d_model {args.d_model}, {args.layers} layers, context {args.context}, "
+          f"batch {args.batch}: {args.batch * args.context} tokens a step; median of "
+          f"{args.rounds} rounds")
+    print(f"{'case':<32} {'ms/step':>9} {'x bf16 step':>12} {'x fp32 step':>12}  target")
+    for case in cases:
+        target = TARGETS[args.device].get(case)
+        verdict = "" if target is None else \
+            f"<= {target}x: {'met' if ms[case] / base <= target else 'NOT met'}"
+        print(f"{case:<32} {ms[case]:>9.1f} {ms[case] / base:>12.2f} "
+              f"{ms[case] / ms['fp32']:>12.2f}  {verdict}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": device, "date": str(datetime.date.today()), "commit": commit,
+                       "platform": platform.platform(), "ms": ms,
+                       "ratio_to_bf16": {c: ms[c] / base for c in cases}}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
