@@ -130,6 +130,9 @@ def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_pat
     ("train_lm.py", ["--heads", "3"], "--d-model 64 is not a multiple of --heads 3"),
     ("train_lm.py", ["--device", "nonsense"], "argument --device: 'nonsense' is not a torch"),
     ("precision_assignment.py", ["--lr", "-1"], "argument --lr: -1.0 is not accepted"),
+    ("train_recipes.py", ["--d-model", "48", "--heads", "4"],
+     "--d-model 48 and --batch x --context 1024 must be multiples of 32"),
+    ("train_recipes.py", ["--runs", "fp4"], "argument --runs: invalid choice: 'fp4'"),
 ])
 def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, script, args,
                                                message):
@@ -154,6 +157,10 @@ def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, sc
                      "--layers", "1", "--heads", "2", "--data-bytes", "20000", "--eval-every",
                      "1", "--val-batches", "1", "--runs", "FP32"],
      ["train_lm.json", "train_lm.md", "train_lm.png"]),
+    ("train_recipes.py", ["--steps", "2", "--batch", "2", "--context", "16", "--d-model", "32",
+                          "--layers", "1", "--heads", "2", "--data-bytes", "20000",
+                          "--eval-every", "1", "--val-batches", "1", "--runs", "nvfp4"],
+     ["train_recipes.json", "train_recipes.md", "train_recipes.png"]),
 ])
 def test_examples_without_out_write_to_a_temporary_directory(tmp_path, script, args, files):
     """The README's promise: without --out a new temporary directory, printed at the end;

@@ -395,3 +395,28 @@ def test_layers_accept_batched_and_bfloat16_inputs():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"accepted: \(\.\.\., 32\)"):
             model(torch.randn(4, 31))
+
+
+# --- peers: torchao's MX and NVFP4 casts of the same operands -----------------------------
+
+def test_mxfp8_and_nvfp4_operands_equal_torchao_casts():
+    mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    from torchao.prototype.mx_formats.config import ScaleCalculationMode
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+    torch.manual_seed(4)
+    t = torch.randn(64, 128) * torch.exp2(torch.randint(-8, 8, (64, 1)).float())
+    mxfp8 = PRESETS["mxfp8"]
+    for op, axis in [(mxfp8.fprop.a, -1), (mxfp8.dgrad.b, 0), (mxfp8.wgrad.a, 0)]:
+        rows = t if axis == -1 else t.t().contiguous()      # torchao blocks the last axis
+        scale, data = mx.to_mx(rows, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)
+        want = mx.to_dtype(data, scale, torch.float8_e4m3fn, 32, torch.float32)
+        assert torch.equal(quantize_operand(t, op, axis), want if axis == -1 else want.t())
+    # NVFP4 (1 x 16, FP32 tensor scale): elements q, E4M3 scales s and the tensor scale pts
+    # of torchao; lpsim's value is q * s * pts rounded once (exact in float64, then float32)
+    pts = nv.per_tensor_amax_to_scale(t.abs().max())
+    scales, data = nv.nvfp4_quantize(t, 16, pts)
+    q = f4_unpacked_to_f32(unpack_uint4(data)).reshape(64, 128).double()
+    s = scales.float().double().reshape(64, 8).repeat_interleave(16, dim=1)
+    want = (q * s * float(pts)).float()
+    assert torch.equal(quantize_operand(t, PRESETS["nvfp4"].fprop.a, -1), want)

@@ -51,8 +51,9 @@ class Operand:
     (``"nvfp4"``, :func:`lpsim.blocks.block`).  rounding, sr_bits: any lpsim mode and few-bit SR.
     scaling (element formats): ``"current"`` multiplies the tensor by
     ``s = fp32(max / amax)`` before rounding to the format with saturation, and divides by
-    ``s`` after (TransformerEngine's and torchao's per-tensor FP8 scaling); ``"delayed"``
-    takes amax as the largest of the last ``history`` steps' (scale 1 at the first step).
+    ``s`` after (TransformerEngine's and torchao's per-tensor FP8 scaling), amax the largest
+    finite magnitude; ``"delayed"`` takes amax as the largest of the last ``history`` steps'
+    (scale 1 at the first step).
     blocks_2d (block formats): k x k blocks instead of 1 x k, so a weight quantized once
     serves both GEMMs it enters (NVFP4's 16 x 16 weight blocks).
     """
