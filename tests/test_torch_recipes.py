@@ -413,10 +413,24 @@ def test_mxfp8_and_nvfp4_operands_equal_torchao_casts():
         want = mx.to_dtype(data, scale, torch.float8_e4m3fn, 32, torch.float32)
         assert torch.equal(quantize_operand(t, op, axis), want if axis == -1 else want.t())
     # NVFP4 (1 x 16, FP32 tensor scale): elements q, E4M3 scales s and the tensor scale pts
-    # of torchao; lpsim's value is q * s * pts rounded once (exact in float64, then float32)
-    pts = nv.per_tensor_amax_to_scale(t.abs().max())
-    scales, data = nv.nvfp4_quantize(t, 16, pts)
-    q = f4_unpacked_to_f32(unpack_uint4(data)).reshape(64, 128).double()
-    s = scales.float().double().reshape(64, 8).repeat_interleave(16, dim=1)
-    want = (q * s * float(pts)).float()
-    assert torch.equal(quantize_operand(t, PRESETS["nvfp4"].fprop.a, -1), want)
+    # of torchao; lpsim's value is q * s * pts rounded once (exact in float64, then float32).
+    # Rows within 2**5 of one another: every block scale is an E4M3 normal
+    t = torch.randn(64, 128) * torch.exp2(torch.randint(-2, 3, (64, 1)).float())
+
+    def torchao_nvfp4(t):
+        pts = nv.per_tensor_amax_to_scale(t.abs().max())
+        scales, data = nv.nvfp4_quantize(t, 16, pts)
+        q = f4_unpacked_to_f32(unpack_uint4(data)).reshape(t.shape).double()
+        s = scales.float().double().reshape(t.shape[0], -1).repeat_interleave(16, dim=1)
+        return (q * s * float(pts)).float(), s
+
+    op = PRESETS["nvfp4"].fprop.a
+    want, _ = torchao_nvfp4(t)
+    assert torch.equal(quantize_operand(t, op, -1), want)
+    # the one difference: a block whose scale is below E4M3's smallest normal (2**-6) keeps
+    # its subnormal scale in lpsim (a cast to E4M3), where torchao clamps it to 2**-6
+    t[0] *= 2.0 ** -16 * float(t.abs().max() / t[0].abs().max())    # scales near 448 * 2**-16
+    want, s = torchao_nvfp4(t)
+    got = quantize_operand(t, op, -1)
+    assert float(s[0].min()) == 2.0 ** -6 and not torch.equal(got[0], want[0])
+    assert torch.equal(got[1:], want[1:])
