@@ -208,7 +208,9 @@ def write_outputs(results, args, out):
     lines = [f"Byte-level LM, {args.steps} steps of {args.batch}x{args.context} bytes, d_model "
              f"{args.d_model}, {args.layers} layers, {args.device}; AdamW (0.9, 0.95) at "
              f"{args.lr:g}, wd 0.1, warm-up + cosine; every linear layer's GEMMs simulated "
-             f"(lpsim.torch.simulate), telemetry every {args.telemetry_every} steps.", "",
+             f"(lpsim.torch.simulate), telemetry every {args.telemetry_every} steps. ms/step "
+             "times the steps alone, on whatever else the machine ran "
+             "(benchmarks/bench_recipes.py measures speed).", "",
              "| run | final val loss | gap to bf16 | ms/step | worst operand (telemetry) |",
              "|---|---|---|---|---|"]
     for name, r in results.items():
