@@ -363,6 +363,9 @@ def test_a_refused_call_changes_nothing():
                                           r"kept exact"),
     (lambda: Operand("fp32", "stochastic"), r"kept exact"),
     (lambda: Operand("e4m3fn", sr_bits=4), r"sr_bits=4 needs rounding='stochastic'"),
+    (lambda: Operand("e4m3fn", "stochastic", sr_bits=33), r"sr_bits=33 is out of range"),
+    (lambda: Operand("e4m3fn", "stochastic", sr_bits=2.0), r"sr_bits=2.0 is not an integer"),
+    (lambda: Operand("e4m3fn", scaling="delayed", history=0), r"history=0 is not accepted"),
     (lambda: Operand("mxfp8", scaling="current"), r"scaling='current' needs an element format"),
     (lambda: Operand("e4m3fn", scaling="amax"), r"scaling='amax' is unknown"),
     (lambda: Operand("bf16", blocks_2d=True), r"blocks_2d=True needs a block format"),
@@ -375,6 +378,13 @@ def test_a_refused_call_changes_nothing():
 def test_bad_recipes_are_refused_by_field(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+def test_numpy_integers_are_taken_as_ints():
+    assert Operand("e4m3fn", "stochastic", sr_bits=np.int64(8)).sr_bits == 8
+    assert Operand("e4m3fn", scaling="delayed", history=np.int32(4)).history == 4
+    assert type(Recipe(rht=np.int64(16)).rht) is int
+    assert isinstance(simulate(mlp(), "mxfp8", generator=np.uint64(3))[0], SimulatedLinear)
 
 
 def test_first_refusal_leaves_the_model_unswapped():

@@ -26,10 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
+import numpy as np
+
 from ..blocks.formats import BlockFormat, as_block_format
 from ..formats import Format, parse_format
 from ..ops.hardware import TensorCoreModel, hardware_model
 from ..ops.models import AccumulationModel, get_model
+from ..philox import WORD_BITS
+from ..request import check_sr_bits
 from ..rounding import NEAREST, STOCHASTIC, mode_code
 
 #: per-tensor scaling of an element format: none, from this tensor's amax (``current``), or
@@ -85,6 +89,9 @@ class Operand:
         if self.sr_bits is not None and mode != STOCHASTIC:
             raise ValueError(f"sr_bits={self.sr_bits!r} needs rounding='stochastic', not "
                              f"{self.rounding!r}")
+        if self.sr_bits is not None:        # the operands are rounded in float32 containers
+            object.__setattr__(self, "sr_bits", check_sr_bits(
+                self.sr_bits, "stochastic", WORD_BITS[4], "float32"))
         if self.scaling not in SCALINGS:
             raise ValueError(f"scaling={self.scaling!r} is unknown; accepted: "
                              f"{', '.join(map(repr, SCALINGS))}")
@@ -94,10 +101,11 @@ class Operand:
         if self.scaling != "none" and exact:
             raise ValueError(f"scaling={self.scaling!r} is asked of an operand kept exact "
                              f"(fmt={self.fmt!r})")
-        if isinstance(self.history, bool) or not isinstance(self.history, int) or \
-                self.history < 1:
+        if isinstance(self.history, bool) or not isinstance(self.history, (int, np.integer)) \
+                or self.history < 1:
             raise ValueError(f"history={self.history!r} is not accepted; accepted: an "
                              "integer >= 1 (steps of amax kept by scaling='delayed')")
+        object.__setattr__(self, "history", int(self.history))
         if not isinstance(self.blocks_2d, bool):
             raise TypeError(f"blocks_2d={self.blocks_2d!r} must be True or False")
         if self.blocks_2d and not isinstance(fmt, BlockFormat):
@@ -195,9 +203,11 @@ class Recipe:
             if not isinstance(getattr(self, name), Gemm):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be an lpsim.torch.Gemm")
         if self.rht is not None and (isinstance(self.rht, bool) or not isinstance(
-                self.rht, int) or self.rht < 2 or self.rht & (self.rht - 1)):
+                self.rht, (int, np.integer)) or self.rht < 2 or self.rht & (self.rht - 1)):
             raise ValueError(f"rht={self.rht!r} is not accepted; accepted: None or a power "
                              "of two >= 2 (a Hadamard matrix's size)")
+        if self.rht is not None:
+            object.__setattr__(self, "rht", int(self.rht))
         if not isinstance(self.keep_first_last, bool):
             raise TypeError(f"keep_first_last={self.keep_first_last!r} must be True or False")
 
