@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_session.sh casgd   # bench_casgd with its roofline plot
 #   bash benchmarks/gpu_session.sh profile # profile_cuda: host overhead, kernel resources, variants
 #   bash benchmarks/gpu_session.sh probe   # probe_tensor_cores: what torch._scaled_mm returns
+#   bash benchmarks/gpu_session.sh recipes # bench_recipes: a simulated FP8/MXFP8/NVFP4 training
+#                                          # step against the BF16 step (not in `all`: ~2 min)
 #   bash benchmarks/gpu_session.sh tests probe   # stages run in the order given
 #   bash benchmarks/gpu_session.sh all     # every stage inside ALL_BUDGET seconds (default 450;
 #                                          # STAGES="tests bench" and TEST_FILES=... narrow it),
@@ -101,12 +103,16 @@ bench)
       python3 benchmarks/bench_blocks.py --device cuda --json "$R/blocks-gpu.json" 2>&1
       python3 benchmarks/bench_blocks.py --scaled-mm 2>&1' _ "$R" | tee "$R/bench.log"
     ;;
+recipes)
+    timeout "$LIMIT" python3 benchmarks/bench_recipes.py --device cuda --d-model 512 --layers 8 \
+        --context 256 --rounds 3 --json "$OUT/recipes-gpu.json" 2>&1 | tee "$OUT/recipes.log"
+    ;;
 casgd)
     timeout "$LIMIT" python3 benchmarks/bench_casgd.py --json "$OUT/casgd-gpu.json" --plot "$OUT/casgd-roofline.png" \
         2>&1 | tee "$OUT/casgd.log"
     ;;
 *)
-    echo "unknown stage $stage (tests, bench, casgd, profile, probe, all)"; exit 2
+    echo "unknown stage $stage (tests, bench, casgd, profile, probe, recipes, all)"; exit 2
     ;;
 esac
 )
