@@ -212,7 +212,10 @@ class _LinearFunction(torch.autograd.Function):
 class SimulatedLinear(nn.Linear):
     """An ``nn.Linear`` whose GEMMs follow a recipe; it holds the original's Parameters.
 
-    Made by :func:`simulate` (or :meth:`from_linear`).  ``telemetry``: per (gemm, operand)
+    Made by :func:`simulate` (or :meth:`from_linear`).  As ``nn.Linear``, the output has the
+    input's dtype and the gradients their tensors' dtypes: a float16 input's output is the
+    recipe's output (bf16 values) cast by torch to float16, which rounds values float16 cannot
+    hold (beyond 65504, below its subnormals); bfloat16, float32 and float64 hold bf16 values.  ``telemetry``: per (gemm, operand)
     the counters of the counted quantizations of that operand so far (every step, or every
     ``telemetry_every``-th); ``steps``: backward passes so far (the RHT's step).
     """
