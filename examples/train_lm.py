@@ -101,26 +101,17 @@ def batches(data, batch, context, gen):
     return idx[:, :-1], idx[:, 1:]
 
 
-def train(name, lr, args, train_data, val_data, progress):
-    dtype, autocast, update, _ = RUNS[name]
-    torch.manual_seed(args.seed)
-    model = ByteLM(args.d_model, args.layers, args.heads, args.context).to(args.device, dtype)
-    opt = AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
-                update_rounding=update, seed=args.seed)
+def run_steps(opt, loss_of, args, train_data, val_data, progress):
+    """``args.steps`` optimizer steps of ``loss_of(x, y)`` on batches of ``train_data`` (seed
+    ``args.seed``), warm-up over 20 steps then cosine decay, the validation loss every
+    ``args.eval_every`` steps and at the end; stops at a non-finite loss.  Returns (curve of
+    (step, validation loss), seconds in the steps alone, tokens trained, steps run)."""
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (
         1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
     gen = torch.Generator().manual_seed(args.seed)
     val_gen = torch.Generator().manual_seed(12345)
     val = [batches(val_data, args.batch, args.context, val_gen) for _ in range(args.val_batches)]
     curve, tokens, seconds = [], 0, 0.0
-    if args.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-    def loss_of(x, y):
-        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(x.to(args.device))
-        return F.cross_entropy(logits.float().reshape(-1, 256), y.to(args.device).reshape(-1))
-
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
             with torch.no_grad():
@@ -142,6 +133,24 @@ def train(name, lr, args, train_data, val_data, progress):
         if not math.isfinite(loss.item()):
             curve.append((step + 1, float("nan")))
             break
+    return curve, seconds, tokens, step
+
+
+def train(name, lr, args, train_data, val_data, progress):
+    dtype, autocast, update, _ = RUNS[name]
+    torch.manual_seed(args.seed)
+    model = ByteLM(args.d_model, args.layers, args.heads, args.context).to(args.device, dtype)
+    opt = AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                update_rounding=update, seed=args.seed)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    def loss_of(x, y):
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(x.to(args.device))
+        return F.cross_entropy(logits.float().reshape(-1, 256), y.to(args.device).reshape(-1))
+
+    curve, seconds, tokens, _ = run_steps(opt, loss_of, args, train_data, val_data, progress)
     params = sum(p.numel() for p in model.parameters())
     memory = (torch.cuda.max_memory_allocated() if args.device == "cuda"
               else opt.memory_bytes() * params)

@@ -23,7 +23,6 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +34,7 @@ sys.path.insert(0, HERE)                  # train_lm.py and _arguments.py, besid
 import lpsim  # noqa: E402
 from lpsim.torch import PRESETS, report, simulate  # noqa: E402
 from _arguments import device_name, positive_float, positive_int, seed_int  # noqa: E402
-from train_lm import ByteLM, batches, stdlib_bytes  # noqa: E402
+from train_lm import ByteLM, run_steps, stdlib_bytes  # noqa: E402
 
 
 def _nvfp4_without(**changes):
@@ -74,37 +73,12 @@ def train(name, args, train_data, val_data, progress):
              telemetry=args.telemetry_every)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                             weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (
-        1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    gen = torch.Generator().manual_seed(args.seed)
-    val_gen = torch.Generator().manual_seed(12345)
-    val = [batches(val_data, args.batch, args.context, val_gen) for _ in range(args.val_batches)]
-    curve, seconds = [], 0.0
 
     def loss_of(x, y):
         logits = model(x.to(args.device))
         return F.cross_entropy(logits.reshape(-1, 256), y.to(args.device).reshape(-1))
 
-    for step in range(args.steps + 1):
-        if step % args.eval_every == 0 or step == args.steps:
-            with torch.no_grad():
-                curve.append((step, sum(loss_of(x, y).item() for x, y in val) / len(val)))
-        if step == args.steps:
-            break
-        x, y = batches(train_data, args.batch, args.context, gen)
-        start = time.perf_counter()
-        opt.zero_grad()
-        loss = loss_of(x, y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - start
-        progress.update(1)
-        if not math.isfinite(loss.item()):
-            curve.append((step + 1, float("nan")))
-            break
+    curve, seconds, _, step = run_steps(opt, loss_of, args, train_data, val_data, progress)
     worst = report(model).worst()
     return dict(curve=curve, final=curve[-1][1], ms_per_step=1e3 * seconds / max(step, 1),
                 worst=_describe(worst), params=sum(p.numel() for p in model.parameters()))

@@ -30,8 +30,8 @@ import numpy as np
 
 from ..blocks.formats import BlockFormat, as_block_format
 from ..formats import Format, parse_format
-from ..ops.hardware import TensorCoreModel, hardware_model
-from ..ops.models import AccumulationModel, get_model
+from ..ops.hardware import hardware_model
+from ..ops.models import get_model
 from ..philox import WORD_BITS
 from ..request import check_sr_bits
 from ..rounding import NEAREST, STOCHASTIC, mode_code
@@ -211,12 +211,16 @@ class Recipe:
         if not isinstance(self.keep_first_last, bool):
             raise TypeError(f"keep_first_last={self.keep_first_last!r} must be True or False")
 
+    def operand(self, gemm: str, role: str) -> Operand:
+        """The Operand of ``role`` ("x", "w" or "dy") in ``gemm`` ("fprop", ...)."""
+        g = getattr(self, gemm)
+        return g.a if role == GEMMS[gemm][0] else g.b
+
     def operands(self):
         """(gemm, role, Operand) for the six operands, in GEMMS order."""
         for gemm, roles in GEMMS.items():
-            g = getattr(self, gemm)
-            yield gemm, roles[0], g.a
-            yield gemm, roles[1], g.b
+            for role in roles:
+                yield gemm, role, self.operand(gemm, role)
 
     def check_dims(self, in_features: int, out_features: int, tokens: int | None = None,
                    where: str = "") -> None:
@@ -265,10 +269,9 @@ def _fp8(scaling: str, source: str, name: str) -> Recipe:
 
 
 def _nvfp4() -> Recipe:
-    nvfp4 = parse_block_preset("nvfp4")
-    act = Operand(nvfp4)
-    weight = Operand(nvfp4, blocks_2d=True)
-    grad = Operand(nvfp4, "stochastic")
+    act = Operand("nvfp4")
+    weight = Operand("nvfp4", blocks_2d=True)
+    grad = Operand("nvfp4", "stochastic")
     return Recipe(Gemm(act, weight), Gemm(grad, weight), Gemm(grad, act), rht=16,
                   keep_first_last=True, name="nvfp4",
                   source="NVIDIA, 'Pretraining Large Language Models with NVFP4' (arXiv "
@@ -277,15 +280,11 @@ def _nvfp4() -> Recipe:
                          "stochastic rounding of gradients, some layers kept in BF16")
 
 
-def parse_block_preset(name: str) -> BlockFormat:
-    return as_block_format(name)
-
-
 def _presets() -> dict[str, Recipe]:
     bf16 = Operand("bf16")
     mxfp8 = Operand(BlockFormat("e4m3fn", 32, "e8m0fnu", "rceil"))
-    mxfp4 = Operand(parse_block_preset("mxfp4"))
-    mxfp4_grad = Operand(parse_block_preset("mxfp4"), "stochastic")
+    mxfp4 = Operand("mxfp4")
+    mxfp4_grad = Operand("mxfp4", "stochastic")
     return {
         "bf16": Recipe(_same(bf16), _same(bf16), _same(bf16), name="bf16",
                        source="BF16 operands, FP32 accumulation, BF16 outputs: mixed-precision "
@@ -324,5 +323,4 @@ def recipe(spec) -> Recipe:
                          "lpsim.torch.Recipe") from None
 
 
-__all__ = ["Operand", "Gemm", "Recipe", "PRESETS", "recipe", "SCALINGS", "GEMMS",
-           "AccumulationModel", "TensorCoreModel"]
+__all__ = ["Operand", "Gemm", "Recipe", "PRESETS", "recipe", "SCALINGS", "GEMMS"]

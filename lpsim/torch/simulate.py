@@ -21,8 +21,9 @@ blocks flushed to zero).
 
 from __future__ import annotations
 
+import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -30,12 +31,12 @@ from torch import nn
 
 from ..blocks.amax import tensor_amax
 from ..blocks.counters import BlockStats
-from ..blocks.formats import BlockFormat, block as make_block
+from ..blocks.formats import BlockFormat
 from ..generator import Generator
 from ..ops.reductions import matmul as lp_matmul
 from ..philox import random_words
 from ..quantize import quantize as lp_quantize
-from .recipes import GEMMS, Operand, PRESETS, Recipe, Gemm, recipe as as_recipe
+from .recipes import GEMMS, Gemm, Operand, PRESETS, Recipe, recipe as as_recipe
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
 RHT_STREAM = 1 << 40
@@ -74,38 +75,40 @@ def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None,
     if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
         return t.detach() if t.dtype == torch.float64 else t.detach().float()
     t = t.detach().float()
+
+    def rounded(values, fmt, **where):
+        return lp_quantize(values, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
+                           stats=stats, **where)
+
     if isinstance(fmt, BlockFormat):
         if op.blocks_2d:
-            return _quantize_tiles(t, op, generator, stats)
+            # k x k tiles, each a block of k*k elements along the last axis, then untiled
+            k = fmt.block
+            rows, cols = t.shape
+            tiles = t.reshape(rows // k, k, cols // k, k).permute(0, 2, 1, 3).reshape(
+                rows // k, cols // k, k * k)
+            q = rounded(tiles, _square(fmt), axis=-1)
+            return q.reshape(rows // k, cols // k, k, k).permute(0, 2, 1, 3).reshape(
+                rows, cols)
         if t.ndim == 2 and axis in (0, -2):
             # blocks down the columns: the transpose's rows, the same blocks and random
             # counters (C order of the blocked layout); torch's transposing copy is the
             # fastest here, and the result goes back as a view, which the GEMM reads as is
-            return lp_quantize(t.t().contiguous(), fmt, op.rounding, sr_bits=op.sr_bits,
-                               generator=generator, stats=stats, axis=-1).t()
-        return lp_quantize(t, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
-                           stats=stats, axis=axis)
+            return rounded(t.t().contiguous(), fmt, axis=-1).t()
+        return rounded(t, fmt, axis=axis)
     if op.scaling == "none":
-        return lp_quantize(t, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
-                           stats=stats)
+        return rounded(t, fmt)
     s = tensor_scale(_amax(t) if amax is None else amax, fmt)
     q = t * s
-    lp_quantize(q, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator, stats=stats,
-                out=q)
+    rounded(q, fmt, out=q)
     return q.div_(s)
 
 
-def _quantize_tiles(t, op, generator, stats):
-    k = op.fmt.block
-    rows, cols = t.shape
-    tiles = t.reshape(rows // k, k, cols // k, k).permute(0, 2, 1, 3).reshape(
-        rows // k, cols // k, k * k)
-    f = op.fmt
-    square = make_block(f.element, k * k, f.scale, f.rule, tensor_scale=f.tensor_scale,
-                        nonfinite=f.nonfinite)
-    q = lp_quantize(tiles, square, op.rounding, sr_bits=op.sr_bits, generator=generator,
-                    stats=stats, axis=-1)
-    return q.reshape(rows // k, cols // k, k, k).permute(0, 2, 1, 3).reshape(rows, cols)
+@functools.lru_cache(maxsize=64)
+def _square(bfmt: BlockFormat) -> BlockFormat:
+    """``bfmt`` with blocks of block**2 elements: a k x k tile as one block (made once per
+    format, not per call)."""
+    return replace(bfmt, block=bfmt.block ** 2)
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -215,9 +218,10 @@ class SimulatedLinear(nn.Linear):
     Made by :func:`simulate` (or :meth:`from_linear`).  As ``nn.Linear``, the output has the
     input's dtype and the gradients their tensors' dtypes: a float16 input's output is the
     recipe's output (bf16 values) cast by torch to float16, which rounds values float16 cannot
-    hold (beyond 65504, below its subnormals); bfloat16, float32 and float64 hold bf16 values.  ``telemetry``: per (gemm, operand)
-    the counters of the counted quantizations of that operand so far (every step, or every
-    ``telemetry_every``-th); ``steps``: backward passes so far (the RHT's step).
+    hold (beyond 65504, below its subnormals); bfloat16, float32 and float64 hold bf16 values.
+    ``telemetry``: per (gemm, operand) the counters of the counted quantizations of that
+    operand so far (every step, or every ``telemetry_every``-th); ``steps``: backward passes
+    so far (the RHT's step).
     """
 
     def __init__(self, *args, **kwargs):
@@ -243,14 +247,10 @@ class SimulatedLinear(nn.Linear):
                       for g, roles in GEMMS.items() for role in roles}
         return self
 
-    def operand(self, gemm: str, role: str) -> Operand:
-        g = getattr(self.recipe, gemm)
-        return g.a if role == GEMMS[gemm][0] else g.b
-
     def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
         """The operand ``role`` of ``gemm`` quantized along ``axis``, counted and with its
         delayed-scaling amax recorded."""
-        op = self.operand(gemm, role)
+        op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
         amax = None
         if op.scaling == "delayed":
@@ -405,7 +405,7 @@ def report(model: nn.Module) -> Report:
             continue
         for (g, role), site in module.sites.items():
             s = site.stats
-            op = module.operand(g, role)
+            op = module.recipe.operand(g, role)
             rows.append({"layer": name, "recipe": module.recipe.name, "gemm": g,
                          "operand": role, "format": "fp32" if op.fmt is None else
                          str(op.fmt), "elements": s.elements, "saturated": s.overflow,
