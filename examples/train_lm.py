@@ -294,7 +294,8 @@ def write_outputs(results, args, out):
     fig.savefig(out / "train_lm.png", dpi=120)
     # the runs themselves, so that the figure can be redrawn (--replot) without training
     (out / "train_lm.json").write_text(json.dumps(
-        dict(args={k: v for k, v in vars(args).items()}, results=results), indent=1))
+        dict(args={k: str(v) if isinstance(v, pathlib.PurePath) else v
+                   for k, v in vars(args).items()}, results=results), indent=1))
     memory = "peak GPU memory (MB)" if args.device == "cuda" else "weights + states (KB)"
     scale = 1e6 if args.device == "cuda" else 1e3
     lines = [f"Byte-level LM, {args.steps} steps of {args.batch}x{args.context} bytes, d_model "

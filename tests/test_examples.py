@@ -173,3 +173,22 @@ def test_examples_without_out_write_to_a_temporary_directory(tmp_path, script, a
                                  re.M).group(1))
     assert sorted(p.name for p in out.iterdir()) == files
     assert digests(RESULTS) == before and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_train_lm_with_out_writes_its_json_and_replots_from_it(tmp_path):
+    """--out is a path: the JSON of the runs once failed on it after the whole training."""
+    tiny = ["--steps", "2", "--batch", "2", "--context", "8", "--d-model", "8", "--layers",
+            "1", "--heads", "2", "--data-bytes", "20000", "--eval-every", "1",
+            "--val-batches", "1", "--runs", "FP32"]
+    script = str(EXAMPLES / "train_lm.py")
+    done = subprocess.run([sys.executable, script, *tiny, "--out", str(tmp_path / "a")],
+                          env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((tmp_path / "a" / "train_lm.json").read_text())
+    assert saved["args"]["out"] == str(tmp_path / "a") and saved["args"]["steps"] == 2
+    again = subprocess.run([sys.executable, script, "--replot", str(tmp_path / "a" /
+                            "train_lm.json"), "--out", str(tmp_path / "b")],
+                           env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "b" / "train_lm.png").is_file()
