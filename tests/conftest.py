@@ -126,8 +126,11 @@ def count_calls(monkeypatch, module, name: str) -> list:
 SHARED_COMPILES = {"test_optim": "optim", "test_blocks": "blocks"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Each test's xdist group: its file's shared-compile group, else its file."""
+    """Each test's xdist group: its file's shared-compile group, else its file.  First of
+    the hooks: xdist's own turns the groups into node ids, and a group added after it is
+    ignored (every file was then spread over every worker)."""
     for item in items:
         name = item.path.stem
         group = next((g for prefix, g in SHARED_COMPILES.items() if name.startswith(prefix)),
