@@ -204,8 +204,16 @@ def test_wgmma_matmul_refuses_by_name():
         wgmma_matmul(a, np.zeros((41, 5)))
     a[2, 39] = 0.3
     with pytest.raises(ValueError,
-                       match=r"K from 32: mma: a\[2, 7\] = 0.3\d* is not a value of type e4m3"):
+                       match=r"wgmma_matmul: a\[2, 39\] = 0.3\d* is not a value of type e4m3"):
         wgmma_matmul(a, np.zeros((40, 5)))
+    b = np.zeros((40, 5))
+    b[39, 4] = np.float32(1e-30)
+    with pytest.raises(ValueError, match=r"wgmma_matmul: b\[39, 4\] = 1\.0\d*e-30 is not a value "):
+        wgmma_matmul(np.zeros((3, 40)), b)
+    for shape_a, shape_b in (((0, 40), (40, 5)), ((3, 0), (0, 5)), ((3, 40), (40, 0))):
+        got = wgmma_matmul(np.zeros(shape_a), np.zeros(shape_b))    # empty sums are +0
+        assert got.dtype == np.float32 and got.shape == (shape_a[0], shape_b[1])
+        assert not got.view(np.int32).any()
 
 
 def test_complex_operands_are_refused_not_truncated():

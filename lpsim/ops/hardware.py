@@ -57,6 +57,7 @@ from numba import njit, prange
 from ..formats import Format, parse_format
 from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits, tally
 from ..exact import f2i, i2f, sum_to_odd
+from .instruction_models import INSTRUCTION_MODELS, InstructionModel, instruction_matmul
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,13 @@ HARDWARE_MODELS: dict[str, TensorCoreModel] = {
 }
 
 
-def hardware_model(model) -> TensorCoreModel | None:
-    """The TensorCoreModel that ``model`` names or is; None for anything else."""
-    if isinstance(model, TensorCoreModel):
+HARDWARE_MODELS.update(INSTRUCTION_MODELS)
+
+
+def hardware_model(model) -> TensorCoreModel | InstructionModel | None:
+    """The tensor-core model (TensorCoreModel or InstructionModel) that ``model`` names or
+    is; None for anything else."""
+    if isinstance(model, (TensorCoreModel, InstructionModel)):
         return model
     if isinstance(model, str):
         return HARDWARE_MODELS.get(model)
@@ -343,6 +348,19 @@ def dispatch(a, b, model, in_fmt, seed, stream, stats=None, **keywords):
     from ..blocks.formats import as_block_format
     from .models import get_model
     hw = hardware_model(model)
+    if isinstance(hw, InstructionModel):
+        label = repr(model) if isinstance(model, str) else "an InstructionModel"
+        for name, value in dict(keywords, in_fmt=in_fmt).items():
+            if value is not None and name not in ("out_fmt", "out_rounding"):
+                raise ValueError(
+                    f"matmul: {name}={value!r} is not accepted with the instruction model "
+                    f"{label}: its instruction fixes the input types and the accumulation; "
+                    "accepted with it: out_fmt, out_rounding, seed, stream, stats, out")
+        changes = {k: keywords[k] for k in ("out_fmt", "out_rounding")
+                   if keywords.get(k) is not None}
+        hw = hw.with_(**changes) if changes else hw
+        return instruction_matmul(a, b, hw, seed=seed, stream=stream, stats=stats), a, b, \
+            model, in_fmt
     if hw is not None:
         for name, value in keywords.items():
             if value is not None and name not in TC_KEYWORDS:
@@ -370,5 +388,6 @@ def dispatch(a, b, model, in_fmt, seed, stream, stats=None, **keywords):
     return None, a, b, model, None
 
 
-__all__ = ["TensorCoreModel", "HARDWARE_MODELS", "hardware_model", "tc_matmul",
+__all__ = ["TensorCoreModel", "InstructionModel", "HARDWARE_MODELS", "hardware_model",
+           "tc_matmul",
            "reference_matmul", "block_inputs"]

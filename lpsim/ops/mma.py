@@ -31,16 +31,20 @@ are decoded once, a product is one integer multiply, and the alignment is a shif
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit, types
+from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 
 from ..formats import parse_format
-from .mma_table import FORMATS, RNE_FP16, RZ_E8M13, Instruction, lookup
+from .mma_table import FORMATS, RNE_FP16, RZ_E8M13, RZ_FP32, Instruction, lookup
 
 _FINITE, _NAN, _POS_INF, _NEG_INF = 0, 1, 2, 3
 _ZERO_E = -(1 << 20)      # exponent of a zero input: never a node's maximum
+_ROWS = 64          # rows of D per block of mma_kernel
+_NO_ACC = np.zeros((0, 0), np.float32)      # mma_kernel's acc when nothing is promoted
 
 
 @njit(cache=True, nogil=True)
@@ -93,6 +97,22 @@ def _ashr32(typingctx, x, d):
     def codegen(context, builder, signature, args):
         return builder.ashr(args[0], args[1])
     return sig, codegen
+
+
+def _binary32(name):
+    """An int32 operation on int32 words (numba's arithmetic widens to int64, and a 64-bit
+    multiply vectorises at half the lanes)."""
+    @intrinsic
+    def op(typingctx, x, y):
+        sig = types.int32(types.int32, types.int32)
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, name)(args[0], args[1])
+        return sig, codegen
+    return op
+
+
+_add32, _sub32, _mul32, _xor32 = (_binary32(n) for n in ("add", "sub", "mul", "xor"))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -219,7 +239,8 @@ def _unpack(bits, out16):
 
 
 @njit(cache=True, nogil=True)
-def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero, rho, S, out):
+def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero, rho, S, out,
+               promote, acc):
     """D = A B + C by fused nodes of ``L`` products (the module's docstring) into the int32
     output codes ``out``.  ``am``/``asg``/``ae``/``acl`` (M x K) and the same of B (K x N)
     are the inputs' significand magnitudes, signs (0 or -1), exponents and classes, A's
@@ -228,9 +249,14 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
     exponents and classes, ``pc`` its fraction bits.  ``S`` (N) holds a row's node sums:
     int32 where they fit (F = 13: terms below 2**15), else int64.
 
-    Row by row of D, a node's steps run across the row (j innermost, B's rows contiguous):
-    branch-free int32 loops (products are below 2**28) the compiler vectorises; only the
-    rounding is per output."""
+    ``promote`` > 0 (f32 results only): every ``promote`` nodes, and after the last, the
+    chain's result is added to the float32 accumulator ``acc`` (M x N, zeros on entry) with
+    one float32 addition and the chain begins again from C = +0, as a GEMM that promotes its
+    partial sums to CUDA-core registers does; ``out`` then holds the last partial's codes.
+
+    Node by node for a block of rows of D, then row by row within it, a node's steps run
+    across the row (j innermost, B's rows contiguous): branch-free int32 loops (products
+    are below 2**28) the compiler vectorises, the rounding of f32 results among them."""
     M, K = am.shape
     N = bm.shape[1]
     nodes = K // L
@@ -242,50 +268,119 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
         for j in range(N):
             b_special[t // L, j] |= bcl[t, j] != _FINITE
             b_zero[t // L, j] |= bm[t, j] == 0
-    m_c = np.empty(N, np.int64)
-    e_c = np.empty(N, np.int64)
-    cl_c = np.empty(N, np.int64)
-    hi = np.empty(N, np.int32)
-    for i in range(M):
-        p_c = pc
+    b_any = np.zeros(nodes, np.bool_)
+    for node in range(nodes):
         for j in range(N):
-            m_c[j], e_c[j], cl_c[j] = cm[i, j], ce[i, j], ccl[i, j]
+            b_any[node] |= b_special[node, j]
+    k_out = 13 if rho == RZ_E8M13 else 23
+    # rows in blocks of ROWS, node by node: a node's slice of B stays in cache for the block
+    # (row by row, the whole of B was read from memory once per row)
+    R = max(1, min(M, _ROWS))
+    M_c = np.empty((R, N), np.int64)
+    E_c = np.empty((R, N), np.int64)
+    CL_c = np.empty((R, N), np.int64)
+    cs = np.empty(R, np.int64)
+    cl_new = np.empty(N, np.int64)
+    hi = np.empty(N, np.int32)
+    for i0 in range(0, M, R):
+        rows = min(R, M - i0)
+        for r in range(rows):
+            cs[r] = 0
+            for j in range(N):
+                M_c[r, j], E_c[r, j], CL_c[r, j] = cm[i0 + r, j], ce[i0 + r, j], ccl[i0 + r, j]
+                cs[r] += CL_c[r, j] != _FINITE
+        p_c = pc
         for node in range(nodes):
             k0 = node * L
-            a_special = a_zero = False
-            for t in range(L):
-                a_special |= acl[i, k0 + t] != _FINITE
-                a_zero |= am[i, k0 + t] == 0
-            for j in range(N):
-                # C's exponent, or e_zero where C or a product is zero
-                if m_c[j] == 0:
-                    hi[j] = e_zero
-                elif a_zero or b_zero[node, j]:
-                    hi[j] = max(e_c[j], e_zero)
-                else:
-                    hi[j] = e_c[j]
-            for t in range(L):
-                a_e = ae[i, k0 + t]
+            for r in range(rows):
+                i = i0 + r
+                m_c, e_c, cl_c = M_c[r], E_c[r], CL_c[r]
+                c_special = cs[r]
+                a_special = a_zero = False
+                for t in range(L):
+                    a_special |= acl[i, k0 + t] != _FINITE
+                    a_zero |= am[i, k0 + t] == 0
                 for j in range(N):
-                    hi[j] = max(hi[j], np.int32(a_e + be[k0 + t, j]))
-            for j in range(N):
-                S[j] = _shift(m_c[j], e_c[j] - p_c - hi[j] + F)
-            for t in range(L):
-                a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
+                    # C's exponent, or e_zero where C or a product is zero
+                    if m_c[j] == 0:
+                        hi[j] = e_zero
+                    elif a_zero or b_zero[node, j]:
+                        hi[j] = max(e_c[j], e_zero)
+                    else:
+                        hi[j] = e_c[j]
+                for t in range(L):
+                    a_e = ae[i, k0 + t]
+                    for j in range(N):
+                        hi[j] = max(hi[j], np.int32(a_e + be[k0 + t, j]))
                 for j in range(N):
-                    d = min(np.int32(hi[j] - np.int32(a_e + be[k0 + t, j])), np.int32(31))
-                    q = _ashr32(np.int32(a_m * bm[k0 + t, j]), d)
-                    s = np.int32(a_s ^ bsg[k0 + t, j])
-                    S[j] += np.int32(np.int32(q ^ s) - s)
-            for j in range(N):
-                if a_special or b_special[node, j] or cl_c[j] != _FINITE:
-                    bits = _code_of(_special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
-                                             cl_c[j]), out16)
+                    S[j] = _shift(m_c[j], e_c[j] - p_c - hi[j] + F)
+                for t in range(L):
+                    a_m, a_e, a_s = am[i, k0 + t], ae[i, k0 + t], asg[i, k0 + t]
+                    for j in range(N):
+                        d = min(_sub32(hi[j], _add32(a_e, be[k0 + t, j])), np.int32(31))
+                        q = _ashr32(_mul32(a_m, bm[k0 + t, j]), d)
+                        s = _xor32(a_s, bsg[k0 + t, j])
+                        S[j] += _sub32(_xor32(q, s), s)
+                last = node + 1 == nodes
+                promoting = promote > 0 and ((node + 1) % promote == 0 or last)
+                special = a_special or b_any[node] or c_special > 0
+                if out16:
+                    for j in range(N):
+                        if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                            bits = _code_of(_special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
+                                                     cl_c[j]), out16)
+                        else:
+                            bits = _round(S[j], hi[j] - F, rho)
+                        m_c[j], e_c[j], cl_new[j] = _unpack(bits, out16)
                 else:
-                    bits = _round(S[j], hi[j] - F, rho)
-                if node + 1 < nodes:
-                    m_c[j], e_c[j], cl_c[j] = _unpack(bits, out16)
-                out[i, j] = bits
+                    # rounded toward zero to k_out fraction bits, straight into the next C's
+                    # (significand with 23 fraction bits, exponent, class): a branch-free loop
+                    for j in range(N):
+                        x = np.int64(S[j])
+                        a = -x if x < 0 else x
+                        x0 = np.int64(hi[j] - F)
+                        E = max(x0 + 63 - leading_zeros(a), np.int64(-126))
+                        sh = E - k_out - x0
+                        q = (a << min(-sh, np.int64(63))) if sh <= 0 else \
+                            (a >> min(sh, np.int64(63)))
+                        q <<= 23 - k_out
+                        m_c[j] = -q if x < 0 else q
+                        e_c[j] = E
+                        cl_new[j] = _FINITE if E <= 127 or a == 0 else \
+                            (_NEG_INF if x < 0 else _POS_INF)
+                    if special:
+                        for j in range(N):
+                            if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                                cl_new[j] = _special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
+                                                     cl_c[j])
+                                m_c[j], e_c[j] = 0, 0
+                c_special = 0
+                for j in range(N):
+                    cl_c[j] = cl_new[j]
+                    c_special += cl_new[j] != _FINITE
+                if last or promoting:
+                    for j in range(N):
+                        if out16:
+                            bits = _code_of(cl_c[j], True) if cl_c[j] != _FINITE else \
+                                _round(m_c[j], e_c[j] - 10, RNE_FP16)
+                        else:
+                            bits = _code_of(cl_c[j], False) if cl_c[j] != _FINITE else \
+                                _round(m_c[j], e_c[j] - 23, RZ_FP32)
+                        out[i, j] = bits
+                        if promoting:
+                            if cl_c[j] == _NAN:
+                                v = np.nan
+                            elif cl_c[j] == _FINITE:
+                                v = math.ldexp(float(m_c[j]), int(e_c[j]) - 23)
+                            else:
+                                v = np.inf if cl_c[j] == _POS_INF else -np.inf
+                            # one float32 addition (the float64 sum of two float32 values
+                            # rounds to the same float32)
+                            acc[i, j] = np.float32(np.float64(acc[i, j]) + v)
+                            m_c[j], e_c[j], cl_c[j] = 0, 0, _FINITE
+                    if promoting:
+                        c_special = 0
+                cs[r] = c_special
             p_c = p_out
 
 
@@ -441,7 +536,8 @@ def mma(a, b, c, *, arch, instruction):
     out = np.empty((ins.m, ins.n), np.int32)
     S = np.empty(ins.n, np.int32 if ins.F <= 13 else np.int64)
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, (cm ^ csg) - csg, ce, ccl,
-               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out)
+               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out,
+               0, _NO_ACC)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
     if lib_torch:
@@ -474,36 +570,53 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ValueError(f"wgmma_matmul: a {A.shape} and b {B.shape} are not an m x k and a "
                          "k x n matrix")
-    (m, k), n = A.shape, B.shape[1]
-    kp, mp = -(-k // 32) * 32, -(-m // 64) * 64
-    Ap, Bp = np.zeros((mp, kp)), np.zeros((kp, n))
-    Ap[:m, :k], Bp[:k] = A, B
-    out = np.zeros((mp, n), np.float32)
-    step = kp if promote is None else int(promote)
-    for c0 in range(0, n, 256):
-        cols = min(256, n - c0)
-        width = -(-cols // 8) * 8
-        ins = f"wgmma.m64n{width}k32.f32.{a_type}.{b_type}"
-        Bt = np.zeros((kp, width))
-        Bt[:, :cols] = Bp[:, c0:c0 + cols]
-        for r0 in range(0, mp, 64):
-            acc = np.zeros((64, width), np.float32)
-            for p0 in range(0, kp, step):
-                d = np.zeros((64, width), np.float32)
-                for k0 in range(p0, min(p0 + step, kp), 32):
-                    try:
-                        d = mma(Ap[r0:r0 + 64, k0:k0 + 32], Bt[k0:k0 + 32], d,
-                                arch="hopper", instruction=ins)
-                    except ValueError as err:      # a value the types cannot hold
-                        raise ValueError(f"wgmma_matmul: in the tile of a's rows {r0}.. and "
-                                         f"b's columns {c0}.., K from {k0}: {err}") from None
-                acc = d if promote is None else acc + d
-            out[r0:r0 + 64, c0:c0 + cols] = acc[:, :cols]
-    result = out[:m]
+    n = B.shape[1]
+    ins = lookup("hopper", f"wgmma.m64n{min(256, -(-max(n, 1) // 8) * 8)}k32.f32.{a_type}."
+                           f"{b_type}")
+    result = chained_matmul(A, B, ins, promote, who="wgmma_matmul")
     if lib == "torch":
         import torch
-        return torch.from_numpy(result.copy()).to(device)
+        return torch.from_numpy(result).to(device)
     return result
+
+
+def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul"):
+    """A @ B (float64 arrays of values of the instruction's A and B types) as a GEMM kernel
+    computes it from ``ins`` chained along K: K padded with zeros to a multiple of the
+    instruction's k, each instruction's D fed back as its C from C = +0, and every
+    ``promote`` products (a multiple of the instruction's k; None: never, the chain's D is
+    the result) the chain's D added to a float32 accumulator and the chain begun again.
+    Tiling over M and N does not change a value, so the whole GEMM is one kernel call.
+    float32 result (float16 for an f16 chain without promotion)."""
+    (m, k), n = A.shape, B.shape[1]
+    kp = -(-k // ins.k) * ins.k
+    if kp == 0:                    # an empty sum: +0
+        return np.zeros((m, n), np.float16 if ins.rho == RNE_FP16 and promote is None
+                        else np.float32)
+    if kp != k:
+        A = np.concatenate([A, np.zeros((m, kp - k))], axis=1)
+        B = np.concatenate([B, np.zeros((kp - k, n))], axis=0)
+    parts = []
+    for name, x, ptx_type in (("a", A, ins.a_type), ("b", B, ins.b_type)):
+        try:
+            parts.append(_decoded(x, ptx_type, name, _ZERO_E))
+        except ValueError as err:      # a value the type cannot hold
+            raise ValueError(f"{who}: {str(err).removeprefix('mma: ')}") from None
+    (am, asg, ae, acl), (bm, bsg, be, bcl) = parts
+    am <<= ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
+    zero = np.zeros((m, n), np.int32)
+    codes = np.empty((m, n), np.int32)
+    S = np.empty(n, np.int32 if ins.F <= 13 else np.int64)
+    nodes = 0 if promote is None else int(promote) // ins.L
+    acc = np.zeros((m, n), np.float32) if nodes else _NO_ACC
+    mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, zero, zero, zero.astype(np.int8),
+               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,
+               nodes, acc)
+    if nodes:
+        acc.view(np.int32)[np.isnan(acc)] = 0x7FFFFFFF      # the hardware's canonical NaN
+        return acc
+    return (codes.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
+            else codes.view(np.float32))
 
 
 def _wgmma_types(types) -> tuple[str, str]:

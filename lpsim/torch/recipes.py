@@ -30,7 +30,7 @@ import numpy as np
 
 from ..blocks.formats import BlockFormat, as_block_format
 from ..formats import Format, parse_format
-from ..ops.hardware import hardware_model
+from ..ops.hardware import InstructionModel, hardware_model
 from ..ops.models import get_model
 from ..philox import WORD_BITS
 from ..request import check_sr_bits
@@ -140,6 +140,11 @@ def _accumulation(value):
     if value is None:
         return None
     hw = hardware_model(value)
+    if isinstance(hw, InstructionModel):
+        raise ValueError(f"accumulate={value!r}: an instruction model takes values of its "
+                         "input types, and a recipe's operands arrive scaled; accepted: a "
+                         "TensorCoreModel or its name (lpsim.ops.HARDWARE_MODELS), a model of "
+                         "lpsim.ops.MODELS, or None (an FP32 GEMM)")
     if hw is not None:
         return hw.with_(in_fmt=None)        # the operands arrive quantized
     try:

@@ -1,0 +1,156 @@
+"""GEMM models built from one tensor-core instruction, as the GEMM libraries run it.
+
+A GEMM kernel tiles M and N and walks K one instruction at a time, each instruction's D fed
+back as the next one's C (:func:`lpsim.ops.mma`'s fused nodes, bit for bit); tiling does not
+change a value.  Some kernels also *promote*: every ``promote`` products the chain's D is
+added to a float32 register with one float32 addition and the chain begins again from +0.
+Checked on an H100 (``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096):
+``torch._scaled_mm`` with ``use_fast_accum=True`` is the ``wgmma`` chain without promotion,
+and by default (cuBLASLt) the chain promoted every 128 products, every output code for code.
+DeepGEMM promotes every 128 products as well (four ``k32`` steps).
+
+In :func:`lpsim.ops.matmul` the inputs are first rounded to the instruction's A and B types
+(``rounding``, random words of streams ``stream`` and ``stream + 1``), and the float32 (or
+float16) result is rounded to ``out_fmt`` (stream ``stream + 2``), as an epilogue writes
+it; per-tensor scales are the caller's, applied to the result as the epilogue does.  Stats
+count those roundings; the nodes' own roundings are the instruction's arithmetic and are not
+counted.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from ..formats import Format, parse_format
+from ..rounding import mode_code
+from .mma_table import FORMATS, Instruction, lookup
+
+
+@dataclass(frozen=True)
+class InstructionModel:
+    """A GEMM as one tensor-core ``instruction`` of ``arch`` chained along K (K padded with
+    zeros to the instruction's k), promoted to float32 every ``promote`` products (None:
+    never; a multiple of the instruction's k, f32 results only), its result rounded to
+    ``out_fmt`` with ``out_rounding``."""
+
+    arch: str
+    instruction: str
+    promote: int | None = None
+    out_fmt: Format = parse_format("fp32")
+    out_rounding: str = "nearest"
+    description: str = ""
+
+    def __post_init__(self):
+        ins = self.spec
+        if ins.c_type != ins.d_type:
+            raise ValueError(f"instruction={self.instruction!r}: its D ({ins.d_type}) cannot be "
+                             f"fed back as its C ({ins.c_type}); accepted: an instruction "
+                             "whose C and D types are the same")
+        if self.promote is not None:
+            if isinstance(self.promote, bool) or not isinstance(
+                    self.promote, (int, np.integer)) or self.promote < ins.k or \
+                    self.promote % ins.k:
+                raise ValueError(f"promote={self.promote!r} is not accepted for "
+                                 f"{ins.opcode}; accepted: None or a positive multiple of its "
+                                 f"k={ins.k}")
+            if ins.d_type != "f32":
+                raise ValueError(f"promote={self.promote!r} is not accepted for {ins.opcode}: "
+                                 "its result is f16; accepted: None (promotion adds f32 "
+                                 "results)")
+            object.__setattr__(self, "promote", int(self.promote))
+        object.__setattr__(self, "out_fmt", parse_format(self.out_fmt))
+        mode_code(self.out_rounding)
+
+    @property
+    def spec(self) -> Instruction:
+        """The instruction's shapes, types and node arithmetic (ValueError if unknown)."""
+        return _lookup(self.arch, self.instruction)
+
+    def with_(self, **changes) -> "InstructionModel":
+        """A copy with the given fields replaced."""
+        names = {f.name for f in fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise TypeError(f"unknown model fields {sorted(unknown)}; accepted: {sorted(names)}")
+        return replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _lookup(arch, instruction) -> Instruction:
+    return lookup(arch, instruction)
+
+
+def _named(arch, instruction, promote, what):
+    return InstructionModel(arch, instruction, promote, description=what)
+
+
+_FAST = "use_fast_accum=True"
+#: GEMMs built from instructions; :data:`lpsim.ops.HARDWARE_MODELS` holds them by these names
+INSTRUCTION_MODELS: dict[str, InstructionModel] = {
+    "hopper-wgmma-e4m3": _named(
+        "hopper", "wgmma.m64n256k32.f32.e4m3.e4m3", None,
+        "E4M3 inputs, wgmma.f32.e4m3.e4m3 chained along K: torch._scaled_mm with "
+        f"{_FAST} on an H100 (every recorded output)"),
+    "hopper-wgmma-e4m3-promote128": _named(
+        "hopper", "wgmma.m64n256k32.f32.e4m3.e4m3", 128,
+        "E4M3 inputs, wgmma.f32.e4m3.e4m3 chained along K and promoted to float32 every 128 "
+        "products: torch._scaled_mm's default (cuBLASLt) on an H100 (every recorded output); "
+        "DeepGEMM's interval"),
+    "hopper-wgmma-e5m2-e4m3": _named(
+        "hopper", "wgmma.m64n256k32.f32.e5m2.e4m3", None,
+        "E5M2 x E4M3 inputs (gradient times weight), wgmma chained along K, no promotion"),
+    "hopper-wgmma-e5m2-e4m3-promote128": _named(
+        "hopper", "wgmma.m64n256k32.f32.e5m2.e4m3", 128,
+        "E5M2 x E4M3 inputs, wgmma chained along K, promoted to float32 every 128 products"),
+    "hopper-wgmma-bf16": _named(
+        "hopper", "wgmma.m64n256k16.f32.bf16.bf16", None,
+        "BF16 inputs, wgmma.f32.bf16.bf16 chained along K (a GEMM without split-K)"),
+    "ampere-mma-bf16": _named(
+        "ampere", "mma.m16n8k16.f32.bf16.bf16.f32", None,
+        "BF16 inputs, mma.m16n8k16.f32.bf16.bf16.f32 chained along K (a GEMM without "
+        "split-K)"),
+    "ampere-mma-fp16-fp16": _named(
+        "ampere", "mma.m16n8k16.f16.f16.f16.f16", None,
+        "FP16 inputs, mma.m16n8k16.f16.f16.f16.f16 chained along K: FP16 accumulation"),
+}
+
+
+def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", seed=None,
+                       stream=0, stats=None):
+    """a @ b (2-D, or 1-D as numpy.matmul) under an :class:`InstructionModel` (the module's
+    docstring); the container is numpy's result type of a and b, float64 when out_fmt does
+    not fit float32, as :func:`lpsim.ops.matmul`'s."""
+    from ..quantize import quantize
+    from .mma import chained_matmul
+    from .operands import as_array
+    a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
+    dtype = np.result_type(a, b)
+    if not model.out_fmt.fits(dtype)[0]:
+        dtype = np.dtype(np.float64)
+    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+    a = a[None, :] if squeeze_a else a
+    b = b[:, None] if squeeze_b else b
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul with an instruction model: shapes {a.shape} and {b.shape}; "
+                         "accepted: (M, K) and (K, N) (or 1-D)")
+    ins = model.spec
+    a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
+    b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1, stats=stats)
+    with np.errstate(invalid="ignore"):          # signalling NaN codes
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    result = chained_matmul(a, b, ins, model.promote)
+    with np.errstate(invalid="ignore"):
+        result = result.astype(np.float32)
+    out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
+                   stream=stream + 2, stats=stats).astype(dtype, copy=False)
+    if squeeze_a:
+        out = out[0]
+    if squeeze_b:
+        out = out[..., 0]
+    return out
+
+
+__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "instruction_matmul"]

@@ -1,0 +1,163 @@
+"""GEMM models built from one tensor-core instruction (lpsim.ops.InstructionModel) in
+lpsim.ops.matmul: equal to the instruction chained by hand through lpsim.ops.mma (itself
+equal to MMA-Sim, tests/test_mma.py), to the H100's recorded torch._scaled_mm outputs, and
+refusing what they cannot take by name."""
+
+import pathlib
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lpsim import RoundingStats, quantize                    # noqa: E402
+from lpsim.ops import (HARDWARE_MODELS, InstructionModel, matmul, mma,  # noqa: E402
+                       wgmma_matmul)
+from lpsim.ops.mma_table import FORMATS, instructions, lookup, random_codes  # noqa: E402
+
+RECORDING = pathlib.Path(__file__).parent / "data" / "tensor-cores-h100.npz"
+
+
+def codes(x):
+    x = torch.as_tensor(x)
+    return x.view(torch.int16 if x.dtype == torch.float16 else torch.int32)
+
+
+def chained_by_hand(a, b, arch, instruction, promote):
+    """a @ b as instruction calls of lpsim.ops.mma along K, D fed back as C, K padded with
+    zeros; every ``promote`` products the chain's D added to a float32 accumulator."""
+    ins = lookup(arch, instruction)
+    m, k = a.shape
+    kp = -(-k // ins.k) * ins.k
+    A = torch.zeros((m, kp), dtype=torch.float32)
+    B = torch.zeros((kp, ins.n), dtype=torch.float32)
+    A[:, :k], B[:k] = a.float(), b.float()
+    step = kp if promote is None else promote
+    zero = torch.zeros((m, ins.n), dtype=torch.float16 if ins.c_type == "f16"
+                       else torch.float32)
+    acc = np.zeros((m, ins.n), np.float32)
+    for p0 in range(0, kp, step):
+        d = zero
+        for k0 in range(p0, min(p0 + step, kp), ins.k):
+            d = mma(A[:, k0:k0 + ins.k], B[k0:k0 + ins.k], d, arch=arch, instruction=instruction)
+        if promote is None:
+            return d
+        with np.errstate(invalid="ignore"):     # inf - inf: NaN, as float32 adds it
+            acc = acc + d.numpy()
+    acc = torch.from_numpy(acc)
+    acc[acc.isnan()] = float("nan")
+    return acc
+
+
+# one instruction per (arch, opcode, types): the n of wgmma does not change a value
+CASES = [(arch, ins) for arch, ins in instructions(16)
+         if lookup(arch, ins).c_type == lookup(arch, ins).d_type]
+
+
+@pytest.mark.parametrize("arch,instruction", CASES)
+def test_model_equals_the_instruction_chained_by_hand(arch, instruction):
+    """Random codes of the types (NaN, inf, subnormals and zeros included), and normal
+    values rounded to the types (the finite path throughout), along a K of three
+    instructions and a ragged rest: every output code, without and with promotion."""
+    ins = lookup(arch, instruction)
+    rng = np.random.default_rng(zlib.crc32(f"{arch} {instruction}".encode()))
+    k = 3 * ins.k + ins.k // 2 + 1
+
+    def normal(shape, ptx_type):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return torch.from_numpy(quantize(x, FORMATS[ptx_type]))
+
+    draws = [(random_codes((ins.m, k), ins.a_type, rng, 0.1),
+              random_codes((k, ins.n), ins.b_type, rng, 0.1)),
+             (normal((ins.m, k), ins.a_type), normal((k, ins.n), ins.b_type))]
+    promotes = (None, 2 * ins.k) if ins.d_type == "f32" else (None,)
+    for (a, b), promote in [(d, p) for d in draws for p in promotes]:
+        model = InstructionModel(arch, instruction, promote)
+        got = matmul(a.float(), b.float(), model=model)
+        want = chained_by_hand(a, b, arch, instruction, promote).float()
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        same = (codes(got) == codes(want)) | (got.isnan() & want.isnan())
+        assert bool(same.all()), (f"{arch} {instruction} promote={promote}: "
+                                  f"{int((~same).sum())} of {same.numel()} differ")
+
+
+@pytest.mark.parametrize("setting, name", [("fp8-fast0", "hopper-wgmma-e4m3-promote128"),
+                                           ("fp8-fast1", "hopper-wgmma-e4m3")])
+def test_named_models_reproduce_the_h100_recording(setting, name):
+    """matmul with the named models gives every output torch._scaled_mm gave on an H100, in
+    both use_fast_accum settings, as wgmma_matmul does (test_mma.py)."""
+    data = np.load(RECORDING)
+    families = sorted({k.rsplit("/", 1)[0] for k in data.files if k.endswith("/" + setting)})
+    assert len(families) == 17
+    for family in families:
+        a = torch.from_numpy(data[family + "/a"]).view(torch.float8_e4m3fn).float().numpy()
+        b = torch.from_numpy(data[family + "/b"]).view(torch.float8_e4m3fn).float().numpy()
+        want = data[family + "/" + setting]
+        got = matmul(a, b, model=name)
+        assert got.dtype == np.float32
+        same = (got.view(np.int32) == want.view(np.int32)) | (np.isnan(got) & np.isnan(want))
+        assert bool(same.all()), f"{family}: {int((~same).sum())} of {want.size} differ"
+
+
+def test_inputs_and_output_are_rounded_and_counted():
+    """Inputs rounded to the instruction's types with the model's rounding, the float32
+    result rounded to out_fmt; stats count those roundings, one each."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((5, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 3)).astype(np.float32)
+    stats = RoundingStats()
+    got = matmul(a, b, model="hopper-wgmma-e4m3", out_fmt="bf16", stats=stats)
+    qa, qb = quantize(a, "e4m3fn"), quantize(b, "e4m3fn")
+    want = quantize(wgmma_matmul(qa, qb, promote=None), "bf16")
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert stats.elements == a.size + b.size + got.size
+    vec = matmul(a[0], b, model="hopper-wgmma-e4m3-promote128")    # 1-D as numpy.matmul
+    assert vec.shape == (3,) and np.array_equal(
+        vec, wgmma_matmul(qa[:1], qb)[0])
+    half = matmul(a.astype(np.float64), b, model="ampere-mma-fp16-fp16")
+    assert half.dtype == np.float64
+
+
+def test_every_named_instruction_model_is_listed_with_a_description():
+    named = {k: v for k, v in HARDWARE_MODELS.items() if isinstance(v, InstructionModel)}
+    assert {"hopper-wgmma-e4m3", "hopper-wgmma-e4m3-promote128", "ampere-mma-bf16"} <= set(named)
+    for name, model in named.items():
+        assert model.description and model.spec.arch == model.arch, name
+
+
+def test_refused_by_name_and_nothing_changes():
+    a = np.ones((4, 32), np.float32)
+    b = np.ones((32, 8), np.float32)
+    before = (a.copy(), b.copy())
+    for keyword, value in (("in_fmt", "bf16"), ("acc_fmt", "fp16"), ("fused", False),
+                           ("order", "pairwise"), ("acc_rounding", "up")):
+        with pytest.raises(ValueError, match=f"{keyword}=.* is not accepted with the "
+                                             "instruction model 'hopper-wgmma-e4m3'"):
+            matmul(a, b, model="hopper-wgmma-e4m3", **{keyword: value})
+    assert np.array_equal(a, before[0]) and np.array_equal(b, before[1])
+    with pytest.raises(ValueError, match="promote=48 is not accepted .* multiple of its k=32"):
+        InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", 48)
+    with pytest.raises(ValueError, match="promote=True is not accepted"):
+        InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", True)
+    with pytest.raises(ValueError, match="promote=32 is not accepted .* its result is f16"):
+        InstructionModel("ampere", "mma.m16n8k16.f16.f16.f16.f16", 32)
+    with pytest.raises(ValueError, match=r"its D \(f32\) cannot be fed back as its C \(f16\)"):
+        InstructionModel("volta", "mma.m8n8k4.f32.f16.f16.f16")
+    with pytest.raises(ValueError, match="wgmma"):
+        InstructionModel("ampere", "wgmma.m64n8k32.f32.e4m3.e4m3")
+    with pytest.raises(ValueError, match="unknown rounding 'sideways'"):
+        InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", out_rounding="sideways")
+    with pytest.raises(TypeError, match="unknown model fields"):
+        HARDWARE_MODELS["hopper-wgmma-e4m3"].with_(chunk=16)
+    with pytest.raises(ValueError, match=r"shapes \(4, 32\) and \(31, 8\)"):
+        matmul(a, np.ones((31, 8), np.float32), model="hopper-wgmma-e4m3")
+    assert InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3",
+                            np.int64(64)).promote == 64
+
+
+def test_a_recipe_refuses_an_instruction_model_by_name():
+    from lpsim.torch.recipes import Gemm, Operand
+    with pytest.raises(ValueError, match="accumulate='hopper-wgmma-e4m3': an instruction "
+                                         "model takes values of its input types"):
+        Gemm(Operand("e4m3fn"), Operand("e4m3fn"), accumulate="hopper-wgmma-e4m3")
