@@ -133,6 +133,8 @@ def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_pat
     ("train_recipes.py", ["--d-model", "48", "--heads", "4"],
      "--d-model 48 and --batch x --context 1024 must be multiples of 32"),
     ("train_recipes.py", ["--runs", "fp4"], "argument --runs: invalid choice: 'fp4'"),
+    ("tensor_core_error.py", ["--max-k", "16"],
+     "argument --max-k: 16 is not accepted; accepted: an integer >= 32"),
 ])
 def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, script, args,
                                                message):
@@ -161,6 +163,8 @@ def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, sc
                           "--layers", "1", "--heads", "2", "--data-bytes", "20000",
                           "--eval-every", "1", "--val-batches", "1", "--runs", "nvfp4"],
      ["train_recipes.json", "train_recipes.md", "train_recipes.png"]),
+    ("tensor_core_error.py", ["--rows", "4", "--max-k", "64"],
+     ["tensor_core_error.json", "tensor_core_error.md", "tensor_core_error.png"]),
 ])
 def test_examples_without_out_write_to_a_temporary_directory(tmp_path, script, args, files):
     """The README's promise: without --out a new temporary directory, printed at the end;
