@@ -1,10 +1,11 @@
 """Error of a Hopper FP8 GEMM against the exact product as K grows.
 
-The same E4M3 inputs through three accumulations: the H100's ``wgmma`` chained along K
+The same E4M3 inputs through four accumulations: the H100's ``wgmma`` chained along K
 (``lpsim.ops`` model ``hopper-wgmma-e4m3``: ``torch._scaled_mm`` with fast accumulation),
 the chain promoted to float32 every 128 products (``hopper-wgmma-e4m3-promote128``:
-``torch._scaled_mm``'s default on an H100, and DeepGEMM's interval), and an ideal FP32 FMA
-chain (one rounding per step).  The exact product is integer arithmetic (E4M3 values are
+``torch._scaled_mm``'s default on an H100, and DeepGEMM's interval), Blackwell's
+``tcgen05.mma`` chained (``blackwell-tcgen05-e4m3``), and an ideal FP32 FMA chain (one
+rounding per step).  The exact product is integer arithmetic (E4M3 values are
 multiples of 2**-9), so every error shown is the accumulation's own.  Two input families:
 standard normal values (signs cancel) and uniform [0, 1) values (no cancellation: the
 chain's truncation toward zero shows as a bias).  Writes a plot, a markdown table and the
@@ -36,6 +37,7 @@ from _arguments import positive_int, seed_int  # noqa: E402
 ACCUMULATIONS = {
     "fast accumulation (wgmma chain)": "hopper-wgmma-e4m3",
     "promoted every 128 (cuBLASLt default, DeepGEMM)": "hopper-wgmma-e4m3-promote128",
+    "Blackwell tcgen05 chain (25 bits per node)": "blackwell-tcgen05-e4m3",
     "ideal FP32 FMA chain": AccumulationModel("e4m3fn", "fp32", "fp32", order="sequential"),
 }
 FAMILIES = {
@@ -100,7 +102,7 @@ def plot(ks, rows, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(rows), figsize=(11, 4.2), sharey=True)
     for ax, (family, by_k) in zip(axes, rows.items()):
-        for name, marker in zip(ACCUMULATIONS, "osd"):
+        for name, marker in zip(ACCUMULATIONS, "os^d"):
             # an error of 0 (every output exact) has no place on a log axis: left out
             ax.loglog(ks, [by_k[k][name][0] or np.nan for k in ks], marker=marker, label=name)
         ax.axhline(2.0 ** -24, color="gray", lw=0.8, ls=":")
@@ -111,7 +113,8 @@ def plot(ks, rows, path):
         ax.grid(True, which="major", alpha=0.3)
     axes[0].set_ylabel("mean |D - exact| / sum |a b|")
     axes[0].legend(fontsize=8, loc="upper left")
-    fig.suptitle("Hopper FP8 GEMM (H100 wgmma, bit for bit) against the exact product")
+    fig.suptitle("FP8 GEMMs against the exact product (H100 wgmma and Blackwell tcgen05, "
+                 "bit for bit)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

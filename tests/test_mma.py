@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
 
 from lpsim.ops import mma                                   # noqa: E402
-from lpsim.ops.mma_table import (MMASIM_ARCH, instructions, lookup,  # noqa: E402
-                                  random_codes)
+from lpsim.ops.mma_table import (MMASIM_ARCH, code_values, instructions,  # noqa: E402
+                                  lookup, random_codes)
 
 CASES = instructions(32)
 OUTPUTS = 2048       # per case
@@ -24,6 +24,8 @@ OUTPUTS = 2048       # per case
 
 def simulator(arch, instruction):
     op, rest = instruction.split(".", 1)
+    if op == "tcgen05":
+        return mmasim_nv.TCGen05MMA(MMASIM_ARCH[arch], rest.removeprefix("mma."))
     cls = mmasim_nv.WGMMA if op == "wgmma" else mmasim_nv.MMA
     return cls(MMASIM_ARCH[arch], rest)
 
@@ -40,7 +42,8 @@ def compare(arch, instruction, rng, calls, zeros=0.0, c_scale=False):
         b = random_codes((ins.k, ins.n), ins.b_type, rng, zeros)
         c = random_codes((ins.m, ins.n), ins.c_type, rng, zeros)
         want = sim(a, b, c)
-        got = mma(a, b, c, arch=arch, instruction=instruction)
+        got = mma(code_values(a, ins.a_type), code_values(b, ins.b_type), c, arch=arch,
+                  instruction=instruction)
         assert got.dtype == want.dtype and got.shape == want.shape
         bad = (codes(got) != codes(want)).nonzero()
         if len(bad):

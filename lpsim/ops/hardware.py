@@ -41,7 +41,9 @@ families, K = 16 .. 4096), ``hopper-fp8`` reproduces 77.5% of the outputs with
 ``use_fast_accum=True`` (57-100% per family) and ``hopper-fp8-promote128`` 62.3% with the
 default (equal up to K = 128, 3-54% beyond); every output lies within 6 units of the model's
 kept bit per chunk.  No chunk, bit count or promotion interval fits better: the hardware's
-rule inside a chunk differs.
+rule inside a chunk differs.  The instruction models (:mod:`lpsim.ops.instruction_models`,
+named in INSTRUCTION_MODELS: ``hopper-wgmma-e4m3`` and ``hopper-wgmma-e4m3-promote128``)
+follow that rule and reproduce every recorded output.
 """
 
 from __future__ import annotations
@@ -108,12 +110,14 @@ HARDWARE_MODELS: dict[str, TensorCoreModel] = {
         "e4m3fn", 32, 14, None,
         description="FP8 E4M3 inputs, products aligned to the largest term and truncated to "
                     "14 bits per 32-product chunk, no promotion (approximates H100 FP8 "
-                    "tensor cores with fast accumulation: 77% of outputs bit-exact)"),
+                    "tensor cores with fast accumulation: 77% of outputs bit-exact; "
+                    "hopper-wgmma-e4m3 is exact)"),
     "hopper-fp8-promote128": TensorCoreModel(
         "e4m3fn", 32, 14, 128,
         description="hopper-fp8 with the partial sum promoted to an FP32 accumulator every "
                     "128 products (DeepSeek-V3's FP8 GEMM; approximates torch._scaled_mm's "
-                    "default on an H100: 62% of outputs bit-exact)"),
+                    "default on an H100: 62% of outputs bit-exact; "
+                    "hopper-wgmma-e4m3-promote128 is exact)"),
     "mxfp8-fp32": TensorCoreModel(
         "mxfp8_e4m3", 32, 25, None,
         description="MXFP8 (E4M3, E8M0 scale per 32) inputs, chunks of 32 aligned to 25 "
@@ -125,8 +129,6 @@ HARDWARE_MODELS: dict[str, TensorCoreModel] = {
 }
 
 
-HARDWARE_MODELS.update(INSTRUCTION_MODELS)
-
 
 def hardware_model(model) -> TensorCoreModel | InstructionModel | None:
     """The tensor-core model (TensorCoreModel or InstructionModel) that ``model`` names or
@@ -134,7 +136,7 @@ def hardware_model(model) -> TensorCoreModel | InstructionModel | None:
     if isinstance(model, (TensorCoreModel, InstructionModel)):
         return model
     if isinstance(model, str):
-        return HARDWARE_MODELS.get(model)
+        return HARDWARE_MODELS.get(model) or INSTRUCTION_MODELS.get(model)
     return None
 
 

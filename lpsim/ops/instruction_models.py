@@ -88,7 +88,7 @@ def _named(arch, instruction, promote, what):
 
 
 _FAST = "use_fast_accum=True"
-#: GEMMs built from instructions; :data:`lpsim.ops.HARDWARE_MODELS` holds them by these names
+#: GEMMs built from instructions by name: ``lpsim.ops.matmul(model=name)`` takes these names
 INSTRUCTION_MODELS: dict[str, InstructionModel] = {
     "hopper-wgmma-e4m3": _named(
         "hopper", "wgmma.m64n256k32.f32.e4m3.e4m3", None,
@@ -105,6 +105,10 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
     "hopper-wgmma-e5m2-e4m3-promote128": _named(
         "hopper", "wgmma.m64n256k32.f32.e5m2.e4m3", 128,
         "E5M2 x E4M3 inputs, wgmma chained along K, promoted to float32 every 128 products"),
+    "blackwell-tcgen05-e4m3": _named(
+        "blackwell", "tcgen05.mma.m128n256k32.kind::f8f6f4.f32.e4m3.e4m3", None,
+        "E4M3 inputs, tcgen05.mma kind::f8f6f4 chained along K: Blackwell keeps 25 fraction "
+        "bits per node where Hopper's FP8 wgmma keeps 13"),
     "hopper-wgmma-bf16": _named(
         "hopper", "wgmma.m64n256k16.f32.bf16.bf16", None,
         "BF16 inputs, wgmma.f32.bf16.bf16 chained along K (a GEMM without split-K)"),

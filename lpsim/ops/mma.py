@@ -1,6 +1,6 @@
 """One NVIDIA tensor-core instruction, D = A B + C, bit for bit as the hardware computes it.
 
-:func:`mma` runs an ``mma`` or ``wgmma`` opcode of a GPU generation (the table and its numbers:
+:func:`mma` runs an ``mma``, ``wgmma`` or ``tcgen05.mma`` opcode of a GPU generation (the table and its numbers:
 :mod:`lpsim.ops.mma_table`) with the rule MMA-Sim measured on the hardware.  Per output d_ij,
 K is cut into fused nodes of L products, and each node, with C the previous node's result
 (the instruction's C for the first), does:

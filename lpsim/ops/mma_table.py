@@ -18,7 +18,8 @@ blackwell   25    32                   -21 / -133
 ==========  ====  ===================  ===========================
 
 FP8 inputs (ada ``mma``, hopper ``wgmma``) keep only F = 13 and round an f32 result toward
-zero to 13 fraction bits (E8M13) before it is an FP32 value.  An f32 result is otherwise
+zero to 13 fraction bits (E8M13) before it is an FP32 value; Blackwell's ``tcgen05.mma``
+keeps F = 25 for every kind, FP8, FP6 (e3m2, e2m3) and FP4 (e2m1) included.  An f32 result is otherwise
 rounded toward zero, an f16 result to nearest even.  Turing runs Volta's m8n8k4 shapes with
 Volta's numbers.  Opcodes are written as PTX writes them; the ``sync``, ``aligned``,
 ``mma_async``, ``row`` and ``col`` qualifiers may be left out.
@@ -41,12 +42,14 @@ _E_ZERO16 = {"volta": -19, "turing": -20, "ampere": -20, "ada": -20, "hopper": -
              "blackwell": -21}
 _E_ZERO32 = {"volta": -131, "turing": -132, "ampere": -132, "ada": -132, "hopper": -133,
              "blackwell": -133}
-_BYTES = {"f16": 2, "bf16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1}
+_BYTES = {"f16": 2, "bf16": 2, "tf32": 4, "e4m3": 1, "e5m2": 1, "e3m2": 1, "e2m3": 1,
+          "e2m1": 1}
 # lpsim format of each PTX type (lpsim.formats.parse_format)
 FORMATS = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "tf32": "tf32", "e4m3": "e4m3fn",
-           "e5m2": "e5m2"}
+           "e5m2": "e5m2", "e3m2": "e3m2fn", "e2m3": "e2m3fn", "e2m1": "e2m1fn"}
 
 _FP8 = ("e5m2", "e4m3")
+_F8F6F4 = _FP8 + ("e3m2", "e2m3", "e2m1")
 # mma shapes and types ("shape.d.a.b.c") by the first generation that has them
 _SM70 = ["m8n8k4.f32.f16.f16.f32", "m8n8k4.f32.f16.f16.f16", "m8n8k4.f16.f16.f16.f16"]
 _SM75 = ["m16n8k8.f32.f16.f16.f32", "m16n8k8.f16.f16.f16.f16"]
@@ -68,15 +71,23 @@ _WGMMA_TYPES = (["k8.f32.tf32.tf32", "k16.f32.f16.f16", "k16.f16.f16.f16",
                  "k16.f32.bf16.bf16"]
                 + [f"k32.{d}.{a}.{b}" for d in ("f32", "f16") for a in _FP8 for b in _FP8])
 WGMMA_N = tuple(range(8, 257, 8))
+# tcgen05.mma ("kind.d.a.b", C has D's type; cta_group::1): Blackwell only, m64 or m128,
+# n = 8, 16, ..., 256; FP6 and FP4 as kind::f8f6f4 operands
+_TCGEN05_TYPES = (["k8.kind::tf32.f32.tf32.tf32", "k16.kind::f16.f32.f16.f16",
+                   "k16.kind::f16.f32.bf16.bf16", "k16.kind::f16.f16.f16.f16"]
+                  + [f"k32.kind::f8f6f4.{d}.{a}.{b}" for d in ("f32", "f16")
+                     for a in _F8F6F4 for b in _F8F6F4])
+TCGEN05_M = (64, 128)
 
 
 def instructions(wgmma_n: int = 8) -> list[tuple[str, str]]:
     """Every (generation, instruction) :func:`lpsim.ops.mma` runs, ``wgmma`` at width
     ``wgmma_n``: the cases the tests and ``benchmarks/bench_mma.py`` check against mmasim."""
     return ([(arch, f"mma.{shape}") for arch in ARCHS for shape in MMA_SHAPES[arch]]
-            + [("hopper", f"wgmma.m64n{wgmma_n}{t}") for t in _WGMMA_TYPES])
+            + [("hopper", f"wgmma.m64n{wgmma_n}{t}") for t in _WGMMA_TYPES]
+            + [("blackwell", f"tcgen05.mma.m64n{wgmma_n}{t}") for t in _TCGEN05_TYPES])
 
-_DROP = {"sync", "aligned", "mma_async", "row", "col"}
+_DROP = {"sync", "aligned", "mma_async", "row", "col", "cta_group::1"}
 _SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)")
 
 
@@ -104,10 +115,19 @@ RZ_E8M13, RZ_FP32, RNE_FP16 = 0, 1, 2
 
 def _accepted(arch: str) -> str:
     mma = ", ".join(f"mma.{s}" for s in MMA_SHAPES[arch])
+    if arch == "blackwell":
+        return (mma + "".join(f", tcgen05.mma.mMnN{t}" for t in _TCGEN05_TYPES)
+                + " (M = 64 or 128, N = 8, 16, ..., 256)")
     if arch != "hopper":
         return mma
     return (mma + "".join(f", wgmma.m64nN{t}" for t in _WGMMA_TYPES)
             + " (N = 8, 16, ..., 256)")
+
+
+def _is_tcgen05(op, rest, match) -> bool:
+    return (op == "tcgen05" and len(rest) == 6 and rest[0] == "mma" and match is not None
+            and int(match.group(1)) in TCGEN05_M and int(match.group(2)) in WGMMA_N
+            and f"k{match.group(3)}." + ".".join(rest[2:]) in _TCGEN05_TYPES)
 
 
 def lookup(arch, instruction) -> Instruction:
@@ -128,10 +148,15 @@ def _lookup(arch, instruction) -> Instruction:
                          f"as 'mma.m16n8k16.f32.bf16.bf16.f32'")
     parts = [p for p in instruction.strip().lower().split(".") if p not in _DROP]
     op, rest = (parts[0], parts[1:]) if parts else ("", [])
-    shape = rest[0] if rest else ""
+    at = 1 if op == "tcgen05" else 0            # tcgen05.mma.<shape>
+    shape = rest[at] if len(rest) > at else ""
     match = _SHAPE.fullmatch(shape)
     key = ".".join(rest)
-    if op == "mma" and match and len(rest) == 5 and key in MMA_SHAPES[arch]:
+    tcgen05 = _is_tcgen05(op, rest, match)
+    if tcgen05 and arch == "blackwell":
+        d, a, b = rest[3:]
+        c = d
+    elif op == "mma" and match and len(rest) == 5 and key in MMA_SHAPES[arch]:
         d, a, b, c = rest[1:]
     elif (op == "wgmma" and match and len(rest) == 4 and arch == "hopper"
           and match.group(1) == "64" and int(match.group(2)) in WGMMA_N
@@ -141,6 +166,7 @@ def _lookup(arch, instruction) -> Instruction:
     else:
         where = [g for g in ARCHS
                  if (op == "mma" and key in MMA_SHAPES[g])
+                 or (tcgen05 and g == "blackwell")
                  or (op == "wgmma" and g == "hopper" and match and match.group(1) == "64"
                      and int(match.group(2)) in WGMMA_N
                      and f"k{match.group(3)}." + ".".join(rest[1:]) in _WGMMA_TYPES)]
@@ -155,7 +181,7 @@ def _lookup(arch, instruction) -> Instruction:
     L = min(k, _NODE_BYTES[numbers] // _BYTES[a])
     e_zero = _E_ZERO16[numbers] if d == "f16" else _E_ZERO32[numbers]
     rho = RNE_FP16 if d == "f16" else RZ_FP32
-    if a in _FP8:
+    if a in _FP8 and not tcgen05:      # Blackwell's tcgen05 keeps F = 25 for FP8
         F = 13
         if d == "f32":
             rho = RZ_E8M13
@@ -173,6 +199,13 @@ def random_codes(shape, ptx_type: str, rng, zeros: float = 0.0):
     hold them: the inputs with which the tests and ``benchmarks/bench_mma.py`` check
     :func:`lpsim.ops.mma` against mmasim.  ``zeros``: the share of entries set to +-0."""
     import torch
+    if ptx_type in _F6F4_BITS:          # mmasim's layout: a uint8 per value
+        codes = rng.integers(0, 2 ** sum(_F6F4_BITS[ptx_type]), size=shape, dtype=np.uint8)
+        if zeros:
+            sign = np.uint8(1 << (sum(_F6F4_BITS[ptx_type]) - 1))
+            codes = np.where(rng.random(shape) < zeros, codes & sign, codes)
+        shift = 6 - sum(_F6F4_BITS[ptx_type])        # FP6 in bits 5:0, FP4 in bits 5:2
+        return torch.from_numpy((codes << shift).astype(np.uint8))
     dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
              "e5m2": torch.float8_e5m2, "f32": torch.float32, "tf32": torch.float32}[ptx_type]
     nbytes = dtype.itemsize
@@ -186,3 +219,21 @@ def random_codes(shape, ptx_type: str, rng, zeros: float = 0.0):
     ints = {1: torch.int8, 2: torch.int16, 4: torch.int32}[nbytes]
     return torch.from_numpy(signed).to(ints).view(dtype)
 
+
+
+# sign, exponent and fraction bits of the FP6 and FP4 types (no inf, no NaN)
+_F6F4_BITS = {"e3m2": (1, 3, 2), "e2m3": (1, 2, 3), "e2m1": (1, 2, 1)}
+
+
+def code_values(codes, ptx_type: str):
+    """float32 values of :func:`random_codes`' uint8 FP6/FP4 codes (anything else is returned
+    as it is): what :func:`lpsim.ops.mma` takes for those types."""
+    if ptx_type not in _F6F4_BITS:
+        return codes
+    import torch
+    _, E, M = _F6F4_BITS[ptx_type]
+    x = codes.numpy().astype(np.int64) >> (5 - E - M)
+    e = (x >> M) & (2 ** E - 1)
+    frac = x & (2 ** M - 1)
+    mag = (frac + (e > 0) * 2 ** M) * np.exp2(np.maximum(e, 1) - (2 ** (E - 1) - 1) - M)
+    return torch.from_numpy(np.where(x >> (E + M) & 1, -mag, mag).astype(np.float32))

@@ -114,4 +114,6 @@ def get_model(model) -> AccumulationModel:
         return MODELS[model]
     except (KeyError, TypeError):
         raise ValueError(f"unknown accumulation model {model!r}; accepted: "
-                         f"{', '.join(MODELS)} or an AccumulationModel") from None
+                         f"{', '.join(MODELS)} or an AccumulationModel (and in "
+                         "lpsim.ops.matmul the names of lpsim.ops.HARDWARE_MODELS and "
+                         "lpsim.ops.INSTRUCTION_MODELS)") from None
