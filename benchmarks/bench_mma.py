@@ -35,16 +35,10 @@ from tqdm import tqdm                          # noqa: E402
 
 import lpsim                                   # noqa: E402
 from lpsim.ops import matmul, mma              # noqa: E402
-from lpsim.ops.mma_table import (MMASIM_ARCH, instructions, lookup,  # noqa: E402
-                                  random_codes)
+from lpsim.ops.mma_table import (code_values, instructions, lookup,  # noqa: E402
+                                  mmasim_simulator, random_codes)
 
 CASES = instructions(256)
-
-
-def simulator(arch, instruction):
-    from mmasim import nv_ptx
-    op, rest = instruction.split(".", 1)
-    return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(MMASIM_ARCH[arch], rest)
 
 
 def codes(x):
@@ -55,7 +49,7 @@ def agreement(outputs):
     rows = []
     for arch, instruction in tqdm(CASES, desc="bit for bit", unit="instr"):
         ins = lookup(arch, instruction)
-        sim = simulator(arch, instruction)
+        sim = mmasim_simulator(arch, instruction)
         rng = np.random.default_rng(zlib.crc32(f"{arch} {instruction}".encode()))
         equal = total = 0
         t_lp = t_sim = 0.0
@@ -67,7 +61,8 @@ def agreement(outputs):
             want = sim(a, b, c)
             t_sim += time.perf_counter() - t
             t = time.perf_counter()
-            got = mma(a, b, c, arch=arch, instruction=instruction)
+            got = mma(code_values(a, ins.a_type), code_values(b, ins.b_type), c, arch=arch,
+                      instruction=instruction)
             t_lp += time.perf_counter() - t
             equal += int((codes(got) == codes(want)).sum())
             total += want.numel()
@@ -107,7 +102,7 @@ def gemm(slice_calls):
         t_model.append(time.perf_counter() - t)
     model_equal = int((D_model.view(np.int32) == codes(D).numpy()).sum())
 
-    sim = simulator("hopper", instruction)
+    sim = mmasim_simulator("hopper", instruction)
     d = C[:tm].clone()
     t = time.perf_counter()
     for i, k in tqdm(calls[:slice_calls], desc="mmasim GEMM slice", unit="wgmma", leave=False):

@@ -139,8 +139,9 @@ def main(argv=None):
     out = args.out or pathlib.Path(tempfile.mkdtemp(prefix="lpsim-tensor-core-error-"))
     out.mkdir(parents=True, exist_ok=True)
     command = "python examples/tensor_core_error.py " + " ".join(argv or sys.argv[1:])
-    header = (f"# Hopper FP8 GEMM error against K\n\n{time.strftime('%Y-%m-%d')}, "
-              f"{platform.processor() or platform.machine()}, {time.time() - start:.0f} s; "
+    header = (f"# FP8 GEMM error against K (Hopper wgmma, Blackwell tcgen05)\n\n"
+              f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+              f"{time.time() - start:.0f} s; "
               f"command: `{command.strip()}`\n\n")
     (out / "tensor_core_error.md").write_text(header + table(ks, rows))
     (out / "tensor_core_error.json").write_text(json.dumps({

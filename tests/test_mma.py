@@ -15,19 +15,11 @@ torch = pytest.importorskip("torch")
 mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
 
 from lpsim.ops import mma                                   # noqa: E402
-from lpsim.ops.mma_table import (MMASIM_ARCH, code_values, instructions,  # noqa: E402
-                                  lookup, random_codes)
+from lpsim.ops.mma_table import (code_values, instructions, lookup,  # noqa: E402
+                                  mmasim_simulator, random_codes)
 
 CASES = instructions(32)
 OUTPUTS = 2048       # per case
-
-
-def simulator(arch, instruction):
-    op, rest = instruction.split(".", 1)
-    if op == "tcgen05":
-        return mmasim_nv.TCGen05MMA(MMASIM_ARCH[arch], rest.removeprefix("mma."))
-    cls = mmasim_nv.WGMMA if op == "wgmma" else mmasim_nv.MMA
-    return cls(MMASIM_ARCH[arch], rest)
 
 
 def codes(x):
@@ -36,7 +28,7 @@ def codes(x):
 
 def compare(arch, instruction, rng, calls, zeros=0.0, c_scale=False):
     ins = lookup(arch, instruction)
-    sim = simulator(arch, instruction)
+    sim = mmasim_simulator(arch, instruction)
     for _ in range(calls):
         a = random_codes((ins.m, ins.k), ins.a_type, rng, zeros)
         b = random_codes((ins.k, ins.n), ins.b_type, rng, zeros)

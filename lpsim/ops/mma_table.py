@@ -193,6 +193,17 @@ MMASIM_ARCH = {"volta": "Volta", "turing": "Turing", "ampere": "Ampere", "ada": 
                "hopper": "Hopper", "blackwell": "Blackwell"}
 
 
+def mmasim_simulator(arch: str, instruction: str):
+    """mmasim's model of (generation, instruction) (``pip install mmasim``), called with
+    A, B, C as :func:`random_codes` draws them: the oracle of the tests and of
+    ``benchmarks/bench_mma.py``."""
+    from mmasim import nv_ptx
+    op, rest = instruction.split(".", 1)
+    if op == "tcgen05":
+        return nv_ptx.TCGen05MMA(MMASIM_ARCH[arch], rest.removeprefix("mma."))
+    return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(MMASIM_ARCH[arch], rest)
+
+
 def random_codes(shape, ptx_type: str, rng, zeros: float = 0.0):
     """Uniform random codes of a PTX input type as a torch tensor of its dtype (tf32: float32
     with the 13 low bits zero), so NaN, inf, subnormals and zeros come as often as codes
