@@ -121,6 +121,13 @@ def test_inputs_and_output_are_rounded_and_counted():
         vec, wgmma_matmul(qa[:1], qb)[0])
     half = matmul(a.astype(np.float64), b, model="ampere-mma-fp16-fp16")
     assert half.dtype == np.float64
+    # torch's 8-bit floats are values like any other (exact in float32)
+    a8 = torch.from_numpy(qa).to(torch.float8_e4m3fn)
+    got8 = matmul(a8, torch.from_numpy(qb), model="hopper-wgmma-e4m3")
+    assert np.array_equal(got8.numpy(), wgmma_matmul(qa, qb, promote=None))
+    # an interval longer than any K promotes once, at the end: the chain's own result
+    once = InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", 2 ** 70)
+    assert np.array_equal(matmul(a, b, model=once), matmul(a, b, model="hopper-wgmma-e4m3"))
 
 
 def test_every_named_instruction_model_is_listed_with_a_description():
@@ -159,6 +166,14 @@ def test_refused_by_name_and_nothing_changes():
         InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", out_rounding="sideways")
     with pytest.raises(TypeError, match="unknown model fields"):
         INSTRUCTION_MODELS["hopper-wgmma-e4m3"].with_(chunk=16)
+    fp4 = "tcgen05.mma.m64n8k32.kind::f8f6f4.f32.e2m1.e2m1"
+    for value, why in ((np.nan, "nan is not a value of type e2m1; accepted: .* no inf, no NaN"),
+                       (1.25, "1.25 is not a value of type e2m1")):
+        x = np.full((64, 32), 1.5, np.float32)
+        x[3, 4] = value
+        with pytest.raises(ValueError, match=r"a\[3, 4\] = " + why):
+            mma(x, np.ones((32, 8), np.float32), np.zeros((64, 8), np.float32),
+                arch="blackwell", instruction=fp4)
     with pytest.raises(ValueError, match=r"shapes \(4, 32\) and \(31, 8\)"):
         matmul(a, np.ones((31, 8), np.float32), model="hopper-wgmma-e4m3")
     assert InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3",

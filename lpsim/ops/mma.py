@@ -1,9 +1,9 @@
 """One NVIDIA tensor-core instruction, D = A B + C, bit for bit as the hardware computes it.
 
-:func:`mma` runs an ``mma``, ``wgmma`` or ``tcgen05.mma`` opcode of a GPU generation (the table and its numbers:
-:mod:`lpsim.ops.mma_table`) with the rule MMA-Sim measured on the hardware.  Per output d_ij,
-K is cut into fused nodes of L products, and each node, with C the previous node's result
-(the instruction's C for the first), does:
+:func:`mma` runs an ``mma``, ``wgmma`` or ``tcgen05.mma`` opcode of a GPU generation (the
+table and its numbers: :mod:`lpsim.ops.mma_table`) with the rule MMA-Sim measured on the
+hardware. Per output d_ij, K is cut into fused nodes of L products, and each node, with C
+the previous node's result (the instruction's C for the first), does:
 
 1. every product a_ik b_kj exactly: significand in [0, 4), exponent e_a + e_b (subnormal
    inputs at the type's least exponent);
@@ -48,7 +48,7 @@ _NO_ACC = np.zeros((0, 0), np.float32)      # mma_kernel's acc when nothing is p
 
 
 @njit(cache=True, nogil=True)
-def _decode(bits, p, e_sub, e_max, top, has_inf, zero_e, mag, sgn, e, cls):
+def _decode(bits, p, e_sub, e_max, top, has_inf, has_nan, zero_e, mag, sgn, e, cls):
     """Split float64 values (their int64 ``bits``) of a type with ``p`` fraction bits into
     significand magnitudes ``mag``, signs ``sgn`` (0 or -1) and exponents ``e`` (value =
     mag * 2**(e - p), e >= e_sub; zeros get ``zero_e``) and a class (finite, NaN, +inf,
@@ -64,6 +64,8 @@ def _decode(bits, p, e_sub, e_max, top, has_inf, zero_e, mag, sgn, e, cls):
         cls[i] = _FINITE
         if ef == 0x7FF:
             if frac != 0:
+                if not has_nan:               # FP6 and FP4 have no NaN
+                    return i
                 cls[i] = _NAN
             elif not has_inf:
                 return i
@@ -436,21 +438,22 @@ def _tf32_low_bits(x):
 @functools.lru_cache(maxsize=None)
 def _type_params(ptx_type):
     """(format, fraction bits, least exponent, largest exponent, largest significand at it,
-    has inf) of a PTX type, from lpsim's format of it."""
+    has inf, has NaN) of a PTX type, from lpsim's format of it."""
     fmt = parse_format(FORMATS[ptx_type])
-    return fmt, fmt.m, fmt.emin, fmt.emax, (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf
+    return (fmt, fmt.m, fmt.emin, fmt.emax, (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf,
+            fmt.has_nan)
 
 
 def _decoded(values, ptx_type, name, zero_e):
     """Significand magnitudes, signs, exponents and classes of an operand (:func:`_decode`);
     ValueError naming the first value ``ptx_type`` cannot hold."""
-    fmt, p, e_sub, e_max, top, has_inf = _type_params(ptx_type)
+    fmt, p, e_sub, e_max, top, has_inf, has_nan = _type_params(ptx_type)
     values = np.ascontiguousarray(values)
     mag = np.empty(values.shape, np.int32)
     sgn = np.empty(values.shape, np.int32)
     e = np.empty(values.shape, np.int32)
     cls = np.empty(values.shape, np.int8)
-    bad = _decode(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, zero_e,
+    bad = _decode(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, has_nan, zero_e,
                   mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
     if bad < 0 and ptx_type == "tf32":
         bad = _tf32_low_bits(values)
@@ -459,7 +462,8 @@ def _decoded(values, ptx_type, name, zero_e):
         value = float(values.ravel()[bad])
         accepted = (f"finite values of {ptx_type} ({fmt!r}: {fmt.m} fraction bits, least "
                     f"exponent {fmt.emin}, largest finite {fmt.max_finite:g})"
-                    + (", inf" if fmt.has_inf else ", no inf") + " and NaN")
+                    + (", inf" if fmt.has_inf else ", no inf")
+                    + (", NaN" if fmt.has_nan else ", no NaN"))
         raise ValueError(f"mma: {name}[{', '.join(str(int(w)) for w in where)}] = {value!r} "
                          f"is not a value of type {ptx_type}; accepted: {accepted}")
     return mag, sgn, e, cls
@@ -607,7 +611,8 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul"):
     zero = np.zeros((m, n), np.int32)
     codes = np.empty((m, n), np.int32)
     S = np.empty(n, np.int32 if ins.F <= 13 else np.int64)
-    nodes = 0 if promote is None else int(promote) // ins.L
+    # (an interval beyond K promotes once, at the end, as any interval >= K does)
+    nodes = 0 if promote is None else min(int(promote) // ins.L, 1 << 62)
     acc = np.zeros((m, n), np.float32) if nodes else _NO_ACC
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, zero, zero, zero.astype(np.int8),
                _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,

@@ -29,8 +29,8 @@ def as_array(x, name: str, op: str):
             raise TypeError(f"{op}: {name} is a CUDA tensor; lpsim.ops runs on the CPU "
                             "(move it with .cpu())")
         x = x.detach()
-        if x.dtype in (torch.bfloat16, torch.float16):
-            x = x.float()      # exact: both fit float32
+        if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
+            x = x.float()      # exact: 16- and 8-bit floats fit float32
         x = x.numpy()
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{op}: {name}={x!r} is a bool; accepted: float32/float64 arrays or "
