@@ -120,19 +120,25 @@ def count_calls(monkeypatch, module, name: str) -> list:
 
 
 #: test files (by name prefix) whose slow part is the same few large compiles: the
-#: optimizer's CPU step kernels and the block kernels.  Under ``--dist loadgroup`` (the
-#: README's test command) each group runs in one worker, which compiles them once; spread
-#: file by file, every worker compiled each of them (about a minute apiece)
+#: optimizer's CPU step kernels and the block kernels.  Under pytest-xdist each group runs
+#: in one worker, which compiles them once; spread file by file, every worker compiled each
+#: of them (about a minute apiece)
 SHARED_COMPILES = {"test_optim": "optim", "test_blocks": "blocks"}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Each test's xdist group: its file's shared-compile group, else its file.  First of
-    the hooks: xdist's own turns the groups into node ids, and a group added after it is
-    ignored (every file was then spread over every worker)."""
-    for item in items:
-        name = item.path.stem
-        group = next((g for prefix, g in SHARED_COMPILES.items() if name.startswith(prefix)),
-                     name)
-        item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group_of(nodeid: str) -> str:
+    """The worker group of a test: its file's shared-compile group, else its file."""
+    name = pathlib.PurePath(nodeid.split("::", 1)[0]).stem
+    return next((g for prefix, g in SHARED_COMPILES.items() if name.startswith(prefix)), name)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole groups to a worker, by node id.  (xdist's own ``--dist loadgroup`` reads
+    ``xdist_group`` marks into the node ids, which pytest 9.2 no longer lets it change: the
+    marks were silently ignored and every file spread over every worker.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedCompileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return xdist_group_of(nodeid)
+    return SharedCompileScheduling(config, log)
