@@ -55,7 +55,7 @@ def chained_by_hand(a, b, arch, instruction, promote):
 # (tcgen05's kind::f8f6f4 with both operands of one type: the chaining does not depend on
 # the pair, and tests/test_mma.py checks every pair's instruction against mmasim)
 CASES = [(arch, ins) for arch, ins in instructions(16)
-         if lookup(arch, ins).c_type == lookup(arch, ins).d_type
+         if lookup(arch, ins).c_type == lookup(arch, ins).d_type and not lookup(arch, ins).block
          and ("f8f6f4" not in ins or lookup(arch, ins).a_type == lookup(arch, ins).b_type)]
 
 
@@ -130,6 +130,37 @@ def test_inputs_and_output_are_rounded_and_counted():
     assert np.array_equal(matmul(a, b, model=once), matmul(a, b, model="hopper-wgmma-e4m3"))
 
 
+def test_mxfp8_model_equals_block_quantization_and_the_scaled_instruction_by_hand():
+    """blackwell-mxfp8: a and b in OCP MX blocks of 32 along K (lpsim.blocks), then the
+    block-scaled tcgen05.mma chained along K with each block's E8M0 scales, K ragged."""
+    from lpsim.blocks import quantize_blocks
+    rng = np.random.default_rng(11)
+    k = 3 * 32 + 7
+    a = (rng.standard_normal((128, k)) * np.exp2(rng.integers(-6, 7, (128, 1)))).astype(
+        np.float32)
+    b = rng.standard_normal((k, 8)).astype(np.float32)
+    stats = RoundingStats()
+    got = matmul(a, b, model="blackwell-mxfp8", stats=stats)
+    qa = quantize_blocks(a, "mxfp8_e4m3", axis=1)
+    qb = quantize_blocks(b, "mxfp8_e4m3", axis=0)
+    ins = "tcgen05.mma.m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"
+    A = np.zeros((128, 128), np.float32)
+    B = np.zeros((128, 8), np.float32)
+    A[:, :k], B[:k] = qa.elements, qb.elements.T        # along axis 0: that axis last
+    d = np.zeros((128, 8), np.float32)
+    for blk in range(4):
+        d = mma(A[:, 32 * blk:32 * blk + 32], B[32 * blk:32 * blk + 32], d, arch="blackwell",
+                instruction=ins, scale_a=qa.scales[:, blk:blk + 1],
+                scale_b=qb.scales.T[blk:blk + 1])    # (columns, blocks) along axis 0
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), d.view(np.int32))
+    assert stats.elements == a.size + b.size + got.size
+    # the values the blocks hold, through an exact FP32 product, are close: the chain keeps
+    # 25 bits per node
+    exact = qa.values.astype(np.float64) @ qb.values
+    scale = np.abs(qa.values.astype(np.float64)) @ np.abs(qb.values)
+    assert np.max(np.abs(got - exact) / scale) < 2 ** -20
+
+
 def test_every_named_instruction_model_is_listed_with_a_description():
     """INSTRUCTION_MODELS holds InstructionModels only, HARDWARE_MODELS TensorCoreModels
     only (code that walks it reads their chunk fields), and no name is in both."""
@@ -174,6 +205,23 @@ def test_refused_by_name_and_nothing_changes():
         with pytest.raises(ValueError, match=r"a\[3, 4\] = " + why):
             mma(x, np.ones((32, 8), np.float32), np.zeros((64, 8), np.float32),
                 arch="blackwell", instruction=fp4)
+    blocked = "tcgen05.mma.m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"
+    x, y, z = np.ones((128, 32)), np.ones((32, 8)), np.zeros((128, 8))
+    with pytest.raises(ValueError, match="takes scale_a and scale_b"):
+        mma(x, y, z, arch="blackwell", instruction=blocked)
+    with pytest.raises(ValueError, match="takes no scale_a or scale_b"):
+        mma(np.ones((64, 32)), y, np.zeros((64, 8)), arch="blackwell", instruction=fp4,
+            scale_a=np.ones((64, 1)))
+    for scale, why in ((3.0, r"scale_a\[5, 0\] = 3.0 is not an E8M0 scale"),
+                       (2.0 ** 128, r"scale_a\[5, 0\] = 3.40\d*e\+38 is not an E8M0")):
+        sa = np.ones((128, 1))
+        sa[5, 0] = scale
+        with pytest.raises(ValueError, match=why):
+            mma(x, y, z, arch="blackwell", instruction=blocked, scale_a=sa,
+                scale_b=np.ones((1, 8)))
+    with pytest.raises(ValueError, match=r"scale_b has shape \(8, 1\); accepted: \(1, 8\)"):
+        mma(x, y, z, arch="blackwell", instruction=blocked, scale_a=np.ones((128, 1)),
+            scale_b=np.ones((8, 1)))
     with pytest.raises(ValueError, match=r"shapes \(4, 32\) and \(31, 8\)"):
         matmul(a, np.ones((31, 8), np.float32), model="hopper-wgmma-e4m3")
     assert InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3",

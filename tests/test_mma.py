@@ -16,7 +16,7 @@ mmasim_nv = pytest.importorskip("mmasim.nv_ptx")
 
 from lpsim.ops import mma                                   # noqa: E402
 from lpsim.ops.mma_table import (code_values, instructions, lookup,  # noqa: E402
-                                  mmasim_simulator, random_codes)
+                                  mmasim_simulator, random_codes, random_scales)
 
 CASES = instructions(32)
 OUTPUTS = 2048       # per case
@@ -33,9 +33,13 @@ def compare(arch, instruction, rng, calls, zeros=0.0, c_scale=False):
         a = random_codes((ins.m, ins.k), ins.a_type, rng, zeros)
         b = random_codes((ins.k, ins.n), ins.b_type, rng, zeros)
         c = random_codes((ins.m, ins.n), ins.c_type, rng, zeros)
-        want = sim(a, b, c)
+        scales = {}
+        if ins.block:
+            scales = dict(scale_a=random_scales((ins.m, ins.k // ins.block), rng),
+                          scale_b=random_scales((ins.k // ins.block, ins.n), rng))
+        want = sim(a, b, c, *scales.values())
         got = mma(code_values(a, ins.a_type), code_values(b, ins.b_type), c, arch=arch,
-                  instruction=instruction)
+                  instruction=instruction, **scales)
         assert got.dtype == want.dtype and got.shape == want.shape
         bad = (codes(got) != codes(want)).nonzero()
         if len(bad):

@@ -10,11 +10,12 @@ and by default (cuBLASLt) the chain promoted every 128 products, every output co
 DeepGEMM promotes every 128 products as well (four ``k32`` steps).
 
 In :func:`lpsim.ops.matmul` the inputs are first rounded to the instruction's A and B types
-(``rounding``, random words of streams ``stream`` and ``stream + 1``), and the float32 (or
-float16) result is rounded to ``out_fmt`` (stream ``stream + 2``), as an epilogue writes
-it; per-tensor scales are the caller's, applied to the result as the epilogue does.  Stats
-count those roundings; the nodes' own roundings are the instruction's arithmetic and are not
-counted.
+(``rounding``, random words of streams ``stream`` and ``stream + 1``; for a block-scaled
+instruction, to OCP MX blocks of 32 along K by :mod:`lpsim.blocks`, whose E8M0 scales the
+instruction applies), and the float32 (or float16) result is rounded to ``out_fmt`` (stream
+``stream + 2``), as an epilogue writes it; per-tensor scales are the caller's, applied to
+the result as the epilogue does. Stats count those roundings; the nodes' own roundings are
+the instruction's arithmetic and are not counted.
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
         "blackwell", "tcgen05.mma.m128n256k32.kind::f8f6f4.f32.e4m3.e4m3", None,
         "E4M3 inputs, tcgen05.mma kind::f8f6f4 chained along K: Blackwell keeps 25 fraction "
         "bits per node where Hopper's FP8 wgmma keeps 13"),
+    "blackwell-mxfp8": _named(
+        "blackwell", "tcgen05.mma.m128n256k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0",
+        None, "MXFP8 inputs (E4M3, E8M0 scale per 32 along K, the OCP rule), block-scaled "
+              "tcgen05.mma chained along K"),
     "hopper-wgmma-bf16": _named(
         "hopper", "wgmma.m64n256k16.f32.bf16.bf16", None,
         "BF16 inputs, wgmma.f32.bf16.bf16 chained along K (a GEMM without split-K)"),
@@ -141,11 +146,16 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
         raise ValueError(f"matmul with an instruction model: shapes {a.shape} and {b.shape}; "
                          "accepted: (M, K) and (K, N) (or 1-D)")
     ins = model.spec
-    a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
-    b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1, stats=stats)
+    scales = None
+    if ins.block:           # MX blocks along K: the elements, and the scales apart
+        a, b, scales = _mx_operands(a, b, ins, rounding, seed, stream, stats)
+    else:
+        a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
+        b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1,
+                     stats=stats)
     with np.errstate(invalid="ignore"):          # signalling NaN codes
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    result = chained_matmul(a, b, ins, model.promote)
+    result = chained_matmul(a, b, ins, model.promote, scales=scales)
     with np.errstate(invalid="ignore"):
         result = result.astype(np.float32)
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
@@ -155,6 +165,33 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     if squeeze_b:
         out = out[..., 0]
     return out
+
+
+#: the OCP MX format of each element type of the block-scaled instructions
+_MX = {"e4m3": "mxfp8_e4m3", "e5m2": "mxfp8_e5m2", "e3m2": "mxfp6_e3m2", "e2m3": "mxfp6_e2m3",
+       "e2m1": "mxfp4"}
+
+
+def _mx_operands(a, b, ins, rounding, seed, stream, stats):
+    """a and b in MX blocks of 32 along K (a's rows, b's columns): their elements, and the
+    scales as (M x K/32, K/32 x N) arrays, K padded to whole blocks (a padded block's scale
+    is 1: its elements are zeros)."""
+    from ..blocks.counters import add_counts
+    from ..blocks.fake_quantize import quantize_blocks
+    parts = []
+    for x, t, axis, s in ((a, ins.a_type, 1, stream), (b, ins.b_type, 0, stream + 1)):
+        q = quantize_blocks(np.ascontiguousarray(x), _MX[t], rounding, axis=axis, seed=seed,
+                            stream=s, want_counts=stats is not None)
+        add_counts(stats, q.counts, x.size)
+        parts.append(q)
+    k = a.shape[1]
+    blocks = -(-k // ins.block)
+    scale_a = np.ones((a.shape[0], blocks))
+    scale_b = np.ones((blocks, b.shape[1]))
+    scale_a[:, :parts[0].scales.shape[1]] = parts[0].scales
+    # along axis 0, lpsim.blocks gives elements and scales with that axis last
+    scale_b[:parts[1].scales.shape[1]] = parts[1].scales.T
+    return parts[0].elements, parts[1].elements.T, (scale_a, scale_b)
 
 
 __all__ = ["InstructionModel", "INSTRUCTION_MODELS", "instruction_matmul"]

@@ -508,7 +508,7 @@ def _operand(x, ptx_type, name, shape):
     return _decoded(values, ptx_type, name, _ZERO_E), lib == "torch", device, shape
 
 
-def mma(a, b, c, *, arch, instruction):
+def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     """D = A B + C of one tensor-core ``instruction`` (a PTX opcode such as
     ``"mma.m16n8k16.f32.bf16.bf16.f32"`` or ``"wgmma.m64n8k32.f32.e4m3.e4m3"``) on the GPU
     generation ``arch`` ("volta", "turing", "ampere", "ada", "hopper", "blackwell"), bit for
@@ -519,8 +519,19 @@ def mma(a, b, c, *, arch, instruction):
     or float32/float64 containers whose values the type can hold; a tf32 operand is float32
     with the low 13 bits zero).  Returns D as float32 (float16 for an ``.f16`` result), a
     numpy array, or a torch tensor on a's device when a is one.  A wrong shape, an unknown or
-    missing instruction, or a value the type cannot hold is a ValueError naming it."""
+    missing instruction, or a value the type cannot hold is a ValueError naming it.
+
+    Block-scaled instructions (``tcgen05.mma ... kind::mxf8f6f4.block32 ... ue8m0``) take
+    ``scale_a`` (m x k/32) and ``scale_b`` (k/32 x n): E8M0 scales (powers of two from
+    2**-127 to 2**127, or NaN; torch float8_e8m0fnu or float containers), one per 32
+    products, whose exponents join each product's; a NaN scale makes its block's products
+    NaN.  Other instructions refuse scales."""
     ins: Instruction = lookup(arch, instruction)
+    if (scale_a is None or scale_b is None) if ins.block else \
+            (scale_a is not None or scale_b is not None):
+        raise ValueError(f"mma: {ins.opcode} on {ins.arch} takes "
+                         + ("scale_a and scale_b (its E8M0 block scales)" if ins.block else
+                            "no scale_a or scale_b (it is not block-scaled)"))
     decoded = []
     for name, x, ptx_type, want in (("a", a, ins.a_type, (ins.m, ins.k)),
                                     ("b", b, ins.b_type, (ins.k, ins.n)),
@@ -534,6 +545,12 @@ def mma(a, b, c, *, arch, instruction):
     (am, asg, ae, acl), lib_torch, device = decoded[0]
     bm, bsg, be, bcl = decoded[1][0]
     cm, csg, ce, ccl = decoded[2][0]
+    if ins.block:
+        blocks = ins.k // ins.block
+        _fold_scales(am, ae, acl, _scale_exponents(scale_a, "scale_a", (ins.m, blocks)),
+                     ins.block, 1)
+        _fold_scales(bm, be, bcl, _scale_exponents(scale_b, "scale_b", (blocks, ins.n)),
+                     ins.block, 0)
     shift = ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
     assert shift >= 0, "a product's significand is never wider than F bits"
     am <<= shift
@@ -548,6 +565,38 @@ def mma(a, b, c, *, arch, instruction):
         import torch
         return torch.from_numpy(d.copy()).to(device)
     return d
+
+
+_SCALE_NAN = 1 << 20        # _scale_exponents' mark of a NaN scale
+
+
+def _scale_exponents(x, name, shape):
+    """The int32 exponents of E8M0 scales (NaN: _SCALE_NAN); ValueError naming a wrong shape
+    or a value that is not a power of two from 2**-127 to 2**127 or NaN."""
+    values = _as_float64(x, name)[0]
+    if values.shape != shape:
+        raise ValueError(f"mma: {name} has shape {values.shape}; accepted: {shape}, one E8M0 "
+                         "scale per 32 products")
+    with np.errstate(invalid="ignore"):
+        frac, exp = np.frexp(values)
+    nan = np.isnan(values)
+    bad = ~nan & ((frac != 0.5) | (exp - 1 < -127) | (exp - 1 > 127))
+    if bad.any():
+        where = tuple(int(w) for w in np.argwhere(bad)[0])
+        raise ValueError(f"mma: {name}[{', '.join(map(str, where))}] = "
+                         f"{float(values[where])!r} is not an E8M0 scale; accepted: powers of "
+                         "two from 2**-127 to 2**127, and NaN")
+    return np.where(nan, _SCALE_NAN, exp - 1).astype(np.int32)
+
+
+def _fold_scales(mag, e, cls, scales, block, axis):
+    """Each element's exponent plus its block's scale exponent (along K: ``axis`` 1 of A, 0 of
+    B); a NaN scale makes every element of its block NaN, zeros included."""
+    per = np.repeat(scales, block, axis=axis)
+    nan = per == _SCALE_NAN
+    live = (mag != 0) & (cls == _FINITE) & ~nan
+    e[live] += per[live]
+    cls[nan] = _NAN
 
 
 def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
@@ -584,14 +633,16 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
     return result
 
 
-def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul"):
+def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=None):
     """A @ B (float64 arrays of values of the instruction's A and B types) as a GEMM kernel
     computes it from ``ins`` chained along K: K padded with zeros to a multiple of the
     instruction's k, each instruction's D fed back as its C from C = +0, and every
     ``promote`` products (a multiple of the instruction's k; None: never, the chain's D is
     the result) the chain's D added to a float32 accumulator and the chain begun again.
     Tiling over M and N does not change a value, so the whole GEMM is one kernel call.
-    float32 result (float16 for an f16 chain without promotion)."""
+    float32 result (float16 for an f16 chain without promotion).  ``scales``: a
+    block-scaled instruction's (scale_a, scale_b), M x K/32 and K/32 x N with K rounded up
+    to whole blocks."""
     (m, k), n = A.shape, B.shape[1]
     kp = -(-k // ins.k) * ins.k
     if kp == 0:                    # an empty sum: +0
@@ -607,6 +658,12 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul"):
         except ValueError as err:      # a value the type cannot hold
             raise ValueError(f"{who}: {str(err).removeprefix('mma: ')}") from None
     (am, asg, ae, acl), (bm, bsg, be, bcl) = parts
+    if ins.block:
+        blocks = kp // ins.block
+        _fold_scales(am, ae, acl, _scale_exponents(scales[0], "scale_a", (m, blocks)),
+                     ins.block, 1)
+        _fold_scales(bm, be, bcl, _scale_exponents(scales[1], "scale_b", (blocks, n)),
+                     ins.block, 0)
     am <<= ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
     zero = np.zeros((m, n), np.int32)
     codes = np.empty((m, n), np.int32)

@@ -19,8 +19,9 @@ blackwell   25    32                   -21 / -133
 
 FP8 inputs (ada ``mma``, hopper ``wgmma``) keep only F = 13 and round an f32 result toward
 zero to 13 fraction bits (E8M13) before it is an FP32 value; Blackwell's ``tcgen05.mma``
-keeps F = 25 for every kind, FP8, FP6 (e3m2, e2m3) and FP4 (e2m1) included.  An f32 result is otherwise
-rounded toward zero, an f16 result to nearest even.  Turing runs Volta's m8n8k4 shapes with
+keeps F = 25 for every kind, FP8, FP6 (e3m2, e2m3) and FP4 (e2m1) included; its
+block-scaled ``kind::mxf8f6f4`` adds two E8M0 scale exponents to each product's.  An f32
+result is otherwise rounded toward zero, an f16 result to nearest even.  Turing runs Volta's m8n8k4 shapes with
 Volta's numbers.  Opcodes are written as PTX writes them; the ``sync``, ``aligned``,
 ``mma_async``, ``row`` and ``col`` qualifiers may be left out.
 """
@@ -78,6 +79,10 @@ _TCGEN05_TYPES = (["k8.kind::tf32.f32.tf32.tf32", "k16.kind::f16.f32.f16.f16",
                   + [f"k32.kind::f8f6f4.{d}.{a}.{b}" for d in ("f32", "f16")
                      for a in _F8F6F4 for b in _F8F6F4])
 TCGEN05_M = (64, 128)
+# block-scaled tcgen05.mma kind::mxf8f6f4: m128, an E8M0 scale per 32 products of A's rows
+# and of B's columns, folded into the products' exponents
+_TCGEN05_BLOCK_TYPES = [f"k32.kind::mxf8f6f4.block32.f32.{a}.{b}.ue8m0" for a in _F8F6F4
+                        for b in _F8F6F4]
 
 
 def instructions(wgmma_n: int = 8) -> list[tuple[str, str]]:
@@ -85,7 +90,8 @@ def instructions(wgmma_n: int = 8) -> list[tuple[str, str]]:
     ``wgmma_n``: the cases the tests and ``benchmarks/bench_mma.py`` check against mmasim."""
     return ([(arch, f"mma.{shape}") for arch in ARCHS for shape in MMA_SHAPES[arch]]
             + [("hopper", f"wgmma.m64n{wgmma_n}{t}") for t in _WGMMA_TYPES]
-            + [("blackwell", f"tcgen05.mma.m64n{wgmma_n}{t}") for t in _TCGEN05_TYPES])
+            + [("blackwell", f"tcgen05.mma.m64n{wgmma_n}{t}") for t in _TCGEN05_TYPES]
+            + [("blackwell", f"tcgen05.mma.m128n{wgmma_n}{t}") for t in _TCGEN05_BLOCK_TYPES])
 
 _DROP = {"sync", "aligned", "mma_async", "row", "col", "cta_group::1"}
 _SHAPE = re.compile(r"m(\d+)n(\d+)k(\d+)")
@@ -108,6 +114,7 @@ class Instruction:
     L: int              # products per fused node
     e_zero: int         # exponent a zero term takes in the node's maximum
     rho: int            # output rounding: RZ_E8M13, RZ_FP32 or RNE_FP16
+    block: int = 0      # block-scaled kinds: products per scale (0: no scales)
 
 
 RZ_E8M13, RZ_FP32, RNE_FP16 = 0, 1, 2
@@ -117,6 +124,7 @@ def _accepted(arch: str) -> str:
     mma = ", ".join(f"mma.{s}" for s in MMA_SHAPES[arch])
     if arch == "blackwell":
         return (mma + "".join(f", tcgen05.mma.mMnN{t}" for t in _TCGEN05_TYPES)
+                + "".join(f", tcgen05.mma.m128nN{t}" for t in _TCGEN05_BLOCK_TYPES)
                 + " (M = 64 or 128, N = 8, 16, ..., 256)")
     if arch != "hopper":
         return mma
@@ -125,9 +133,13 @@ def _accepted(arch: str) -> str:
 
 
 def _is_tcgen05(op, rest, match) -> bool:
-    return (op == "tcgen05" and len(rest) == 6 and rest[0] == "mma" and match is not None
-            and int(match.group(1)) in TCGEN05_M and int(match.group(2)) in WGMMA_N
-            and f"k{match.group(3)}." + ".".join(rest[2:]) in _TCGEN05_TYPES)
+    if op != "tcgen05" or len(rest) not in (6, 8) or rest[0] != "mma" or match is None \
+            or int(match.group(2)) not in WGMMA_N:
+        return False
+    types = f"k{match.group(3)}." + ".".join(rest[2:])
+    if len(rest) == 8:
+        return int(match.group(1)) == 128 and types in _TCGEN05_BLOCK_TYPES
+    return int(match.group(1)) in TCGEN05_M and types in _TCGEN05_TYPES
 
 
 def lookup(arch, instruction) -> Instruction:
@@ -154,7 +166,7 @@ def _lookup(arch, instruction) -> Instruction:
     key = ".".join(rest)
     tcgen05 = _is_tcgen05(op, rest, match)
     if tcgen05 and arch == "blackwell":
-        d, a, b = rest[3:]
+        d, a, b = rest[-3:] if len(rest) == 6 else rest[4:7]
         c = d
     elif op == "mma" and match and len(rest) == 5 and key in MMA_SHAPES[arch]:
         d, a, b, c = rest[1:]
@@ -185,7 +197,8 @@ def _lookup(arch, instruction) -> Instruction:
         F = 13
         if d == "f32":
             rho = RZ_E8M13
-    return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho)
+    block = 32 if tcgen05 and len(rest) == 8 else 0
+    return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho, block)
 
 
 #: mmasim's names of the generations (its ``MMA`` and ``WGMMA`` take these)
@@ -199,6 +212,8 @@ def mmasim_simulator(arch: str, instruction: str):
     ``benchmarks/bench_mma.py``."""
     from mmasim import nv_ptx
     op, rest = instruction.split(".", 1)
+    if op == "tcgen05" and "block" in rest:
+        return nv_ptx.TCGen05MMABlockScale(MMASIM_ARCH[arch], rest.removeprefix("mma."))
     if op == "tcgen05":
         return nv_ptx.TCGen05MMA(MMASIM_ARCH[arch], rest.removeprefix("mma."))
     return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(MMASIM_ARCH[arch], rest)
@@ -248,3 +263,14 @@ def code_values(codes, ptx_type: str):
     frac = x & (2 ** M - 1)
     mag = (frac + (e > 0) * 2 ** M) * np.exp2(np.maximum(e, 1) - (2 ** (E - 1) - 1) - M)
     return torch.from_numpy(np.where(x >> (E + M) & 1, -mag, mag).astype(np.float32))
+
+
+def random_scales(shape, rng):
+    """Random E8M0 scales as a torch float8_e8m0fnu tensor, mostly 2**-8 .. 2**8 and a tenth
+    of any code (NaN included): the block scales with which the tests check the
+    block-scaled instructions against mmasim."""
+    import torch
+    codes = rng.integers(119, 136, size=shape).astype(np.uint8)      # 2**-8 .. 2**8
+    anywhere = rng.random(shape) < 0.1         # and a tenth anywhere: extremes and NaN
+    codes[anywhere] = rng.integers(0, 256, size=int(anywhere.sum()), dtype=np.uint8)
+    return torch.from_numpy(codes).view(torch.float8_e8m0fnu)
