@@ -36,7 +36,7 @@ from tqdm import tqdm                          # noqa: E402
 import lpsim                                   # noqa: E402
 from lpsim.ops import matmul, mma              # noqa: E402
 from lpsim.ops.mma_table import (code_values, instructions, lookup,  # noqa: E402
-                                  mmasim_simulator, random_codes)
+                                  mmasim_simulator, random_codes, random_scales)
 
 CASES = instructions(256)
 
@@ -57,12 +57,16 @@ def agreement(outputs):
             a = random_codes((ins.m, ins.k), ins.a_type, rng)
             b = random_codes((ins.k, ins.n), ins.b_type, rng)
             c = random_codes((ins.m, ins.n), ins.c_type, rng)
+            scales = {}
+            if ins.block:
+                scales = dict(scale_a=random_scales((ins.m, ins.k // ins.block), rng),
+                              scale_b=random_scales((ins.k // ins.block, ins.n), rng))
             t = time.perf_counter()
-            want = sim(a, b, c)
+            want = sim(a, b, c, *scales.values())
             t_sim += time.perf_counter() - t
             t = time.perf_counter()
             got = mma(code_values(a, ins.a_type), code_values(b, ins.b_type), c, arch=arch,
-                      instruction=instruction)
+                      instruction=instruction, **scales)
             t_lp += time.perf_counter() - t
             equal += int((codes(got) == codes(want)).sum())
             total += want.numel()

@@ -47,25 +47,41 @@ def test_example_out_directory_and_help(tmp_path):
                                        "--runs"}                  # each with its description
 
 
-# Runs each example's main() with parse_args replaced: prints {option: help} of its parser.
+# Runs each example's main() with parse_args replaced, all in one interpreter (one import of
+# torch): prints {script: {option: help}} of their parsers.
 DUMP_OPTIONS = """
 import argparse, json, runpy, sys
+found = {}
 def dump(self, args=None, namespace=None):
-    print(json.dumps({a.option_strings[-1]: a.help for a in self._actions if a.option_strings}))
+    found[sys.argv[0]] = {a.option_strings[-1]: a.help for a in self._actions
+                          if a.option_strings}
     raise SystemExit(0)
 argparse.ArgumentParser.parse_args = dump
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
+for script in sys.argv[1:]:
+    sys.argv = [script]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        pass
+print(json.dumps(found))
 """
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")
-                                           if not p.name.startswith("_")))  # scripts, not helpers
-def test_every_option_of_every_example_has_help(script):
-    done = subprocess.run([sys.executable, "-c", DUMP_OPTIONS, str(EXAMPLES / script)],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+@pytest.fixture(scope="module")
+def example_options():
+    done = subprocess.run([sys.executable, "-c", DUMP_OPTIONS,
+                           *(str(EXAMPLES / script) for script in SCRIPTS)],
+                          capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr
-    options = json.loads(done.stdout.strip().splitlines()[-1])
+    return {pathlib.Path(k).name: v for k, v in
+            json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)              # scripts, not helpers
+def test_every_option_of_every_example_has_help(script, example_options):
+    assert script in example_options, f"{script} never parsed its arguments"
+    options = example_options[script]
     assert "--help" in options and len(options) > 1
     undocumented = [opt for opt, text in options.items() if len((text or "").split()) < 2]
     assert not undocumented, f"{script}: options without a description: {undocumented}"
