@@ -132,27 +132,11 @@ def xdist_group_of(nodeid: str) -> str:
     return next((g for prefix, g in SHARED_COMPILES.items() if name.startswith(prefix)), name)
 
 
-#: groups with few but slow tests (compiles, subprocesses), sent to the workers first: xdist
-#: orders groups by their number of tests, which left these to the end, one worker running
-#: alone on them while the other had nothing left
-SLOW_FIRST = ("blocks", "optim", "test_examples", "test_cache_processes",
-              "test_hypothesis_deadline", "test_kernel_budget", "test_cuda_compile", "test_docs",
-              "test_readme", "test_casgd_native", "test_casgd_distributed", "test_cli")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The slow groups first (a stable sort: each file's own order is kept)."""
-    rank = {group: i for i, group in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(xdist_group_of(item.nodeid), len(SLOW_FIRST)))
-
-
 def pytest_xdist_make_scheduler(config, log):
-    """Whole groups to a worker, by node id, in collection order (the slow groups first).
-    (xdist's own ``--dist loadgroup`` reads ``xdist_group`` marks into the node ids, which
-    pytest 9.2 no longer lets it change: the marks were silently ignored and every file
-    spread over every worker.)"""
+    """Whole groups to a worker, by node id.  (xdist's own ``--dist loadgroup`` reads
+    ``xdist_group`` marks into the node ids, which pytest 9.2 no longer lets it change: the
+    marks were silently ignored and every file spread over every worker.)"""
     from xdist.scheduler import LoadScopeScheduling
-    config.option.loadscopereorder = False
 
     class SharedCompileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid):
