@@ -228,18 +228,9 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
     RoundingStats counting every rounding (the module's docstring)."""
     from ..blocks.formats import BlockFormat
     from ..quantize import quantize
-    from .operands import as_array
+    from .operands import matrix_operands
     model = hardware_model(model)
-    a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
-    dtype = np.result_type(a, b)
-    if not model.out_fmt.fits(dtype)[0]:
-        dtype = np.dtype(np.float64)
-    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
-    a = a[None, :] if squeeze_a else a
-    b = b[:, None] if squeeze_b else b
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul with a tensor-core model: shapes {a.shape} and {b.shape}; "
-                         "accepted: (M, K) and (K, N) (or 1-D)")
+    a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "a tensor-core model")
     if isinstance(model.in_fmt, BlockFormat):
         a, b = block_inputs(a, b, model.in_fmt, rounding, seed=seed, stream=stream,
                             stats=stats)
@@ -257,11 +248,7 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
         stats.add(total[6], total[:6])
     out = quantize(acc, model.out_fmt, model.out_rounding, seed=seed, stream=stream + 2,
                    stats=stats).astype(dtype, copy=False)
-    if squeeze_a:
-        out = out[0]
-    if squeeze_b:
-        out = out[..., 0]
-    return out
+    return shaped(out)
 
 
 def reference_matmul(a, b, model):

@@ -134,17 +134,8 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     not fit float32, as :func:`lpsim.ops.matmul`'s."""
     from ..quantize import quantize
     from .mma import chained_matmul
-    from .operands import as_array
-    a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
-    dtype = np.result_type(a, b)
-    if not model.out_fmt.fits(dtype)[0]:
-        dtype = np.dtype(np.float64)
-    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
-    a = a[None, :] if squeeze_a else a
-    b = b[:, None] if squeeze_b else b
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul with an instruction model: shapes {a.shape} and {b.shape}; "
-                         "accepted: (M, K) and (K, N) (or 1-D)")
+    from .operands import matrix_operands
+    a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "an instruction model")
     ins = model.spec
     scales = None
     if ins.block:           # MX blocks along K: the elements, and the scales apart
@@ -160,11 +151,7 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
         result = result.astype(np.float32)
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
                    stream=stream + 2, stats=stats).astype(dtype, copy=False)
-    if squeeze_a:
-        out = out[0]
-    if squeeze_b:
-        out = out[..., 0]
-    return out
+    return shaped(out)
 
 
 #: the OCP MX format of each element type of the block-scaled instructions

@@ -53,6 +53,27 @@ def as_array(x, name: str, op: str):
 _CONTAINERS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def matrix_operands(a, b, out_fmt, what: str):
+    """a and b (2-D, or 1-D as numpy.matmul) as (M, K) and (K, N) arrays, the result's
+    container (numpy's result type of a and b, float64 when ``out_fmt`` does not fit
+    float32) and a function that gives a 2-D result back the shape numpy.matmul's has."""
+    a, b = as_array(a, "a", "matmul"), as_array(b, "b", "matmul")
+    dtype = np.result_type(a, b)
+    if not out_fmt.fits(dtype)[0]:
+        dtype = np.dtype(np.float64)
+    squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
+    a = a[None, :] if squeeze_a else a
+    b = b[:, None] if squeeze_b else b
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul with {what}: shapes {a.shape} and {b.shape}; "
+                         "accepted: (M, K) and (K, N) (or 1-D)")
+
+    def shaped(out):
+        out = out[0] if squeeze_a else out
+        return out[..., 0] if squeeze_b else out
+    return a, b, dtype, shaped
+
+
 def container_format(dtype):
     """The format a container holds: fp32 for float32, fp64 for float64."""
     return PRESETS["fp32"] if np.dtype(dtype) == np.float32 else PRESETS["fp64"]
