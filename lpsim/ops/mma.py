@@ -30,7 +30,6 @@ are decoded once, a product is one integer multiply, and the alignment is a shif
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -38,56 +37,12 @@ from numba import njit, types
 from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 
-from ..formats import parse_format
-from .mma_table import FORMATS, RNE_FP16, RZ_E8M13, RZ_FP32, Instruction, lookup
+from .mma_operands import (FINITE, NAN, NEG_INF, POS_INF, ZERO_E, as_float64, decoded,
+                           fold_scales, operand, scale_exponents, type_params)
+from .mma_table import RNE_FP16, RZ_E8M13, RZ_FP32, Instruction, lookup
 
-_FINITE, _NAN, _POS_INF, _NEG_INF = 0, 1, 2, 3
-_ZERO_E = -(1 << 20)      # exponent of a zero input: never a node's maximum
 _ROWS = 64          # rows of D per block of mma_kernel
 _NO_ACC = np.zeros((0, 0), np.float32)      # mma_kernel's acc when nothing is promoted
-
-
-@njit(cache=True, nogil=True)
-def _decode(bits, p, e_sub, e_max, top, has_inf, has_nan, zero_e, mag, sgn, e, cls):
-    """Split float64 values (their int64 ``bits``) of a type with ``p`` fraction bits into
-    significand magnitudes ``mag``, signs ``sgn`` (0 or -1) and exponents ``e`` (value =
-    mag * 2**(e - p), e >= e_sub; zeros get ``zero_e``) and a class (finite, NaN, +inf,
-    -inf), from the bit fields: no float arithmetic.  Returns the flat index of the first
-    value the type cannot hold (-1: all can): a ValueError must name it."""
-    for i in range(bits.size):
-        b = bits[i]
-        ef = (b >> 52) & 0x7FF
-        frac = b & 0xFFFFFFFFFFFFF
-        mag[i] = 0
-        sgn[i] = -1 if b < 0 else 0
-        e[i] = zero_e
-        cls[i] = _FINITE
-        if ef == 0x7FF:
-            if frac != 0:
-                if not has_nan:               # FP6 and FP4 have no NaN
-                    return i
-                cls[i] = _NAN
-            elif not has_inf:
-                return i
-            else:
-                cls[i] = _NEG_INF if b < 0 else _POS_INF
-        elif ef != 0 or frac != 0:
-            if ef == 0:                       # float64 subnormal: below every type here
-                return i
-            ex = ef - 1023
-            sh = 52 - p
-            if ex < e_sub:
-                sh += e_sub - ex
-                ex = e_sub
-            full = frac | (1 << 52)
-            if sh > 53 or (full & ((1 << sh) - 1)) != 0:
-                return i
-            m = full >> sh
-            if ex > e_max or (ex == e_max and m > top):
-                return i
-            mag[i] = m
-            e[i] = ex
-    return -1
 
 
 @intrinsic
@@ -184,38 +139,38 @@ def _round(S, x0, rho):
 @njit(cache=True, nogil=True)
 def _special(am, asg, acl, bm, bsg, bcl, i, j, k0, L, ccl):
     """Class of a node's IEEE sum when an input or C is NaN or inf."""
-    pos = ccl == _POS_INF
-    neg = ccl == _NEG_INF
-    nan = ccl == _NAN
+    pos = ccl == POS_INF
+    neg = ccl == NEG_INF
+    nan = ccl == NAN
     for t in range(k0, k0 + L):
         ca, cb = acl[i, t], bcl[t, j]
-        if ca == _FINITE and cb == _FINITE:
+        if ca == FINITE and cb == FINITE:
             continue
-        if ca == _NAN or cb == _NAN:
+        if ca == NAN or cb == NAN:
             nan = True
             continue
-        if (ca == _FINITE and am[i, t] == 0) or (cb == _FINITE and bm[t, j] == 0):
+        if (ca == FINITE and am[i, t] == 0) or (cb == FINITE and bm[t, j] == 0):
             nan = True                                         # inf * 0
             continue
-        sa = ca == _NEG_INF or (ca == _FINITE and asg[i, t] < 0)
-        sb = cb == _NEG_INF or (cb == _FINITE and bsg[t, j] < 0)
+        sa = ca == NEG_INF or (ca == FINITE and asg[i, t] < 0)
+        sb = cb == NEG_INF or (cb == FINITE and bsg[t, j] < 0)
         if sa != sb:
             neg = True
         else:
             pos = True
     if nan or (pos and neg):
-        return _NAN
-    return _NEG_INF if neg else _POS_INF
+        return NAN
+    return NEG_INF if neg else POS_INF
 
 
 @njit(cache=True, nogil=True)
 def _code_of(cls, out16):
     """The output code of NaN or an infinity."""
-    if cls == _NAN:
+    if cls == NAN:
         return 0x7FFF if out16 else 0x7FFFFFFF
     if out16:
-        return 0x7C00 if cls == _POS_INF else 0xFC00
-    return 0x7F800000 if cls == _POS_INF else -0x800000
+        return 0x7C00 if cls == POS_INF else 0xFC00
+    return 0x7F800000 if cls == POS_INF else -0x800000
 
 
 @njit(cache=True, nogil=True)
@@ -231,13 +186,13 @@ def _unpack(bits, out16):
         top = 0xFF
     if ef == top:
         if frac != 0:
-            return 0, 0, _NAN
-        return 0, 0, _NEG_INF if neg else _POS_INF
+            return 0, 0, NAN
+        return 0, 0, NEG_INF if neg else POS_INF
     if ef == 0:
         m, e = frac, e_sub
     else:
         m, e = frac | (1 << p), ef - bias
-    return (-m if neg else m), e, _FINITE
+    return (-m if neg else m), e, FINITE
 
 
 @njit(cache=True, nogil=True)
@@ -268,7 +223,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
     b_zero = np.zeros((nodes, N), np.bool_)
     for t in range(K):
         for j in range(N):
-            b_special[t // L, j] |= bcl[t, j] != _FINITE
+            b_special[t // L, j] |= bcl[t, j] != FINITE
             b_zero[t // L, j] |= bm[t, j] == 0
     b_any = np.zeros(nodes, np.bool_)
     for node in range(nodes):
@@ -290,7 +245,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
             cs[r] = 0
             for j in range(N):
                 M_c[r, j], E_c[r, j], CL_c[r, j] = cm[i0 + r, j], ce[i0 + r, j], ccl[i0 + r, j]
-                cs[r] += CL_c[r, j] != _FINITE
+                cs[r] += CL_c[r, j] != FINITE
         p_c = pc
         for node in range(nodes):
             k0 = node * L
@@ -300,7 +255,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                 c_special = cs[r]
                 a_special = a_zero = False
                 for t in range(L):
-                    a_special |= acl[i, k0 + t] != _FINITE
+                    a_special |= acl[i, k0 + t] != FINITE
                     a_zero |= am[i, k0 + t] == 0
                 for j in range(N):
                     # C's exponent, or e_zero where C or a product is zero
@@ -328,7 +283,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                 special = a_special or b_any[node] or c_special > 0
                 if out16:
                     for j in range(N):
-                        if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                        if a_special or b_special[node, j] or cl_c[j] != FINITE:
                             bits = _code_of(_special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
                                                      cl_c[j]), out16)
                         else:
@@ -348,164 +303,42 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                         q <<= 23 - k_out
                         m_c[j] = -q if x < 0 else q
                         e_c[j] = E
-                        cl_new[j] = _FINITE if E <= 127 or a == 0 else \
-                            (_NEG_INF if x < 0 else _POS_INF)
+                        cl_new[j] = FINITE if E <= 127 or a == 0 else \
+                            (NEG_INF if x < 0 else POS_INF)
                     if special:
                         for j in range(N):
-                            if a_special or b_special[node, j] or cl_c[j] != _FINITE:
+                            if a_special or b_special[node, j] or cl_c[j] != FINITE:
                                 cl_new[j] = _special(am, asg, acl, bm, bsg, bcl, i, j, k0, L,
                                                      cl_c[j])
                                 m_c[j], e_c[j] = 0, 0
                 c_special = 0
                 for j in range(N):
                     cl_c[j] = cl_new[j]
-                    c_special += cl_new[j] != _FINITE
+                    c_special += cl_new[j] != FINITE
                 if last or promoting:
                     for j in range(N):
                         if out16:
-                            bits = _code_of(cl_c[j], True) if cl_c[j] != _FINITE else \
+                            bits = _code_of(cl_c[j], True) if cl_c[j] != FINITE else \
                                 _round(m_c[j], e_c[j] - 10, RNE_FP16)
                         else:
-                            bits = _code_of(cl_c[j], False) if cl_c[j] != _FINITE else \
+                            bits = _code_of(cl_c[j], False) if cl_c[j] != FINITE else \
                                 _round(m_c[j], e_c[j] - 23, RZ_FP32)
                         out[i, j] = bits
                         if promoting:
-                            if cl_c[j] == _NAN:
+                            if cl_c[j] == NAN:
                                 v = np.nan
-                            elif cl_c[j] == _FINITE:
+                            elif cl_c[j] == FINITE:
                                 v = math.ldexp(float(m_c[j]), int(e_c[j]) - 23)
                             else:
-                                v = np.inf if cl_c[j] == _POS_INF else -np.inf
+                                v = np.inf if cl_c[j] == POS_INF else -np.inf
                             # one float32 addition (the float64 sum of two float32 values
                             # rounds to the same float32)
                             acc[i, j] = np.float32(np.float64(acc[i, j]) + v)
-                            m_c[j], e_c[j], cl_c[j] = 0, 0, _FINITE
+                            m_c[j], e_c[j], cl_c[j] = 0, 0, FINITE
                     if promoting:
                         c_special = 0
                 cs[r] = c_special
             p_c = p_out
-
-
-@functools.lru_cache(maxsize=None)
-def _code_values(dtype):
-    """float64 value of every code of a torch 8- or 16-bit float dtype, by code."""
-    import torch
-    bits = 8 * dtype.itemsize
-    codes = torch.arange(2 ** bits, dtype=torch.int32)
-    codes = torch.where(codes >= 2 ** (bits - 1), codes - 2 ** bits, codes)
-    words = codes.to(torch.int8 if bits == 8 else torch.int16).view(dtype)
-    with np.errstate(invalid="ignore"):
-        return words.float().numpy().astype(np.float64)
-
-
-def _as_float64(x, name, who="mma"):
-    """(float64 numpy copy, library of x, torch device or None) of an operand; torch's
-    8- and 16-bit floats by a table of their codes (faster than converting).  Complex
-    operands are refused: their imaginary parts would be dropped."""
-    if hasattr(x, "detach") and hasattr(x, "dtype") and type(x).__module__.startswith("torch"):
-        device = x.device
-        if x.dtype.is_complex:
-            raise ValueError(f"{who}: {name} is a complex tensor ({x.dtype}); accepted: real "
-                             "values of the instruction's type")
-        x = x.detach().cpu()
-        if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
-            import torch
-            words = x.contiguous().view(torch.uint8 if x.dtype.itemsize == 1 else torch.int16)
-            codes = words.numpy().astype(np.int64) & (2 ** (8 * x.dtype.itemsize) - 1)
-            return _code_values(x.dtype)[codes], "torch", device
-        x = x if x.dtype.is_floating_point and x.dtype.itemsize == 8 else x.float()
-        with np.errstate(invalid="ignore"):              # NaN codes: no warning
-            return x.numpy().astype(np.float64), "torch", device
-    given = type(x).__name__
-    try:
-        x = np.asarray(x)
-        if x.dtype.kind == "c":
-            raise ValueError(f"{x.dtype} values have imaginary parts")
-        with np.errstate(invalid="ignore"):
-            return x.astype(np.float64), "numpy", None
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{who}: {name} must be a numpy array or torch tensor of real "
-                         f"numbers, not {given} ({exc})") from None
-
-
-def _tf32_low_bits(x):
-    """Flat index of the first float32 value with any of the 13 bits TF32 lacks set, or -1."""
-    bits = np.ascontiguousarray(x, np.float64).astype(np.float32).view(np.uint32)
-    bad = np.flatnonzero(bits & np.uint32(0x1FFF))
-    return int(bad[0]) if bad.size else -1
-
-
-@functools.lru_cache(maxsize=None)
-def _type_params(ptx_type):
-    """(format, fraction bits, least exponent, largest exponent, largest significand at it,
-    has inf, has NaN) of a PTX type, from lpsim's format of it."""
-    fmt = parse_format(FORMATS[ptx_type])
-    return (fmt, fmt.m, fmt.emin, fmt.emax, (1 << fmt.m) + fmt.max_mantissa, fmt.has_inf,
-            fmt.has_nan)
-
-
-def _decoded(values, ptx_type, name, zero_e):
-    """Significand magnitudes, signs, exponents and classes of an operand (:func:`_decode`);
-    ValueError naming the first value ``ptx_type`` cannot hold."""
-    fmt, p, e_sub, e_max, top, has_inf, has_nan = _type_params(ptx_type)
-    values = np.ascontiguousarray(values)
-    mag = np.empty(values.shape, np.int32)
-    sgn = np.empty(values.shape, np.int32)
-    e = np.empty(values.shape, np.int32)
-    cls = np.empty(values.shape, np.int8)
-    bad = _decode(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, has_nan, zero_e,
-                  mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
-    if bad < 0 and ptx_type == "tf32":
-        bad = _tf32_low_bits(values)
-    if bad >= 0:
-        where = np.unravel_index(bad, values.shape)
-        value = float(values.ravel()[bad])
-        accepted = (f"finite values of {ptx_type} ({fmt!r}: {fmt.m} fraction bits, least "
-                    f"exponent {fmt.emin}, largest finite {fmt.max_finite:g})"
-                    + (", inf" if fmt.has_inf else ", no inf")
-                    + (", NaN" if fmt.has_nan else ", no NaN"))
-        raise ValueError(f"mma: {name}[{', '.join(str(int(w)) for w in where)}] = {value!r} "
-                         f"is not a value of type {ptx_type}; accepted: {accepted}")
-    return mag, sgn, e, cls
-
-
-_TORCH_NAMES = {"e4m3": "torch.float8_e4m3fn", "e5m2": "torch.float8_e5m2",
-                "bf16": "torch.bfloat16", "f16": "torch.float16"}
-
-
-@njit(cache=True, nogil=True)
-def _gather(codes, mask, t_mag, t_sgn, t_e, t_cls, mag, sgn, e, cls):
-    """Decode codes through the tables of :func:`_code_tables`."""
-    for i in range(codes.size):
-        k = codes[i] & mask
-        mag[i], sgn[i], e[i], cls[i] = t_mag[k], t_sgn[k], t_e[k], t_cls[k]
-
-
-@functools.lru_cache(maxsize=None)
-def _code_tables(dtype, ptx_type):
-    """Significand, sign, exponent and class of every code of a torch 8- or 16-bit dtype
-    that is ``ptx_type`` itself (every code valid)."""
-    return _decoded(_code_values(dtype), ptx_type, "table", _ZERO_E)
-
-
-def _operand(x, ptx_type, name, shape):
-    """(significands, signs, exponents, classes) of an operand (None if its shape is not
-    ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the
-    instruction's own 8- or 16-bit type is decoded from its codes through a table; anything
-    else through float64 values, checked."""
-    is_torch = type(x).__module__.startswith("torch") and hasattr(x, "dtype")
-    if is_torch and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
-        import torch
-        words = x.detach().cpu().contiguous().view(
-            torch.uint8 if x.dtype.itemsize == 1 else torch.int16).numpy()
-        parts = tuple(np.empty(shape, dt) for dt in (np.int32, np.int32, np.int32, np.int8))
-        _gather(words.ravel(), 0xFF if x.dtype.itemsize == 1 else 0xFFFF,
-                *_code_tables(x.dtype, ptx_type), *(p.ravel() for p in parts))
-        return parts, True, x.device, shape
-    values, lib, device = _as_float64(x, name)
-    if values.shape != shape:
-        return None, lib == "torch", device, values.shape
-    return _decoded(values, ptx_type, name, _ZERO_E), lib == "torch", device, shape
 
 
 def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
@@ -536,7 +369,7 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     for name, x, ptx_type, want in (("a", a, ins.a_type, (ins.m, ins.k)),
                                     ("b", b, ins.b_type, (ins.k, ins.n)),
                                     ("c", c, ins.c_type, (ins.m, ins.n))):
-        parts, is_torch, device, shape = _operand(x, ptx_type, name, want)
+        parts, is_torch, device, shape = operand(x, ptx_type, name, want)
         if parts is None:
             raise ValueError(f"mma: {name} has shape {shape}; {ins.opcode} on {ins.arch} "
                              f"accepts {name} of shape {want} (m={ins.m}, n={ins.n}, "
@@ -547,17 +380,17 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     cm, csg, ce, ccl = decoded[2][0]
     if ins.block:
         blocks = ins.k // ins.block
-        _fold_scales(am, ae, acl, _scale_exponents(scale_a, "scale_a", (ins.m, blocks)),
+        fold_scales(am, ae, acl, scale_exponents(scale_a, "scale_a", (ins.m, blocks)),
                      ins.block, 1)
-        _fold_scales(bm, be, bcl, _scale_exponents(scale_b, "scale_b", (blocks, ins.n)),
+        fold_scales(bm, be, bcl, scale_exponents(scale_b, "scale_b", (blocks, ins.n)),
                      ins.block, 0)
-    shift = ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
+    shift = ins.F - type_params(ins.a_type)[1] - type_params(ins.b_type)[1]
     assert shift >= 0, "a product's significand is never wider than F bits"
     am <<= shift
     out = np.empty((ins.m, ins.n), np.int32)
     S = np.empty(ins.n, np.int32 if ins.F <= 13 else np.int64)
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, (cm ^ csg) - csg, ce, ccl,
-               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out,
+               type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out,
                0, _NO_ACC)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
@@ -565,38 +398,6 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
         import torch
         return torch.from_numpy(d.copy()).to(device)
     return d
-
-
-_SCALE_NAN = 1 << 20        # _scale_exponents' mark of a NaN scale
-
-
-def _scale_exponents(x, name, shape):
-    """The int32 exponents of E8M0 scales (NaN: _SCALE_NAN); ValueError naming a wrong shape
-    or a value that is not a power of two from 2**-127 to 2**127 or NaN."""
-    values = _as_float64(x, name)[0]
-    if values.shape != shape:
-        raise ValueError(f"mma: {name} has shape {values.shape}; accepted: {shape}, one E8M0 "
-                         "scale per 32 products")
-    with np.errstate(invalid="ignore"):
-        frac, exp = np.frexp(values)
-    nan = np.isnan(values)
-    bad = ~nan & ((frac != 0.5) | (exp - 1 < -127) | (exp - 1 > 127))
-    if bad.any():
-        where = tuple(int(w) for w in np.argwhere(bad)[0])
-        raise ValueError(f"mma: {name}[{', '.join(map(str, where))}] = "
-                         f"{float(values[where])!r} is not an E8M0 scale; accepted: powers of "
-                         "two from 2**-127 to 2**127, and NaN")
-    return np.where(nan, _SCALE_NAN, exp - 1).astype(np.int32)
-
-
-def _fold_scales(mag, e, cls, scales, block, axis):
-    """Each element's exponent plus its block's scale exponent (along K: ``axis`` 1 of A, 0 of
-    B); a NaN scale makes every element of its block NaN, zeros included."""
-    per = np.repeat(scales, block, axis=axis)
-    nan = per == _SCALE_NAN
-    live = (mag != 0) & (cls == _FINITE) & ~nan
-    e[live] += per[live]
-    cls[nan] = _NAN
 
 
 def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
@@ -618,8 +419,8 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
             promote, (int, np.integer)) or promote < 32 or promote % 32):
         raise ValueError(f"wgmma_matmul: promote={promote!r} is not accepted; accepted: None "
                          "or a positive multiple of 32")
-    A, lib, device = _as_float64(a, "a", "wgmma_matmul")
-    B = _as_float64(b, "b", "wgmma_matmul")[0]
+    A, lib, device = as_float64(a, "a", "wgmma_matmul")
+    B = as_float64(b, "b", "wgmma_matmul")[0]
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ValueError(f"wgmma_matmul: a {A.shape} and b {B.shape} are not an m x k and a "
                          "k x n matrix")
@@ -654,17 +455,17 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
     parts = []
     for name, x, ptx_type in (("a", A, ins.a_type), ("b", B, ins.b_type)):
         try:
-            parts.append(_decoded(x, ptx_type, name, _ZERO_E))
+            parts.append(decoded(x, ptx_type, name, ZERO_E))
         except ValueError as err:      # a value the type cannot hold
             raise ValueError(f"{who}: {str(err).removeprefix('mma: ')}") from None
     (am, asg, ae, acl), (bm, bsg, be, bcl) = parts
     if ins.block:
         blocks = kp // ins.block
-        _fold_scales(am, ae, acl, _scale_exponents(scales[0], "scale_a", (m, blocks)),
+        fold_scales(am, ae, acl, scale_exponents(scales[0], "scale_a", (m, blocks)),
                      ins.block, 1)
-        _fold_scales(bm, be, bcl, _scale_exponents(scales[1], "scale_b", (blocks, n)),
+        fold_scales(bm, be, bcl, scale_exponents(scales[1], "scale_b", (blocks, n)),
                      ins.block, 0)
-    am <<= ins.F - _type_params(ins.a_type)[1] - _type_params(ins.b_type)[1]
+    am <<= ins.F - type_params(ins.a_type)[1] - type_params(ins.b_type)[1]
     zero = np.zeros((m, n), np.int32)
     codes = np.empty((m, n), np.int32)
     S = np.empty(n, np.int32 if ins.F <= 13 else np.int64)
@@ -672,7 +473,7 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
     nodes = 0 if promote is None else min(int(promote) // ins.L, 1 << 62)
     acc = np.zeros((m, n), np.float32) if nodes else _NO_ACC
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, zero, zero, zero.astype(np.int8),
-               _type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,
+               type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,
                nodes, acc)
     if nodes:
         acc.view(np.int32)[np.isnan(acc)] = 0x7FFFFFFF      # the hardware's canonical NaN
