@@ -59,8 +59,9 @@ def agreement(outputs):
             c = random_codes((ins.m, ins.n), ins.c_type, rng)
             scales = {}
             if ins.block:
-                scales = dict(scale_a=random_scales((ins.m, ins.k // ins.block), rng),
-                              scale_b=random_scales((ins.k // ins.block, ins.n), rng))
+                scales = dict(
+                    scale_a=random_scales((ins.m, ins.k // ins.block), rng, ins.scale_type),
+                    scale_b=random_scales((ins.k // ins.block, ins.n), rng, ins.scale_type))
             t = time.perf_counter()
             want = sim(a, b, c, *scales.values())
             t_sim += time.perf_counter() - t

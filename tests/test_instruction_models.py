@@ -130,35 +130,53 @@ def test_inputs_and_output_are_rounded_and_counted():
     assert np.array_equal(matmul(a, b, model=once), matmul(a, b, model="hopper-wgmma-e4m3"))
 
 
-def test_mxfp8_model_equals_block_quantization_and_the_scaled_instruction_by_hand():
-    """blackwell-mxfp8: a and b in OCP MX blocks of 32 along K (lpsim.blocks), then the
-    block-scaled tcgen05.mma chained along K with each block's E8M0 scales, K ragged."""
+@pytest.mark.parametrize("model,bfmt,instruction,bits", [
+    ("blackwell-mxfp8", "mxfp8_e4m3",
+     "tcgen05.mma.m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0", 20),
+    ("blackwell-mxfp4", "mxfp4", "tcgen05.mma.m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0",
+     20),
+    ("blackwell-nvfp4", "nvfp4",
+     "tcgen05.mma.m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3", 20)])
+def test_block_scaled_model_equals_block_quantization_and_the_instruction_by_hand(
+        model, bfmt, instruction, bits):
+    """A block-scaled model: a and b in the instruction's blocks along K (lpsim.blocks), then
+    the instruction chained along K with each block's scales, K ragged (padded with zero
+    elements whose scale is 1); NVFP4's two FP32 tensor scales then multiply D as the
+    epilogue's float32 alpha."""
     from lpsim.blocks import quantize_blocks
     rng = np.random.default_rng(11)
-    k = 3 * 32 + 7
+    ins = lookup("blackwell", instruction)
+    k = 3 * ins.k + 7
     a = (rng.standard_normal((128, k)) * np.exp2(rng.integers(-6, 7, (128, 1)))).astype(
         np.float32)
     b = rng.standard_normal((k, 8)).astype(np.float32)
     stats = RoundingStats()
-    got = matmul(a, b, model="blackwell-mxfp8", stats=stats)
-    qa = quantize_blocks(a, "mxfp8_e4m3", axis=1)
-    qb = quantize_blocks(b, "mxfp8_e4m3", axis=0)
-    ins = "tcgen05.mma.m128n8k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0"
-    A = np.zeros((128, 128), np.float32)
-    B = np.zeros((128, 8), np.float32)
+    got = matmul(a, b, model=model, stats=stats)
+    qa = quantize_blocks(a, bfmt, axis=1)
+    qb = quantize_blocks(b, bfmt, axis=0)
+    kp = 4 * ins.k
+    A = np.zeros((128, kp), np.float32)
+    B = np.zeros((kp, 8), np.float32)
     A[:, :k], B[:k] = qa.elements, qb.elements.T        # along axis 0: that axis last
+    sa, sb = np.ones((128, kp // ins.block)), np.ones((kp // ins.block, 8))
+    sa[:, :qa.scales.shape[1]], sb[:qb.scales.shape[1]] = qa.scales, qb.scales.T
     d = np.zeros((128, 8), np.float32)
-    for blk in range(4):
-        d = mma(A[:, 32 * blk:32 * blk + 32], B[32 * blk:32 * blk + 32], d, arch="blackwell",
-                instruction=ins, scale_a=qa.scales[:, blk:blk + 1],
-                scale_b=qb.scales.T[blk:blk + 1])    # (columns, blocks) along axis 0
+    per = ins.k // ins.block
+    for step in range(4):
+        d = mma(A[:, ins.k * step:ins.k * (step + 1)], B[ins.k * step:ins.k * (step + 1)], d,
+                arch="blackwell", instruction=instruction,
+                scale_a=sa[:, per * step:per * (step + 1)],
+                scale_b=sb[per * step:per * (step + 1)])
+    alpha = np.float32(qa.tensor_scale * qb.tensor_scale)
+    assert (alpha == 1.0) == (bfmt != "nvfp4")
+    d = d * alpha
     assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), d.view(np.int32))
     assert stats.elements == a.size + b.size + got.size
-    # the values the blocks hold, through an exact FP32 product, are close: the chain keeps
-    # 25 bits per node
+    # the values the blocks hold, through an exact product, are close: the chain keeps 25
+    # (FP8) or 35 (FP4) fraction bits per node
     exact = qa.values.astype(np.float64) @ qb.values
     scale = np.abs(qa.values.astype(np.float64)) @ np.abs(qb.values)
-    assert np.max(np.abs(got - exact) / scale) < 2 ** -20
+    assert np.max(np.abs(got - exact) / scale) < 2.0 ** -bits
 
 
 def test_every_named_instruction_model_is_listed_with_a_description():

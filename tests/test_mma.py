@@ -35,8 +35,9 @@ def compare(arch, instruction, rng, calls, zeros=0.0, c_scale=False):
         c = random_codes((ins.m, ins.n), ins.c_type, rng, zeros)
         scales = {}
         if ins.block:
-            scales = dict(scale_a=random_scales((ins.m, ins.k // ins.block), rng),
-                          scale_b=random_scales((ins.k // ins.block, ins.n), rng))
+            scales = dict(
+                scale_a=random_scales((ins.m, ins.k // ins.block), rng, ins.scale_type),
+                scale_b=random_scales((ins.k // ins.block, ins.n), rng, ins.scale_type))
         want = sim(a, b, c, *scales.values())
         got = mma(code_values(a, ins.a_type), code_values(b, ins.b_type), c, arch=arch,
                   instruction=instruction, **scales)
@@ -66,6 +67,91 @@ def test_bit_exact_with_many_zeros(arch, instruction):
     """Half the inputs zero: nodes whose largest exponent is the zero exponent e_zero."""
     rng = np.random.default_rng(7)
     compare(arch, instruction, rng, 4, zeros=0.5)
+
+
+FP4_KINDS = [ins for arch, ins in instructions(64) if lookup(arch, ins).group]
+
+
+@pytest.mark.parametrize("instruction", FP4_KINDS)
+@pytest.mark.parametrize("zeros", [0.3, 0.9])
+def test_fp4_kinds_with_cancelling_groups_and_small_c(instruction, zeros):
+    """kind::mxf4 / mxf4nvf4 against mmasim where the group rule shows: groups whose
+    products cancel (pairs a b and a (-b): the group keeps its scales' exponent, which can
+    truncate the rest), groups of zeros (e_zero), and C near the scaled sums (random C
+    codes mostly dwarf them)."""
+    ins = lookup("blackwell", instruction)
+    sim = mmasim_simulator("blackwell", instruction)
+    rng = np.random.default_rng(zlib.crc32(instruction.encode()) + int(zeros * 10))
+    for cancel in (False, True):
+        a = random_codes((ins.m, ins.k), "e2m1", rng, zeros)
+        b = random_codes((ins.k, ins.n), "e2m1", rng, zeros)
+        if cancel:
+            a[:, 1::2] = a[:, 0::2]
+            b[1::2] = b[0::2] ^ 0x20            # the sign bit of random_codes' FP4 layout
+        c = rng.standard_normal((ins.m, ins.n)) * np.exp2(rng.integers(-20, 20, (ins.m, ins.n)))
+        c[rng.random(c.shape) < 0.3] = 0.0
+        c = torch.from_numpy(c.astype(np.float32))
+        sa = random_scales((ins.m, ins.k // ins.block), rng, ins.scale_type)
+        sb = random_scales((ins.k // ins.block, ins.n), rng, ins.scale_type)
+        want = sim(a, b, c, sa, sb)
+        got = mma(code_values(a, "e2m1"), code_values(b, "e2m1"), c, arch="blackwell",
+                  instruction=instruction, scale_a=sa, scale_b=sb)
+        assert torch.equal(codes(got), codes(want)), \
+            f"{int((codes(got) != codes(want)).sum())} of {want.numel()} outputs differ"
+
+
+NVF4 = "tcgen05.mma.m128n8k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"
+MXF4 = "tcgen05.mma.m128n8k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0"
+
+
+def test_fp4_known_values():
+    """A group whose products cancel keeps its scales' exponent: with scales 2**20 each,
+    C = 1 falls below 2**(40 - 35) and is truncated away (D = +0); a group of zero products
+    takes e_zero instead and C survives.  Within a group the 16 products add exactly: 6 * 6
+    plus fifteen 0.5 * 0.5 is 39.75, which no FP32 node could lose."""
+    a = np.zeros((128, 64), np.float32)
+    b = np.zeros((64, 8), np.float32)
+    c = np.zeros((128, 8), np.float32)
+    c[0, 0] = c[1, 0] = 1.0
+    a[0, 0] = a[0, 1] = 1.0
+    b[0, 0], b[1, 0] = 1.0, -1.0
+    sa, sb = np.ones((128, 2)), np.ones((2, 8))
+    sa[:2, 0], sb[0, 0] = 2.0 ** 20, 2.0 ** 20
+    d = mma(a, b, c, arch="blackwell", instruction=MXF4, scale_a=sa, scale_b=sb)
+    assert d.view(np.int32)[0, 0] == 0 and d[1, 0] == 1.0
+    a[2, :16], b[:16, 1] = 0.5, 0.5
+    a[2, 0], b[0, 1] = 6.0, 6.0
+    d = mma(a, b, c, arch="blackwell", instruction=NVF4, scale_a=np.ones((128, 4)),
+            scale_b=np.ones((4, 8)))
+    assert d[2, 1] == 39.75
+    sa4 = np.full((128, 4), 0.5)
+    sa4[2, 0] = np.nan
+    d = mma(a, b, c, arch="blackwell", instruction=NVF4, scale_a=sa4, scale_b=np.ones((4, 8)))
+    assert (d.view(np.int32)[2] == 0x7FFFFFFF).all() and d[3, 0] == 0.0
+
+
+@pytest.mark.parametrize("scale,why", [
+    (-1.0, r"scale_a\[5, 1\] = -1.0 is not a UE4M3 scale; accepted: the E4M3 values from "
+           r"0 to 448 \(no sign\), and NaN"),
+    (1.0625, r"= 1.0625 is not a UE4M3 scale"), (480.0, r"= 480.0 is not a UE4M3 scale"),
+    (np.inf, r"= inf is not a UE4M3 scale")])
+def test_fp4_refused_scales(scale, why):
+    sa = np.ones((128, 4))
+    sa[5, 1] = scale
+    before = sa.copy()
+    with pytest.raises(ValueError, match=why):
+        mma(np.ones((128, 64)), np.ones((64, 8)), np.zeros((128, 8)), arch="blackwell",
+            instruction=NVF4, scale_a=sa, scale_b=np.ones((4, 8)))
+    assert np.array_equal(sa, before)
+    with pytest.raises(ValueError, match=r"scale_b has shape \(2, 8\); accepted: \(4, 8\), "
+                                         "one UE4M3 scale per 16 products"):
+        mma(np.ones((128, 64)), np.ones((64, 8)), np.zeros((128, 8)), arch="blackwell",
+            instruction=NVF4, scale_a=np.ones((128, 4)), scale_b=np.ones((2, 8)))
+    with pytest.raises(ValueError, match=r"a\[0, 3\] = 5.0 is not a value of type e2m1"):
+        x = np.ones((128, 64))
+        x[0, 3] = 5.0
+        mma(x, np.ones((64, 8)), np.zeros((128, 8)), arch="blackwell", instruction=NVF4,
+            scale_a=np.ones((128, 4)), scale_b=np.ones((4, 8)))
 
 
 @pytest.mark.parametrize("n", [8, 136, 256])

@@ -11,10 +11,12 @@ DeepGEMM promotes every 128 products as well (four ``k32`` steps).
 
 In :func:`lpsim.ops.matmul` the inputs are first rounded to the instruction's A and B types
 (``rounding``, random words of streams ``stream`` and ``stream + 1``; for a block-scaled
-instruction, to OCP MX blocks of 32 along K by :mod:`lpsim.blocks`, whose E8M0 scales the
-instruction applies), and the float32 (or float16) result is rounded to ``out_fmt`` (stream
-``stream + 2``), as an epilogue writes it; per-tensor scales are the caller's, applied to
-the result as the epilogue does. Stats count those roundings; the nodes' own roundings are
+instruction, to blocks along K by :mod:`lpsim.blocks`, whose scales the instruction applies:
+OCP MX blocks of 32, or NVFP4's blocks of 16 whose two FP32 tensor scales multiply the
+result as the epilogue's alpha, their product rounded to float32 and one float32
+multiplication), and the float32 (or float16) result is rounded to ``out_fmt`` (stream
+``stream + 2``), as an epilogue writes it; other per-tensor scales are the caller's,
+applied to the result as the epilogue does. Stats count those roundings; the nodes' own roundings are
 the instruction's arithmetic and are not counted.
 """
 
@@ -114,6 +116,15 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
         "blackwell", "tcgen05.mma.m128n256k32.kind::mxf8f6f4.block32.f32.e4m3.e4m3.ue8m0",
         None, "MXFP8 inputs (E4M3, E8M0 scale per 32 along K, the OCP rule), block-scaled "
               "tcgen05.mma chained along K"),
+    "blackwell-mxfp4": _named(
+        "blackwell", "tcgen05.mma.m128n256k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0", None,
+        "MXFP4 inputs (E2M1, E8M0 scale per 32 along K, the OCP rule), tcgen05.mma "
+        "kind::mxf4 chained along K: exact sums of 16 products, scaled, 35 fraction bits"),
+    "blackwell-nvfp4": _named(
+        "blackwell", "tcgen05.mma.m128n256k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3",
+        None, "NVFP4 inputs (E2M1, UE4M3 scale per 16 along K, FP32 tensor scales), "
+              "tcgen05.mma kind::mxf4nvf4 chained along K, the tensor scales' product as the "
+              "epilogue's float32 alpha"),
     "hopper-wgmma-bf16": _named(
         "hopper", "wgmma.m64n256k16.f32.bf16.bf16", None,
         "BF16 inputs, wgmma.f32.bf16.bf16 chained along K (a GEMM without split-K)"),
@@ -137,9 +148,9 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     from .operands import matrix_operands
     a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "an instruction model")
     ins = model.spec
-    scales = None
-    if ins.block:           # MX blocks along K: the elements, and the scales apart
-        a, b, scales = _mx_operands(a, b, ins, rounding, seed, stream, stats)
+    scales, alpha = None, 1.0
+    if ins.block:           # blocks along K: the elements, and the scales apart
+        a, b, scales, alpha = _block_operands(a, b, ins, rounding, seed, stream, stats)
     else:
         a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
         b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1,
@@ -147,38 +158,47 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     with np.errstate(invalid="ignore"):          # signalling NaN codes
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     result = chained_matmul(a, b, ins, model.promote, scales=scales)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):
         result = result.astype(np.float32)
+        if alpha != 1.0:       # NVFP4's tensor scales: the epilogue's float32 alpha
+            result *= np.float32(alpha)
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
                    stream=stream + 2, stats=stats).astype(dtype, copy=False)
     return shaped(out)
 
 
-#: the OCP MX format of each element type of the block-scaled instructions
-_MX = {"e4m3": "mxfp8_e4m3", "e5m2": "mxfp8_e5m2", "e3m2": "mxfp6_e3m2", "e2m3": "mxfp6_e2m3",
-       "e2m1": "mxfp4"}
+#: the block format of the operands of each block-scaled instruction, by (element type,
+#: products per scale, scale type): OCP MX (E8M0 per 32, the OCP rule), NVFP4 (UE4M3 per 16
+#: and an FP32 tensor scale), or E2M1 with E8M0 scales per 16
+_BLOCK_FORMATS = {**{(t, 32, "ue8m0"): f for t, f in (
+    ("e4m3", "mxfp8_e4m3"), ("e5m2", "mxfp8_e5m2"), ("e3m2", "mxfp6_e3m2"),
+    ("e2m3", "mxfp6_e2m3"), ("e2m1", "mxfp4"))},
+    ("e2m1", 16, "ue4m3"): "nvfp4", ("e2m1", 16, "ue8m0"): "block(e2m1fn, 16, e8m0fnu, 'floor')"}
 
 
-def _mx_operands(a, b, ins, rounding, seed, stream, stats):
-    """a and b in MX blocks of 32 along K (a's rows, b's columns): their elements, and the
-    scales as (M x K/32, K/32 x N) arrays, K padded to whole blocks (a padded block's scale
-    is 1: its elements are zeros)."""
+def _block_operands(a, b, ins, rounding, seed, stream, stats):
+    """a and b in blocks of the instruction's along K (a's rows, b's columns): their elements,
+    the scales as (M x K'/block, K'/block x N) arrays with K' the K the chain pads to (a
+    padded block's scale is 1: its elements are zeros), and the product of the two tensor
+    scales (1 without)."""
     from ..blocks.counters import add_counts
     from ..blocks.fake_quantize import quantize_blocks
     parts = []
     for x, t, axis, s in ((a, ins.a_type, 1, stream), (b, ins.b_type, 0, stream + 1)):
-        q = quantize_blocks(np.ascontiguousarray(x), _MX[t], rounding, axis=axis, seed=seed,
-                            stream=s, want_counts=stats is not None)
+        q = quantize_blocks(np.ascontiguousarray(x), _BLOCK_FORMATS[t, ins.block,
+                                                                    ins.scale_type],
+                            rounding, axis=axis, seed=seed, stream=s,
+                            want_counts=stats is not None)
         add_counts(stats, q.counts, x.size)
         parts.append(q)
-    k = a.shape[1]
-    blocks = -(-k // ins.block)
+    blocks = -(-a.shape[1] // ins.k) * ins.k // ins.block
     scale_a = np.ones((a.shape[0], blocks))
     scale_b = np.ones((blocks, b.shape[1]))
     scale_a[:, :parts[0].scales.shape[1]] = parts[0].scales
     # along axis 0, lpsim.blocks gives elements and scales with that axis last
     scale_b[:parts[1].scales.shape[1]] = parts[1].scales.T
-    return parts[0].elements, parts[1].elements.T, (scale_a, scale_b)
+    return (parts[0].elements, parts[1].elements.T, (scale_a, scale_b),
+            parts[0].tensor_scale * parts[1].tensor_scale)
 
 
 __all__ = ["InstructionModel", "INSTRUCTION_MODELS", "instruction_matmul"]

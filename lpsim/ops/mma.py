@@ -37,8 +37,9 @@ from numba import njit, types
 from numba.cpython.unsafe.numbers import leading_zeros
 from numba.extending import intrinsic
 
-from .mma_operands import (FINITE, NAN, NEG_INF, POS_INF, ZERO_E, as_float64, decoded,
-                           fold_scales, operand, scale_exponents, type_params)
+from .mma_groups import group_mma
+from .mma_operands import (FINITE, NAN, NEG_INF, POS_INF, SCALE_NAMES, ZERO_E, as_float64,
+                           decoded, fold_scales, operand, scale_exponents, type_params)
 from .mma_table import RNE_FP16, RZ_E8M13, RZ_FP32, Instruction, lookup
 
 _ROWS = 64          # rows of D per block of mma_kernel
@@ -354,16 +355,21 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     numpy array, or a torch tensor on a's device when a is one.  A wrong shape, an unknown or
     missing instruction, or a value the type cannot hold is a ValueError naming it.
 
-    Block-scaled instructions (``tcgen05.mma ... kind::mxf8f6f4.block32 ... ue8m0``) take
-    ``scale_a`` (m x k/32) and ``scale_b`` (k/32 x n): E8M0 scales (powers of two from
-    2**-127 to 2**127, or NaN; torch float8_e8m0fnu or float containers), one per 32
-    products, whose exponents join each product's; a NaN scale makes its block's products
-    NaN.  Other instructions refuse scales."""
+    Block-scaled instructions (``tcgen05.mma ... kind::mxf8f6f4.block32 ... ue8m0``,
+    ``kind::mxf4`` and ``kind::mxf4nvf4``) take ``scale_a`` (m x k/block) and ``scale_b``
+    (k/block x n), one scale per block of products: E8M0 scales (powers of two from 2**-127
+    to 2**127, or NaN; torch float8_e8m0fnu or float containers) or, for ``ue4m3``, E4M3
+    values from 0 to 448 or NaN (torch float8_e4m3fn without the sign bit, which the
+    hardware ignores, or float containers).  In ``kind::mxf8f6f4`` a scale's exponent joins
+    each product's; the FP4 kinds scale exact sums of 16 products
+    (:mod:`lpsim.ops.mma_groups`).  A NaN scale makes its block's products NaN.  Other
+    instructions refuse scales."""
     ins: Instruction = lookup(arch, instruction)
     if (scale_a is None or scale_b is None) if ins.block else \
             (scale_a is not None or scale_b is not None):
         raise ValueError(f"mma: {ins.opcode} on {ins.arch} takes "
-                         + ("scale_a and scale_b (its E8M0 block scales)" if ins.block else
+                         + (f"scale_a and scale_b (its {SCALE_NAMES[ins.scale_type]} block scales)"
+                            if ins.block else
                             "no scale_a or scale_b (it is not block-scaled)"))
     decoded = []
     for name, x, ptx_type, want in (("a", a, ins.a_type, (ins.m, ins.k)),
@@ -378,6 +384,10 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     (am, asg, ae, acl), lib_torch, device = decoded[0]
     bm, bsg, be, bcl = decoded[1][0]
     cm, csg, ce, ccl = decoded[2][0]
+    if ins.group:
+        d = group_mma(decoded[0][0], decoded[1][0], ((cm ^ csg) - csg, ce, ccl), ins,
+                      scale_a, scale_b)
+        return _delivered(d, lib_torch, device)
     if ins.block:
         blocks = ins.k // ins.block
         fold_scales(am, ae, acl, scale_exponents(scale_a, "scale_a", (ins.m, blocks)),
@@ -394,6 +404,11 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
                0, _NO_ACC)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
+    return _delivered(d, lib_torch, device)
+
+
+def _delivered(d, lib_torch, device):
+    """D as a torch tensor on ``device`` where A was one, else the numpy array."""
     if lib_torch:
         import torch
         return torch.from_numpy(d.copy()).to(device)
@@ -459,6 +474,11 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
         except ValueError as err:      # a value the type cannot hold
             raise ValueError(f"{who}: {str(err).removeprefix('mma: ')}") from None
     (am, asg, ae, acl), (bm, bsg, be, bcl) = parts
+    nodes = 0 if promote is None else min(int(promote) // ins.L, 1 << 62)
+    if ins.group:
+        zero = np.zeros((m, n), np.int64)
+        return group_mma(parts[0], parts[1], (zero, zero, zero), ins, scales[0], scales[1],
+                         nodes)
     if ins.block:
         blocks = kp // ins.block
         fold_scales(am, ae, acl, scale_exponents(scales[0], "scale_a", (m, blocks)),
@@ -470,7 +490,6 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
     codes = np.empty((m, n), np.int32)
     S = np.empty(n, np.int32 if ins.F <= 13 else np.int64)
     # (an interval beyond K promotes once, at the end, as any interval >= K does)
-    nodes = 0 if promote is None else min(int(promote) // ins.L, 1 << 62)
     acc = np.zeros((m, n), np.float32) if nodes else _NO_ACC
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, zero, zero, zero.astype(np.int8),
                type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,

@@ -131,8 +131,8 @@ def decoded(values, ptx_type, name, zero_e):
     sgn = np.empty(values.shape, np.int32)
     e = np.empty(values.shape, np.int32)
     cls = np.empty(values.shape, np.int8)
-    bad = decode_values(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, has_nan, zero_e,
-                  mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
+    bad = decode_values(values.view(np.int64).ravel(), p, e_sub, e_max, top, has_inf, has_nan,
+                        zero_e, mag.ravel(), sgn.ravel(), e.ravel(), cls.ravel())
     if bad < 0 and ptx_type == "tf32":
         bad = _tf32_low_bits(values)
     if bad >= 0:
@@ -186,26 +186,49 @@ def operand(x, ptx_type, name, shape):
     return decoded(values, ptx_type, name, ZERO_E), lib == "torch", device, shape
 
 
-SCALE_NAN = 1 << 20        # scale_exponents' mark of a NaN scale
+SCALE_NAN = 1 << 20        # scale_parts' exponent of a NaN scale
+SCALE_NAMES = {"ue8m0": "E8M0", "ue4m3": "UE4M3"}
+
+
+def scale_parts(x, name, shape, scale_type="ue8m0", block=32):
+    """Block scales as int32 (significands in eighths, exponents): value = sig / 8 * 2**exp,
+    NaN with the exponent SCALE_NAN.  ``"ue8m0"``: powers of two from 2**-127 to 2**127
+    (significand 8); ``"ue4m3"``: the non-negative E4M3 values, 0 to 448 (subnormals at
+    exponent -6, zero with significand 0).  ValueError naming a wrong shape or the first
+    value that is not a scale of the type."""
+    values = as_float64(x, name)[0]
+    if values.shape != shape:
+        raise ValueError(f"mma: {name} has shape {values.shape}; accepted: {shape}, one "
+                         f"{SCALE_NAMES[scale_type]} scale per {block} products")
+    nan = np.isnan(values)
+    with np.errstate(invalid="ignore"):
+        frac, exp = np.frexp(values)
+    exp = exp - 1               # value = (2 frac) * 2**exp, 1 <= 2 frac < 2
+    if scale_type == "ue8m0":
+        sig = np.full(values.shape, 8)
+        bad = ~nan & ((frac != 0.5) | (exp < -127) | (exp > 127))
+        accepted = "powers of two from 2**-127 to 2**127, and NaN"
+    else:
+        normal = values >= 2.0 ** -6
+        exp = np.where(normal, exp, -6)
+        with np.errstate(invalid="ignore", over="ignore"):
+            sig = np.where(normal, frac * 16, values * 2.0 ** 9)
+        bad = ~nan & ((values < 0) | (values > 448) | (sig != np.floor(sig)))
+        accepted = "the E4M3 values from 0 to 448 (no sign), and NaN"
+    if bad.any():
+        where = tuple(int(w) for w in np.argwhere(bad)[0])
+        article = "an" if scale_type == "ue8m0" else "a"
+        raise ValueError(f"mma: {name}[{', '.join(map(str, where))}] = "
+                         f"{float(values[where])!r} is not {article} "
+                         f"{SCALE_NAMES[scale_type]} scale; accepted: {accepted}")
+    return (np.where(nan, 0, sig).astype(np.int32),
+            np.where(nan, SCALE_NAN, exp).astype(np.int32))
 
 
 def scale_exponents(x, name, shape):
-    """The int32 exponents of E8M0 scales (NaN: SCALE_NAN); ValueError naming a wrong shape
-    or a value that is not a power of two from 2**-127 to 2**127 or NaN."""
-    values = as_float64(x, name)[0]
-    if values.shape != shape:
-        raise ValueError(f"mma: {name} has shape {values.shape}; accepted: {shape}, one E8M0 "
-                         "scale per 32 products")
-    with np.errstate(invalid="ignore"):
-        frac, exp = np.frexp(values)
-    nan = np.isnan(values)
-    bad = ~nan & ((frac != 0.5) | (exp - 1 < -127) | (exp - 1 > 127))
-    if bad.any():
-        where = tuple(int(w) for w in np.argwhere(bad)[0])
-        raise ValueError(f"mma: {name}[{', '.join(map(str, where))}] = "
-                         f"{float(values[where])!r} is not an E8M0 scale; accepted: powers of "
-                         "two from 2**-127 to 2**127, and NaN")
-    return np.where(nan, SCALE_NAN, exp - 1).astype(np.int32)
+    """The int32 exponents of E8M0 scales per 32 products (NaN: SCALE_NAN), as
+    :func:`scale_parts` checks them."""
+    return scale_parts(x, name, shape)[1]
 
 
 def fold_scales(mag, e, cls, scales, block, axis):

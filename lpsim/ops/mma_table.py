@@ -20,7 +20,10 @@ blackwell   25    32                   -21 / -133
 FP8 inputs (ada ``mma``, hopper ``wgmma``) keep only F = 13 and round an f32 result toward
 zero to 13 fraction bits (E8M13) before it is an FP32 value; Blackwell's ``tcgen05.mma``
 keeps F = 25 for every kind, FP8, FP6 (e3m2, e2m3) and FP4 (e2m1) included; its
-block-scaled ``kind::mxf8f6f4`` adds two E8M0 scale exponents to each product's.  An f32
+block-scaled ``kind::mxf8f6f4`` adds two E8M0 scale exponents to each product's.  The FP4
+kinds ``kind::mxf4`` and ``kind::mxf4nvf4`` (k = 64, E8M0 or UE4M3 scales per 32 or 16
+products) sum each group of 16 products exactly, scale the group sum, and add the four
+groups and C in one node with F = 35 and e_zero = -139 (:mod:`lpsim.ops.mma_groups`).  An f32
 result is otherwise rounded toward zero, an f16 result to nearest even.  Turing runs Volta's m8n8k4 shapes with
 Volta's numbers.  Opcodes are written as PTX writes them; the ``sync``, ``aligned``,
 ``mma_async``, ``row`` and ``col`` qualifiers may be left out.
@@ -79,10 +82,17 @@ _TCGEN05_TYPES = (["k8.kind::tf32.f32.tf32.tf32", "k16.kind::f16.f32.f16.f16",
                   + [f"k32.kind::f8f6f4.{d}.{a}.{b}" for d in ("f32", "f16")
                      for a in _F8F6F4 for b in _F8F6F4])
 TCGEN05_M = (64, 128)
-# block-scaled tcgen05.mma kind::mxf8f6f4: m128, an E8M0 scale per 32 products of A's rows
-# and of B's columns, folded into the products' exponents
-_TCGEN05_BLOCK_TYPES = [f"k32.kind::mxf8f6f4.block32.f32.{a}.{b}.ue8m0" for a in _F8F6F4
-                        for b in _F8F6F4]
+# block-scaled tcgen05.mma, m128, a scale per block of A's rows and of B's columns:
+# kind::mxf8f6f4 (E8M0 per 32 products, folded into the products' exponents), and the FP4
+# kinds (k64: E8M0 per 32 or 16, or UE4M3 per 16; groups of 16 products summed exactly)
+_TCGEN05_BLOCK_TYPES = ([f"k32.kind::mxf8f6f4.block32.f32.{a}.{b}.ue8m0" for a in _F8F6F4
+                         for b in _F8F6F4]
+                        + ["k64.kind::mxf4.block32.f32.e2m1.e2m1.ue8m0",
+                           "k64.kind::mxf4nvf4.block32.f32.e2m1.e2m1.ue8m0",
+                           "k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue8m0",
+                           "k64.kind::mxf4nvf4.block16.f32.e2m1.e2m1.ue4m3"])
+# the FP4 kinds' node: F, products summed exactly per group, e_zero (MMA-Sim's GST-FDPA)
+_GROUP_F, _GROUP, _GROUP_E_ZERO = 35, 16, -139
 
 
 def instructions(wgmma_n: int = 8) -> list[tuple[str, str]]:
@@ -115,6 +125,8 @@ class Instruction:
     e_zero: int         # exponent a zero term takes in the node's maximum
     rho: int            # output rounding: RZ_E8M13, RZ_FP32 or RNE_FP16
     block: int = 0      # block-scaled kinds: products per scale (0: no scales)
+    scale_type: str = ""    # their scales' type: "ue8m0" or "ue4m3"
+    group: int = 0      # FP4 kinds: products summed exactly before their scale (0: none)
 
 
 RZ_E8M13, RZ_FP32, RNE_FP16 = 0, 1, 2
@@ -197,8 +209,12 @@ def _lookup(arch, instruction) -> Instruction:
         F = 13
         if d == "f32":
             rho = RZ_E8M13
-    block = 32 if tcgen05 and len(rest) == 8 else 0
-    return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho, block)
+    block, scale_type, group = (int(rest[3].removeprefix("block")), rest[7], 0) \
+        if tcgen05 and len(rest) == 8 else (0, "", 0)
+    if block and k == 64:
+        F, L, e_zero, group = _GROUP_F, k, _GROUP_E_ZERO, _GROUP
+    return Instruction(arch, f"{op}.{key}", m, n, k, d, a, b, c, F, L, e_zero, rho, block,
+                       scale_type, group)
 
 
 #: mmasim's names of the generations (its ``MMA`` and ``WGMMA`` take these)
@@ -213,7 +229,11 @@ def mmasim_simulator(arch: str, instruction: str):
     from mmasim import nv_ptx
     op, rest = instruction.split(".", 1)
     if op == "tcgen05" and "block" in rest:
-        return nv_ptx.TCGen05MMABlockScale(MMASIM_ARCH[arch], rest.removeprefix("mma."))
+        sim = nv_ptx.TCGen05MMABlockScale(MMASIM_ARCH[arch], rest.removeprefix("mma."))
+        if sim.packing == 1:
+            return sim
+        # the FP4 kinds take two codes per byte along K, the first in the high nibble
+        return lambda a, b, c, sa, sb: sim(_packed(a), _packed(b.T).T, c, sa, sb)
     if op == "tcgen05":
         return nv_ptx.TCGen05MMA(MMASIM_ARCH[arch], rest.removeprefix("mma."))
     return (nv_ptx.WGMMA if op == "wgmma" else nv_ptx.MMA)(MMASIM_ARCH[arch], rest)
@@ -265,12 +285,24 @@ def code_values(codes, ptx_type: str):
     return torch.from_numpy(np.where(x >> (E + M) & 1, -mag, mag).astype(np.float32))
 
 
-def random_scales(shape, rng):
-    """Random E8M0 scales as a torch float8_e8m0fnu tensor, mostly 2**-8 .. 2**8 and a tenth
-    of any code (NaN included): the block scales with which the tests check the
-    block-scaled instructions against mmasim."""
+def _packed(codes):
+    """:func:`random_codes`' FP4 codes (m x k, bits 5:2) packed two per byte along k."""
     import torch
-    codes = rng.integers(119, 136, size=shape).astype(np.uint8)      # 2**-8 .. 2**8
+    nibbles = (codes.numpy() >> 2) & 0xF
+    return torch.from_numpy((nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).astype(np.uint8))
+
+
+def random_scales(shape, rng, scale_type: str = "ue8m0"):
+    """Random block scales, mostly moderate and a tenth of any code (NaN included): the scales
+    with which the tests check the block-scaled instructions against mmasim.  ``"ue8m0"``: a
+    torch float8_e8m0fnu tensor, mostly 2**-8 .. 2**8; ``"ue4m3"``: a float8_e4m3fn tensor
+    without sign bits (codes 0 .. 0x7F, 0x7F NaN), mostly 2**-3 .. 2**4."""
+    import torch
+    e4m3 = scale_type == "ue4m3"
+    codes = rng.integers(32, 96, size=shape).astype(np.uint8) if e4m3 else \
+        rng.integers(119, 136, size=shape).astype(np.uint8)
     anywhere = rng.random(shape) < 0.1         # and a tenth anywhere: extremes and NaN
-    codes[anywhere] = rng.integers(0, 256, size=int(anywhere.sum()), dtype=np.uint8)
-    return torch.from_numpy(codes).view(torch.float8_e8m0fnu)
+    codes[anywhere] = rng.integers(0, 128 if e4m3 else 256, size=int(anywhere.sum()),
+                                   dtype=np.uint8)
+    return torch.from_numpy(codes).view(torch.float8_e4m3fn if e4m3 else
+                                        torch.float8_e8m0fnu)
