@@ -35,15 +35,11 @@ _NO_ACC = np.zeros((0, 0), np.float32)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _term(t, sh):
-    """t * 2**sh truncated toward zero (sh <= 27 where t is nonzero)."""
-    if t == 0:
-        return np.int64(0)
-    if sh >= 0:
-        return t << sh
-    a = -t if t < 0 else t
-    a >>= min(-sh, 63)
-    return -a if t < 0 else a
+def _truncated(t, up, d):
+    """t * 2**(up - d) truncated toward zero, branch-free (t * 2**up fits int64, d >= 0)."""
+    sgn = t >> 63
+    mag = ((t ^ sgn) - sgn) << up
+    return ((mag >> min(d, np.int64(63))) ^ sgn) - sgn
 
 
 @njit(cache=True, nogil=True)
@@ -55,7 +51,10 @@ def group_kernel(qa, qb, sa_sig, sa_exp, sb_sig, sb_exp, cm, ce, ccl, F, L, G, b
     scales' significands in eighths and exponents (SCALE_NAN: NaN); ``cm``/``ce``/``ccl``:
     C's signed significands (23 fraction bits), exponents and classes.  ``promote`` > 0:
     every ``promote`` nodes, and after the last, the chain's D is added to the float32
-    ``acc`` (M x N, zeros on entry) and the chain begins again from +0."""
+    ``acc`` (M x N, zeros on entry) and the chain begins again from +0.
+
+    A node's steps run across the row (j innermost), branch-free where every output takes
+    them; NaN and inf (a NaN scale, a non-finite C) are set apart afterwards."""
     M, K = qa.shape
     N = qb.shape[1]
     nodes = K // L
@@ -64,16 +63,22 @@ def group_kernel(qa, qb, sa_sig, sa_exp, sb_sig, sb_exp, cm, ce, ccl, F, L, G, b
     nz = np.empty(N, np.int32)            # nonzero where a product of the group is
     T = np.empty((groups, N), np.int64)   # group sums times the scales' significands
     X = np.empty((groups, N), np.int64)   # their exponents (of 2**-8 units)
-    nan = np.empty(N, np.bool_)
+    hi = np.empty(N, np.int64)
+    S = np.empty(N, np.int64)
+    nan = np.empty(N, np.int32)
     m_c = np.empty(N, np.int64)
     e_c = np.empty(N, np.int64)
     cl_c = np.empty(N, np.int64)
+    up = np.int64(F - 8)                  # a term's shift when its exponent is the node's
+    up_c = np.int64(F - 23)
     for i in range(M):
         for j in range(N):
             m_c[j], e_c[j], cl_c[j] = cm[i, j], ce[i, j], ccl[i, j]
         for node in range(nodes):
+            nans = False
             for j in range(N):
-                nan[j] = False
+                nan[j] = 0
+                hi[j] = e_c[j] if m_c[j] != 0 else e_zero
             for g in range(groups):
                 k0 = node * L + g * G
                 for j in range(N):
@@ -81,41 +86,50 @@ def group_kernel(qa, qb, sa_sig, sa_exp, sb_sig, sb_exp, cm, ce, ccl, F, L, G, b
                     nz[j] = 0
                 for t in range(G):
                     a = np.int32(qa[i, k0 + t])
+                    if a == 0:
+                        continue
                     for j in range(N):
                         p = a * np.int32(qb[k0 + t, j])
                         P[j] += p
                         nz[j] |= p
-                s_a, x_a = sa_sig[i, k0 // block], sa_exp[i, k0 // block]
+                kb = k0 // block
+                s_a, x_a = np.int64(sa_sig[i, kb]), np.int64(sa_exp[i, kb])
+                nans |= x_a == SCALE_NAN
+                s_b, x_b, T_g, X_g = sb_sig[kb], sb_exp[kb], T[g], X[g]
                 for j in range(N):
-                    s_b, x_b = sb_sig[k0 // block, j], sb_exp[k0 // block, j]
-                    nan[j] |= x_a == SCALE_NAN or x_b == SCALE_NAN
-                    sig = s_a * s_b
-                    T[g, j] = np.int64(P[j]) * sig
-                    X[g, j] = x_a + x_b if nz[j] != 0 and sig != 0 else e_zero
+                    nan[j] |= x_b[j] == SCALE_NAN
+                    sig = s_a * s_b[j]
+                    T_g[j] = P[j] * sig
+                    # e_zero where every product or the scale is zero
+                    x = np.int64(e_zero) + ((nz[j] != 0) & (sig != 0)) * (
+                        x_a + x_b[j] - e_zero)
+                    X_g[j] = x
+                    hi[j] = max(hi[j], x)
+            # a group term is T * 2**(x - 8), C's m_c * 2**(e_c - 23); both truncated to
+            # multiples of 2**(hi - F)
+            for j in range(N):
+                S[j] = _truncated(m_c[j], up_c, max(hi[j] - e_c[j], np.int64(0)))
+            for g in range(groups):
+                for j in range(N):
+                    S[j] += _truncated(T[g, j], up, hi[j] - X[g, j])
+            # toward zero to 23 fraction bits, subnormals kept, overflow to inf
+            for j in range(N):
+                sgn = S[j] >> 63
+                mag = (S[j] ^ sgn) - sgn
+                x0 = hi[j] - F
+                E = max(x0 + 63 - leading_zeros(mag), np.int64(-126))
+                sh = E - 23 - x0
+                q = (mag >> min(max(sh, np.int64(0)), np.int64(63))) << max(-sh, np.int64(0))
+                live = mag != 0
+                m_c[j] = ((q ^ sgn) - sgn) if live else np.int64(0)
+                e_c[j] = E if live else np.int64(0)
+                if cl_c[j] == FINITE and live and E > 127:
+                    cl_c[j] = NEG_INF if sgn else POS_INF
+            # a NaN scale in the node makes NaN; a NaN or infinite C stays what it is
+            for j in range(N):
+                cl_c[j] = NAN if nans or nan[j] else cl_c[j]
             last = node + 1 == nodes
             promoting = promote > 0 and ((node + 1) % promote == 0 or last)
-            for j in range(N):
-                if nan[j] or cl_c[j] == NAN:
-                    cl_c[j] = NAN
-                elif cl_c[j] == FINITE:
-                    hi = e_c[j] if m_c[j] != 0 else np.int64(e_zero)
-                    for g in range(groups):
-                        hi = max(hi, X[g, j])
-                    # a group term is T * 2**(x - 8), C's m_c * 2**(e_c - 23)
-                    S = _term(m_c[j], e_c[j] - 23 + F - hi)
-                    for g in range(groups):
-                        S += _term(T[g, j], X[g, j] - 8 + F - hi)
-                    mag = -S if S < 0 else S
-                    if mag == 0:
-                        m_c[j], e_c[j] = 0, 0
-                    else:          # toward zero to 23 fraction bits, subnormals kept
-                        x0 = hi - F
-                        E = max(x0 + 63 - leading_zeros(mag), np.int64(-126))
-                        sh = E - 23 - x0
-                        q = (mag >> min(sh, np.int64(63))) if sh > 0 else (mag << -sh)
-                        if E > 127:
-                            cl_c[j] = NEG_INF if S < 0 else POS_INF
-                        m_c[j], e_c[j] = (-q if S < 0 else q), E
             if last or promoting:
                 for j in range(N):
                     if cl_c[j] == NAN:
