@@ -179,6 +179,19 @@ def test_block_scaled_model_equals_block_quantization_and_the_instruction_by_han
     assert np.max(np.abs(got - exact) / scale) < 2.0 ** -bits
 
 
+@pytest.mark.parametrize("model", ["blackwell-mxfp8", "blackwell-mxfp4", "blackwell-nvfp4"])
+def test_block_scaled_model_with_nan_and_inf_inputs(model):
+    """A NaN or inf input makes its block's scale NaN, and the instruction makes every
+    output that block reaches NaN (the hardware's code); FP4 and FP6 elements, which hold no
+    NaN, are not refused for it.  Other outputs stay exact."""
+    a = np.ones((3, 40), np.float32)
+    a[0, 3], a[1, 35] = np.nan, -np.inf
+    b = np.ones((40, 2), np.float32)
+    got = matmul(a, b, model=model)
+    assert (got.view(np.int32)[:2] == 0x7FFFFFFF).all()
+    assert (got[2] == 40.0).all()
+
+
 def test_every_named_instruction_model_is_listed_with_a_description():
     """INSTRUCTION_MODELS holds InstructionModels only, HARDWARE_MODELS TensorCoreModels
     only (code that walks it reads their chunk fields), and no name is in both."""

@@ -197,7 +197,14 @@ def _block_operands(a, b, ins, rounding, seed, stream, stats):
     scale_a[:, :parts[0].scales.shape[1]] = parts[0].scales
     # along axis 0, lpsim.blocks gives elements and scales with that axis last
     scale_b[:parts[1].scales.shape[1]] = parts[1].scales.T
-    return (parts[0].elements, parts[1].elements.T, (scale_a, scale_b),
+    # a block of a NaN or inf gets a NaN scale, which makes its products NaN: its elements
+    # (NaN, which FP6 and FP4 cannot hold) are given as zeros
+    elements = []
+    for q in parts:
+        e = q.elements
+        nan = np.repeat(np.isnan(q.scales), ins.block, axis=1)[:, :e.shape[1]]
+        elements.append(np.where(nan, 0.0, e) if nan.any() else e)
+    return (elements[0], elements[1].T, (scale_a, scale_b),
             parts[0].tensor_scale * parts[1].tensor_scale)
 
 
