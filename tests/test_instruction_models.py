@@ -192,6 +192,89 @@ def test_block_scaled_model_with_nan_and_inf_inputs(model):
     assert (got[2] == 40.0).all()
 
 
+def _deepgemm_cast(x, tile):
+    """DeepGEMM's per_token_cast_to_fp8 (tile 1) and per_block_cast_to_fp8 (tile 128), as its
+    tests write them, on a float32 tensor whose sizes are whole blocks."""
+    r, k = x.shape
+    view = x.view(r // tile, tile, k // 128, 128)
+    amax = view.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
+    q = (view * (448.0 / amax)).to(torch.float8_e4m3fn).view(r, k)
+    return q, (amax / 448.0).view(r // tile, k // 128)
+
+
+def _fma32(a, b, c):
+    """fl32(a * b + c) with one rounding to nearest even, from the exact sum (Fractions)."""
+    from fractions import Fraction
+    v = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    if v == 0:
+        return np.float32(0.0)
+    sign, v = (-1 if v < 0 else 1), abs(v)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    e += 1 if Fraction(2) ** (e + 1) <= v else (-1 if Fraction(2) ** e > v else 0)
+    q = v / Fraction(2) ** (max(e, -126) - 23)
+    n, rest = divmod(q.numerator, q.denominator)
+    n += 2 * rest > q.denominator or (2 * rest == q.denominator and n % 2)
+    return np.float32(sign * n * 2.0 ** (max(e, -126) - 23))
+
+
+def test_fma32_rounds_once():
+    """(1 + 2**-12)**2 is a float32 midpoint: with +-2**-80 the exact sum lies just above or
+    below it, which float64 rounds away (then float32 rounds the tie to even); one rounding
+    goes up or down.  Then random cases, cancellations included, against Fractions."""
+    from lpsim.ops.mma import fma32
+    a = 1 + 2.0 ** -12
+    assert np.float32(fma32(a, a, 2.0 ** -80)) == np.float32(1 + 2.0 ** -11 + 2.0 ** -23)
+    assert np.float32(fma32(a, a, -2.0 ** -80)) == np.float32(1 + 2.0 ** -11)
+    assert np.float32(a * a + 2.0 ** -80) == np.float32(1 + 2.0 ** -11)   # two roundings
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((3, 2000)) * np.exp2(rng.integers(-40, 40, (3, 2000)))).astype(
+        np.float32)
+    x[2, ::2] = -(x[0, ::2].astype(np.float64) * x[1, ::2]).astype(np.float32)
+    for p, q, c in x.T:
+        assert np.float32(fma32(float(p), float(q), float(c))) == _fma32(p, q, c), (p, q, c)
+
+
+def test_deepgemm_model_equals_its_casts_and_promotions_by_hand():
+    """hopper-deepgemm-e4m3: DeepGEMM's casts (written here in torch), the wgmma chain over
+    each 128 of K from zero (through ops.mma), and final = fma(fl32(sa sb), partial, final)
+    rounded once (Fractions), then BF16: code for code, with K and N not whole blocks and
+    rows and tiles of very different magnitudes."""
+    rng = np.random.default_rng(5)
+    m, k, n = 64, 300, 136
+    a = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-12, 12, (m, 1)))).astype(
+        np.float32)
+    b = (rng.standard_normal((k, n)) * np.exp2(rng.integers(-9, 9, (1, n)))).astype(
+        np.float32)
+    a[3, 17] = 0.0
+    got = matmul(a, b, model="hopper-deepgemm-e4m3")
+    ta = torch.zeros((m, 384))
+    ta[:, :k] = torch.from_numpy(a)
+    tb = torch.zeros((256, 384))               # B's transpose (N x K), DeepGEMM's layout
+    tb[:n, :k] = torch.from_numpy(b.T)
+    qa, sa = _deepgemm_cast(ta, 1)
+    qb, sb = _deepgemm_cast(tb, 128)
+    final = np.zeros((m, n), np.float32)
+    ins = f"wgmma.m64n{n}k32.f32.e4m3.e4m3"
+    for kb in range(3):
+        part = chained_by_hand(qa[:, 128 * kb:128 * kb + 128].float(),
+                               qb[:n, 128 * kb:128 * kb + 128].float().T, "hopper", ins,
+                               None).numpy()
+        for i in range(m):
+            for j in range(n):
+                scale = np.float32(sa[i, kb].item() * sb[j // 128, kb].item())
+                final[i, j] = _fma32(scale, part[i, j], final[i, j])
+    want = torch.from_numpy(final).to(torch.bfloat16).float().numpy()
+    assert got.dtype == np.float32
+    assert np.array_equal(got.view(np.int32), want.view(np.int32))
+    # before the BF16 output, where one FFMA against a multiply and an add shows
+    fp32 = INSTRUCTION_MODELS["hopper-deepgemm-e4m3"].with_(out_fmt="fp32")
+    assert np.array_equal(matmul(a, b, model=fp32).view(np.int32), final.view(np.int32))
+    with pytest.raises(ValueError, match="scale_blocks=64 is not accepted with promote=128"):
+        InstructionModel("hopper", "wgmma.m64n8k32.f32.e4m3.e4m3", 128, scale_blocks=64)
+    with pytest.raises(ValueError, match="scale_blocks=32 is not accepted .* FP8 instruction"):
+        InstructionModel("hopper", "wgmma.m64n8k16.f32.bf16.bf16", 32, scale_blocks=32)
+
+
 def test_every_named_instruction_model_is_listed_with_a_description():
     """INSTRUCTION_MODELS holds InstructionModels only, HARDWARE_MODELS TensorCoreModels
     only (code that walks it reads their chunk fields), and no name is in both."""

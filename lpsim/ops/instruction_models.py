@@ -7,7 +7,11 @@ added to a float32 register with one float32 addition and the chain begins again
 Checked on an H100 (``tests/data/tensor-cores-h100.npz``, 17 input families, K = 16 .. 4096):
 ``torch._scaled_mm`` with ``use_fast_accum=True`` is the ``wgmma`` chain without promotion,
 and by default (cuBLASLt) the chain promoted every 128 products, every output code for code.
-DeepGEMM promotes every 128 products as well (four ``k32`` steps).
+DeepGEMM promotes every 128 products as well (four ``k32`` steps), and with
+``scale_blocks=128`` its fine-grained scaling is modelled whole: A cast to FP8 per 1 x 128
+and B per 128 x 128 block as its ``per_token_cast_to_fp8`` and ``per_block_cast_to_fp8`` do
+(amax clamped to 1e-4, each value times the float32 max / amax, the scale amax / max), and
+each promotion ``final += (scale_a * scale_b) * partial`` one float32 product and one FFMA.
 
 In :func:`lpsim.ops.matmul` the inputs are first rounded to the instruction's A and B types
 (``rounding``, random words of streams ``stream`` and ``stream + 1``; for a block-scaled
@@ -37,7 +41,9 @@ class InstructionModel:
     """A GEMM as one tensor-core ``instruction`` of ``arch`` chained along K (K padded with
     zeros to the instruction's k), promoted to float32 every ``promote`` products (None:
     never; a multiple of the instruction's k, f32 results only), its result rounded to
-    ``out_fmt`` with ``out_rounding``."""
+    ``out_fmt`` with ``out_rounding``.  ``scale_blocks`` (equal to ``promote``, FP8 inputs):
+    DeepGEMM's float32 scales per 1 x scale_blocks of A and scale_blocks x scale_blocks of
+    B, applied at each promotion (the module's docstring)."""
 
     arch: str
     instruction: str
@@ -45,6 +51,7 @@ class InstructionModel:
     out_fmt: Format = parse_format("fp32")
     out_rounding: str = "nearest"
     description: str = ""
+    scale_blocks: int | None = None
 
     def __post_init__(self):
         ins = self.spec
@@ -64,6 +71,13 @@ class InstructionModel:
                                  "its result is f16; accepted: None (promotion adds f32 "
                                  "results)")
             object.__setattr__(self, "promote", int(self.promote))
+        if self.scale_blocks is not None and (
+                self.scale_blocks != self.promote or ins.block
+                or ins.a_type not in ("e4m3", "e5m2")):
+            raise ValueError(f"scale_blocks={self.scale_blocks!r} is not accepted with "
+                             f"promote={self.promote!r} and {ins.opcode}; accepted: None, or "
+                             "the promotion interval of an FP8 instruction without block "
+                             "scales of its own (DeepGEMM: 128 and 128)")
         object.__setattr__(self, "out_fmt", parse_format(self.out_fmt))
         mode_code(self.out_rounding)
 
@@ -108,6 +122,12 @@ INSTRUCTION_MODELS: dict[str, InstructionModel] = {
     "hopper-wgmma-e5m2-e4m3-promote128": _named(
         "hopper", "wgmma.m64n256k32.f32.e5m2.e4m3", 128,
         "E5M2 x E4M3 inputs, wgmma chained along K, promoted to float32 every 128 products"),
+    "hopper-deepgemm-e4m3": InstructionModel(
+        "hopper", "wgmma.m64n128k32.f32.e4m3.e4m3", 128, out_fmt="bf16", scale_blocks=128,
+        description="DeepGEMM's FP8 GEMM (gemm_fp8_fp8_bf16_nt): A cast per 1 x 128 and B "
+                    "per 128 x 128 with float32 scales, wgmma chained along K and promoted "
+                    "every 128 products by final += (scale_a scale_b) partial (FFMA), BF16 "
+                    "output"),
     "blackwell-tcgen05-e4m3": _named(
         "blackwell", "tcgen05.mma.m128n256k32.kind::f8f6f4.f32.e4m3.e4m3", None,
         "E4M3 inputs, tcgen05.mma kind::f8f6f4 chained along K: Blackwell keeps 25 fraction "
@@ -148,16 +168,20 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     from .operands import matrix_operands
     a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "an instruction model")
     ins = model.spec
-    scales, alpha = None, 1.0
+    scales, alpha, promote_scales = None, 1.0, None
     if ins.block:           # blocks along K: the elements, and the scales apart
         a, b, scales, alpha = _block_operands(a, b, ins, rounding, seed, stream, stats)
+    elif model.scale_blocks:
+        a, b, promote_scales = _fine_grained_operands(a, b, ins, model.scale_blocks,
+                                                      rounding, seed, stream, stats)
     else:
         a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
         b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1,
                      stats=stats)
     with np.errstate(invalid="ignore"):          # signalling NaN codes
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    result = chained_matmul(a, b, ins, model.promote, scales=scales)
+    result = chained_matmul(a, b, ins, model.promote, scales=scales,
+                            promote_scales=promote_scales)
     with np.errstate(invalid="ignore", over="ignore"):
         result = result.astype(np.float32)
         if alpha != 1.0:       # NVFP4's tensor scales: the epilogue's float32 alpha
@@ -165,6 +189,39 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
                    stream=stream + 2, stats=stats).astype(dtype, copy=False)
     return shaped(out)
+
+
+def _fp8_blocks(x, g, tile, fmt, rounding, seed, stream, stats):
+    """x (float32, R x K) cast to ``fmt`` per block of ``tile`` rows by ``g`` columns (R and K
+    padded with zeros to whole blocks) as DeepGEMM's casts do: (values, float32 scales per
+    block)."""
+    from ..quantize import quantize
+    r, k = x.shape
+    rp, kp = -(-r // tile) * tile, -(-k // g) * g
+    padded = np.zeros((rp, kp), np.float32)
+    padded[:r, :k] = x
+    view = padded.reshape(rp // tile, tile, kp // g, g)
+    with np.errstate(invalid="ignore"):
+        amax = np.maximum(np.abs(view).max(axis=(1, 3), keepdims=True), np.float32(1e-4))
+    top = np.float32(parse_format(FORMATS[fmt]).max_finite)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = (view * (top / amax)).reshape(rp, kp)[:r, :k]
+    q = quantize(np.ascontiguousarray(scaled), FORMATS[fmt], rounding, seed=seed,
+                 stream=stream, stats=stats)
+    return q, (amax / top).reshape(rp // tile, kp // g)
+
+
+def _fine_grained_operands(a, b, ins, g, rounding, seed, stream, stats):
+    """DeepGEMM's operands: a per 1 x g along K, b per g x g (its transpose's blocks), both
+    rounded to float32 first; the float32 scales per promotion, scale_b per column."""
+    from ..quantize import quantize
+    a32, b32 = (quantize(x, "fp32", "nearest").astype(np.float32, copy=False)
+                for x in (a, b))
+    qa, sa = _fp8_blocks(a32, g, 1, ins.a_type, rounding, seed, stream, stats)
+    qbt, sbt = _fp8_blocks(np.ascontiguousarray(b32.T), g, g, ins.b_type, rounding, seed,
+                           stream + 1, stats)
+    sb = np.repeat(sbt.T, g, axis=1)[:, :b.shape[1]]
+    return qa, qbt.T, (sa, sb)
 
 
 #: the block format of the operands of each block-scaled instruction, by (element type,

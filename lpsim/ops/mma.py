@@ -196,9 +196,29 @@ def _unpack(bits, out16):
     return (-m if neg else m), e, FINITE
 
 
+@njit(cache=True, nogil=True, inline="always")
+def fma32(a, b, c):
+    """a * b + c of float32 values (as float64) rounded once to float32, as the FFMA
+    instruction does: the product is exact in float64, the sum rounds to odd there (its
+    error by TwoSum moves an inexact even result one unit toward it), and the cast to
+    float32 then rounds once, correctly (53 >= 24 + 2 bits)."""
+    p = a * b
+    t = p + c
+    if not math.isfinite(t) or t == 0.0:
+        return np.float32(t)
+    bp = t - p
+    err = (p - (t - bp)) + (c - bp)
+    if err != 0.0:
+        m, e = math.frexp(t)
+        mi = np.int64(m * 9007199254740992.0)       # the 53-bit significand, signed
+        if mi % 2 == 0:
+            t = math.ldexp(float(mi + (1 if err > 0 else -1)), e - 53)
+    return np.float32(t)
+
+
 @njit(cache=True, nogil=True)
 def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero, rho, S, out,
-               promote, acc):
+               promote, acc, psa, psb):
     """D = A B + C by fused nodes of ``L`` products (the module's docstring) into the int32
     output codes ``out``.  ``am``/``asg``/``ae``/``acl`` (M x K) and the same of B (K x N)
     are the inputs' significand magnitudes, signs (0 or -1), exponents and classes, A's
@@ -211,6 +231,9 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
     chain's result is added to the float32 accumulator ``acc`` (M x N, zeros on entry) with
     one float32 addition and the chain begins again from C = +0, as a GEMM that promotes its
     partial sums to CUDA-core registers does; ``out`` then holds the last partial's codes.
+    With block scales ``psa`` (M x promotions) and ``psb`` (promotions x N, float32 values;
+    empty: none) the addition is DeepGEMM's FFMA instead: acc = fl32(sa * sb) * D + acc,
+    rounded once.
 
     Node by node for a block of rows of D, then row by row within it, a node's steps run
     across the row (j innermost, B's rows contiguous): branch-free int32 loops (products
@@ -332,9 +355,14 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                                 v = math.ldexp(float(m_c[j]), int(e_c[j]) - 23)
                             else:
                                 v = np.inf if cl_c[j] == POS_INF else -np.inf
-                            # one float32 addition (the float64 sum of two float32 values
-                            # rounds to the same float32)
-                            acc[i, j] = np.float32(np.float64(acc[i, j]) + v)
+                            if psa.size:
+                                blk = node // promote
+                                scale = np.float32(np.float64(psa[i, blk]) * psb[blk, j])
+                                acc[i, j] = fma32(np.float64(scale), v, np.float64(acc[i, j]))
+                            else:
+                                # one float32 addition (the float64 sum of two float32
+                                # values rounds to the same float32)
+                                acc[i, j] = np.float32(np.float64(acc[i, j]) + v)
                             m_c[j], e_c[j], cl_c[j] = 0, 0, FINITE
                     if promoting:
                         c_special = 0
@@ -401,7 +429,7 @@ def mma(a, b, c, *, arch, instruction, scale_a=None, scale_b=None):
     S = np.empty(ins.n, np.int32 if ins.F <= 13 else np.int64)
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, (cm ^ csg) - csg, ce, ccl,
                type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, out,
-               0, _NO_ACC)
+               0, _NO_ACC, _NO_ACC, _NO_ACC)
     d = (out.astype(np.uint16).view(np.float16) if ins.rho == RNE_FP16
          else out.view(np.float32))
     return _delivered(d, lib_torch, device)
@@ -449,7 +477,8 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
     return result
 
 
-def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=None):
+def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=None,
+                   promote_scales=None):
     """A @ B (float64 arrays of values of the instruction's A and B types) as a GEMM kernel
     computes it from ``ins`` chained along K: K padded with zeros to a multiple of the
     instruction's k, each instruction's D fed back as its C from C = +0, and every
@@ -458,7 +487,8 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
     Tiling over M and N does not change a value, so the whole GEMM is one kernel call.
     float32 result (float16 for an f16 chain without promotion).  ``scales``: a
     block-scaled instruction's (scale_a, scale_b), M x K/32 and K/32 x N with K rounded up
-    to whole blocks."""
+    to whole blocks.  ``promote_scales``: float32 (scale_a, scale_b), M x P and P x N for the
+    P promotions, with which each promotion is DeepGEMM's FFMA (:func:`mma_kernel`)."""
     (m, k), n = A.shape, B.shape[1]
     kp = -(-k // ins.k) * ins.k
     if kp == 0:                    # an empty sum: +0
@@ -491,9 +521,11 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
     S = np.empty(n, np.int32 if ins.F <= 13 else np.int64)
     # (an interval beyond K promotes once, at the end, as any interval >= K does)
     acc = np.zeros((m, n), np.float32) if nodes else _NO_ACC
+    psa, psb = (_NO_ACC, _NO_ACC) if promote_scales is None else (
+        np.ascontiguousarray(x, np.float32) for x in promote_scales)
     mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, zero, zero, zero.astype(np.int8),
                type_params(ins.c_type)[1], ins.F, ins.L, ins.e_zero, ins.rho, S, codes,
-               nodes, acc)
+               nodes, acc, psa, psb)
     if nodes:
         acc.view(np.int32)[np.isnan(acc)] = 0x7FFFFFFF      # the hardware's canonical NaN
         return acc
