@@ -1,6 +1,8 @@
 """The ``lpsim`` command at real terminal widths: layout, exact values, inputs, errors, help."""
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import pathlib
@@ -21,11 +23,30 @@ from conftest import child_pythonpath
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def lpsim_cmd(*args, columns=80):
-    """Run ``python -m lpsim ARGS`` in a terminal ``columns`` wide (rich reads COLUMNS)."""
-    env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": child_pythonpath()}
-    return subprocess.run([sys.executable, "-m", "lpsim", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
+def lpsim_cmd(*args, columns=80, process=False):
+    """``lpsim ARGS`` in a terminal ``columns`` wide (rich and argparse read COLUMNS): its
+    exit status, stdout and stderr.  In this interpreter through ``lpsim.cli.main`` (an
+    interpreter start costs seconds), or with ``process=True`` as ``python -m lpsim``, the
+    command itself, which a few tests run end to end."""
+    if process:
+        env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": child_pythonpath()}
+        return subprocess.run([sys.executable, "-m", "lpsim", *args], capture_output=True,
+                              text=True, cwd=ROOT, env=env, timeout=300)
+    out, err = io.StringIO(), io.StringIO()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:          # argparse: --help, --version, bad usage
+                code = 0 if exit_.code is None else exit_.code
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def assert_fits(text, columns):
@@ -37,7 +58,7 @@ def assert_fits(text, columns):
 # --- formats --------------------------------------------------------------------------------
 @pytest.mark.parametrize("columns", [80, 200])
 def test_formats_fit_the_terminal_and_show_every_property(columns):
-    done = lpsim_cmd("formats", columns=columns)
+    done = lpsim_cmd("formats", columns=columns, process=columns == 80)
     assert done.returncode == 0 and done.stderr == ""
     assert_fits(done.stdout, columns)
     cells = set(re.split(r"[\s│┃]+", done.stdout))
@@ -272,7 +293,7 @@ def test_exact_values_take_the_draws_of_lpsim_quantize():
 
 
 def test_version():
-    done = lpsim_cmd("--version")
+    done = lpsim_cmd("--version", process=True)
     assert done.returncode == 0 and done.stdout.strip() == f"lpsim {lpsim.__version__}"
 
 
