@@ -7,6 +7,7 @@ The same tests run on a GPU with LPSIM_TEST_GPU=1 (the CUDA cases; lpsim_cuda qu
 cuBLAS multiplies without TF32 there).
 """
 
+import copy
 import os
 import warnings
 
@@ -298,6 +299,23 @@ def test_multihead_attention_projections_are_named_not_swapped():
         simulate(model, "mxfp8")
     assert type(model[0].out_proj) is not SimulatedLinear and \
         isinstance(model[1], SimulatedLinear)
+
+
+def test_an_encoder_layer_in_inference_runs_the_simulated_layers():
+    """nn.TransformerEncoderLayer's inference fast path (eval, no grad, batch_first) reads
+    linear1's and linear2's weights directly; a simulated layer keeps it out of that path."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    plain = copy.deepcopy(layer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # its attention's projections: not simulated
+        simulate(layer, "mxfp8", generator=1)
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        y = layer(x)
+    assert layer.linear1.telemetry["fprop", "x"].elements == x.numel()
+    assert layer.linear2.telemetry["fprop", "w"].elements == 64 * 32
+    assert not torch.equal(y, plain(x))
 
 
 def test_telemetry_counts_equal_the_hand_composition_counts():

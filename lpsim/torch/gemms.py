@@ -280,3 +280,10 @@ def wgrad_follows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a backward pass may run wgrad, whose K is the token count (checked then)."""
     return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
 
+
+
+def keep_out_of_fast_paths(module, args) -> None:
+    """A forward pre-hook that does nothing: a module with a hook is one that
+    ``nn.TransformerEncoderLayer``'s inference fast path does not take, as that path reads
+    the weights directly and would run none of the simulated GEMMs."""
+    return None

@@ -27,7 +27,7 @@ from ..generator import Generator
 # pickles of earlier SimulatedLinear layers name here) stay importable from this module
 from .gemms import (RHT_STREAM, LinearGemms, _LinearFunction, _Site, _telemetry_every,  # noqa: F401
                     gemm, hadamard, quantize_operand, rht, rht_signs, tensor_scale,
-                    wgrad_follows)
+                    keep_out_of_fast_paths, wgrad_follows)
 from .recipes import PRESETS, Recipe, recipe as as_recipe
 
 
@@ -59,6 +59,7 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         self.bias = linear.bias
         LinearGemms.__init__(self, r, generator=generator, name=name, index=index,
                              telemetry=telemetry)
+        self.register_forward_pre_hook(keep_out_of_fast_paths)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
