@@ -265,7 +265,7 @@ def test_gradcheck_passes_on_the_exact_recipe_with_rht_in_float64():
 
 
 def _functional(layer, x, w, b):
-    from lpsim.torch.simulate import _LinearFunction
+    from lpsim.torch.gemms import _LinearFunction
     return _LinearFunction.apply(x.reshape(-1, 8), w, b, layer)
 
 

@@ -25,9 +25,10 @@ from torch import nn
 from ..generator import Generator
 # the GEMM machinery lives in lpsim.torch.gemms; its public names (and _Site, which the
 # pickles of earlier SimulatedLinear layers name here) stay importable from this module
-from .gemms import (RHT_STREAM, LinearGemms, _LinearFunction, _Site, _telemetry_every,  # noqa: F401
-                    gemm, hadamard, quantize_operand, rht, rht_signs, tensor_scale,
-                    keep_out_of_fast_paths, wgrad_follows)
+from .gemms import (RHT_STREAM, LinearGemms, _Site, _telemetry_every, gemm,  # noqa: F401
+                    hadamard, keep_out_of_fast_paths, quantize_operand, rht, rht_signs,
+                    tensor_scale, wgrad_follows)
+from .attention import PROJECTIONS, SimulatedMultiheadAttention
 from .recipes import PRESETS, Recipe, recipe as as_recipe
 
 
@@ -62,6 +63,10 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         self.register_forward_pre_hook(keep_out_of_fast_paths)
         return self
 
+    def gemm_layers(self) -> dict:
+        """The simulated linear maps of this module by name suffix (report's rows)."""
+        return {"": self}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"layer {self.layer_name!r}: input of shape {tuple(x.shape)}; "
@@ -78,25 +83,29 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
 
 
-def _in_attention(name: str, attention: list[str]) -> bool:
-    return any(name.startswith(prefix + ".") for prefix in attention)
-
-
 def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
-             telemetry: bool | int = True) -> nn.Module:
+             telemetry: bool | int = True, attention: bool = False) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for :class:`SimulatedLinear` with ``recipe``
     (a name of :data:`lpsim.torch.PRESETS` or a Recipe), in place; returns ``model``.
 
-    skip: names of linear layers to leave as they are (as ``model.named_modules()`` gives
-    them), or a callable ``skip(name, module) -> bool``.  With ``recipe.keep_first_last``
-    the first and last linear layers (in ``named_modules`` order) run the ``bf16`` recipe.
+    attention: also swap each ``nn.MultiheadAttention`` for a
+    :class:`lpsim.torch.attention.SimulatedMultiheadAttention`, whose q, k, v and output
+    projections run the recipe's GEMMs (named ``<module>.q_proj`` ... ``.out_proj``) and whose
+    attention in between is nn.MultiheadAttention's own computation.  With False (the default)
+    the attention modules stay as they are (their forward reads the projection weights
+    directly, so their ``out_proj`` is not swapped either) and a warning names them.
+    skip: names of modules to leave as they are (as ``model.named_modules()`` gives them: a
+    linear layer, or an attention module as a whole), or a callable ``skip(name, module) ->
+    bool`` (asked of linear layers outside attention modules and of attention modules).
+    With ``recipe.keep_first_last`` the first and last layers (in ``named_modules`` order; an
+    attention module is one layer, all four projections) run the ``bf16`` recipe.
     generator: an :class:`lpsim.Generator` (or an integer seed) for stochastic rounding and
     the RHT signs; None draws a seed.  telemetry: count every quantization (True), none
     (False) or those of every N-th step (an integer N; a step ends with a layer's backward
     pass): the counting kernels cost about as much as the rest of a simulated step on the
-    CPU (``benchmarks/bench_recipes.py``).  Layers already simulated take the new recipe.
-    The projections inside ``nn.MultiheadAttention`` are not swapped (its forward reads
-    their weights directly): a warning names them.
+    CPU (``benchmarks/bench_recipes.py``).  Layers and attention modules already simulated
+    take the new recipe.  Every layer is checked before any is swapped: a refused call
+    leaves the model as it was.
     """
     r = as_recipe(recipe)
     if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
@@ -107,43 +116,71 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
     generator = generator if generator is not None else Generator()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model={model!r} is not a torch.nn.Module")
-    if callable(skip):
-        skipped = skip
-    else:
-        names = set(skip) if not isinstance(skip, str) else {skip}
-        known = {n for n, _ in model.named_modules()}
-        unknown = names - known
-        if unknown:
-            raise ValueError(f"skip={sorted(unknown)!r}: no such modules in the model")
-
-        def skipped(name, module):
-            return name in names
-    attention = [n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)]
-    layers, left = [], []
+    if not isinstance(attention, (bool, np.bool_)):
+        raise TypeError(f"attention={attention!r} is not accepted; accepted: True (simulate "
+                        "the projections of nn.MultiheadAttention) or False")
+    _telemetry_every(telemetry)
+    skipped, names = _skip_rule(model, skip)
+    # per attention module: swapped, skipped, or left as it is with a warning
+    attentions = {}
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
+        if isinstance(module, nn.MultiheadAttention):
+            wanted = attention or isinstance(module, SimulatedMultiheadAttention)
+            attentions[name] = ("skip" if skipped(name, module) else "swap") if wanted \
+                else "left"
+    units, left = [], []
+    for name, module in model.named_modules():
+        owner = next((a for a in attentions if name.startswith(a + ".") or not a), None)
+        if attentions.get(name) == "swap":
+            units.append((name, module))
+        elif not isinstance(module, nn.Linear):
             continue
-        if _in_attention(name, attention):
+        elif owner is None:
+            if not skipped(name, module):
+                units.append((name, module))
+        elif attentions[owner] == "left":
             left.append(name)
-        elif not skipped(name, module):
-            layers.append((name, module))
+        elif attentions[owner] == "swap" and name in names:
+            raise ValueError(f"skip={[name]!r}: a projection of the attention module "
+                             f"{owner!r}, whose four projections are simulated together; "
+                             f"accepted: skip={[owner]!r} (the module left as it is)")
     if left:
         warnings.warn(f"lpsim.torch.simulate: {left} belong to nn.MultiheadAttention, whose "
-                      "forward reads their weights directly; they are not simulated",
+                      "forward reads their weights directly; they are not simulated "
+                      "(simulate(..., attention=True) simulates the attention projections)",
                       stacklevel=2)
-    _telemetry_every(telemetry)
-    made = []
-    for index, (name, module) in enumerate(layers):
-        first_last = r.keep_first_last and index in (0, len(layers) - 1)
+    made, index = [], 0
+    for position, (name, module) in enumerate(units):   # every layer made before any swap
+        first_last = r.keep_first_last and position in (0, len(units) - 1)
         chosen = PRESETS["bf16"] if first_last else r
-        made.append((name, module, chosen, index))
-    for name, module, chosen, index in made:      # every layer checked before any swap
-        chosen.check_dims(module.in_features, module.out_features, where=f"layer {name!r}: ")
-    for name, module, chosen, index in made:
-        new = SimulatedLinear.from_linear(module, chosen, generator=generator, name=name,
-                                          index=index, telemetry=telemetry)
+        options = dict(generator=generator, name=name, index=index, telemetry=telemetry)
+        if isinstance(module, nn.MultiheadAttention):
+            made.append((name, SimulatedMultiheadAttention.from_attention(module, chosen,
+                                                                          **options)))
+            index += len(PROJECTIONS)
+        else:
+            made.append((name, SimulatedLinear.from_linear(module, chosen, **options)))
+            index += 1
+    if made and made[0][0] == "":
+        made_from = "from_linear" if isinstance(model, nn.Linear) else "from_attention"
+        raise ValueError(f"model is itself the layer to swap ({type(model).__name__}), which "
+                         "simulate cannot replace in place; accepted: a model that holds it, "
+                         f"or {type(made[0][1]).__name__}.{made_from}(model, recipe)")
+    for name, new in made:
         _replace(model, name, new)
     return model
+
+
+def _skip_rule(model: nn.Module, skip):
+    """skip as a callable (name, module) -> bool, and the set of names it was given (empty
+    for a callable); unknown names refused."""
+    if callable(skip):
+        return skip, set()
+    names = set(skip) if not isinstance(skip, str) else {skip}
+    unknown = names - {n for n, _ in model.named_modules()}
+    if unknown:
+        raise ValueError(f"skip={sorted(unknown)!r}: no such modules in the model")
+    return (lambda name, module: name in names), names
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
@@ -181,19 +218,26 @@ def report(model: nn.Module) -> Report:
     and underflowed, and how many blocks were clipped or flushed to zero, so far."""
     rows = []
     for name, module in model.named_modules():
-        if not isinstance(module, SimulatedLinear):
+        if not isinstance(module, (SimulatedLinear, SimulatedMultiheadAttention)):
             continue
-        for (g, role), site in module.sites.items():
-            s = site.stats
-            op = module.recipe.operand(g, role)
-            rows.append({"layer": name, "recipe": module.recipe.name, "gemm": g,
-                         "operand": role, "format": "fp32" if op.fmt is None else
-                         str(op.fmt), "elements": s.elements, "saturated": s.overflow,
-                         "underflow": s.underflow, "blocks": s.blocks,
-                         "clipped_scales": s.clipped_scales,
-                         "flushed_blocks": s.flushed_blocks})
+        for suffix, layer in module.gemm_layers().items():
+            rows.extend(_rows(".".join(filter(None, (name, suffix))), layer))
     return Report(tuple(rows))
 
 
-__all__ = ["simulate", "SimulatedLinear", "report", "Report", "quantize_operand", "gemm", "rht",
-           "rht_signs", "hadamard", "tensor_scale", "Recipe"]
+def _rows(name: str, layer: LinearGemms) -> list[dict]:
+    rows = []
+    for (g, role), site in layer.sites.items():
+        s = site.stats
+        op = layer.recipe.operand(g, role)
+        rows.append({"layer": name, "recipe": layer.recipe.name, "gemm": g,
+                     "operand": role, "format": "fp32" if op.fmt is None else
+                     str(op.fmt), "elements": s.elements, "saturated": s.overflow,
+                     "underflow": s.underflow, "blocks": s.blocks,
+                     "clipped_scales": s.clipped_scales, "flushed_blocks": s.flushed_blocks})
+    return rows
+
+
+__all__ = ["simulate", "SimulatedLinear", "SimulatedMultiheadAttention", "report", "Report",
+           "quantize_operand", "gemm", "rht", "rht_signs", "hadamard", "tensor_scale", "Recipe",
+           "RHT_STREAM"]
