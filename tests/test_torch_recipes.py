@@ -7,6 +7,7 @@ The same tests run on a GPU with LPSIM_TEST_GPU=1 (the CUDA cases; lpsim_cuda qu
 cuBLAS multiplies without TF32 there).
 """
 
+import copy
 import os
 import warnings
 
@@ -54,10 +55,10 @@ def by_hand(t, op, axis, g, amax=None):
     return lpsim.quantize(t * float(s), fmt, op.rounding, generator=g) / float(s)
 
 
-def hand_rht(t, step, n):
+def hand_rht(t, step, n, layer=0):
     """The RHT of the columns of t (blocks of n tokens), as the recipe defines it: the
     transpose's runs of n, as rows, times (H diag(d) / sqrt(n))^T."""
-    words = np.array(random_words(n, 4, SEED, RHT_STREAM + 0, step * n), dtype=np.uint64)
+    words = np.array(random_words(n, 4, SEED, RHT_STREAM + layer, step * n), dtype=np.uint64)
     signs = np.where(words >> np.uint64(31), -1.0, 1.0)
     h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)])
     m = torch.tensor(h * signs / np.sqrt(n), dtype=torch.float32, device=t.device)
@@ -65,12 +66,19 @@ def hand_rht(t, step, n):
     return torch.matmul(tt.reshape(-1, n), m.t()).reshape(tt.shape).t()
 
 
-def product(a, b, gemm):
+def product(a, b, gemm, b_rows=False):
+    """a @ b with the operands laid out as the layer passes them: a row-major, b
+    column-major (the transpose of a row-major K-major matrix), or row-major with b_rows
+    (the layer's weight in dgrad, quantized as it is stored, where it is not in blocks
+    along the columns).  BLAS sums each output in an order that depends on the layouts: a
+    difference far below the output's rounding, but one that a sum with cancellation shows."""
     if a.device.type == "cuda" and gemm.accumulate is None:
         torch.backends.cuda.matmul.allow_tf32 = False
         return a @ b
-    y = lpsim.ops.matmul(a.cpu().contiguous(), b.cpu().contiguous(), model=gemm.accumulate)
-    return y.to(a.device)
+    device = a.device
+    a = a.cpu().contiguous()
+    b = b.cpu().contiguous() if b_rows else b.cpu().t().contiguous().t()
+    return lpsim.ops.matmul(a, b, model=gemm.accumulate).to(device)
 
 
 def out(y, gemm, bias=None):
@@ -79,10 +87,13 @@ def out(y, gemm, bias=None):
 
 
 class Hand:
-    """The recipe's three GEMMs by hand, steps in the layer's order of random draws."""
+    """The recipe's three GEMMs by hand, steps in the layer's order of random draws; layer:
+    the layer's index (its RHT signs), generator: one shared with other layers' (SEED's)."""
 
-    def __init__(self, recipe):
-        self.r, self.g, self.step, self.history = recipe, lpsim.Generator(SEED), 0, {}
+    def __init__(self, recipe, generator=None, layer=0):
+        self.r, self.step, self.history = recipe, 0, {}
+        self.g = generator if generator is not None else lpsim.Generator(SEED)
+        self.layer = layer
 
     def q(self, t, gemm, role, axis):
         g = getattr(self.r, gemm)
@@ -104,10 +115,12 @@ class Hand:
         shared = r.dgrad.b == r.fprop.b and r.fprop.b.blocks_2d
         dyq = self.q(dy, "dgrad", "dy", -1)
         wq = self.wq if shared else self.q(w, "dgrad", "w", 0)
-        dx = out(product(dyq, wq, r.dgrad), r.dgrad)
+        down_columns = isinstance(r.dgrad.b.fmt, BlockFormat) and not r.dgrad.b.blocks_2d
+        dx = out(product(dyq, wq, r.dgrad, b_rows=not down_columns), r.dgrad)
         dyw, xw = dy, x.detach().float()
         if r.rht:
-            dyw, xw = hand_rht(dyw, self.step, r.rht), hand_rht(xw, self.step, r.rht)
+            dyw = hand_rht(dyw, self.step, r.rht, self.layer)
+            xw = hand_rht(xw, self.step, r.rht, self.layer)
         dw = out(product(self.q(dyw, "wgrad", "dy", 0).t(), self.q(xw, "wgrad", "x", 0),
                      r.wgrad), r.wgrad)
         self.step += 1
@@ -252,7 +265,7 @@ def test_gradcheck_passes_on_the_exact_recipe_with_rht_in_float64():
 
 
 def _functional(layer, x, w, b):
-    from lpsim.torch.simulate import _LinearFunction
+    from lpsim.torch.gemms import _LinearFunction
     return _LinearFunction.apply(x.reshape(-1, 8), w, b, layer)
 
 
@@ -298,6 +311,23 @@ def test_multihead_attention_projections_are_named_not_swapped():
         simulate(model, "mxfp8")
     assert type(model[0].out_proj) is not SimulatedLinear and \
         isinstance(model[1], SimulatedLinear)
+
+
+def test_an_encoder_layer_in_inference_runs_the_simulated_layers():
+    """nn.TransformerEncoderLayer's inference fast path (eval, no grad, batch_first) reads
+    linear1's and linear2's weights directly; a simulated layer keeps it out of that path."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    plain = copy.deepcopy(layer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # its attention's projections: not simulated
+        simulate(layer, "mxfp8", generator=1)
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        y = layer(x)
+    assert layer.linear1.telemetry["fprop", "x"].elements == x.numel()
+    assert layer.linear2.telemetry["fprop", "w"].elements == 64 * 32
+    assert not torch.equal(y, plain(x))
 
 
 def test_telemetry_counts_equal_the_hand_composition_counts():

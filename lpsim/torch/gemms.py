@@ -1,0 +1,289 @@
+"""The simulated GEMMs of a linear map ``y = x Wᵀ + b`` under a training recipe.
+
+A linear map runs three GEMMs (:mod:`lpsim.torch.recipes`); each is, bit for bit, the
+composition a user could write by hand (:func:`gemm` is that composition):
+
+1. each operand fake-quantized along the GEMM's K by :func:`quantize_operand`
+   (``lpsim.quantize`` with the operand's format, rounding and per-tensor scale; k x k blocks
+   as blocks of k*k elements of the tiled tensor), the wgrad operands (tokens along K)
+   after :func:`rht` along the tokens when the recipe has one;
+2. :func:`lpsim.ops.matmul` with the recipe's accumulation (on a GPU, an FP32 GEMM is
+   ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU);
+3. the bias added in FP32 (fprop), then the output rounded to nearest in its format.
+
+:class:`LinearGemms` holds what one linear map's GEMMs keep between calls: the recipe, the
+:class:`lpsim.Generator` that stochastic rounding draws from (every call fresh counters), the
+index that keys the RHT's signs, the step count and the telemetry counters
+(:class:`lpsim.blocks.BlockStats`) per GEMM and operand.  ``SimulatedLinear``
+(:mod:`lpsim.torch.simulate`) is one; ``SimulatedMultiheadAttention``
+(:mod:`lpsim.torch.attention`) holds one per projection.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..blocks.amax import tensor_amax
+from ..blocks.counters import BlockStats
+from ..blocks.formats import BlockFormat
+from ..generator import Generator
+from ..ops.reductions import matmul as lp_matmul
+from ..philox import random_words
+from ..quantize import quantize as lp_quantize
+from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
+
+#: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
+RHT_STREAM = 1 << 40
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def tensor_scale(amax: float, fmt) -> float:
+    """The per-tensor scale ``fp32(max / amax)`` (1 when amax is 0 or not finite; float32's
+    largest value where the quotient overflows), as TransformerEngine computes it."""
+    if not 0.0 < amax < float("inf"):
+        return 1.0
+    s = float(np.float32(np.float32(fmt.max_finite) / np.float32(amax)))
+    return s if s < float("inf") else _FLOAT32_MAX
+
+
+def _amax(t: torch.Tensor) -> float:
+    """The largest finite magnitude (0 for none), as NVFP4's tensor scale takes it: lpsim's
+    threaded pass on the CPU (torch's reductions cost ten times more here)."""
+    if t.numel() == 0:
+        return 0.0
+    if t.device.type == "cpu":
+        return tensor_amax(t.detach().float().contiguous().numpy().reshape(-1))
+    a = t.detach().abs()
+    return float(torch.where(torch.isfinite(a), a, 0).max())
+
+
+def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None, stats=None,
+                     amax: float | None = None) -> torch.Tensor:
+    """The float32 values of the 2-D tensor ``t`` quantized as ``op`` says along ``axis``.
+
+    amax: the per-tensor amax for ``scaling`` (None: this tensor's own).  Element formats
+    without scaling and block formats are ``lpsim.quantize``; k x k blocks tile ``t``, make
+    each tile a block of k*k elements and untile.
+    """
+    fmt = op.fmt
+    if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
+        return t.detach() if t.dtype == torch.float64 else t.detach().float()
+    t = t.detach().float()
+
+    def rounded(values, fmt, **where):
+        return lp_quantize(values, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
+                           stats=stats, **where)
+
+    if isinstance(fmt, BlockFormat):
+        if op.blocks_2d:
+            # k x k tiles, each a block of k*k elements along the last axis, then untiled
+            k = fmt.block
+            rows, cols = t.shape
+            tiles = t.reshape(rows // k, k, cols // k, k).permute(0, 2, 1, 3).reshape(
+                rows // k, cols // k, k * k)
+            q = rounded(tiles, _square(fmt), axis=-1)
+            return q.reshape(rows // k, cols // k, k, k).permute(0, 2, 1, 3).reshape(
+                rows, cols)
+        if t.ndim == 2 and axis in (0, -2):
+            # blocks down the columns: the transpose's rows, the same blocks and random
+            # counters (C order of the blocked layout); torch's transposing copy is the
+            # fastest here, and the result goes back as a view, which the GEMM reads as is
+            return rounded(t.t().contiguous(), fmt, axis=-1).t()
+        return rounded(t, fmt, axis=axis)
+    if op.scaling == "none":
+        return rounded(t, fmt)
+    s = tensor_scale(_amax(t) if amax is None else amax, fmt)
+    q = t * s
+    rounded(q, fmt, out=q)
+    return q.div_(s)
+
+
+@functools.lru_cache(maxsize=64)
+def _square(bfmt: BlockFormat) -> BlockFormat:
+    """``bfmt`` with blocks of block**2 elements: a k x k tile as one block (made once per
+    format, not per call)."""
+    return replace(bfmt, block=bfmt.block ** 2)
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def rht_signs(seed: int, layer: int, step: int, n: int) -> np.ndarray:
+    """The random signs (+-1) of a layer's RHT at a step: the top bits of Philox words
+    (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1)."""
+    words = random_words(n, 4, seed, RHT_STREAM + layer, step * n)
+    return np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
+
+
+def rht(t: torch.Tensor, signs: np.ndarray) -> torch.Tensor:
+    """``t`` with each run of n consecutive elements along its last axis (n = len(signs),
+    dividing it) multiplied by the orthogonal ``H diag(signs) / sqrt(n)``, in t's dtype:
+    ``torch.matmul`` of the runs, as rows, by that matrix's transpose.  The wgrad operands
+    are transformed along the tokens, which their transposes hold along the last axis."""
+    n = len(signs)
+    m = torch.from_numpy(hadamard(n) * signs / np.sqrt(n)).to(t.device, t.dtype)
+    return torch.matmul(t.reshape(-1, n), m.t()).reshape(t.shape)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
+    if a.device.type == "cpu":      # transposed views go to BLAS as they are
+        return lp_matmul(a, b, model=accumulate)
+    if accumulate is None:
+        flag = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return torch.matmul(a, b)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = flag
+    # the models of lpsim.ops are CPU kernels: the operands go there and back
+    return lp_matmul(a.cpu(), b.cpu(), model=accumulate).to(a.device)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None) -> torch.Tensor:
+    """a @ b (quantized operands, K between them) with ``spec``'s accumulation, plus ``bias``
+    in FP32, rounded to ``spec.out`` to nearest."""
+    y = _product(a, b, spec.accumulate)
+    if bias is not None:
+        y = y + bias.detach().to(y.dtype)
+    if spec.out is None:
+        return y
+    return lp_quantize(y, spec.out)
+
+
+@dataclass
+class _Site:
+    """One operand of one GEMM of a layer: its counters and, for delayed scaling, amaxes."""
+
+    stats: BlockStats
+    history: list
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The three GEMMs of a :class:`LinearGemms` (``layer``) on 2-D inputs (tokens,
+    in_features); weight and bias may be views of larger Parameters (autograd takes their
+    gradients there)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):
+        r = layer.recipe
+        xq = layer.quantize(x, "fprop", "x", -1)
+        wq = layer.quantize(weight, "fprop", "w", -1)
+        y = gemm(xq, wq.t(), r.fprop, bias)
+        shared = r.dgrad.b == r.fprop.b and r.fprop.b.blocks_2d
+        ctx.layer = layer
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, wq if shared else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        layer = ctx.layer
+        r = layer.recipe
+        x, weight, wq_shared = ctx.saved_tensors
+        dy = dy if dy.dtype == torch.float64 else dy.float()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dyq = layer.quantize(dy, "dgrad", "dy", -1)
+            wq = wq_shared if wq_shared is not None else layer.quantize(weight, "dgrad", "w", 0)
+            dx = gemm(dyq, wq, r.dgrad).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            # K is the tokens: the transposes hold them along the last axis, where the RHT
+            # runs and the blocks lie (the same blocks and counters as along axis 0)
+            dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()
+            if r.rht is not None:
+                signs = rht_signs(layer.generator.initial_seed(), layer.layer_index,
+                                  layer.steps, r.rht)
+                dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
+            dyq = layer.quantize(dy_t, "wgrad", "dy", -1)
+            xq = layer.quantize(x_t, "wgrad", "x", -1)
+            dw = gemm(dyq, xq.t(), r.wgrad).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(0)
+        layer.steps += 1
+        return dx, dw, db, None
+
+
+def _telemetry_every(telemetry) -> int | None:
+    """Steps between counted steps: True 1, False None, an integer N >= 1 itself."""
+    if isinstance(telemetry, (bool, np.bool_)):
+        return 1 if telemetry else None
+    if isinstance(telemetry, (int, np.integer)) and telemetry >= 1:
+        return int(telemetry)
+    raise ValueError(f"telemetry={telemetry!r} is not accepted; accepted: True (count every "
+                     "step), False, or an integer N >= 1 (count every N-th step)")
+
+
+
+class LinearGemms:
+    """The state of one simulated linear map's GEMMs: ``recipe``, ``generator`` (stochastic
+    rounding and the RHT's seed), ``layer_name``, ``layer_index`` (the RHT's Philox stream
+    is RHT_STREAM + it), ``telemetry_every``, ``steps`` (backward passes so far: the RHT's
+    step) and ``sites``, per (gemm, operand) the counters and delayed-scaling amaxes.
+    :meth:`linear` runs the map."""
+
+    def __init__(self, recipe, *, generator: Generator | None = None, name: str = "",
+                 index: int = 0, telemetry: bool | int = True):
+        self.recipe = as_recipe(recipe)
+        self.generator = generator if generator is not None else Generator()
+        self.layer_name, self.layer_index = name, index
+        self.telemetry_every = _telemetry_every(telemetry)
+        self.steps = 0
+        self.sites = {(g, role): _Site(BlockStats(), [])
+                      for g, roles in GEMMS.items() for role in roles}
+
+    def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
+        """The operand ``role`` of ``gemm`` quantized along ``axis``, counted and with its
+        delayed-scaling amax recorded."""
+        op = self.recipe.operand(gemm, role)
+        site = self.sites[gemm, role]
+        amax = None
+        if op.scaling == "delayed":
+            amax = max(site.history) if site.history else 0.0
+            site.history.append(_amax(t))
+            del site.history[:-op.history]
+        every = self.telemetry_every
+        counted = every is not None and self.steps % every == 0
+        return quantize_operand(t, op, axis, generator=self.generator, amax=amax,
+                                stats=site.stats if counted else None)
+
+    @property
+    def telemetry(self) -> dict:
+        """Per (gemm, operand) the counters of the counted quantizations so far."""
+        return {key: site.stats for key, site in self.sites.items()}
+
+    def reset_telemetry(self) -> None:
+        for site in self.sites.values():
+            site.stats.reset()
+
+    def check_dims(self, in_features: int, out_features: int, tokens: int | None = None):
+        """The recipe's refusal of block sizes these dimensions do not divide, naming the
+        layer (tokens None: no backward pass to follow, wgrad not checked)."""
+        self.recipe.check_dims(in_features, out_features, tokens,
+                               where=f"layer {self.layer_name!r}: ")
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for a 2-D ``x`` (tokens, in_features) through the
+        recipe's three GEMMs (checked beforehand by :meth:`check_dims`)."""
+        return _LinearFunction.apply(x, weight, bias, self)
+
+
+def wgrad_follows(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a backward pass may run wgrad, whose K is the token count (checked then)."""
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+
+
+
+def keep_out_of_fast_paths(module, args) -> None:
+    """A forward pre-hook that does nothing: a module with a hook is one that
+    ``nn.TransformerEncoderLayer``'s inference fast path does not take, as that path reads
+    the weights directly and would run none of the simulated GEMMs."""
+    return None
