@@ -20,8 +20,14 @@ from conftest import child_pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-lpsim.warmup(["nearest", "stochastic"], ["float32"], ops=False, blocks=False, optim=False,
-             progress=False)
+
+@pytest.fixture(scope="module", autouse=True)
+def _warmed_up():
+    """The documented warm-up, before this file's tests, in the worker that runs them (at
+    import it ran in every worker's collection: each compiled these kernels once more)."""
+    lpsim.warmup(["nearest", "stochastic"], ["float32"], ops=False, blocks=False,
+                 optim=False, progress=False)
+
 
 # the default profile's deadline, derandomized: the same examples in every run
 USER = settings(settings.get_profile("default"), derandomize=True)
