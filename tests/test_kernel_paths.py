@@ -212,6 +212,22 @@ def test_values_cover_the_fast_and_the_slow_path():
             assert fast.sum() >= 100 and (~fast).sum() >= 100, (dtype, key, fast.sum())
 
 
+@functools.lru_cache(maxsize=None)
+def _round_one_and_bits():
+    """A kernel writing round_one's and round_bits' results element by element: made once,
+    so that every format and container shares its compiles (the parameters are one type)."""
+    from numba import njit
+
+    from lpsim.rounding import round_one
+
+    @njit
+    def both(xb, mode, rs, k, p, one, ones, bits, flags):
+        for i in range(xb.size):
+            one[i], ones[i] = round_one(xb[i], mode, rs[i], k, p)
+            bits[i], flags[i] = round_bits(xb[i], mode, rs[i], k, p)
+    return both
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_round_one_equals_round_bits(name, dtype):
@@ -219,16 +235,9 @@ def test_round_one_equals_round_bits(name, dtype):
     optimizer's per-element decision) gives round_bits' bits and flags on every element of
     values() (random bit patterns, the format's range, ties, specials), every mode, full and
     few-bit SR."""
-    from numba import njit
+    from lpsim.rounding import MODES, kernel_params
 
-    from lpsim.rounding import MODES, kernel_params, round_one
-
-    @njit
-    def both(xb, mode, rs, k, p, one, ones, bits, flags):
-        for i in range(xb.size):
-            one[i], ones[i] = round_one(xb[i], mode, rs[i], k, p)
-            bits[i], flags[i] = round_bits(xb[i], mode, rs[i], k, p)
-
+    both = _round_one_and_bits()
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     p = kernel_params(lpsim.parse_format(FORMATS[name]), dtype)
     xb = values(dtype, name).view(DTYPES[dtype]).astype(np.int64)  # ranges, ties, specials
