@@ -12,12 +12,22 @@ It works through numba's cache locators (``numba.core.caching.CacheImpl``): each
 that backs a cache with a source file gets an lpsim twin that answers for lpsim's files
 only.  Imported first by ``lpsim/__init__.py``, before any kernel is declared.  Where numba
 lacks that interface (another version) nothing is installed and numba's stamps apply.
+
+Processes sharing the cache (DDP ranks, pytest-xdist workers, a pool) compile a kernel once
+between them: an lpsim kernel compiles holding an exclusive ``flock`` on a file beside its
+cache entry (per kernel and signature), so a process that wants the same kernel meanwhile
+waits and then loads what the first one saved.  The OS drops the lock of a process that
+dies; after COMPILE_LOCK_WAIT seconds a waiter compiles anyway; where locks are unavailable
+(no fcntl, a read-only cache) kernels compile as before.  ``LPSIM_COMPILE_LOCK=0`` turns the
+locks off.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import time
 
 PACKAGES = ("lpsim", "lpsim_cuda")
 
@@ -92,4 +102,76 @@ def install() -> bool:
     return True
 
 
-INSTALLED = install()
+#: seconds a process waits for another's compile of the same kernel before compiling itself
+COMPILE_LOCK_WAIT = 300.0
+
+
+def _lock_path(dispatcher, sig):
+    """The lock file of an lpsim kernel's cache entry for ``sig`` (None: not an lpsim kernel
+    with an on-disk cache)."""
+    cache = getattr(dispatcher, "_cache", None)
+    impl = getattr(cache, "_impl", None)
+    locator = getattr(impl, "locator", None)
+    if locator is None or not type(locator).__name__.startswith("Lpsim"):
+        return None
+    key = hashlib.sha1(str(sig).encode()).hexdigest()[:16]
+    return os.path.join(cache._cache_path, f"{impl.filename_base}.{key}.lock")
+
+
+def _acquire(path):
+    """An open descriptor holding an exclusive lock on ``path``, or None (no lock to be had
+    within COMPILE_LOCK_WAIT seconds, or none available here)."""
+    try:
+        import fcntl
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    except (ImportError, OSError):
+        return None
+    deadline = time.monotonic() + COMPILE_LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        except OSError:
+            break
+    os.close(fd)
+    return None
+
+
+def _locked(compile_):
+    """Dispatcher.compile holding the kernel's lock, inside numba's compiler lock (so that
+    the threads of one process never wait on each other's file locks)."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    @functools.wraps(compile_)
+    def compile(self, sig):
+        path = _lock_path(self, sig)
+        if path is None or os.environ.get("LPSIM_COMPILE_LOCK", "1") == "0":
+            return compile_(self, sig)
+        with global_compiler_lock:
+            fd = _acquire(path)
+            try:
+                return compile_(self, sig)     # loads what another process saved meanwhile
+            finally:
+                if fd is not None:
+                    os.close(fd)               # closing releases the lock
+    compile.lpsim_locked = True
+    return compile
+
+
+def install_compile_locks() -> bool:
+    """Wrap numba's Dispatcher.compile with the per-kernel lock (idempotent)."""
+    try:
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:
+        return False
+    if not getattr(Dispatcher.compile, "lpsim_locked", False):
+        Dispatcher.compile = _locked(Dispatcher.compile)
+    return True
+
+
+INSTALLED = install() and install_compile_locks()

@@ -75,3 +75,35 @@ def _in_this_process(*specs):
     finally:
         sys.argv = argv
     return json.loads(output.getvalue().strip().splitlines()[-1])
+
+
+CONCURRENT = textwrap.dedent("""
+    import gc, json
+    import numpy as np
+    import lpsim
+    from numba.core.dispatcher import Dispatcher
+    lpsim.quantize(np.linspace(-3, 3, 100), "fp(4,5)", "up")
+    print(json.dumps(sorted(
+        f"{d.py_func.__module__}.{d.py_func.__qualname__}{sig}" for d in gc.get_objects()
+        if isinstance(d, Dispatcher) and d.py_func.__module__.startswith("lpsim")
+        for sig, n in d._cache_misses.items() if n)))
+""")
+
+
+@pytest.mark.slow
+def test_processes_started_together_compile_each_kernel_once(tmp_path):
+    """Two processes on an empty cache want the same kernels at once: each kernel compiles
+    in one of them while the other waits on its lock and loads it (lpsim.kernel_cache).
+    Without the locks (LPSIM_COMPILE_LOCK=0) both compile most of them, so the sets meet."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": ROOT}
+    env.pop("LPSIM_COMPILE_LOCK", None)
+    runs = [subprocess.Popen([sys.executable, "-c", CONCURRENT], env=env, cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    compiled = []
+    for run in runs:
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err[-3000:]
+        compiled.append(set(json.loads(out.strip().splitlines()[-1])))
+    assert compiled[0] | compiled[1], "nothing compiled: the cache was not empty"
+    assert not compiled[0] & compiled[1], sorted(compiled[0] & compiled[1])[:5]

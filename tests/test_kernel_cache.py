@@ -33,6 +33,10 @@ def test_source_stamp_follows_every_file(tmp_path):
 
 def test_lpsim_kernels_are_stamped_by_the_whole_package():
     assert kernel_cache.INSTALLED and kernel_cache.install()     # idempotent
+    assert kernel_cache.install_compile_locks()
+    from numba.core.dispatcher import Dispatcher
+    assert Dispatcher.compile.lpsim_locked and not hasattr(
+        Dispatcher.compile.__wrapped__, "lpsim_locked")             # wrapped once
     from numba.core import caching
     names = [cls.__name__ for cls in caching.CacheImpl._locator_classes]
     assert sum(name.startswith("Lpsim") for name in names) == len(set(
