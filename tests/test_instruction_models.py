@@ -347,3 +347,39 @@ def test_a_recipe_refuses_an_instruction_model_by_name():
     with pytest.raises(ValueError, match="accumulate='hopper-wgmma-e4m3': an instruction "
                                          "model takes values of its input types"):
         Gemm(Operand("e4m3fn"), Operand("e4m3fn"), accumulate="hopper-wgmma-e4m3")
+
+
+def test_scaled_matmul_takes_the_decomposed_operands_and_refuses_by_name():
+    """scaled_matmul on a block quantization's elements and scales is matmul with the model
+    (which decomposes its own inputs); alpha multiplies once in float32; shapes, scales and
+    models it cannot take are refused by name."""
+    from lpsim.blocks import quantize_blocks
+    from lpsim.ops import scaled_matmul
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 4)).astype(np.float32)
+    qa, qb = quantize_blocks(a, "nvfp4", axis=1), quantize_blocks(b, "nvfp4", axis=0)
+    alpha = qa.tensor_scale * qb.tensor_scale
+    got = scaled_matmul(qa.elements, qa.scales, qb.elements.T, qb.scales.T, "blackwell-nvfp4",
+                        alpha)
+    assert np.array_equal(got, matmul(a, b, model="blackwell-nvfp4"))
+    plain = scaled_matmul(qa.elements, qa.scales, qb.elements.T, qb.scales.T,
+                          "blackwell-nvfp4")
+    assert np.array_equal(got, plain * np.float32(alpha))
+    e4 = quantize(a, "e4m3fn")
+    assert np.array_equal(scaled_matmul(e4, None, quantize(b, "e4m3fn"), None,
+                                        "hopper-wgmma-e4m3", 0.5),
+                          matmul(e4, b, model="hopper-wgmma-e4m3") * np.float32(0.5))
+    refusals = [((qa.elements, qa.scales[:, :2], qb.elements.T, qb.scales.T,
+                  "blackwell-nvfp4"), "sa has shape"),
+                ((qa.elements, qa.scales, qb.elements, qb.scales.T, "blackwell-nvfp4"),
+                 "qb (K x N)"),
+                ((qa.elements, None, qb.elements.T, qb.scales.T, "blackwell-nvfp4"),
+                 "sa is None"),
+                ((e4, e4[:, :1], e4.T, None, "hopper-wgmma-e4m3"), "sa=None"),
+                ((e4, None, e4.T, None, "hopper-deepgemm-e4m3"), "scale_blocks"),
+                ((e4, None, e4.T, None, "no-such-model"), "model='no-such-model'"),
+                ((a, None, b, None, "hopper-wgmma-e4m3"), "scaled_matmul")]
+    for args, words in refusals:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            scaled_matmul(*args)

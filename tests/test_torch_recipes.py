@@ -141,9 +141,11 @@ def same(a, b):
         a.nan_to_num(), b.nan_to_num())
 
 
-def equal_over_steps(recipe, device, steps=3):
-    layer, x, dy = layer_and_data(recipe, device)
-    hand = Hand(layer.recipe)
+def equal_over_steps(recipe, device, steps=3, hand=None, **dims):
+    """The layer and the composition by hand (``hand``: a class like Hand) step by step;
+    dims: layer_and_data's sizes."""
+    layer, x, dy = layer_and_data(recipe, device, **dims)
+    hand = (hand or Hand)(layer.recipe)
     for step in range(steps):
         scale = 1.0 + step      # delayed scaling sees a growing tensor: saturation
         xs = (x.detach() * scale).requires_grad_()

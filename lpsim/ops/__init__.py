@@ -13,10 +13,11 @@ from .bounds import gamma, input_cast_factor
 from .elementwise import add, div, fma, mul, sqrt, sub
 from .models import MODELS, AccumulationModel, get_model
 from .hardware import HARDWARE_MODELS, TensorCoreModel
-from .instruction_models import INSTRUCTION_MODELS, InstructionModel
+from .instruction_models import INSTRUCTION_MODELS, InstructionModel, scaled_matmul
 from .reductions import dot, matmul, sum
 from .mma import mma, wgmma_matmul
 
 __all__ = ["add", "sub", "mul", "div", "fma", "sqrt", "sum", "dot", "matmul", "MODELS",
            "AccumulationModel", "get_model", "gamma", "input_cast_factor", "HARDWARE_MODELS",
-           "TensorCoreModel", "InstructionModel", "INSTRUCTION_MODELS", "mma", "wgmma_matmul"]
+           "TensorCoreModel", "InstructionModel", "INSTRUCTION_MODELS", "scaled_matmul", "mma",
+           "wgmma_matmul"]

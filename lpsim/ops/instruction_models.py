@@ -22,6 +22,12 @@ multiplication), and the float32 (or float16) result is rounded to ``out_fmt`` (
 ``stream + 2``), as an epilogue writes it; other per-tensor scales are the caller's,
 applied to the result as the epilogue does. Stats count those roundings; the nodes' own roundings are
 the instruction's arithmetic and are not counted.
+
+:func:`scaled_matmul` runs the chain on operands already decomposed, as a library hands them
+to the kernel: element values, block scales and a per-tensor alpha, from a quantization of
+the caller's own (a training recipe's, :mod:`lpsim.torch.recipes`).  Rounding the values
+q * s again would not do: the same values can decompose otherwise (another scale rule, a
+recomputed tensor scale), and the nodes' arithmetic depends on the elements and scales.
 """
 
 from __future__ import annotations
@@ -164,31 +170,112 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
     docstring); the container is numpy's result type of a and b, float64 when out_fmt does
     not fit float32, as :func:`lpsim.ops.matmul`'s."""
     from ..quantize import quantize
-    from .mma import chained_matmul
     from .operands import matrix_operands
     a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "an instruction model")
     ins = model.spec
-    scales, alpha, promote_scales = None, 1.0, None
     if ins.block:           # blocks along K: the elements, and the scales apart
-        a, b, scales, alpha = _block_operands(a, b, ins, rounding, seed, stream, stats)
+        qa, sa, qb, sb, alpha = _block_operands(a, b, ins, rounding, seed, stream, stats)
+        result = scaled_matmul(qa, sa, qb, sb, model, alpha, who="matmul")
     elif model.scale_blocks:
         a, b, promote_scales = _fine_grained_operands(a, b, ins, model.scale_blocks,
                                                       rounding, seed, stream, stats)
+        result = _chain(a, b, model, promote_scales=promote_scales)
     else:
         a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
         b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1,
                      stats=stats)
-    with np.errstate(invalid="ignore"):          # signalling NaN codes
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    result = chained_matmul(a, b, ins, model.promote, scales=scales,
-                            promote_scales=promote_scales)
-    with np.errstate(invalid="ignore", over="ignore"):
-        result = result.astype(np.float32)
-        if alpha != 1.0:       # NVFP4's tensor scales: the epilogue's float32 alpha
-            result *= np.float32(alpha)
+        result = _chain(a, b, model)
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
                    stream=stream + 2, stats=stats).astype(dtype, copy=False)
     return shaped(out)
+
+
+def scaled_matmul(qa, sa, qb, sb, model, alpha=1.0, *, who="scaled_matmul"):
+    """D = alpha (A B) as ``model``'s instruction chain computes it from operands already
+    decomposed into its types, as a GEMM library receives them: float32, before the model's
+    out_fmt (the caller rounds the output, after a bias say).
+
+    qa (M x K) and qb (K x N): values of the instruction's A and B types (numpy arrays,
+    CPU torch tensors or array-likes).  sa (M x ceil(K/block)) and sb (ceil(K/block) x N):
+    for a block-scaled instruction the scales of the blocks along K, a's per row and b's
+    per column (a block whose scale is NaN has NaN products; its elements are not read);
+    None otherwise.  K is padded with zero elements of scale 1 to the instruction's k.
+    alpha: the product of the per-tensor factors (NVFP4's tensor scales, FP8's inverse
+    scales), rounded once to float32 and multiplying D once, as the epilogue's alpha.
+    ``model``: an :class:`InstructionModel` or a name of :data:`INSTRUCTION_MODELS`, not one
+    with ``scale_blocks`` (it quantizes its own inputs: :func:`lpsim.ops.matmul`).
+    """
+    model = _as_model(model, who)
+    ins = model.spec
+    qa, qb = (_matrix(x, name, who) for x, name in ((qa, "qa"), (qb, "qb")))
+    (m, k), n = qa.shape, qb.shape[1]
+    if qb.shape[0] != k:
+        raise ValueError(f"{who}: qa has shape {qa.shape} and qb {qb.shape}; accepted: qa "
+                         "(M x K) and qb (K x N), K along qa's rows and qb's columns")
+    scales = None
+    if ins.block:
+        blocks = -(-k // ins.block)
+        sa, sb = (_matrix(s, name, who, shape) for s, name, shape in (
+            (sa, "sa", (m, blocks)), (sb, "sb", (blocks, n))))
+        padded = -(-k // ins.k) * ins.k // ins.block
+        scale_a, scale_b = np.ones((m, padded)), np.ones((padded, n))
+        scale_a[:, :blocks], scale_b[:blocks] = sa, sb
+        scales = (scale_a, scale_b)
+        # a NaN scale makes its block's products NaN: its elements (NaN, which FP6 and FP4
+        # cannot hold, where lpsim.blocks made the block) are given as zeros
+        nan_a = np.repeat(np.isnan(sa), ins.block, axis=1)[:, :k]
+        nan_b = np.repeat(np.isnan(sb), ins.block, axis=0)[:k]
+        qa = np.where(nan_a, 0.0, qa) if nan_a.any() else qa
+        qb = np.where(nan_b, 0.0, qb) if nan_b.any() else qb
+    elif sa is not None or sb is not None:
+        raise ValueError(f"{who}: {ins.opcode} has no block scales; accepted: sa=None and "
+                         "sb=None (per-tensor factors go to alpha)")
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who}: alpha={alpha!r} is not a real number") from None
+    return _chain(qa, qb, model, scales=scales, alpha=alpha, who=who)
+
+
+def _as_model(model, who) -> InstructionModel:
+    """The InstructionModel ``model`` is or names, without scale_blocks."""
+    found = model if isinstance(model, InstructionModel) else \
+        INSTRUCTION_MODELS.get(model) if isinstance(model, str) else None
+    if found is None:
+        raise ValueError(f"{who}: model={model!r} is not accepted; accepted: an "
+                         "InstructionModel or one of " + ", ".join(INSTRUCTION_MODELS))
+    if found.scale_blocks:
+        raise ValueError(f"{who}: model={model!r} has scale_blocks={found.scale_blocks} (it "
+                         "quantizes its own inputs); accepted: a model without scale_blocks")
+    return found
+
+
+def _matrix(x, name, who, shape=None) -> np.ndarray:
+    """x as a 2-D float64 array (of ``shape`` when given), or a ValueError naming it."""
+    if x is None:
+        raise ValueError(f"{who}: {name} is None; a block-scaled instruction takes the "
+                         "scales of qa's and qb's blocks along K")
+    with np.errstate(invalid="ignore"):          # signalling NaN codes
+        array = np.asarray(x, np.float64)
+    if array.ndim != 2 or shape is not None and array.shape != shape:
+        want = "a 2-D array" if shape is None else f"shape {shape}"
+        raise ValueError(f"{who}: {name} has shape {array.shape}; accepted: {want}")
+    return array
+
+
+def _chain(a, b, model, *, scales=None, promote_scales=None, alpha=1.0, who="matmul"):
+    """The model's chain on element values a and b (:func:`lpsim.ops.mma.chained_matmul`),
+    as float32, times alpha rounded to float32 (one float32 multiplication) unless it is 1."""
+    from .mma import chained_matmul
+    with np.errstate(invalid="ignore"):          # signalling NaN codes
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    result = chained_matmul(a, b, model.spec, model.promote, who=who, scales=scales,
+                            promote_scales=promote_scales)
+    with np.errstate(invalid="ignore", over="ignore"):
+        result = result.astype(np.float32)
+        if alpha != 1.0:       # per-tensor factors: the epilogue's float32 alpha
+            result *= np.float32(alpha)
+    return result
 
 
 def _fp8_blocks(x, g, tile, fmt, rounding, seed, stream, stats):
@@ -234,10 +321,9 @@ _BLOCK_FORMATS = {**{(t, 32, "ue8m0"): f for t, f in (
 
 
 def _block_operands(a, b, ins, rounding, seed, stream, stats):
-    """a and b in blocks of the instruction's along K (a's rows, b's columns): their elements,
-    the scales as (M x K'/block, K'/block x N) arrays with K' the K the chain pads to (a
-    padded block's scale is 1: its elements are zeros), and the product of the two tensor
-    scales (1 without)."""
+    """a and b in blocks of the instruction's along K (a's rows, b's columns), as
+    :func:`scaled_matmul` takes them: a's elements (M x K) and scales (M x K/block), b's
+    (K x N and K/block x N), and the product of the two tensor scales (1 without)."""
     from ..blocks.counters import add_counts
     from ..blocks.fake_quantize import quantize_blocks
     parts = []
@@ -248,21 +334,9 @@ def _block_operands(a, b, ins, rounding, seed, stream, stats):
                             want_counts=stats is not None)
         add_counts(stats, q.counts, x.size)
         parts.append(q)
-    blocks = -(-a.shape[1] // ins.k) * ins.k // ins.block
-    scale_a = np.ones((a.shape[0], blocks))
-    scale_b = np.ones((blocks, b.shape[1]))
-    scale_a[:, :parts[0].scales.shape[1]] = parts[0].scales
     # along axis 0, lpsim.blocks gives elements and scales with that axis last
-    scale_b[:parts[1].scales.shape[1]] = parts[1].scales.T
-    # a block of a NaN or inf gets a NaN scale, which makes its products NaN: its elements
-    # (NaN, which FP6 and FP4 cannot hold) are given as zeros
-    elements = []
-    for q in parts:
-        e = q.elements
-        nan = np.repeat(np.isnan(q.scales), ins.block, axis=1)[:, :e.shape[1]]
-        elements.append(np.where(nan, 0.0, e) if nan.any() else e)
-    return (elements[0], elements[1].T, (scale_a, scale_b),
+    return (parts[0].elements, parts[0].scales, parts[1].elements.T, parts[1].scales.T,
             parts[0].tensor_scale * parts[1].tensor_scale)
 
 
-__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "instruction_matmul"]
+__all__ = ["InstructionModel", "INSTRUCTION_MODELS", "instruction_matmul", "scaled_matmul"]

@@ -8,7 +8,10 @@ composition a user could write by hand (:func:`gemm` is that composition):
    as blocks of k*k elements of the tiled tensor), the wgrad operands (tokens along K)
    after :func:`rht` along the tokens when the recipe has one;
 2. :func:`lpsim.ops.matmul` with the recipe's accumulation (on a GPU, an FP32 GEMM is
-   ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU);
+   ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU); an instruction
+   model instead takes the operands' own elements, block scales and per-tensor factors
+   (:func:`quantize_parts`: the same values, draws and counts) through
+   :func:`lpsim.ops.scaled_matmul`, on the CPU;
 3. the bias added in FP32 (fprop), then the output rounded to nearest in its format.
 
 :class:`LinearGemms` holds what one linear map's GEMMs keep between calls: the recipe, the
@@ -28,9 +31,11 @@ import numpy as np
 import torch
 
 from ..blocks.amax import tensor_amax
-from ..blocks.counters import BlockStats
+from ..blocks.counters import BlockStats, add_counts
+from ..blocks.fake_quantize import quantize_blocks
 from ..blocks.formats import BlockFormat
-from ..generator import Generator
+from ..generator import Generator, resolve as resolve_generator
+from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..philox import random_words
 from ..quantize import quantize as lp_quantize
@@ -69,14 +74,62 @@ def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None,
     without scaling and block formats are ``lpsim.quantize``; k x k blocks tile ``t``, make
     each tile a block of k*k elements and untile.
     """
+    return _quantized(t, op, axis, generator, stats, amax, False)[0]
+
+
+def quantize_parts(t: torch.Tensor, op: Operand, axis: int, *, generator=None, stats=None,
+                   amax: float | None = None) -> tuple[torch.Tensor, "Parts"]:
+    """:func:`quantize_operand`'s values (the same bits, random counters and counts) and
+    their :class:`Parts`, which an instruction model takes (block formats: one
+    ``lpsim.blocks.quantize_blocks`` call in place of ``lpsim.quantize``'s, on the CPU)."""
+    return _quantized(t, op, axis, generator, stats, amax, True)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """An operand's decomposition, as a tensor-core instruction takes it: each value is
+    ``elements * scale of its block * factor``.  elements: float64, the values' shape;
+    scales: one per block of ``tile`` = (rows, columns) elements, or None (no block scales);
+    factor: the per-tensor factor (NVFP4's tensor scale, the float32 ``1/s`` of per-tensor
+    scaling, else 1)."""
+
+    elements: np.ndarray
+    scales: np.ndarray | None
+    tile: tuple
+    factor: float
+
+    def t(self) -> "Parts":
+        """The transpose's parts."""
+        return Parts(self.elements.T, None if self.scales is None else self.scales.T,
+                     self.tile[::-1], self.factor)
+
+    def along(self, axis: int):
+        """The scales with K along ``axis`` (1: a's, M x K/block; 0: b's, K/block x N): a k x
+        k tile's scale repeated for every row (column) it spans."""
+        if self.scales is None:
+            return None
+        rows, cols = self.tile
+        return np.repeat(self.scales, rows, axis=0) if axis == 1 else \
+            np.repeat(self.scales, cols, axis=1)
+
+
+def _quantized(t, op, axis, generator, stats, amax, keep):
+    """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts."""
     fmt = op.fmt
     if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
-        return t.detach() if t.dtype == torch.float64 else t.detach().float()
+        return (t.detach() if t.dtype == torch.float64 else t.detach().float()), None
     t = t.detach().float()
 
     def rounded(values, fmt, **where):
         return lp_quantize(values, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
                            stats=stats, **where)
+
+    def blocked(x, fmt):
+        """x's blocks along its last axis: values (on x's device), and the parts if kept."""
+        if not keep:
+            return rounded(x, fmt, axis=-1), None
+        q = _blocks_kept(x, fmt, op, generator, stats)
+        return torch.from_numpy(q.values).to(x.device), q
 
     if isinstance(fmt, BlockFormat):
         if op.blocks_2d:
@@ -85,21 +138,53 @@ def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None,
             rows, cols = t.shape
             tiles = t.reshape(rows // k, k, cols // k, k).permute(0, 2, 1, 3).reshape(
                 rows // k, cols // k, k * k)
-            q = rounded(tiles, _square(fmt), axis=-1)
-            return q.reshape(rows // k, cols // k, k, k).permute(0, 2, 1, 3).reshape(
+            q, kept = blocked(tiles, _square(fmt))
+            values = q.reshape(rows // k, cols // k, k, k).permute(0, 2, 1, 3).reshape(
                 rows, cols)
+            return values, kept and Parts(
+                kept.elements.reshape(rows // k, cols // k, k, k).transpose(0, 2, 1, 3)
+                .reshape(rows, cols), kept.scales.reshape(rows // k, cols // k), (k, k),
+                kept.tensor_scale)
         if t.ndim == 2 and axis in (0, -2):
             # blocks down the columns: the transpose's rows, the same blocks and random
             # counters (C order of the blocked layout); torch's transposing copy is the
             # fastest here, and the result goes back as a view, which the GEMM reads as is
-            return rounded(t.t().contiguous(), fmt, axis=-1).t()
-        return rounded(t, fmt, axis=axis)
+            q, kept = blocked(t.t().contiguous(), fmt)
+            return q.t(), kept and Parts(kept.elements, kept.scales, (1, fmt.block),
+                                         kept.tensor_scale).t()
+        if not keep:
+            return rounded(t, fmt, axis=axis), None
+        q, kept = blocked(t.contiguous(), fmt)
+        return q, Parts(kept.elements, kept.scales, (1, fmt.block), kept.tensor_scale)
     if op.scaling == "none":
-        return rounded(t, fmt)
+        q = rounded(t, fmt)
+        return q, keep and Parts(_float64(q), None, (1, 1), 1.0) or None
     s = tensor_scale(_amax(t) if amax is None else amax, fmt)
     q = t * s
     rounded(q, fmt, out=q)
-    return q.div_(s)
+    # the elements are q before the division; an instruction multiplies D by 1/s (float32)
+    kept = keep and Parts(_float64(q), None, (1, 1),
+                          float(np.float32(1.0) / np.float32(s))) or None
+    return q.div_(s), kept
+
+
+def _float64(q: torch.Tensor) -> np.ndarray:
+    return q.detach().cpu().numpy().astype(np.float64)
+
+
+def _blocks_kept(x: torch.Tensor, fmt, op: Operand, generator, stats):
+    """``lpsim.quantize(x, fmt, axis=-1)`` (x float32) as one ``quantize_blocks`` call on the
+    CPU with the same generator counters and counts, its elements and scales kept (the CPU
+    and CUDA kernels decide alike: a CUDA tensor's blocks are made here)."""
+    array = np.ascontiguousarray(x.cpu().numpy())
+
+    def run():
+        seed, stream, offset = resolve_generator(generator, array, op.rounding, None, 0, 0)
+        q = quantize_blocks(array, fmt, op.rounding, axis=-1, seed=seed, stream=stream,
+                            sr_bits=op.sr_bits, offset=offset, want_counts=stats is not None)
+        add_counts(stats, q.counts, array.size)
+        return q
+    return generator.run(run) if isinstance(generator, Generator) else run()
 
 
 @functools.lru_cache(maxsize=64)
@@ -148,10 +233,16 @@ def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
     return lp_matmul(a.cpu(), b.cpu(), model=accumulate).to(a.device)
 
 
-def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None) -> torch.Tensor:
+def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None, parts=None) -> torch.Tensor:
     """a @ b (quantized operands, K between them) with ``spec``'s accumulation, plus ``bias``
-    in FP32, rounded to ``spec.out`` to nearest."""
-    y = _product(a, b, spec.accumulate)
+    in FP32, rounded to ``spec.out`` to nearest.  An instruction model takes the operands'
+    ``parts`` (a's and b's :class:`Parts`, b's K x N) in place of their values."""
+    if isinstance(spec.accumulate, InstructionModel):
+        pa, pb = parts
+        y = torch.from_numpy(scaled_matmul(pa.elements, pa.along(1), pb.elements, pb.along(0),
+                                           spec.accumulate, pa.factor * pb.factor)).to(a.device)
+    else:
+        y = _product(a, b, spec.accumulate)
     if bias is not None:
         y = y + bias.detach().to(y.dtype)
     if spec.out is None:
@@ -175,12 +266,15 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layer):
         r = layer.recipe
-        xq = layer.quantize(x, "fprop", "x", -1)
-        wq = layer.quantize(weight, "fprop", "w", -1)
-        y = gemm(xq, wq.t(), r.fprop, bias)
         shared = r.dgrad.b == r.fprop.b and r.fprop.b.blocks_2d
+        keep = _keeps(r)
+        xq, xp = layer.operand(x, "fprop", "x", -1, keep["fprop"])
+        wq, wp = layer.operand(weight, "fprop", "w", -1,
+                                keep["fprop"] or shared and keep["dgrad"])
+        y = gemm(xq, wq.t(), r.fprop, bias, (xp, wp and wp.t()))
         ctx.layer = layer
         ctx.has_bias = bias is not None
+        ctx.w_parts = wp if shared else None
         ctx.save_for_backward(x, weight, wq if shared else None)
         return y
 
@@ -188,13 +282,15 @@ class _LinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         layer = ctx.layer
         r = layer.recipe
+        keep = _keeps(r)
         x, weight, wq_shared = ctx.saved_tensors
         dy = dy if dy.dtype == torch.float64 else dy.float()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dyq = layer.quantize(dy, "dgrad", "dy", -1)
-            wq = wq_shared if wq_shared is not None else layer.quantize(weight, "dgrad", "w", 0)
-            dx = gemm(dyq, wq, r.dgrad).to(x.dtype)
+            dyq, dyp = layer.operand(dy, "dgrad", "dy", -1, keep["dgrad"])
+            wq, wp = (wq_shared, ctx.w_parts) if wq_shared is not None else \
+                layer.operand(weight, "dgrad", "w", 0, keep["dgrad"])
+            dx = gemm(dyq, wq, r.dgrad, parts=(dyp, wp)).to(x.dtype)
         if ctx.needs_input_grad[1]:
             # K is the tokens: the transposes hold them along the last axis, where the RHT
             # runs and the blocks lie (the same blocks and counters as along axis 0)
@@ -203,13 +299,18 @@ class _LinearFunction(torch.autograd.Function):
                 signs = rht_signs(layer.generator.initial_seed(), layer.layer_index,
                                   layer.steps, r.rht)
                 dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
-            dyq = layer.quantize(dy_t, "wgrad", "dy", -1)
-            xq = layer.quantize(x_t, "wgrad", "x", -1)
-            dw = gemm(dyq, xq.t(), r.wgrad).to(weight.dtype)
+            dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"])
+            xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"])
+            dw = gemm(dyq, xq.t(), r.wgrad, parts=(dyp, xp and xp.t())).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         layer.steps += 1
         return dx, dw, db, None
+
+
+def _keeps(r) -> dict:
+    """Per GEMM whether its operands' parts are kept: its accumulation is an instruction."""
+    return {g: isinstance(getattr(r, g).accumulate, InstructionModel) for g in GEMMS}
 
 
 def _telemetry_every(telemetry) -> int | None:
@@ -243,6 +344,10 @@ class LinearGemms:
     def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
         """The operand ``role`` of ``gemm`` quantized along ``axis``, counted and with its
         delayed-scaling amax recorded."""
+        return self.operand(t, gemm, role, axis, False)[0]
+
+    def operand(self, t, gemm: str, role: str, axis: int, keep: bool):
+        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None)."""
         op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
         amax = None
@@ -252,8 +357,8 @@ class LinearGemms:
             del site.history[:-op.history]
         every = self.telemetry_every
         counted = every is not None and self.steps % every == 0
-        return quantize_operand(t, op, axis, generator=self.generator, amax=amax,
-                                stats=site.stats if counted else None)
+        return _quantized(t, op, axis, self.generator, site.stats if counted else None,
+                          amax, keep)
 
     @property
     def telemetry(self) -> dict:

@@ -13,7 +13,8 @@ wgrad   dW = dYᵀ X        dY, columns (tokens)       X, columns (tokens)
 A :class:`Recipe` gives each GEMM (:class:`Gemm`) the format of both operands along its K
 (:class:`Operand`: an element format with or without a per-tensor scale, or a block format
 of :mod:`lpsim.blocks` in 1 x k or k x k blocks), their rounding, the accumulation (an FP32
-GEMM, an :class:`lpsim.ops.AccumulationModel` or a tensor-core model of :mod:`lpsim.ops`)
+GEMM, an :class:`lpsim.ops.AccumulationModel`, a tensor-core model of :mod:`lpsim.ops`, or
+a tensor-core instruction that takes the operands' elements and scales as they are)
 and the output format; and the recipe as a whole a random Hadamard transform of the wgrad
 operands and whether the first and last linear layers stay in BF16.  :data:`PRESETS` holds
 the settings of the papers and libraries, each citing its source; :func:`recipe` looks one
@@ -31,6 +32,7 @@ import numpy as np
 from ..blocks.formats import BlockFormat, as_block_format
 from ..formats import Format, parse_format
 from ..ops.hardware import InstructionModel, hardware_model
+from ..ops.mma_table import FORMATS
 from ..ops.models import get_model
 from ..philox import WORD_BITS
 from ..request import check_sr_bits
@@ -136,23 +138,73 @@ def _check_scales(bfmt: BlockFormat) -> None:
 
 
 def _accumulation(value):
-    """None (the FP32 GEMM of the tensors' device), a named model of lpsim.ops or a model."""
+    """None (the FP32 GEMM of the tensors' device), a named model of lpsim.ops or a model;
+    an instruction model as it is (:class:`Gemm` checks it against its operands)."""
     if value is None:
         return None
     hw = hardware_model(value)
     if isinstance(hw, InstructionModel):
-        raise ValueError(f"accumulate={value!r}: an instruction model takes values of its "
-                         "input types, and a recipe's operands arrive scaled; accepted: a "
-                         "TensorCoreModel or its name (lpsim.ops.HARDWARE_MODELS), a model of "
-                         "lpsim.ops.MODELS, or None (an FP32 GEMM)")
+        return hw
     if hw is not None:
         return hw.with_(in_fmt=None)        # the operands arrive quantized
     try:
         return get_model(value).with_()
     except ValueError as error:
         raise ValueError(f"accumulate={value!r}: {error}; or a name of "
-                         "lpsim.ops.HARDWARE_MODELS, a TensorCoreModel, or None "
-                         "(an FP32 GEMM)") from None
+                         "lpsim.ops.HARDWARE_MODELS or lpsim.ops.INSTRUCTION_MODELS, a "
+                         "TensorCoreModel, an InstructionModel, or None (an FP32 GEMM)") from None
+
+
+def _same_values(fmt, ptx_type) -> bool:
+    """Whether the element format ``fmt`` holds the values of the PTX type (saturation, a
+    rounding choice, aside)."""
+    want = parse_format(FORMATS[ptx_type])
+    return isinstance(fmt, Format) and replace(fmt, saturate=want.saturate) == want
+
+
+def _instruction_misfit(op: Operand, ins, ptx_type) -> str | None:
+    """Why ``op`` cannot feed ``ins`` as its operand of ``ptx_type``, with what it accepts;
+    None when it fits."""
+    fmt = op.fmt
+    if ins.block:
+        scale = _INSTRUCTION_SCALES[ins.scale_type]
+        accepted = (f"a block format of {FORMATS[ptx_type]} elements in blocks of {ins.block} "
+                    f"with {scale} scales" + (", with or without an FP32 tensor scale"
+                                              if ins.scale_type == "ue4m3" else ""))
+        fits = isinstance(fmt, BlockFormat) and _same_values(fmt.element, ptx_type) and \
+            fmt.block == ins.block and fmt.scale == parse_format(scale)
+    else:
+        accepted = (f"the element format {FORMATS[ptx_type]} with scaling 'none', 'current' "
+                    "or 'delayed'")
+        fits = not isinstance(fmt, BlockFormat) and _same_values(fmt, ptx_type)
+    return None if fits else accepted
+
+
+#: the scale format of a block-scaled instruction's scale type (UE4M3: E4M3 scales of
+#: non-negative blocks' largest magnitudes)
+_INSTRUCTION_SCALES = {"ue8m0": "e8m0fnu", "ue4m3": "e4m3fn"}
+
+
+def _check_instruction(model: InstructionModel, given, a: Operand, b: Operand) -> None:
+    """Refuse, naming the field, an instruction model that cannot take these operands'
+    elements and scales (:class:`Gemm`)."""
+    ins = model.spec
+    if model.scale_blocks:
+        raise ValueError(f"accumulate={given!r}: scale_blocks={model.scale_blocks} quantizes "
+                         "its own inputs (DeepGEMM), not the recipe's; accepted: an "
+                         "InstructionModel without scale_blocks")
+    if not _is_fp32(model.out_fmt):
+        raise ValueError(f"accumulate={given!r}: out_fmt={model.out_fmt!r}, but the recipe "
+                         "rounds the output itself (Gemm.out, after the bias); accepted: a "
+                         "model with out_fmt 'fp32' (model.with_(out_fmt='fp32'))")
+    for name, op, ptx_type in (("a", a, ins.a_type), ("b", b, ins.b_type)):
+        accepted = _instruction_misfit(op, ins, ptx_type)
+        if accepted is not None:
+            scaling = f", scaling={op.scaling!r}" if op.scaling != "none" else ""
+            raise ValueError(f"{name}.fmt={op.fmt!r}{scaling} does not fit accumulate="
+                             f"{given!r} ({ins.opcode}: its {name.upper()} operand is "
+                             f"{ins.a_type if name == 'a' else ins.b_type}); accepted: "
+                             f"{accepted}")
 
 
 @dataclass(frozen=True)
@@ -162,8 +214,18 @@ class Gemm:
     accumulate None: an FP32 GEMM of the device (BLAS through :func:`lpsim.ops.matmul` on the
     CPU, cuBLAS without TF32 on a GPU); a name of :data:`lpsim.ops.MODELS` or
     :data:`lpsim.ops.HARDWARE_MODELS`, or a model: :func:`lpsim.ops.matmul` with that model
-    (on the CPU, also for CUDA tensors).  out: the format the output is rounded to (to nearest,
-    after the bias in fprop), None to keep FP32.
+    (on the CPU, also for CUDA tensors).  An :class:`lpsim.ops.InstructionModel` or a name of
+    :data:`lpsim.ops.INSTRUCTION_MODELS`: the tensor-core instruction chained along K on the
+    operands' own elements and scales (:func:`lpsim.ops.scaled_matmul`), where both fit it:
+    a block-scaled instruction takes block formats of its element type, block size and
+    scale format (an NVFP4 tensor scale, and k x k blocks, too); one without block scales
+    takes its element type, unscaled or with a per-tensor scale ``s`` (the elements are then
+    the rounded ``t * s``, and the product of the float32 ``1/s`` of a and b multiplies D as
+    the epilogue's float32 alpha, as TransformerEngine hands ``scale_inv`` to
+    ``torch._scaled_mm``).  An f16-result instruction's D goes on exactly in FP32.  Models
+    with ``scale_blocks`` (which quantize their own inputs) or an out_fmt other than FP32
+    (``out`` rounds the output) are refused.  out: the format the output is rounded to (to
+    nearest, after the bias in fprop), None to keep FP32.
     """
 
     a: Operand = field(default_factory=Operand)
@@ -176,7 +238,10 @@ class Gemm:
             if not isinstance(getattr(self, name), Operand):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be an "
                                 "lpsim.torch.Operand")
-        object.__setattr__(self, "accumulate", _accumulation(self.accumulate))
+        model = _accumulation(self.accumulate)
+        if isinstance(model, InstructionModel):
+            _check_instruction(model, self.accumulate, self.a, self.b)
+        object.__setattr__(self, "accumulate", model)
         if self.out is not None:
             try:
                 object.__setattr__(self, "out", parse_format(self.out))
