@@ -342,11 +342,18 @@ def test_refused_by_name_and_nothing_changes():
                             np.int64(64)).promote == 64
 
 
-def test_a_recipe_refuses_an_instruction_model_by_name():
+def test_a_recipe_takes_an_instruction_model_its_operands_fit_and_refuses_others():
+    """An operand the instruction cannot take as it is (another element type, the model
+    quantizing its own inputs) is refused by field; a fitting one is accepted."""
     from lpsim.torch.recipes import Gemm, Operand
-    with pytest.raises(ValueError, match="accumulate='hopper-wgmma-e4m3': an instruction "
-                                         "model takes values of its input types"):
-        Gemm(Operand("e4m3fn"), Operand("e4m3fn"), accumulate="hopper-wgmma-e4m3")
+    Gemm(Operand("e4m3fn"), Operand("e4m3fn", scaling="current"),
+         accumulate="hopper-wgmma-e4m3")
+    with pytest.raises(ValueError, match=r"a.fmt=e5m2 does not fit "
+                                         r"accumulate='hopper-wgmma-e4m3' .*its A operand is "
+                                         r"e4m3\); accepted: the element format e4m3fn"):
+        Gemm(Operand("e5m2"), Operand("e4m3fn"), accumulate="hopper-wgmma-e4m3")
+    with pytest.raises(ValueError, match="scale_blocks=128 quantizes its own inputs"):
+        Gemm(Operand("e4m3fn"), Operand("e4m3fn"), accumulate="hopper-deepgemm-e4m3")
 
 
 def test_scaled_matmul_takes_the_decomposed_operands_and_refuses_by_name():
