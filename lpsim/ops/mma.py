@@ -39,7 +39,8 @@ from numba.extending import intrinsic
 
 from .mma_groups import group_mma
 from .mma_operands import (FINITE, NAN, NEG_INF, POS_INF, SCALE_NAMES, ZERO_E, as_float64,
-                           decoded, fold_scales, operand, scale_exponents, type_params)
+                           decoded, fold_scales, held_value, operand, scale_exponents,
+                           type_params)
 from .mma_table import RNE_FP16, RZ_E8M13, RZ_FP32, Instruction, lookup
 
 _ROWS = 64          # rows of D per block of mma_kernel
@@ -349,12 +350,7 @@ def mma_kernel(am, asg, ae, acl, bm, bsg, be, bcl, cm, ce, ccl, pc, F, L, e_zero
                                 _round(m_c[j], e_c[j] - 23, RZ_FP32)
                         out[i, j] = bits
                         if promoting:
-                            if cl_c[j] == NAN:
-                                v = np.nan
-                            elif cl_c[j] == FINITE:
-                                v = math.ldexp(float(m_c[j]), int(e_c[j]) - 23)
-                            else:
-                                v = np.inf if cl_c[j] == POS_INF else -np.inf
+                            v = held_value(m_c[j], e_c[j], cl_c[j])
                             if psa.size:
                                 blk = node // promote
                                 scale = np.float32(np.float64(psa[i, blk]) * psb[blk, j])

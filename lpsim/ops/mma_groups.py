@@ -23,13 +23,13 @@ significand in eighths and its exponent, so step 3 is shifts and adds of int64 w
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros
 
-from .mma_operands import FINITE, NAN, NEG_INF, POS_INF, SCALE_NAN, scale_parts
+from .mma_operands import (FINITE, NAN, NEG_INF, POS_INF, SCALE_NAN, held_value,
+                           scale_parts)
 
 _NO_ACC = np.zeros((0, 0), np.float32)
 
@@ -132,12 +132,7 @@ def group_kernel(qa, qb, sa_sig, sa_exp, sb_sig, sb_exp, cm, ce, ccl, F, L, G, b
             promoting = promote > 0 and ((node + 1) % promote == 0 or last)
             if last or promoting:
                 for j in range(N):
-                    if cl_c[j] == NAN:
-                        v = np.nan
-                    elif cl_c[j] == FINITE:
-                        v = math.ldexp(float(m_c[j]), int(e_c[j]) - 23)
-                    else:
-                        v = np.inf if cl_c[j] == POS_INF else -np.inf
+                    v = held_value(m_c[j], e_c[j], cl_c[j])
                     if promoting:
                         # one float32 addition (the float64 sum of two float32 values
                         # rounds to the same float32)

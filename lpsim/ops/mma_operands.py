@@ -10,6 +10,7 @@ names it.  Shared by the fused-node kernel (:mod:`lpsim.ops.mma`) and the group-
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 from numba import njit
@@ -19,6 +20,17 @@ from .mma_table import FORMATS
 
 FINITE, NAN, POS_INF, NEG_INF = 0, 1, 2, 3
 ZERO_E = -(1 << 20)      # exponent of a zero input: never a node's maximum
+
+
+@njit(cache=True, nogil=True, inline="always")
+def held_value(m, e, cls):
+    """The value of an f32 D the kernels hold as (signed significand with 23 fraction bits,
+    exponent, class), as a float64."""
+    if cls == NAN:
+        return np.nan
+    if cls == FINITE:
+        return math.ldexp(float(m), int(e) - 23)
+    return np.inf if cls == POS_INF else -np.inf
 
 
 @njit(cache=True, nogil=True)
