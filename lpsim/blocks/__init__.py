@@ -75,8 +75,8 @@ from .decisions import (  # noqa: F401
     _INF64, _MAG64, _MAX64, _NORMAL64, _SIGN64, BlockParams, _element_params, _exact_product,
     _f2i_compiled, _i2f_compiled, _reciprocal_finite, _scale_mode, bits_value, block_params,
     block_recip, block_scale, dequantize_element, element_exact, element_fast, element_fast32,
-    element_ok32, element_params32, element_word, f2i, i2f, ilog2, nearest_words_exact,
-    round_scale, scale_recip, scaled_bits, words_exact)
+    element_nearest32, element_nearest32_flags, element_ok32, element_params32, element_word,
+    f2i, i2f, ilog2, nearest_words_exact, round_scale, scale_recip, scaled_bits, words_exact)
 from .amax import (  # noqa: F401
     AMAX_GRAIN, FLOAT32_MAX, NO_AMAXES, _amax_entry, _amaxes_entry, _amaxes_of, _block_amax32,
     _finite_amax, _min_tensor_scale, _threaded_max, block_amaxes, checked_tensor_scale,
@@ -86,7 +86,7 @@ from .word_scales import (  # noqa: F401
     STEPS_FROM, _next_step, _reciprocals, _scale_of, _scale_steps, scale_words)
 from .words import (  # noqa: F401
     SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
-    _elements_words, _group_elements, element_nearest32, scale_ahead_scratch)
+    _elements_words, _group_elements, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
     KERNELS, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, _block_bounds, _block_elements,
     _block_slow, _blocks_kernel, _blocks_range, _chunk, _nonfinite_block, _words_kernel,

@@ -16,22 +16,12 @@ import numpy as np
 from numba.extending import register_jitable
 
 from ..cpu import _constant, as_bits, literal_jitable
-from ..rounding import NEAREST, STOCHASTIC, nearest32, nearest32_words
-from ..word32 import as_int64, bits_float32, float32_bits, word
+from ..rounding import NEAREST, STOCHASTIC, nearest32_words
+from ..word32 import as_int64, float32_bits, word
 from .amax import _block_amax32, _finite_amax
-from .decisions import block_recip, block_scale, element_exact, element_fast32, element_ok32
+from .decisions import (block_recip, block_scale, element_exact, element_fast32,
+                        element_nearest32, element_ok32)
 from .word_scales import scale_words
-
-
-@register_jitable(forceinline=True)
-def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
-    """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
-    element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
-    max) carrying x's sign.  x * rc underflowing to a float32 subnormal or to 0 is harmless
-    here: such a quotient is below half the element's smallest subnormal and rounds to 0."""
-    yb = float32_bits(xv * rc)
-    q = min(nearest32(yb, cw, lw), maxe)
-    return bits_float32(float32_bits(q * s * pts) | (float32_bits(xv) & 0x80000000))
 
 
 @register_jitable(forceinline=True)
