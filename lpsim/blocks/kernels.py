@@ -20,8 +20,8 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, thread_pool, threads,
-                   word_buffer)
+from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
+                   thread_pool, threads, word_buffer)
 from ..rounding import MODES, STOCHASTIC, fast_sub_ok, kernel_params
 from ..word32 import as_int64, word
 from .amax import NO_AMAXES, _finite_amax
@@ -199,7 +199,7 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
                 c[7] = np.int64(amax != 0 and nonzero == 0)
         t = t_end
 
-@register_jitable
+@literal_jitable
 def _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp, bp, seed_lo,
                  seed_hi, stream, offset, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D float32 ``x`` into out and sout by
