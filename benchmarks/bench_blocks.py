@@ -10,11 +10,19 @@ the fake-quantize torchao users run).  Median of several runs after a warm-up.
     python benchmarks/bench_blocks.py [--log2n 22 (26 on cuda)] [--repeats 5] [--device cpu|cuda]
                                       [--json out.json] [--png out.png]
     python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
+    python benchmarks/bench_blocks.py --counted [--shape 2048 1024] [--repeats 15]
+
+``--counted``: the CPU cost of counting (``stats=BlockStats()``, what simulated training's
+telemetry asks for) on a float32 array: ``lpsim.quantize`` without stats (the word kernel),
+with stats (its counted variant) and with stats through the general float64-step kernel
+that such calls took before (forced here by refusing the word kernel counters), every case
+timed in each round, minimum over the rounds, and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -184,6 +192,56 @@ def cpu_rows(log2n: int, repeats: int):
                   "against a copy timed in alternation with it")
 
 
+@contextlib.contextmanager
+def general_counting():
+    """Counted calls take the general kernel (the route before the word kernel counted):
+    :func:`lpsim.blocks.kernels.takes_words` refuses counters while this is open."""
+    from lpsim.blocks import fake_quantize, kernels
+    real = kernels.takes_words
+
+    def takes_words(x2, bp, want_q, want_counts):
+        return real(x2, bp, want_q, want_counts) and not want_counts
+    fake_quantize.takes_words = kernels.takes_words = takes_words
+    try:
+        yield
+    finally:
+        fake_quantize.takes_words = kernels.takes_words = real
+
+
+def counted_rows(shape, repeats: int):
+    """Per (format, mode): the minimum over ``repeats`` rounds of lpsim.quantize's time
+    without stats, with stats, and with stats on the general kernel, each case once a
+    round; checks that both counted routes give the same values and stats."""
+    import lpsim
+    from lpsim.blocks import BlockStats
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    rows = []
+    for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
+        for mode in ("nearest", "stochastic"):
+            stats = {"word": BlockStats(), "general": BlockStats()}
+            values = {}
+
+            def counted(route):
+                stats[route].reset()
+                values[route] = lpsim.quantize(x, name, mode, seed=1, stats=stats[route])
+
+            def general():
+                with general_counting():
+                    counted("general")
+            cases = {"uncounted": lambda: lpsim.quantize(x, name, mode, seed=1),
+                     "counted": lambda: counted("word"), "general counted": general}
+            best = dict.fromkeys(cases, float("inf"))
+            for _ in range(repeats + 1):                # the first round warms up
+                for case, fn in cases.items():
+                    start = time.perf_counter()
+                    fn()
+                    best[case] = min(best[case], time.perf_counter() - start)
+            assert values["word"].tobytes() == values["general"].tobytes(), (name, mode)
+            assert stats["word"].as_dict() == stats["general"].as_dict(), (name, mode)
+            rows.append(dict(format=name, mode=mode, **{k: v * 1e3 for k, v in best.items()}))
+    return rows
+
+
 def cuda_rows(log2n: int, repeats: int):
     import torch
     import lpsim
@@ -271,6 +329,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--scaled-mm", action="store_true")
+    parser.add_argument("--counted", action="store_true",
+                        help="the cost of counting (stats) on the CPU, before and now")
+    parser.add_argument("--shape", type=int, nargs=2, default=(2048, 1024),
+                        help="--counted: the float32 array's shape")
     parser.add_argument("--json")
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
@@ -280,7 +342,18 @@ def main() -> None:
     header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
               f"# lpsim {revision()}; command: python benchmarks/bench_blocks.py "
               + " ".join(sys.argv[1:])] + ([f"# {args.note}"] if args.note else [])
-    if args.scaled_mm:
+    if args.counted:
+        rows = counted_rows(tuple(args.shape), args.repeats)
+        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, lpsim.quantize "
+                                  f"with and without stats=BlockStats(); ms, minimum of "
+                                  f"{args.repeats} alternating rounds"]))
+        print(f"{'format':<11} {'mode':<11} {'uncounted':>10} {'counted':>9} {'general':>9} "
+              f"{'counted/unc':>12} {'general/unc':>12} {'general/counted':>16}")
+        for r in rows:
+            u, c, g = r["uncounted"], r["counted"], r["general counted"]
+            print(f"{r['format']:<11} {r['mode']:<11} {u:>10.2f} {c:>9.2f} {g:>9.2f} "
+                  f"{c / u:>12.2f} {g / u:>12.2f} {g / c:>16.2f}")
+    elif args.scaled_mm:
         rows = scaled_mm_rows()
         print("\n".join(header))
         print(f"{'K':>6} {'model':<24} {'equal/outputs':>14} {'max rel diff':>13}")
@@ -315,7 +388,7 @@ def main() -> None:
                         verdict.append(f"vs gfloat {g['ratio']:.0f}x ("
                                        f"{'met' if g['ratio'] >= TARGETS['gfloat'] else 'NOT met'})")
                     print(f"#   {r['format']}: " + ", ".join(verdict))
-    if args.png and not args.scaled_mm:
+    if args.png and not (args.scaled_mm or args.counted):
         plot(rows, header, args.png)
     if args.json:
         with open(args.json, "w") as handle:

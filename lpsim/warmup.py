@@ -11,7 +11,9 @@ What it prepares, each by one small call of the public function that a program m
   ``containers``, and float32 nearest's kernels without stats;
 * ``blocks``: ``lpsim.quantize`` to block formats (mxfp4, mxfp8, nvfp4 and every
   ``lpsim.blocks.block``: they share their kernels), each of ``modes``: float32 data without
-  stats, with stats, and float64 data; and nvfp4's per-tensor scale;
+  stats and with stats (the word kernels), float32 element values
+  (``lpsim.blocks.quantize_blocks``, the general kernel) and float64 data; and nvfp4's
+  per-tensor scale;
 * ``ops``: lpsim.ops' elementwise operations, scalar, dot, both GEMMs and the tensor-core
   model of ``matmul``;
 * ``optim`` (default: when torch is installed): a step of ``lpsim.optim.AdamW`` and
@@ -115,8 +117,10 @@ def _names(value, what):
 
 def _block_jobs(modes, dtypes):
     """lpsim.quantize to mxfp4 (every block format takes the same kernels): per mode, float32
-    without stats (its word kernel), with stats, float64; nvfp4's per-tensor amax once."""
+    without stats and with stats (its word kernels), float32 element values (the general
+    kernel), float64; nvfp4's per-tensor amax once."""
     from .blocks.counters import BlockStats
+    from .blocks.fake_quantize import quantize_blocks
     from .quantize import quantize
     todo = []
     for m in modes:
@@ -125,6 +129,8 @@ def _block_jobs(modes, dtypes):
             if d == np.float32:
                 todo.append((f"quantize mxfp4 {m} float32",
                              lambda x=x, m=m: quantize(x, "mxfp4", m, seed=0)))
+                todo.append((f"quantize_blocks mxfp4 {m} float32 elements",
+                             lambda x=x, m=m: quantize_blocks(x, "mxfp4", m, seed=0)))
             todo.append((f"quantize mxfp4 {m} {d} with stats",
                          lambda x=x, m=m: quantize(x, "mxfp4", m, seed=0, stats=BlockStats())))
     for d in dtypes:

@@ -40,6 +40,7 @@ def test_the_list_holds_what_programs_call_first():
             assert f"quantize {mode} {dtype}" in names
             assert f"quantize mxfp4 {mode} {dtype} with stats" in names
         assert f"quantize mxfp4 {mode} float32" in names
+        assert f"quantize_blocks mxfp4 {mode} float32 elements" in names
     assert {"quantize nvfp4 nearest float32", "ops.matmul", "ops.matmul hopper-fp8",
             "quantize nearest float32 without stats"} <= set(names)
     steps = {"optim.AdamW bfloat16", "optim.AdamW float32", "optim.AdamW bfloat16 per tensor",

@@ -51,7 +51,8 @@ module             holds
 ``counters``       :data:`BLOCK_COUNTERS`, :class:`BlockStats`, :func:`add_counts`
 ``amax``           largest magnitudes per block and per tensor; NVFP4's per-tensor scale
 ``word_scales``    the float32 word kernel's scales in integer steps and their tables
-``words``          the float32 word kernel's loops (no counters)
+``word_counts``    the float32 word kernel's counters (lpsim.quantize with stats)
+``words``          the float32 word kernel's loops
 ``kernels``        the CPU kernels per rounding mode (numba's on-disk cache), threads
 ``fake_quantize``  :func:`quantize`, :func:`quantize_blocks` and the plan cache of repeated
                    float32 calls
@@ -75,8 +76,8 @@ from .decisions import (  # noqa: F401
     _INF64, _MAG64, _MAX64, _NORMAL64, _SIGN64, BlockParams, _element_params, _exact_product,
     _f2i_compiled, _i2f_compiled, _reciprocal_finite, _scale_mode, bits_value, block_params,
     block_recip, block_scale, dequantize_element, element_exact, element_fast, element_fast32,
-    element_ok32, element_params32, element_word, f2i, i2f, ilog2, nearest_words_exact,
-    round_scale, scale_recip, scaled_bits, words_exact)
+    element_nearest32, element_nearest32_flags, element_ok32, element_params32, element_word,
+    f2i, i2f, ilog2, nearest_words_exact, round_scale, scale_recip, scaled_bits, words_exact)
 from .amax import (  # noqa: F401
     AMAX_GRAIN, FLOAT32_MAX, NO_AMAXES, _amax_entry, _amaxes_entry, _amaxes_of, _block_amax32,
     _finite_amax, _min_tensor_scale, _threaded_max, block_amaxes, checked_tensor_scale,
@@ -84,13 +85,19 @@ from .amax import (  # noqa: F401
     tensor_scale_from, tensor_scale_of, word_tensor_scale)
 from .word_scales import (  # noqa: F401
     STEPS_FROM, _next_step, _reciprocals, _scale_of, _scale_steps, scale_words)
+from .word_counts import (  # noqa: F401
+    LANES, PIECE, _block_nearest, _block_words, _clip_side, _exact_step, _group_counted,
+    _group_counted_overload, _lanes_nearest, _least_side, _no_counts, _nonfinite_block, _pack,
+    _piece_nearest, _piece_words, _store, _tally, _tally_block, _tally_lanes, _tally_packed,
+    _tally_scratch, clip_bounds, group_counted, tally_scratch)
 from .words import (  # noqa: F401
     SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
-    _elements_words, _group_elements, element_nearest32, scale_ahead_scratch)
+    _elements_words, _group_elements, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
-    KERNELS, PARALLEL_GRAIN, SERIAL_BELOW, WORD_KERNELS, _block_bounds, _block_elements,
-    _block_slow, _blocks_kernel, _blocks_range, _chunk, _nonfinite_block, _words_kernel,
-    _words_range, kernel_entry, run_blocks, run_kernel, takes_words, word_kernel_entry)
+    COUNTED_WORD_KERNELS, KERNELS, NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, WORD_COUNTING,
+    WORD_KERNELS, _block_bounds, _block_elements, _block_slow, _blocks_kernel, _blocks_range,
+    _chunk, _words_kernel, _words_range, kernel_entry, run_blocks, run_kernel, takes_words,
+    word_kernel_entry)
 from .codec import (  # noqa: F401
     Encoded, _code_dtype, _torch_host, decode, encode)
 from .fake_quantize import (  # noqa: F401

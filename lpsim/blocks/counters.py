@@ -60,14 +60,16 @@ class BlockStats(RoundingStats):
         return self.__copy__()
 
 
-def add_counts(stats, counts, elements) -> None:
-    """Add a call's per-block counts to a RoundingStats (and the block fields of BlockStats)."""
+def add_counts(stats, counts, elements, blocks=None) -> None:
+    """Add a call's counts to a RoundingStats (and the block fields of BlockStats): rows of
+    :data:`BLOCK_COUNTERS` whose sum is the call's, ``counts.shape[:2]`` blocks (one row per
+    block) unless ``blocks`` says how many (rows of sums)."""
     if stats is None:
         return
     totals = counts.reshape(-1, len(BLOCK_COUNTERS)).sum(axis=0)
     stats.add(elements, totals[:6])
     if isinstance(stats, BlockStats):
-        stats.blocks += counts.shape[0] * counts.shape[1]
+        stats.blocks += counts.shape[0] * counts.shape[1] if blocks is None else int(blocks)
         stats.clipped_scales += int(totals[6])
         stats.flushed_blocks += int(totals[7])
         stats.nan_blocks += int(totals[8])

@@ -22,7 +22,7 @@ from numba.extending import overload, register_jitable
 from ..formats import Format
 from ..philox import block_words, lane_word
 from ..rounding import (DOWN, INEXACT, NEAREST, OVERFLOW, STOCHASTIC, UP, Params, fast_sub_ok,
-                        kernel_params, nearest32_exact, round_bits, round_fast_sub)
+                        kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub)
 from ..word32 import bits_float32, float32_bits, like
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat
 
@@ -235,6 +235,44 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
     return q, v, ok, flags & -ok
 
 
+@register_jitable(forceinline=True)
+def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
+    """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
+    element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
+    max) carrying x's sign.  x * rc underflowing to a float32 subnormal or to 0 is harmless
+    here: such a quotient is below half the element's smallest subnormal and rounds to 0."""
+    yb = float32_bits(xv * rc)
+    q = min(nearest32(yb, cw, lw), maxe)
+    return bits_float32(float32_bits(q * s * pts) | (float32_bits(xv) & 0x80000000))
+
+
+@register_jitable(forceinline=True)
+def element_nearest32_flags(xv, rc, s, pts, maxe, minn, cw, lw, pow2):
+    """:func:`element_nearest32` with round_fast_sub's flags for it: (value, flags, q), q
+    the element's magnitude; ``minn``: the element's smallest normal; ``pow2``: the block
+    format's.  Where :func:`nearest_words_exact` holds, these are element_fast32's flags for
+    every finite x * rc (float32 normal or not, as element_exact flags the product that
+    underflowed: it rounds to 0, an underflow where the exact quotient is nonzero, which is
+    x's for power-of-two scales and the float32 product x * rc itself otherwise); not for an
+    infinite x * rc, which element_exact flags as an inf input.
+
+    flags: INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL packed one a byte (bits 0, 8, 16, 24),
+    so that a loop sums them in one 32-bit lane, for up to 255 elements.  The value is
+    element_nearest32's own; the product and the rounding it repeats are the same
+    operations, which the compiler forms once."""
+    v = element_nearest32(xv, rc, s, pts, maxe, cw, lw)
+    yb = float32_bits(xv * rc)
+    ya = bits_float32(yb & 0x7FFFFFFF)
+    qr = nearest32(yb, cw, lw)
+    q = min(qr, maxe)
+    zero = like(yb, q == 0)
+    pw = like(yb, pow2 != 0)                    # a select, not a branch: loops vectorise
+    under = zero & ((like(yb, xv != 0) & pw) | (like(yb, ya != 0) & (1 - pw)))
+    flags = ((like(yb, q != ya) | under) | (like(yb, qr > maxe) << 8) | (under << 16)
+             | (((1 - zero) & like(yb, q < minn)) << 24))
+    return v, flags, q
+
+
 @functools.lru_cache(maxsize=256)
 def words_exact(bfmt: "BlockFormat") -> bool:
     """Whether :func:`element_fast32` gives the float64 step's results for every float32
@@ -342,7 +380,7 @@ def element_params32(bfmt: BlockFormat) -> Params:
 
 @functools.lru_cache(maxsize=256)
 def nearest_words_exact(fmt: Format) -> bool:
-    """Whether :func:`lpsim.blocks.words.element_nearest32` rounds x / s to ``fmt`` as
+    """Whether :func:`element_nearest32` rounds x / s to ``fmt`` as
     round_bits does to nearest: :func:`lpsim.rounding.nearest32_exact`, and a smallest
     subnormal above 2**-125, so that a quotient that underflows to a float32 subnormal rounds
     to 0 either way."""

@@ -21,7 +21,7 @@ from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_
 from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
-from .kernels import run_blocks, run_kernel, takes_words, word_kernel_entry
+from .kernels import NO_COUNTS, run_blocks, run_kernel, takes_words, word_kernel_entry
 
 
 class Blocked(NamedTuple):
@@ -53,16 +53,17 @@ def _blocked_view(x, axis):
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
-                    want_elements: bool = True, want_counts: bool = True,
-                    out=None) -> Blocked:
+                    want_elements: bool = True, want_counts=True, out=None) -> Blocked:
     """Block-quantize a float32/float64 numpy array along ``axis`` (blocks of bfmt.block).
 
     A row whose length is not a multiple of the block size ends in a shorter block.
     tensor_scale: the per-tensor scale to use (default: computed from x when bfmt has one).
     want_counts=False (no stats wanted) skips the element counters; counts is then None, or
-    incomplete where the kernel keeps them anyway.  out: where the values go, when it is a
-    C-contiguous array of x's shape and dtype that does not overlap x and the blocks run
-    along the last axis (else a new array, as without it).
+    incomplete where the kernel keeps them anyway; "totals": counts holds rows whose sum is
+    the call's counters, one per block or fewer (the float32 word kernel's sums per thread:
+    what lpsim.quantize's stats take).  out: where the values go, when it is a C-contiguous
+    array of x's shape and dtype that does not overlap x and the blocks run along the last
+    axis (else a new array, as without it).
     """
     from ..request import plan
     bfmt = parse_block_format(bfmt)
@@ -75,15 +76,17 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         raise TypeError(f"axis={axis!r} must be an integer")
     x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \
         if x.ndim else (x.reshape(1, 1), (1,))
+    if want_counts not in (True, False, "totals"):
+        raise ValueError(f"want_counts={want_counts!r} is not accepted; accepted: True, False "
+                         "or 'totals'")
     want_counts = want_counts or want_elements
-    # the float32 word kernel writes no counters: no array for them
-    counted = not takes_words(x2, block_params(bfmt), want_elements, want_counts)
+    words = takes_words(x2, block_params(bfmt), want_elements, want_counts)
     pts, bam = 1.0, NO_AMAXES
     if bfmt.tensor_scale and tensor_scale is not None:
         pts = checked_tensor_scale(tensor_scale, bfmt)
     elif bfmt.tensor_scale:
-        pts, bam = (tensor_scale_of(x, bfmt), NO_AMAXES) if counted \
-            else word_tensor_scale(x2, bfmt)
+        pts, bam = word_tensor_scale(x2, bfmt) if words else (tensor_scale_of(x, bfmt),
+                                                              NO_AMAXES)
     bp = block_params(bfmt, pts)
     p = _element_params(bfmt.saturating_element, request.params.W)
     p32 = element_params32(bfmt)
@@ -93,10 +96,13 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     out2 = out.reshape(x2.shape) if writes_into(out, x, axis) else np.empty_like(x2)
     q2 = np.empty(x2.shape if want_elements else (1, 1), np.float64)
     s2 = np.empty((rows, nblk), np.float64)
-    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)) if counted else (1, 1, 1), np.int64)
+    # a row of counters per block where a kernel writes one: the counted kernel always, the
+    # word kernel where asked for them block by block (its sums come back from run_blocks)
+    per_block = not words or want_counts is True or not x2.size
+    counts = np.zeros((rows, nblk, len(BLOCK_COUNTERS)) if per_block else (1, 1, 1), np.int64)
     if x2.size:
-        run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_elements,
-                   want_counts, bam)
+        counts = run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_elements,
+                            want_counts, bam)
     if not want_counts:
         counts = None
     values = out2.reshape(moved_shape) if x.ndim else out2.reshape(())
@@ -180,7 +186,7 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
         bp = block_params(bfmt, pts)
     result = np.empty_like(x) if out is None else out
     s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
-    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, bam),
+    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, NO_COUNTS, bam),
                (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
                 CHUNK), s2.size, x.size)
     return result
@@ -227,9 +233,10 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     direct = writes_into(out, x, axis)
     result = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                              sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale,
-                             want_elements=False, want_counts=stats is not None,
+                             want_elements=False,
+                             want_counts="totals" if stats is not None else False,
                              out=out if direct else None)
-    add_counts(stats, result.counts, x.size)
+    add_counts(stats, result.counts, x.size, result.scales.size)
     if stats is None and x.dtype == np.float32:
         _remember_words(given, bfmt, rounding, sr_bits)
     if out is not None:

@@ -1,12 +1,14 @@
 """The CPU block kernels and how a call runs them.
 
-The counted kernel (:func:`_blocks_range`: float32 or float64 arrays, element values and
+The general kernel (:func:`_blocks_range`: float32 or float64 arrays, element values and
 per-block counters) and the float32 word kernel (:func:`_words_range` over
-:mod:`lpsim.blocks.words`' loops, no counters), each compiled once per rounding mode with
-the mode a constant of its body (:data:`KERNELS`, :data:`WORD_KERNELS`: ``njit(cache=True)``,
-named ``blocks_<mode>`` and ``blocks_words_<mode>`` for numba's on-disk cache).
-:func:`run_blocks` picks one for a call and :func:`run_kernel` splits its blocks over
-lpsim's threads (PARALLEL_GRAIN, SERIAL_BELOW).
+:mod:`lpsim.blocks.words`' loops: without counters, with each block's, or with a thread
+range's sums, :mod:`lpsim.blocks.word_counts`), each compiled once per rounding mode with
+the mode a constant of its body (:data:`KERNELS`, :data:`WORD_KERNELS`,
+:data:`COUNTED_WORD_KERNELS`: ``njit(cache=True)``, named ``blocks_<mode>``,
+``blocks_words_<mode>``, ``blocks_words_counted_<mode>`` and ``blocks_words_totals_<mode>``
+for numba's on-disk cache).  :func:`run_blocks` picks one for a call and :func:`run_kernel`
+splits its blocks over lpsim's threads (PARALLEL_GRAIN, SERIAL_BELOW).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, thread_pool, threads,
-                   word_buffer)
+from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
+                   thread_pool, threads, word_buffer)
 from ..rounding import MODES, STOCHASTIC, fast_sub_ok, kernel_params
 from ..word32 import as_int64, word
 from .amax import NO_AMAXES, _finite_amax
@@ -27,6 +29,7 @@ from .counters import BLOCK_COUNTERS
 from .decisions import (_element_params, bits_value, block_params, block_recip, block_scale,
                         element_exact, element_fast, element_params32, i2f, scaled_bits)
 from .formats import PRESETS
+from .word_counts import _nonfinite_block, tally_scratch
 from .word_scales import _reciprocals, _scale_steps
 from .words import _chunk_words, scale_ahead_scratch
 
@@ -47,28 +50,17 @@ SERIAL_BELOW = 2 * PARALLEL_GRAIN
 # element_exact.  Stochastic modes draw the chunk's random words first, four a Philox call
 # (lpsim.cpu.fill_words).  Threads take contiguous ranges of blocks.
 #
-# Without counters, a float32 array of a format where element_fast32 is exact (words_exact:
-# MX and NVFP4 are) takes the word kernel (_words_kernel, its own entry point, so that such
-# a call compiles nothing else): per block (_chunk_words) the largest magnitude, the scale
-# in integer steps (scale_words), then the element loop on 32-bit words (eight AVX2 lanes),
-# a loop of literal length for blocks of 32 and 16 elements, with unsigned offsets (no
-# per-block array views, whose reference counting costs more than the block's elements).
+# Without element values, a float32 array of a format where element_fast32 is exact
+# (words_exact: MX and NVFP4 are) takes the word kernel (_words_kernel, its own entry point
+# per kind of counting, so that such a call compiles nothing else; with counters the flags
+# of its own steps, lpsim.blocks.word_counts): per block (_chunk_words) the largest
+# magnitude, the scale in integer steps (scale_words), then the element loop on 32-bit
+# words (eight AVX2 lanes), a loop of literal length for blocks of 32 and 16 elements, with
+# unsigned offsets (no per-block array views, whose reference counting costs more than the
+# block's elements).
 # Nearest rounding there is one float32 add and subtract per element (nearest32).  One
 # thread, 2**22 elements: MXFP8/MXFP4 nearest about 0.8 ns/element (2 ns before the add, 5-6
 # for the per-block float64 loop), about as fast as a copy on two threads.
-
-@register_jitable
-def _nonfinite_block(xs, outs, qs, want_q, c):
-    """A block holding NaN or inf under ``nonfinite="nan"``: NaN out, NaN and inf counted."""
-    for i in range(xs.size):
-        v = np.float64(xs[i])
-        c[4] += np.int64(v != v)
-        c[5] += np.int64(v == np.inf or v == -np.inf)
-        outs[i] = np.nan
-        if want_q:
-            qs[i] = np.nan
-    c[8] = 1
-
 
 @register_jitable(inline="always")
 def _block_elements(xs, outs, qs, rs, want_q, want_counts, s, recip, mode, k, p, bp):
@@ -207,16 +199,22 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
                 c[7] = np.int64(amax != 0 and nonzero == 0)
         t = t_end
 
-@register_jitable
-def _words_range(x, out, sout, bam, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi,
-                 stream, offset, chunk):
+@literal_jitable
+def _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp, bp, seed_lo,
+                 seed_hi, stream, offset, chunk):
     """Blocks t0 .. t1-1 (row-major) of the 2-D float32 ``x`` into out and sout by
     :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time for stochastic
-    rounding (one draw of random words per chunk), the whole range at once otherwise."""
+    rounding (one draw of random words per chunk), the whole range at once otherwise.
+    ``counted`` (a literal): 0 no counters, 1 each block's into its row of counts, 2 the
+    range's sums; returns the counters' rows (a new (1, 9) array of sums for 2)."""
     stochastic = _constant(mode) >= STOCHASTIC
     length = x.shape[1]
     nblk = sout.shape[1]
     xf, outf, sf = x.reshape(-1), out.reshape(-1), sout.reshape(-1)
+    counting = _constant(counted)
+    cf = np.zeros((1, counts.shape[2]), np.int64) if counting == 2 \
+        else counts.reshape(-1, counts.shape[2])
+    tally = tally_scratch(bp, sp, counted)
     per_chunk = max(1, chunk // bp.block) if stochastic else max(1, t1 - t0)
     r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
     rct, ri0, rsh = _reciprocals(bp, sp)
@@ -226,22 +224,37 @@ def _words_range(x, out, sout, bam, t0, t1, mode, k, p, p32, sp, bp, seed_lo, se
     while t < t1:
         t_end, e_lo, e_hi = _chunk(t, t1, per_chunk, nblk, length, bp.block)
         rs = draw_words(mode, r, e_lo + offset, e_hi + offset, 4, 32, stream, seed_lo, seed_hi)
-        _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length,
-                     nblk, rct, ri0, rsh, steps, ahead)
+        _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp,
+                     bp, length, nblk, rct, ri0, rsh, steps, ahead, tally)
         t = t_end
+    return cf
 
 
-def _words_kernel(mode: int):
-    """The float32 word kernel of rounding mode ``mode`` (no counters: lpsim.quantize without
-    stats), named ``blocks_words_<mode>`` for numba's on-disk cache: a kernel of its own, so
-    that a call that needs no counters compiles nothing else."""
-    def kernel(x, out, sout, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-               offset, chunk):
-        _words_range(x, out, sout, bam, t0, t1, mode, k, p, p32, sp, bp, seed_lo, seed_hi,
-                     stream, offset, chunk)
+#: the word kernels' kinds of counting (:func:`_words_range`'s ``counted``) by name
+WORD_COUNTING = {"": 0, "counted_": 1, "totals_": 2}
+
+
+def _words_kernel(mode: int, counted: int = 0):
+    """The float32 word kernel of rounding mode ``mode``: without counters (lpsim.quantize
+    without stats, ``blocks_words_<mode>``), each block's counters in its row
+    (``blocks_words_counted_<mode>``), or the range's sums returned
+    (``blocks_words_totals_<mode>``: lpsim.quantize's stats), named for numba's on-disk
+    cache: kernels of their own, so that the uncounted one runs no counting and a call
+    compiles nothing else."""
+    if counted == 2:
+        def kernel(x, out, sout, counts, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi,
+                   stream, offset, chunk):
+            return _words_range(x, out, sout, counts, bam, t0, t1, mode, 2, k, p, p32, sp, bp,
+                                seed_lo, seed_hi, stream, offset, chunk)
+    else:
+        def kernel(x, out, sout, counts, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi,
+                   stream, offset, chunk):
+            _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp, bp,
+                         seed_lo, seed_hi, stream, offset, chunk)
 
     name = next(name for name, code in MODES.items() if code == mode)
-    kernel.__name__ = kernel.__qualname__ = f"blocks_words_{name}"
+    kind = next(kind for kind, code in WORD_COUNTING.items() if code == counted)
+    kernel.__name__ = kernel.__qualname__ = f"blocks_words_{kind}{name}"
     return kernel
 
 
@@ -263,6 +276,11 @@ def _blocks_kernel(mode: int):
 KERNELS = {mode: njit(cache=True, nogil=True)(_blocks_kernel(mode)) for mode in MODES.values()}
 WORD_KERNELS = {mode: njit(cache=True, nogil=True)(_words_kernel(mode))
                 for mode in MODES.values()}
+COUNTED_WORD_KERNELS = {(mode, counted): njit(cache=True, nogil=True)(_words_kernel(mode, counted))
+                        for mode in MODES.values() for counted in (1, 2)}
+
+#: the counts argument of the uncounted word kernel (which writes none)
+NO_COUNTS = np.zeros((0, 0, len(BLOCK_COUNTERS)), np.int64)
 
 
 @functools.cache
@@ -284,12 +302,13 @@ def kernel_entry(mode: int, dtype: np.dtype):
 
 
 @functools.cache
-def word_kernel_entry(mode: int):
-    """The compiled entry point of ``mode``'s float32 word kernel (:func:`_words_kernel`)."""
-    dispatcher = WORD_KERNELS[mode]
+def word_kernel_entry(mode: int, counted: int = 0):
+    """The compiled entry point of ``mode``'s float32 word kernel (:func:`_words_kernel`),
+    without counters (``counted`` 0), with each block's (1) or with the sums (2)."""
+    dispatcher = COUNTED_WORD_KERNELS[mode, counted] if counted else WORD_KERNELS[mode]
     bfmt = PRESETS["mxfp4"]
     x = np.zeros((1, 1), np.float32)
-    args = (x, x.copy(), np.zeros((1, 1)), NO_AMAXES, 0, 1, 1,
+    args = (x, x.copy(), np.zeros((1, 1)), NO_COUNTS, NO_AMAXES, 0, 1, 1,
             _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
             kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK)
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
@@ -297,50 +316,60 @@ def word_kernel_entry(mode: int):
 
 
 def takes_words(x2, bp, want_q, want_counts) -> bool:
-    """Whether :func:`run_blocks` takes the float32 word kernel (which keeps no counters)."""
-    return x2.dtype == np.float32 and bool(bp.f32) and not (want_q or want_counts)
+    """Whether :func:`run_blocks` takes the float32 word kernel: float32 data of a format
+    that :func:`words_exact` admits, no element values wanted, and for counters a scale
+    format of more than one value (:func:`lpsim.blocks.word_counts.clip_bounds`)."""
+    return (x2.dtype == np.float32 and bool(bp.f32) and not want_q
+            and (not want_counts or bp.smin < bp.smax))
 
 
 def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
-               want_counts=True, bam=NO_AMAXES) -> None:
-    """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``.
+               want_counts=True, bam=NO_AMAXES):
+    """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``; returns
+    the counters' rows: ``counts`` (each block's row, zeros on entry), or with
+    ``want_counts="totals"`` where the word kernel runs, a (ranges, 1, 9) array of each
+    thread range's sums (``counts`` unused: a row per block costs a pass over memory as
+    large as the data's, in writing and again in summing).
 
     Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays are
     split into one contiguous range of blocks per thread (at least PARALLEL_GRAIN elements
-    each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block writes
-    its own counters, so nothing is summed across threads.  Without counters, float32 arrays
-    of a format that :func:`words_exact` admits take the word kernel (q2 and counts unused;
-    ``bam``: the blocks' largest magnitudes where :func:`word_tensor_scale` found them).
+    each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block (or
+    range) writes its own counters, so no thread adds into another's.  Without element
+    values, float32 arrays of a format that :func:`words_exact` admits take the word
+    kernel, counted or not (:func:`takes_words`; q2 unused; ``bam``: the blocks' largest
+    magnitudes where :func:`word_tensor_scale` found them).
     """
     seeds = (int(request.seed_lo), int(request.seed_hi), int(request.stream),
              int(request.offset))
     if takes_words(x2, bp, want_q, want_counts):
-        kernel = word_kernel_entry(request.mode)
-        head = (x2, out2, s2, bam)
+        counted = 2 if want_counts == "totals" else int(bool(want_counts))
+        kernel = word_kernel_entry(request.mode, counted)
+        head = (x2, out2, s2, counts if counted == 1 else NO_COUNTS, bam)
         args = (int(request.k), p, p32, sp, bp, *seeds, int(CHUNK))
-    else:
-        kernel = kernel_entry(request.mode, x2.dtype)
-        cm, ceb = (23, 127) if x2.dtype == np.float32 else (52, 1023)
-        head = (x2, out2, q2, s2, counts)
-        args = (int(request.k), p, sp, bp, *seeds, bool(want_q), bool(want_counts), cm, ceb,
-                int(CHUNK))
+        sums = run_kernel(kernel, head, args, s2.size, x2.size)
+        return np.stack(sums) if counted == 2 else counts
+    kernel = kernel_entry(request.mode, x2.dtype)
+    cm, ceb = (23, 127) if x2.dtype == np.float32 else (52, 1023)
+    head = (x2, out2, q2, s2, counts)
+    args = (int(request.k), p, sp, bp, *seeds, bool(want_q), bool(want_counts), cm, ceb,
+            int(CHUNK))
     run_kernel(kernel, head, args, s2.size, x2.size)
+    return counts
 
 
-def run_kernel(kernel, head, args, nblocks: int, n: int) -> None:
+def run_kernel(kernel, head, args, nblocks: int, n: int) -> list:
     """kernel(*head, t0, t1, *args) over blocks 0 .. nblocks-1 of n elements: in the calling
-    thread below SERIAL_BELOW, else one contiguous range of blocks per thread."""
+    thread below SERIAL_BELOW, else one contiguous range of blocks per thread; returns what
+    each range's call returned, in order."""
     workers = min(threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
     if workers <= 1:
-        kernel(*head, 0, nblocks, *args)
-        return
+        return [kernel(*head, 0, nblocks, *args)]
     bounds = [nblocks * w // workers for w in range(workers + 1)]
     pool = thread_pool(workers - 1, os.getpid())
     futures = [pool.submit(kernel, *head, bounds[w], bounds[w + 1], *args)
                for w in range(1, workers)]
-    kernel(*head, bounds[0], bounds[1], *args)
-    for future in futures:
-        future.result()
+    first = kernel(*head, bounds[0], bounds[1], *args)
+    return [first] + [future.result() for future in futures]
 
 
 

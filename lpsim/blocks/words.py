@@ -1,13 +1,14 @@
-"""The float32 word kernel's loops: blocks of float32 data without counters, on 32-bit words
-(eight AVX2 lanes; :mod:`lpsim.word32`).
+"""The float32 word kernel's loops: blocks of float32 data on 32-bit words (eight AVX2 lanes;
+:mod:`lpsim.word32`).
 
 :func:`_chunk_words` takes a chunk of blocks: per group of SCALE_AHEAD blocks first each
 block's largest magnitude, scale and reciprocal (:mod:`lpsim.blocks.word_scales`), then
 each block's elements, to nearest by :func:`element_nearest32` (one float32 add and subtract
 an element) where it is exact, else by :func:`lpsim.blocks.decisions.element_fast32` and
 :func:`lpsim.blocks.decisions.element_exact` for what that leaves.  Blocks of 32 and 16
-elements run loops of that literal length.  :mod:`lpsim.blocks.kernels` compiles these
-loops into one kernel per rounding mode and splits a call over threads.
+elements run loops of that literal length.  With counters (a variant compiled apart) the
+element phase is :mod:`lpsim.blocks.word_counts`'.  :mod:`lpsim.blocks.kernels` compiles
+these loops into kernels per rounding mode and splits a call over threads.
 """
 
 from __future__ import annotations
@@ -16,22 +17,13 @@ import numpy as np
 from numba.extending import register_jitable
 
 from ..cpu import _constant, as_bits, literal_jitable
-from ..rounding import NEAREST, STOCHASTIC, nearest32, nearest32_words
-from ..word32 import as_int64, bits_float32, float32_bits, word
+from ..rounding import NEAREST, STOCHASTIC, nearest32_words
+from ..word32 import as_int64, float32_bits, word
 from .amax import _block_amax32, _finite_amax
-from .decisions import block_recip, block_scale, element_exact, element_fast32, element_ok32
+from .decisions import (block_recip, block_scale, element_exact, element_fast32,
+                        element_nearest32, element_ok32)
+from .word_counts import group_counted
 from .word_scales import scale_words
-
-
-@register_jitable(forceinline=True)
-def element_nearest32(xv, rc, s, pts, maxe, cw, lw):
-    """:func:`element_fast32`'s value q * s (* pts) for nearest rounding of a finite float32
-    element, with ``rc`` the block's float32 reciprocal: q = min(:func:`nearest32` (x * rc),
-    max) carrying x's sign.  x * rc underflowing to a float32 subnormal or to 0 is harmless
-    here: such a quotient is below half the element's smallest subnormal and rounds to 0."""
-    yb = float32_bits(xv * rc)
-    q = min(nearest32(yb, cw, lw), maxe)
-    return bits_float32(float32_bits(q * s * pts) | (float32_bits(xv) & 0x80000000))
 
 
 @register_jitable(forceinline=True)
@@ -80,9 +72,11 @@ SCALE_AHEAD = 16
 @register_jitable
 def scale_ahead_scratch():
     """The per-group arrays of :func:`_chunk_words`: first element and length of each block
-    (a length below 0: a block with a NaN or inf), its float32 scale and reciprocal."""
+    (a length below 0: a block with a NaN or inf), its float32 scale and reciprocal, and
+    (for the counted variant) its largest magnitude bits."""
     return (np.empty(SCALE_AHEAD, np.int64), np.empty(SCALE_AHEAD, np.int64),
-            np.empty(SCALE_AHEAD, np.float32), np.empty(SCALE_AHEAD, np.float32))
+            np.empty(SCALE_AHEAD, np.float32), np.empty(SCALE_AHEAD, np.float32),
+            np.empty(SCALE_AHEAD, np.int64))
 
 
 @literal_jitable
@@ -95,7 +89,7 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
     rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     cw, lw = nearest32_words(p32.m, p32.emin)
-    los, ns, s32s, rcs = ahead
+    los, ns, s32s, rcs, _ = ahead
     for tb in range(g0, g1):                # the group's elements
         j = tb - g0
         lo_, n = los[j], ns[j]
@@ -161,10 +155,13 @@ def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cin
 
 
 @literal_jitable
-def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp, length,
-                 nblk, rct, ri0, rsh, steps, ahead):
+def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp,
+                 length, nblk, rct, ri0, rsh, steps, ahead, tally):
     """Blocks t .. t_end-1 of the flat float32 arrays (element e_lo has random word rs[0])
-    on 32-bit words, without counters.
+    on 32-bit words; with ``counted`` (a literal: 0 compiles no counting) the counters
+    added into ``cf``: each block's into its row (1) or all into row 0 (2), by
+    :func:`lpsim.blocks.word_counts.group_counted` (``tally``: its
+    :func:`lpsim.blocks.word_counts.tally_scratch`).
 
     Per group of SCALE_AHEAD blocks, first each block's largest magnitude, scale
     (:func:`scale_words`) and reciprocal, then each block's element loop
@@ -177,15 +174,16 @@ def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp,
     scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
     :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
     (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding with the
-    table, of rows of whole blocks, runs :func:`_blocks_nearest_steps` instead.
+    table, of rows of whole blocks, runs :func:`_blocks_nearest_steps` instead (uncounted).
     """
-    near = _constant(mode) == NEAREST and bp.near32
+    counting = _constant(counted) != 0
+    near = _constant(mode) == NEAREST and bp.near32 and not counting
     xb = as_bits(xf)
     size = bp.block
     cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     cw, lw = nearest32_words(p32.m, p32.emin)
-    los, ns, s32s, rcs = ahead
+    los, ns, s32s, rcs, ams = ahead
     step_base, step_thr, svals, rvals, kshift = steps
     full = length == nblk * size                # every block of a row has size elements
     if near and full and step_base.size:
@@ -245,6 +243,8 @@ def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp,
                 am = _block_amax32(xb, lo, 16)
             else:
                 am = _block_amax32(xb, lo, n_)
+            if counting:
+                ams[j] = as_int64(am)
             if am >= cinf:                      # a NaN or inf in the block
                 ns[j] = -n_
                 nonfinite += 1
@@ -274,5 +274,9 @@ def _chunk_words(xf, outf, sf, bam, rs, t, t_end, e_lo, mode, k, p, p32, sp, bp,
             for j in range(g1 - g0):
                 _block_nearest32(xf, outf, np.uint64(los[j]), ns[j], rcs[j], s32s[j], pts,
                                  maxe, cw, lw)
+            continue
+        if counting:
+            group_counted(xf, outf, sf, cf, rs, g0, g1, e_lo, mode, counted, k, p, p32, sp,
+                          bp, ahead, tally)
             continue
         _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahead)
