@@ -1,6 +1,6 @@
-"""Blackwell's FP4 tensor-core kinds, bit for bit: ``tcgen05.mma ... kind::mxf4`` and
-``kind::mxf4nvf4`` (k = 64, E2M1 inputs, E8M0 scales per 32 or 16 products or UE4M3 scales
-per 16, f32 result).
+"""Blackwell's FP4 tensor-core kinds bit for bit: the block-scaled ``tcgen05.mma`` with
+``kind::mxf4`` or ``kind::mxf4nvf4`` (k = 64, E2M1 inputs, E8M0 scales per 32 or 16 products
+or UE4M3 scales per 16, f32 result).
 
 MMA-Sim measured these as a group-scaled node (its GST-FDPA: G = 16, F = 35, e_zero = -139,
 ``mmasim`` 2.1), which differs from the node of :mod:`lpsim.ops.mma` in where the scales act.
