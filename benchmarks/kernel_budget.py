@@ -87,11 +87,15 @@ class Case:
 
     name: begins with the kernel family (quantize, optim, blocks).  kind: a key of KINDS.
     hot: run on the training hot path (tests/test_kernel_budget.py holds these).
-    kernel: () -> (py_func, numba argument types), called only when the case is compiled.
+    kernel: () -> (py_func, numba argument types[, launch bounds]), called only when the case
+    is compiled.
     elements: elements one pass of the measured loop handles.
-    loads: which global loads (of those inside loops) the measured loop must hold: "all",
-    or, for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
-    whose own or enclosing body draws Philox words) or "plain" (the others).
+    loads: which global loads (of those inside loops) the measured loop must hold: "all";
+    for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
+    whose own or enclosing body draws Philox words) or "plain" (the others); "wide" (loads
+    of 8 bytes or more: a kernel whose element-wise fallback has loops of its own).
+    cold_loops: loops nested in the measured one are a fallback the hot path skips (the
+    optimizer's quads that leave the straight path); their instructions are not counted.
     outer: elements per pass of the loop enclosing the measured one, which share that
     loop's own instructions (a Philox block's words); 0: the enclosing loop is not counted.
     """
@@ -102,6 +106,7 @@ class Case:
     elements: int = 1
     loads: str = "all"
     outer: int = 0
+    cold_loops: bool = False
 
 
 def _patched_device():
@@ -171,8 +176,9 @@ def _block_groups(name: str, rounding: str):
     return build
 
 
-def _optim(cls: str, dtype: str, **kw):
-    """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps."""
+def _optim(cls: str, dtype: str, wide: bool = False, **kw):
+    """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps
+    (``wide``: the kernel of aligned parameters)."""
     def build():
         import importlib
         import numba
@@ -185,9 +191,10 @@ def _optim(cls: str, dtype: str, **kw):
                                       37, 0)
         kinds, hp, ints, keys, offset = kargs
         kernel = importlib.import_module("lpsim_cuda.optim").optim_kernel(
-            tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps, tuple(setup.sp16))
+            tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps, tuple(setup.sp16), wide)
         args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
-        return kernel.py_func, tuple(numba.typeof(a) for a in args)
+        return (kernel.py_func, tuple(numba.typeof(a) for a in args),
+                kernel.targetoptions.get("launch_bounds"))
     return build
 
 
@@ -253,9 +260,16 @@ CASES = [
          _specialised("bf16", "stochastic", "bfloat16"), elements=4),
     Case("quantize specialised bf16 stochastic counted", "quantize", False,
          _specialised("bf16", "stochastic", count=True), elements=4),
-    # a pass of the grid-stride loop steps one quad (its Philox words), the inner loop one
-    # parameter of it
+    # aligned parameters (the hot path): a pass of the grid-stride loop steps one quad,
+    # every array read by one wide load, the lanes straight-line (lpsim_cuda.optim)
     Case("optim AdamW bf16 stochastic", "optim", True,
+         _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
+                state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
+    Case("optim AdamW bf16 nearest", "optim", False,
+         _optim("AdamW", "bfloat16", wide=True), elements=4, loads="wide", cold_loops=True),
+    # a parameter whose quads are not aligned: a pass of the grid-stride loop steps one quad
+    # (its Philox words), the inner loop one parameter of it
+    Case("optim AdamW bf16 stochastic unaligned", "optim", False,
          _optim("AdamW", "bfloat16", update_rounding="stochastic",
                 state_rounding="stochastic"), outer=4),
     # a pass of the group loop: one element per thread for blocks of up to 32 elements
@@ -299,11 +313,13 @@ def version(path: str) -> str:
     return found.group(1) if found else "?"
 
 
-def compile_case(py_func, signature, ptxas: str, nvdisasm: str) -> tuple[str, str]:
-    """(ptxas -v's report, SASS) of py_func compiled for sm_90."""
+def compile_case(py_func, signature, ptxas: str, nvdisasm: str,
+                 launch_bounds=None) -> tuple[str, str]:
+    """(ptxas -v's report, SASS) of py_func compiled for sm_90 (with the kernel's own
+    launch bounds, which cap its registers)."""
     from numba import cuda
     with _patched_device():
-        ptx, _ = cuda.compile_ptx(py_func, signature, cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(py_func, signature, cc=(9, 0), launch_bounds=launch_bounds)
     with tempfile.TemporaryDirectory() as folder:
         path = pathlib.Path(folder) / "kernel.ptx"
         path.write_text(ptx)
@@ -400,7 +416,9 @@ def measure(sass: str, case: Case) -> dict:
     def draws(i):     # a loop holding load i also holds a Philox multiply
         return any(_inside(lp, i) and any(_inside(lp, j) for j in philox) for lp in found)
 
-    if case.loads != "all":
+    if case.loads == "wide":
+        loads = [i for i in loads if width(code[i][0]) >= 64]
+    elif case.loads != "all":
         loads = [i for i in loads if draws(i) == (case.loads == "philox")]
     holding = [lp for lp in found if loads and all(_inside(lp, i) for i in loads)]
     if not holding:
@@ -408,6 +426,10 @@ def measure(sass: str, case: Case) -> dict:
                          f"loops {found}, loads {loads}")
     inner = min(holding, key=lambda lp: lp[1] - lp[0])
     body = code[inner[0]:inner[1] + 1]
+    if case.cold_loops:
+        nested = [lp for lp in found if lp != inner and _inside(inner, lp[0])]
+        body = [ins for i, ins in enumerate(body, inner[0])
+                if not any(lp[0] <= i <= lp[1] for lp in nested)]
     count = len(body) / case.elements
     wide = sum(map(is_int64, (op for op, _ in body))) / case.elements
     span = body
@@ -513,10 +535,10 @@ def main(argv=None) -> None:
     compiled: dict = {}                  # several rows read one kernel's two loops
     rows = []
     for case in cases:
-        py_func, signature = case.kernel()
+        py_func, signature, *bounds = case.kernel()
         key = (py_func, tuple(signature))
         if key not in compiled:
-            compiled[key] = compile_case(py_func, signature, ptxas, nvdisasm)
+            compiled[key] = compile_case(py_func, signature, ptxas, nvdisasm, *bounds)
         rows.append(row_of(case, *compiled[key]))
         print(table(rows)[-1], flush=True)
     command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])

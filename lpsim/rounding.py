@@ -56,7 +56,7 @@ from numba.extending import register_jitable
 from .formats import CONTAINERS, SPECIALS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
-from .word32 import bits_float32, like, widen, word
+from .word32 import as_int64, as_signed64, bits_float32, like, widen, word
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -493,6 +493,22 @@ def round_one_sub(bits, mode, r, k, p):
     if ok:
         return out, flags
     return round_bits(bits, mode, r, k, p)
+
+
+@register_jitable(forceinline=True)
+def round_one_word(bits, mode, r, k, p, sub):
+    """:func:`round_one` (``sub``: :func:`round_one_sub`) of float32 container bits, its
+    straight path in 32-bit words (:mod:`lpsim.word32`): GPU integer units run 64-bit
+    operations as two or more instructions, so the specialised CUDA kernels round through
+    this.  (bits, flags) as int64, the bits sign-extended as round_bits gives them."""
+    if sub:
+        out, ok, flags = round_fast_sub(word(bits), mode, word(r), k, p)
+    else:
+        out, ok, inexact = round_fast(word(bits), mode, word(r), k, p)
+        flags = inexact * INEXACT
+    if ok != 0:
+        return as_signed64(out), as_int64(flags)
+    return round_bits(np.int64(bits), mode, r, k, p)
 
 
 @register_jitable

@@ -274,3 +274,29 @@ def _as_int64(x):
         return lambda x: np.int64(x)
     return None
 
+
+
+@intrinsic
+def _word_as_signed(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.sext(args[0], ir.IntType(64))
+    return types.int64(x), codegen
+
+
+def as_signed64(x):
+    """The low 32 bits of x as a signed int64 (bit 31 extended): float32 container bits the
+    way round_bits and the packers take them."""
+    v = np.int64(x) & 0xFFFFFFFF
+    return v - ((v >> 31) << 32)
+
+
+@overload(as_signed64)
+def _as_signed64(x):
+    if isinstance(x, Word32):
+        return lambda x: _word_as_signed(x)
+    if isinstance(x, (types.Integer, types.Boolean)):
+        def signed(x):
+            v = np.int64(x) & 0xFFFFFFFF
+            return v - ((v >> 31) << 32)
+        return signed
+    return None

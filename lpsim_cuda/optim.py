@@ -5,6 +5,15 @@ Each thread steps quads of four consecutive global elements in a grid-stride loo
 states are read and written as their 16-bit codes, the float32 work stays in registers, and
 the random bits are Philox words made in registers from (seed, step, parameter, element).
 
+Where a parameter's quads are aligned (its global offset a multiple of 4, every array's data
+aligned to four elements), each thread reads a quad of every array with one 8- or 16-byte
+load before it computes anything and writes it with one store (:func:`_step_quad_vector`):
+the four lanes take the straight path (:func:`lpsim.optim.step.step_codes` with
+``fast=True``), and a quad where a lane leaves it (NaN, inf, overflow, subnormal results)
+is stepped again from its untouched codes by step_quad.  One element per access, with its
+stores between the next element's loads, left a thread's memory accesses in series: the
+step ran at 0.24 of the bandwidth bound on an H100 (benchmarks/results/gpu-summary.json).
+
 numba.cuda contracts ``a*b + c`` into an FMA (NVVM's default), which rounds once where the
 CPU rounds twice; so on a real GPU the step's products (:func:`lpsim.optim.step.fmul`) are
 rebound to ``fmul_rn`` (:func:`rebind`), one source compiled with another primitive.  The
@@ -20,14 +29,18 @@ from numba import cuda
 from numba.extending import register_jitable
 
 from lpsim.optim import step as core
-from lpsim.optim.step import NCOUNTS
+from lpsim.optim.step import ADAMW, KAHAN, NCOUNTS, REMAINDER, STOCHASTIC
+from lpsim.philox import block_words
 
-from . import arrays, launch
+from . import arrays, launch, vector
 from .launch import THREADS
 
+#: resident 128-thread blocks per SM the step kernels are compiled for: ptxas then keeps
+#: them within 65536 / (128 x 5) = 102 registers a thread (the wide kernel wants ~118)
+BLOCKS_PER_SM = 5
 #: the functions of lpsim.optim.step that call fmul, directly or through one another
 _USERS = ("adamw_moments", "adamw_update", "adamw_direction", "sgd_gradient", "sgd_buffer",
-          "sgd_update", "sgd_direction", "step_element", "step_quad")
+          "sgd_update", "sgd_direction", "step_codes", "step_element", "step_quad")
 
 
 def rebind(module, overrides: dict, names=_USERS) -> dict:
@@ -45,7 +58,7 @@ def rebind(module, overrides: dict, names=_USERS) -> dict:
 
 
 if launch.SIMULATOR:
-    _step_quad = core.step_quad
+    _step_quad, _step_codes = core.step_quad, core.step_codes
 else:                                                      # pragma: no cover (GPU only)
     from numba.cuda import libdevice
 
@@ -53,7 +66,73 @@ else:                                                      # pragma: no cover (G
     def _fmul_rn(a, b):
         return libdevice.fmul_rn(a, b)
 
-    _step_quad = rebind(core, {"fmul": _fmul_rn})["step_quad"]
+    _rebound = rebind(core, {"fmul": _fmul_rn})
+    _step_quad, _step_codes = _rebound["step_quad"], _rebound["step_codes"]
+
+
+@register_jitable
+def _codes4(a, j, present):
+    """Elements 4j .. 4j+3 of ``a`` by one wide load, or zeros where the configuration has no
+    such tensor (``present``, a constant)."""
+    if present:
+        c0, c1, c2, c3 = vector.load4(a, j)
+        return np.int64(c0), np.int64(c1), np.int64(c2), np.int64(c3)
+    zero = np.int64(0)
+    return zero, zero, zero, zero
+
+
+@register_jitable
+def _words4(q, stream, seed_lo, seed_hi, drawn):
+    """Philox block q of ``stream`` where a rounding is stochastic (``drawn``), else zeros."""
+    if drawn:
+        return block_words(q, stream, seed_lo, seed_hi)
+    zero = np.int64(0)
+    return zero, zero, zero, zero
+
+
+@register_jitable
+def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                      sp16, counts):
+    """Local elements 4j .. 4j+3 (offset a multiple of 4): every array read by one wide load
+    and written by one wide store, the four lanes by the straight path; where a lane
+    declines, the quad by step_quad from its codes, which nothing has written yet."""
+    algo, update, wmode, smode = ints[0], ints[1], ints[2], ints[4]
+    seed_lo, seed_hi, stream_w, stream_m, stream_v = keys
+    q = (offset >> 2) + j
+    hasm = algo == ADAMW or hp[10] != 0
+    rw0, rw1, rw2, rw3 = _words4(q, stream_w, seed_lo, seed_hi, wmode == STOCHASTIC)
+    rm0, rm1, rm2, rm3 = _words4(q, stream_m, seed_lo, seed_hi, smode == STOCHASTIC)
+    rv0, rv1, rv2, rv3 = _words4(q, stream_v, seed_lo, seed_hi,
+                                 smode == STOCHASTIC and algo == ADAMW)
+    w0, w1, w2, w3 = _codes4(wb, j, True)
+    g0, g1, g2, g3 = _codes4(gb, j, True)
+    m0, m1, m2, m3 = _codes4(mb, j, hasm)
+    v0, v1, v2, v3 = _codes4(vb, j, algo == ADAMW)
+    c0, c1, c2, c3 = _codes4(cb, j, update == KAHAN)
+    e0, e1, e2, e3 = _codes4(rb, j, update == REMAINDER)
+    a0 = _step_codes(w0, g0, m0, v0, c0, e0, rw0, rm0, rv0, kinds, hp, ints, pw, pc, ps, sp16,
+                     True)
+    a1 = _step_codes(w1, g1, m1, v1, c1, e1, rw1, rm1, rv1, kinds, hp, ints, pw, pc, ps, sp16,
+                     True)
+    a2 = _step_codes(w2, g2, m2, v2, c2, e2, rw2, rm2, rv2, kinds, hp, ints, pw, pc, ps, sp16,
+                     True)
+    a3 = _step_codes(w3, g3, m3, v3, c3, e3, rw3, rm3, rv3, kinds, hp, ints, pw, pc, ps, sp16,
+                     True)
+    if a0[7] & a1[7] & a2[7] & a3[7]:
+        vector.store4(wb, j, a0[0], a1[0], a2[0], a3[0])
+        if hasm:
+            vector.store4(mb, j, a0[1], a1[1], a2[1], a3[1])
+        if algo == ADAMW:
+            vector.store4(vb, j, a0[2], a1[2], a2[2], a3[2])
+        if update == KAHAN:
+            vector.store4(cb, j, a0[3], a1[3], a2[3], a3[3])
+        elif update == REMAINDER:
+            vector.store4(rb, j, a0[4], a1[4], a2[4], a3[4])
+        counts[0] += (a0[5] & 1) + (a1[5] & 1) + (a2[5] & 1) + (a3[5] & 1)
+        counts[6] += a0[6] + a1[6] + a2[6] + a3[6]
+    else:
+        _step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                   sp16, counts)
 
 
 @register_jitable
@@ -71,37 +150,79 @@ def _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
         _step_quad(first + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc,
                    ps, sp16, local)
         j += cuda.gridsize(1)
+    _add_counts(counts, local)
+
+
+@register_jitable
+def _add_counts(counts, local):
     for f in range(NCOUNTS):
         if local[f]:
             cuda.atomic.add(counts, f, local[f])
 
 
-def _make_kernel(kinds, ints, pw, pc, ps, sp16):
+@register_jitable
+def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
+                  counts):
+    """:func:`_step_all` for a parameter whose quads are aligned: the whole quads by
+    :func:`_step_quad_vector` in a grid-stride loop, the last n % 4 elements by thread 0."""
+    n = wb.size
+    full = n >> 2
+    local = cuda.local.array(NCOUNTS, np.int64)
+    for f in range(NCOUNTS):
+        local[f] = 0
+    j = cuda.grid(1)
+    while j < full:
+        _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc,
+                          ps, sp16, local)
+        j += cuda.gridsize(1)
+    if cuda.grid(1) == 0 and (n & 3) != 0:
+        _step_quad((offset >> 2) + full, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
+                   keys, pw, pc, ps, sp16, local)
+    _add_counts(counts, local)
+
+
+def _make_kernel(kinds, ints, pw, pc, ps, sp16, wide=False):
     """The step kernel of one configuration: storage kinds, the integer options (algorithm,
     update, modes, sr bits, nesterov, first step) and the formats' parameters are
     compile-time constants, so each branch on them folds away and the decision keeps only
     the registers its own case needs (AdamW bf16 SR: 162 -> 90 per thread).  The
-    hyperparameters, keys and offset stay arguments: they change from step to step."""
+    hyperparameters, keys and offset stay arguments: they change from step to step.
+    ``wide``: the aligned kernel (:func:`_step_vectors`), which a call takes where
+    :func:`aligned` holds."""
     KINDS, INTS, PW, PC, PS, SP16 = kinds, ints, pw, pc, ps, sp16
 
-    def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
-        _step_all(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS, SP16,
-                  counts)
+    if wide:
+        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
+            _step_vectors(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS,
+                          SP16, counts)
+    else:
+        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
+            _step_all(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS, SP16,
+                      counts)
 
-    return cuda.jit(kernel)
+    if launch.SIMULATOR:
+        return cuda.jit(kernel)
+    return cuda.jit(kernel, launch_bounds=(THREADS, BLOCKS_PER_SM))   # pragma: no cover
 
 
 #: configuration -> its kernel (profile_cuda.py and kernel_budget.py read what was made)
 KERNELS: dict = {}
 
 
-def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16):
+def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16, wide: bool = False):
     """The step kernel of a configuration (:func:`_make_kernel`), made once."""
-    key = (kinds, ints, pw, pc, ps, sp16)
+    key = (kinds, ints, pw, pc, ps, sp16, wide)
     found = KERNELS.get(key)
     if found is None:
-        found = KERNELS[key] = _make_kernel(kinds, ints, pw, pc, ps, sp16)
+        found = KERNELS[key] = _make_kernel(kinds, ints, pw, pc, ps, sp16, wide)
     return found
+
+
+def aligned(offset: int, arrays) -> bool:
+    """Whether a parameter can take the wide kernel: its first element starts a Philox
+    quad and every array's data is aligned to four of its elements."""
+    return offset % 4 == 0 and all(launch.address(a) % (4 * a.dtype.itemsize) == 0
+                                   for a in arrays)
 
 
 def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, counts,
@@ -111,10 +232,11 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
     n = wb.size
     if n == 0:
         return
-    nquads = (offset + n + 3) // 4 - offset // 4
+    wide = aligned(offset, (wb, gb, mb, vb, cb, rb))
+    nquads = max(n // 4, 1) if wide else (offset + n + 3) // 4 - offset // 4
     grid = launch.grid_size(nquads, launch.current_device())
     kinds, ints, sp16 = tuple(kinds), tuple(ints), tuple(setup.sp16)
-    kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16)
+    kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16, wide)
     kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, hp, keys, offset, counts)
 
 

@@ -8,9 +8,9 @@ gpu-h100-2026-11-26.md).  Here, for the formats people train in:
 
 * the format's parameters, the rounding mode and ``sr_bits`` are compile-time constants
   (the kernel is made per (format, mode, k) from the shared decision
-  :func:`lpsim.rounding.round_one`, or :func:`lpsim.rounding.round_one_sub` for formats whose
-  subnormals unit-scale data reaches, not a copy of it), so the common path folds to a few
-  integer operations;
+  :func:`lpsim.rounding.round_one_word`: round_one's straight path, or round_one_sub's for
+  formats whose subnormals unit-scale data reaches, in 32-bit words, not a copy of it), so
+  the common path folds to a few 32-bit integer operations;
 * each thread owns four consecutive elements: one 16-byte load and one 16-byte store
   (:mod:`lpsim_cuda.vector`) and, for stochastic modes, the one Philox block whose four
   words serve them, exactly the words the CPU and the general kernel give those elements;
@@ -36,8 +36,8 @@ from numba import cuda
 from lpsim.formats import parse_format
 from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys
-from lpsim.rounding import (DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code, round_one,
-                            round_one_sub, tally)
+from lpsim.rounding import (DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code,
+                            round_one_word, tally)
 from lpsim.storage import NO_PACKING, pack_bits, storage_name
 
 from . import launch, vector
@@ -47,8 +47,8 @@ from .launch import THREADS
 #: the formats with specialised kernels (any mode; float32 containers)
 FORMATS = ("bf16", "fp16", "e5m2", "e4m3fn", "e4m3", "e3m2fn", "e2m3fn", "e2m1fn",
            "fp(6,9,0)")
-#: formats whose smallest normal is at least 2**SUB_FROM take
-#: :func:`lpsim.rounding.round_one_sub`, whose straight path covers their subnormals; the
+#: formats whose smallest normal is at least 2**SUB_FROM take round_one_sub's straight path
+#: (:func:`lpsim.rounding.round_one_word`), which covers their subnormals; the
 #: others' subnormals are rare in data of unit scale, where round_one's shorter path is enough
 SUB_FROM = -10
 #: elements per thread per pass: one 16-byte access, one Philox block of float32 lanes
@@ -74,7 +74,7 @@ def _make(params, mode: int, k: int, sp, count: bool):
     compile-time constants."""
     P, MODE, K, SP, COUNT = params, mode, k, sp, count
     stochastic = mode >= STOCHASTIC
-    rnd = round_one_sub if params.emin >= SUB_FROM else round_one
+    SUB = params.emin >= SUB_FROM
     packed = sp.width != 0
 
     def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0, counts):
@@ -91,10 +91,10 @@ def _make(params, mode: int, k: int, sp, count: bool):
             b0, b1, b2, b3 = vector.load4(xb, j)
             if stochastic:
                 w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
-            o0, f0 = rnd(np.int64(b0), MODE, w0, K, P)
-            o1, f1 = rnd(np.int64(b1), MODE, w1, K, P)
-            o2, f2 = rnd(np.int64(b2), MODE, w2, K, P)
-            o3, f3 = rnd(np.int64(b3), MODE, w3, K, P)
+            o0, f0 = round_one_word(b0, MODE, w0, K, P, SUB)
+            o1, f1 = round_one_word(b1, MODE, w1, K, P, SUB)
+            o2, f2 = round_one_word(b2, MODE, w2, K, P, SUB)
+            o3, f3 = round_one_word(b3, MODE, w3, K, P, SUB)
             if COUNT:
                 c = tally(tally(tally(tally(c, f0), f1), f2), f3)
             if packed:
@@ -108,7 +108,7 @@ def _make(params, mode: int, k: int, sp, count: bool):
                 w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
-            o, f = rnd(np.int64(xb[i]), MODE, r, K, P)
+            o, f = round_one_word(xb[i], MODE, r, K, P, SUB)
             outb[i] = pack_bits(o, SP) if packed else o
             if COUNT:
                 c = tally(c, f)

@@ -3,8 +3,8 @@
 Why: numba indexes an array one element at a time, so a kernel over float32 issues 4-byte
 loads (``LDG.E``); a device copy reaches the memory's bandwidth with 16-byte ones
 (``LDG.E.128``), and a thread that owns four consecutive elements has four independent
-decisions in flight.  ``load4(a, j)`` reads elements 4j .. 4j+3 of a 1-D int32 array as one
-``ld.global.v4.u32`` (an int32 or float32 array) and ``store4(a, j, w0, w1, w2, w3)``
+decisions in flight.  ``load4(a, j)`` reads elements 4j .. 4j+3 of a 1-D int32, float32 or
+int16 array as one 16- or 8-byte load (``ld.global.v4``) and ``store4(a, j, w0, w1, w2, w3)``
 writes elements 4j .. 4j+3 of a 1-D int32, float32, int16 or int8 array (values cast to its
 type, as an array store casts them) as one 16-, 8- or 4-byte store (packed storage: float32 in,
 bfloat16 or float8 codes out); both assume the data is aligned to the access's width, which
@@ -47,13 +47,15 @@ else:
 
     @intrinsic
     def load4(typingctx, a, j):
-        if not (_flat(a, (types.int32, types.float32)) and isinstance(j, types.Integer)):
+        if not (_flat(a, (types.int32, types.float32, types.int16))
+                and isinstance(j, types.Integer)):
             return None
         vty = ir.VectorType(_STORED[a.dtype], 4)
+        align = 4 * a.dtype.bitwidth // 8
 
         def codegen(context, builder, signature, args):
             vector = builder.load(_address(context, builder, signature.args[0], args[0],
-                                           args[1], signature.args[1], vty), align=16)
+                                           args[1], signature.args[1], vty), align=align)
             words = [builder.extract_element(vector, ir.Constant(_I32, k)) for k in range(4)]
             return context.make_tuple(builder, signature.return_type, words)
         return types.UniTuple(a.dtype, 4)(a, j), codegen

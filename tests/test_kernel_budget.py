@@ -35,7 +35,9 @@ KNOWN = {
     # (round_bits) included; the same kernels ran at 0.83-0.84 of copy on an H100
     ("quantize specialised bf16 nearest", "instructions"): "~147 static per element",
     ("quantize specialised bf16 stochastic", "instructions"): "~181 static per element",
-    ("optim AdamW bf16 stochastic", "instructions"): "~790 loop instructions per parameter",
+    # aligned parameters: one wide load per array and quad, three Philox blocks, three
+    # divisions and a square root per parameter (~790 one element per pass)
+    ("optim AdamW bf16 stochastic", "instructions"): "~230 loop instructions per parameter",
     # the float32 word steps and the float64 steps of blocks holding NaN or inf are both in
     # the loop: ~550 static, where the float64 steps alone had ~400, yet 1.8x faster on an H100
     ("blocks groups mxfp8_e4m3 nearest", "instructions"): "~550 static per element",

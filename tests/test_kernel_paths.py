@@ -377,3 +377,43 @@ def test_nearest_bf16_is_round_to_nearest_even_on_every_bfloat16_binade():
     want = x.astype(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32)
     assert bits.size > 900_000
     assert np.array_equal(got.astype(np.uint32), want)
+
+
+@functools.cache
+def _round_one_word_kernel():
+    from numba import njit
+    from lpsim.rounding import round_one_word
+
+    @njit
+    def rounded(bits, words, mode, k, p, sub, out, flags):
+        for i in range(bits.size):
+            out[i], flags[i] = round_one_word(bits[i], mode, words[i], k, p, sub)
+    return rounded
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e2m1fn", "fp(6,9,0)"] + EDGE_FORMATS[:3])
+def test_round_one_word_is_round_bits_in_32_bit_words(fmt):
+    """lpsim.rounding.round_one_word (the specialised CUDA kernels' decision: the straight
+    path in 32-bit words, round_bits elsewhere), compiled, gives round_bits' bits and flags
+    for both straight paths, four modes, full and few-bit SR, on values of every binade,
+    subnormals, zeros, infs and NaNs."""
+    f = lpsim.parse_format(fmt)
+    rng = np.random.default_rng(zlib.crc32(fmt.encode()) + 1)
+    lo, hi = max(f.emin - f.m - 3, -149), min(f.emax + 2, 127)
+    x = (rng.random(1500) + 1) * np.exp2(rng.integers(lo, hi + 1, 1500).astype(float))
+    with np.errstate(over="ignore"):
+        x = (x * rng.choice([-1.0, 1.0], x.size)).astype(np.float32)
+    x[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45]
+    bits = x.view(np.int32)
+    words = rng.integers(0, 2 ** 32, x.size).astype(np.int64)
+    rounded = _round_one_word_kernel()
+    for mode, sr_bits in [("nearest", None), ("toward_zero", None), ("up", None),
+                          ("stochastic", None), ("stochastic", 5)]:
+        request = plan(fmt, mode, np.float32, seed=SEED, sr_bits=sr_bits)
+        want = [round_bits(int(b), request.mode, int(r), request.k, request.params)
+                for b, r in zip(bits, words)]
+        for sub in (False, True):
+            out, flags = np.empty(x.size, np.int64), np.empty(x.size, np.int64)
+            rounded(bits, words, request.mode, request.k, request.params, sub, out, flags)
+            assert [(int(o), int(g)) for o, g in zip(out, flags)] == \
+                [(int(o), int(g)) for o, g in want], (fmt, mode, sr_bits, sub)

@@ -17,7 +17,7 @@ from lpsim.optim import SGD, AdamW, cpu, keys
 from lpsim.optim import step as core
 from lpsim.optim.setup import resolve
 from lpsim.philox import split_key
-from lpsim_cuda.optim import rebind, step_arrays
+from lpsim_cuda.optim import aligned, rebind, step_arrays
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
 
@@ -76,6 +76,17 @@ def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
     assert counts_cpu[0] > 0                   # the step did round something
 
 
+def test_aligned_parameters_take_the_wide_kernel():
+    """test_cuda_kernel_equals_cpu_kernel's offsets run both kernels: 0 the wide one (quads
+    read by one load per array), 6 the element-wise one; so does an array whose data starts
+    off a four-element boundary."""
+    arrays, _, _ = inputs(AdamW, torch.bfloat16, CONFIGS[0][2], 37, 0)
+    device = [cuda.to_device(a) for a in arrays]
+    assert aligned(0, device) and not aligned(6, device) and not aligned(2, device)
+    shifted = cuda.to_device(np.zeros(9, np.int16))[1:5]
+    assert not aligned(0, [shifted] + device[1:])
+
+
 @pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
 def test_cuda_kernel_stores_the_cpu_kernels_nans(cls, dtype, kw):
     """NaN and inf gradients: weights and states stored as the same NaN codes (a GPU's
@@ -83,9 +94,11 @@ def test_cuda_kernel_stores_the_cpu_kernels_nans(cls, dtype, kw):
     arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0, specials=(
         float("nan"), float("inf"), float("-inf"), -float("nan"), 3e38, -3e38))
     host = [a.copy() for a in arrays]
-    cpu.step(*host, *kargs, setup)
+    counts_cpu = cpu.step(*host, *kargs, setup)
     device = [cuda.to_device(a) for a in arrays]
-    step_arrays(*device, *kargs, setup, cuda.to_device(np.zeros(core.NCOUNTS, np.int64)))
+    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
+    step_arrays(*device, *kargs, setup, counts)
+    np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
     w = host[0]
     w = w.view(np.float16) if setup.kinds[0] == core.STORE_F16 else \
         (w.astype(np.int32) << (16 if w.itemsize == 2 else 0)).view(np.float32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from lpsim.word32 import as_int64, widen, word
+from lpsim.word32 import as_int64, as_signed64, widen, word
 
 EDGES = np.array([0, 1, 2, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0x80000001,
                   0xFFFFFFFE, 0xFFFFFFFF], np.uint32)
@@ -115,3 +115,21 @@ def test_plain_python_gives_int64():
     # outside compiled code (the CUDA simulator, a reference run) words are int64
     assert type(word(np.int32(-3))) is np.int64 and word(np.int32(-3)) == -3
     assert widen(np.uint32(7)) == 7 and as_int64(np.int32(2)) == 2
+
+
+def test_as_signed64_extends_bit_31_compiled_and_in_python():
+    @njit
+    def kernel(a, out_word, out_int):
+        for i in range(a.size):
+            out_word[i] = as_signed64(word(a[i]))
+            out_int[i] = as_signed64(np.int64(a[i]))
+    a, _ = _operands(3)
+    want = a.view(np.int32).astype(np.int64)
+    out_word, out_int = np.empty(a.size, np.int64), np.empty(a.size, np.int64)
+    kernel(a, out_word, out_int)
+    np.testing.assert_array_equal(out_word, want)
+    np.testing.assert_array_equal(out_int, want)
+    python = np.array([as_signed64(np.int64(x)) for x in a[:200]])
+    np.testing.assert_array_equal(python, want[:200])
+    # a sign-extended int64 (a word's plain-Python form) keeps its value
+    assert as_signed64(np.int64(-5)) == -5 and as_signed64(np.int64(2**31 - 1)) == 2**31 - 1

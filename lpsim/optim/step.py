@@ -31,7 +31,7 @@ from numba.extending import register_jitable
 from lpsim.philox import block_words, lane_word
 from lpsim.rounding import NEAREST, STOCHASTIC, round_fast, round_one
 from lpsim.storage import pack_bits
-from lpsim.word32 import like
+from lpsim.word32 import bits_float32, float32_bits, like, word
 
 #: update_rounding names -> codes
 UPDATES = {"nearest": 0, "stochastic": 1, "kahan": 2, "remainder": 3}
@@ -133,16 +133,17 @@ def store(bits, kind, sp16):
 def round32(x, mode, r, k, p, fast):
     """(x rounded to the format of ``p``, ok, flags); x float32, ``p`` float32-container params.
 
-    fast: :func:`lpsim.rounding.round_fast` (branch-free, so loops over it vectorise; flags
-    is then just INEXACT, and the result is valid only where ok = 1); else every case
+    fast: :func:`lpsim.rounding.round_fast` on 32-bit words (branch-free, so loops over it
+    vectorise; flags is then just INEXACT, and the result is valid only where ok = 1); else
+    every case
     (:func:`lpsim.rounding.round_one`: round_fast, round_bits where it declines).
     mode < 0: no rounding (the format is float32 itself, see lpsim.optim.setup).
     """
     if mode < 0:                                # the container's own format: exact
         return x, np.int64(1), np.int64(0)
-    if fast:
-        bits, ok, inexact = round_fast(bits_f32(x), mode, r, k, p)
-        return as_f32(bits), ok, inexact
+    if fast:                                    # in 32-bit words (lpsim.word32)
+        bits, ok, inexact = round_fast(float32_bits(x), mode, word(r), k, p)
+        return bits_float32(bits), np.int64(ok), np.int64(inexact)
     bits, flags = round_one(bits_f32(x), mode, r, k, p)
     return as_f32(bits), np.int64(1), np.int64(flags)
 
@@ -294,37 +295,67 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
 
 
 @register_jitable
+def step_codes(wc, gc, mc, vc, cc, rc, rw, rm, rv, kinds, hp, ints, pw, pc, ps, sp16, fast):
+    """One element's step from its stored codes (weight, gradient, moments, compensation,
+    remainder) and random words (weight, first and second moment): the codes to store, the
+    weight rounding's flags, whether the update was cancelled, and ok.
+
+    fast=False: every case (round_one), ok = 1.  fast=True: the straight path
+    (round_fast: flags is INEXACT alone), valid only where ok = 1; a GPU kernel runs it on
+    four elements at once and takes the quad through the general path where a lane declines.
+    Codes of tensors a configuration lacks are ignored (pass 0) and come back unchanged.
+    """
+    wkind, gkind, skind = kinds
+    algo, update, wmode, wk, smode, sk, nesterov, first = ints
+    wbits = load(wc, wkind)
+    w = as_f32(wbits)
+    g = as_f32(load(gc, gkind))
+    hasm = algo == ADAMW or hp[10] != 0         # SGD without momentum has no buffer
+    m = as_f32(load(mc, skind)) if hasm else np.float32(0)
+    c = as_f32(load(cc, skind)) if update == KAHAN else np.float32(0)
+    rem = np.int64(rc) if update == REMAINDER else np.int64(0)
+    if algo == ADAMW:
+        u, m, v, ok = adamw_direction(g, w, m, as_f32(load(vc, skind)), hp, smode, sk, rm, rv,
+                                      ps, fast)
+        vc = store(bits_f32(v), skind, sp16)
+    else:
+        u, m, ok = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps, fast)
+    if hasm:
+        mc = store(bits_f32(m), skind, sp16)
+    nb, c, rem, flags, cancelled, oku = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
+                                                     pw, pc, fast)
+    if update == KAHAN:
+        cc = store(bits_f32(c), skind, sp16)
+    elif update == REMAINDER:
+        rc = rem
+    return (store(nb, wkind, sp16), mc, vc, cc, rc, flags, np.int64(cancelled),
+            np.int64(ok & oku))
+
+
+@register_jitable
 def step_element(i, rw, rm, rv, wb, gb, mb, vb, cb, rb, kinds, hp, ints, pw, pc, ps, sp16,
                  counts):
     """Step local element i given its random words (weight, first and second moment);
     every case (round_one), counters added to ``counts``."""
-    wkind, gkind, skind = kinds
-    algo, update, wmode, wk, smode, sk, nesterov, first = ints
-    wbits = load(wb[i], wkind)
-    w = as_f32(wbits)
-    g = as_f32(load(gb[i], gkind))
-    hasm = algo == ADAMW or hp[10] != 0         # SGD without momentum has no buffer
-    m = as_f32(load(mb[i], skind)) if hasm else np.float32(0)
-    c = as_f32(load(cb[i], skind)) if update == KAHAN else np.float32(0)
-    rem = np.int64(rb[i]) if update == REMAINDER else np.int64(0)
-    if algo == ADAMW:
-        u, m, v, _ = adamw_direction(g, w, m, as_f32(load(vb[i], skind)), hp, smode, sk, rm,
-                                     rv, ps, False)
-        vb[i] = store(bits_f32(v), skind, sp16)
-    else:
-        u, m, _ = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps, False)
+    algo, update = ints[0], ints[1]
+    hasm = algo == ADAMW or hp[10] != 0
+    zero = np.int64(0)
+    wc, mc, vc, cc, rc, flags, cancelled, _ = step_codes(
+        wb[i], gb[i], mb[i] if hasm else zero, vb[i] if algo == ADAMW else zero,
+        cb[i] if update == KAHAN else zero, rb[i] if update == REMAINDER else zero,
+        rw, rm, rv, kinds, hp, ints, pw, pc, ps, sp16, False)
+    wb[i] = wc
     if hasm:
-        mb[i] = store(bits_f32(m), skind, sp16)
-    nb, c, rem, flags, cancelled, _ = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
-                                                   pw, pc, False)
-    wb[i] = store(nb, wkind, sp16)
+        mb[i] = mc
+    if algo == ADAMW:
+        vb[i] = vc
     if update == KAHAN:
-        cb[i] = store(bits_f32(c), skind, sp16)
+        cb[i] = cc
     elif update == REMAINDER:
-        rb[i] = rem
+        rb[i] = rc
     for f in range(6):
         counts[f] += (flags >> f) & 1
-    counts[6] += np.int64(cancelled)
+    counts[6] += cancelled
 
 
 @register_jitable
