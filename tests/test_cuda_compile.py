@@ -59,14 +59,15 @@ with mock.patch.object(dispatcher, "get_current_device",
     for cls, dtype, kw in CONFIGS:
         arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0)
         kinds, hp, ints, keys, offset = kargs
-        kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
-                                tuple(setup.sp16))
-        args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
-        ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(numba.typeof(a) for a in args),
-                                  cc=(9, 0))
-        # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
-        print(cls.__name__, dtype, "ok", len(ptx), "fma", ptx.count("fma.rn"))
-        report(f"optim {cls.__name__} {dtype} {kw['update_rounding']}", ptx)
+        for wide in (False, True):                 # element-wise and aligned parameters
+            kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                                    tuple(setup.sp16), wide)
+            args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
+            ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(numba.typeof(a) for a in args),
+                                      cc=(9, 0), launch_bounds=(128, O.BLOCKS_PER_SM))
+            # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
+            print(cls.__name__, dtype, wide, "ok", len(ptx), "fma", ptx.count("fma.rn"))
+            report(f"optim {cls.__name__} {dtype} {kw['update_rounding']} wide={wide}", ptx)
 """
 
 
@@ -152,7 +153,7 @@ def test_quantize_kernels_compile_for_sm90():
 
 def test_optimizer_kernel_compiles_for_sm90_without_contractions():
     lines = _compile(_PREAMBLE + OPTIM).splitlines()
-    assert len([x for x in lines if " ok " in x]) == 4, lines
+    assert len([x for x in lines if " ok " in x]) == 8, lines
     assert all(x.endswith("fma 0") for x in lines if " ok " in x), lines
 
 
