@@ -35,10 +35,13 @@ Registers: an SM has 65536; the launch (lpsim_cuda.launch) runs 128-thread block
 at 8 resident per SM, which 64 registers per thread allow (65536 / (64 x 128)); the
 optimizer may take 96 (5 blocks).  Spills and local memory: none.
 
-The instruction count is static: every instruction of the loop body once, cold branches
-(round_bits, special values) included and inner loops counted once; subroutines reached by
-CALL (the divide slow paths) are not counted, only the calls.  For a straight-line kernel it
-is the instructions one pass issues.
+The instruction counts are static.  ``instr/e`` takes every instruction of the loop body
+once, cold branches (round_bits, special values) included and inner loops counted once;
+subroutines reached by CALL (the divide slow paths) are not counted, only the calls.
+``straight`` is the same count of the kernel compiled again, in a process of its own, with
+the functions only its fallbacks call replaced by stubs (:func:`stub_cold_paths`): the
+instructions one pass issues on data that stays on the straight path (finite values in the
+format's range; blocks without NaN or inf), the number held to the budget.
 
 Needs the ``test`` extra (numba-cuda; torch and pytest for the optimizer's arguments, taken
 from tests/test_optim_cuda.py) and the ``ptx`` extra (NVVM; nvidia-cuda-nvcc-cu12 carries
@@ -482,7 +485,8 @@ def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
     lines.append("# instructions/element: " + ", ".join(
         f"{kind} {nbytes} B -> {budget(kind)}" for kind, nbytes in KINDS.items()))
     lines.append(f"# registers <= {REGISTER_LIMIT} (optim {REGISTERS['optim']}); no spills, no "
-                 "local memory; loop = static SASS count of the measured loop, per element")
+                 "local memory; instr/e = static SASS count of the measured loop, per element; "
+                 "straight = the same with the fallbacks stubbed (held to the budget)")
     return lines
 
 
@@ -490,7 +494,8 @@ COLUMNS = (("kernel", 38, "kernel"), ("hot", 3, "hot"), ("registers", 4, "regs")
            ("spill_bytes", 5, "spill"), ("local_bytes", 5, "local"),
            ("loop_instructions", 5, "loop"), ("elements_per_iteration", 4, "elem"),
            ("outer_elements", 5, "outer"),
-           ("loop_instructions_per_element", 7, "instr/e"), ("budget", 6, "budget"),
+           ("loop_instructions_per_element", 7, "instr/e"),
+           ("straight_instructions_per_element", 8, "straight"), ("budget", 6, "budget"),
            ("loop_int64_per_element", 6, "int64/e"), ("loop_calls", 5, "calls"),
            ("load_bits", 4, "ld"), ("store_bits", 4, "st"), ("fails", 0, "fails"))
 
@@ -505,9 +510,70 @@ def table(rows: list[dict]) -> list[str]:
     lines = [" ".join(cell(title, size, i == 0 or not size)
                       for i, (_, size, title) in enumerate(COLUMNS))]
     for row in rows:
-        lines.append(" ".join(cell(row[key], size, i == 0 or not size)
+        lines.append(" ".join(cell(row.get(key, ""), size, i == 0 or not size)
                               for i, (key, size, _) in enumerate(COLUMNS)))
     return lines
+
+
+def stub_cold_paths() -> None:
+    """Replace the functions only a kernel's fallback calls by stubs of the same types, before
+    anything compiles: the kernels then hold their straight path alone, whose count is what
+    a run on typical data issues per element.  Fallbacks: round_bits (what the straight
+    rounding declines: NaN, inf, overflow, container subnormals); the block kernels' exact
+    element step and their float64 steps, which only blocks holding NaN or inf (or
+    elements the float32 steps decline) take."""
+    import importlib
+    import numpy as np
+    from numba.extending import register_jitable
+    import lpsim.rounding as rounding
+    groups = importlib.import_module("lpsim_cuda.block_groups")
+
+    @register_jitable
+    def round_bits(bits, mode, r, k, p):
+        return np.int64(bits), np.int64(0)
+
+    @register_jitable
+    def element_exact(xv, recip, s, mode, r, k, p, bp):
+        return np.int64(0), np.float64(xv), np.int64(0)
+
+    @register_jitable
+    def element_fast(xv, recip, s, mode, r, k, p, bp):
+        return np.int64(0), np.float64(xv), np.int64(1), np.int64(0)
+
+    @register_jitable
+    def block_scale(amax, bp, sp):
+        return np.float64(amax), np.int64(0)
+
+    rounding.round_bits = round_bits
+    groups.element_exact, groups.element_fast = element_exact, element_fast
+    groups.block_scale = block_scale
+
+
+def _straight_rows(argv: list[str]):
+    """Start this script with --straight on the same cases (a process of its own, so that no
+    kernel compiled with the real fallbacks is reused); the caller collects its rows."""
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    out.close()
+    process = subprocess.Popen([sys.executable, __file__, "--straight", "--json", out.name,
+                                *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, cwd=ROOT)
+    return process, pathlib.Path(out.name)
+
+
+def _merge_straight(rows: list[dict], process, path: pathlib.Path) -> None:
+    """Add each row's straight-path count (and the instruction rule on it) from the
+    --straight process."""
+    _, err = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"the --straight run failed: {err[-2000:]}")
+    straight = {r["kernel"]: r["loop_instructions_per_element"]
+                for r in json.loads(path.read_text())["rows"]}
+    path.unlink()
+    for row in rows:
+        row["straight_instructions_per_element"] = straight[row["kernel"]]
+        row["fails"] = [rule for rule in row["fails"] if rule != "instructions"]
+        if row["straight_instructions_per_element"] > row["budget"]:
+            row["fails"].append("instructions")
 
 
 def main(argv=None) -> None:
@@ -516,6 +582,9 @@ def main(argv=None) -> None:
     parser.add_argument("--only", help="only the cases whose name contains this")
     parser.add_argument("--json", help="write the rows (and the header) here")
     parser.add_argument("--out", help="also write the table here")
+    parser.add_argument("--straight", action="store_true",
+                        help="compile with the fallbacks stubbed (stub_cold_paths) and count "
+                             "the straight path alone (the default run starts one itself)")
     args = parser.parse_args(argv)
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"        # before numba's import: NVVM, not the simulator
     sys.path.insert(0, str(ROOT))                   # this checkout's lpsim, not an installed one
@@ -532,6 +601,11 @@ def main(argv=None) -> None:
         print("no CUDA compiler (the ptx extra):", type(err).__name__, str(err)[:200])
         sys.exit(3)
     cases = [c for c in CASES if (c.hot or not args.hot) and (args.only or "") in c.name]
+    if args.straight:
+        stub_cold_paths()
+    else:
+        filters = (["--hot"] if args.hot else []) + (["--only", args.only] if args.only else [])
+        straight = _straight_rows(filters)
     compiled: dict = {}                  # several rows read one kernel's two loops
     rows = []
     for case in cases:
@@ -541,6 +615,8 @@ def main(argv=None) -> None:
             compiled[key] = compile_case(py_func, signature, ptxas, nvdisasm, *bounds)
         rows.append(row_of(case, *compiled[key]))
         print(table(rows)[-1], flush=True)
+    if not args.straight:
+        _merge_straight(rows, *straight)
     command = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])])
     head = header(ptxas, nvdisasm, command)
     lines = head + table(rows)
