@@ -173,12 +173,15 @@ def test_the_straight_count_decides_the_instruction_rule(tmp_path):
             return "", ""
     path = tmp_path / "straight.json"
     path.write_text(json.dumps({"rows": [{"kernel": "a", "loop_instructions_per_element": 30},
-                                         {"kernel": "b", "loop_instructions_per_element": 50}]}))
+                                         {"kernel": "b", "loop_instructions_per_element": 50},
+                                         {"kernel": "c", "loop_instructions_per_element": None}]}))
     rows = [{"kernel": "a", "budget": 39, "fails": ["instructions", "registers"]},
-            {"kernel": "b", "budget": 39, "fails": []}]
+            {"kernel": "b", "budget": 39, "fails": []},
+            {"kernel": "c", "budget": 39, "fails": ["instructions"]}]
     kb._merge_straight(rows, Done(), path)
     assert rows[0]["fails"] == ["registers"] and rows[1]["fails"] == ["instructions"]
-    assert [r["straight_instructions_per_element"] for r in rows] == [30, 50]
+    assert rows[2]["fails"] == ["instructions"]          # unmeasured: the static verdict
+    assert [r["straight_instructions_per_element"] for r in rows] == [30, 50, None]
     assert not path.exists()
 
 
