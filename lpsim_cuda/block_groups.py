@@ -37,7 +37,7 @@ from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
 from lpsim.request import plan
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
-from lpsim.word32 import word
+from lpsim.word32 import as_int64, word
 
 from . import arrays, launch, vector
 from .launch import FULL_MASK, SIMULATOR
@@ -273,10 +273,54 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
     return result
 
 
+@cuda.jit(device=True)
+def _finite32(b):
+    """The magnitude of float32 bits ``b`` as a 32-bit word if finite, else 0
+    (:func:`lpsim.blocks.amax.finite_bits` for a float32 container, in words)."""
+    a = word(b) & 0x7FFFFFFF
+    return a if a < _INF32 else a & 0
+
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _add_max(out, am):
+        """out[0] = max(out[0], am) (the simulator has no shuffles: one atomic a thread)."""
+        cuda.atomic.max(out, 0, am)
+else:
+    @cuda.jit(device=True)
+    def _add_max(out, am):
+        """The warp's largest ``am`` by butterfly shuffles, one atomic max by its first lane
+        (a grid of resident threads sending one atomic each to one address serialises)."""
+        width = 16
+        while width > 0:
+            am = max(am, cuda.shfl_xor_sync(FULL_MASK, am, width))
+            width >>= 1
+        if cuda.laneid == 0:
+            cuda.atomic.max(out, 0, am)
+
+
+@cuda.jit
+def _amax32_kernel(bits, out):
+    """out[0] = the largest finite magnitude bits of the float32 bits ``bits`` (16-byte
+    aligned): four elements per thread and pass by one 16-byte load, compared as 32-bit
+    words, the last n % 4 one per thread; one atomic max per warp."""
+    am = word(0)
+    groups = bits.size >> 2
+    i = cuda.grid(1)
+    while i < groups:
+        b0, b1, b2, b3 = vector.load4(bits, i)
+        am = max(am, max(max(_finite32(b0), _finite32(b1)), max(_finite32(b2), _finite32(b3))))
+        i += cuda.gridsize(1)
+    i = (groups << 2) + cuda.grid(1)
+    if i < bits.size:
+        am = max(am, _finite32(bits[i]))
+    _add_max(out, as_int64(am))
+
+
 @cuda.jit
 def _amax_kernel(bits, cmag, cinf, out):
-    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits): a
-    grid-stride max per thread, then one atomic max each."""
+    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits),
+    float64 or unaligned float32: a grid-stride max per thread, then one atomic max each."""
     am = np.int64(0)
     i = cuda.grid(1)
     while i < bits.size:
@@ -291,8 +335,12 @@ def tensor_amax(x2) -> float:
     cmag, cinf, M, EB = container_bits(x2.dtype)
     bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
     out = cuda.to_device(np.zeros(1, np.int64))
-    if bits.size:
-        launch.configured(_amax_kernel, launch.grid_size(bits.size, launch.current_device()))(
+    device = launch.current_device()
+    if bits.size and M == 23 and launch.address(bits) % 16 == 0:
+        launch.configured(_amax32_kernel, launch.grid_size(-(-bits.size // 4), device))(
+            bits, out)
+    elif bits.size:
+        launch.configured(_amax_kernel, launch.grid_size(bits.size, device))(
             bits, cmag, cinf, out)
     return float(bits_value(out.copy_to_host()[0], M, EB))
 

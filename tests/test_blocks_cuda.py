@@ -44,10 +44,16 @@ def test_cuda_tensor_amax_is_the_cpu_pass(dtype):
              np.array([np.nan, -np.inf, 1.5, -info.max, np.inf, 0.0], dtype),
              np.array([info.smallest_subnormal * 3, -info.smallest_subnormal, -0.0], dtype),
              np.array([np.nan, np.inf, -np.inf], dtype), np.zeros(0, dtype)]
+    tail = np.linspace(-1, 1, 203).astype(dtype)
+    tail[-1] = 7.0                                  # the largest in the n % 4 tail
+    cases.append(tail)
     for x in cases:
         want = lpsim.blocks.finite_amax(x.reshape(-1)) if x.size else 0.0
         got = lpsim_cuda.blocks.tensor_amax(cuda.to_device(x))
         assert got == want and type(got) is float, (x, got, want)
+        # float32 data off a 16-byte boundary takes the element-wise kernel
+        shifted = cuda.to_device(np.concatenate([np.zeros(1, dtype), x.reshape(-1)]))[1:]
+        assert lpsim_cuda.blocks.tensor_amax(shifted) == want
 
 
 def test_cuda_tensor_scales_are_checked_as_on_the_cpu():

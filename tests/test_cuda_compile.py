@@ -106,6 +106,12 @@ with mock.patch.object(dispatcher, "get_current_device",
         assert "atom.global.max.s64" in ptx, "no 64-bit atomic max"
         print("amax", bits.dtype, "ok", len(ptx))
         report(f"blocks amax {bits.dtype}", ptx)
+    ptx, _ = cuda.compile_ptx(importlib.import_module("lpsim_cuda.block_groups")
+                              ._amax32_kernel.py_func, (numba.int32[::1], numba.int64[::1]),
+                              cc=(9, 0))
+    assert "ld.global.v4" in ptx and "shfl.sync.bfly" in ptx, "no 16-byte load or shuffle"
+    print("amax32 ok", len(ptx))
+    report("blocks amax32", ptx)
 """
 
 
@@ -160,7 +166,7 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
 def test_block_kernel_compiles_for_sm90():
     lines = _compile(_PREAMBLE + BLOCKS).splitlines()
     assert len([x for x in lines if " ok " in x and " fma " in x]) == 6, lines
-    assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 2, lines
+    assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 3, lines
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " fma " in x), lines
 
