@@ -175,7 +175,7 @@ def _block_groups(name: str, rounding: str):
         f32, i32 = types.float32[::1], types.int32[::1]
         return kernel.py_func, (f32, i32, f32, types.int64,
                                 numba.typeof(block_params(bfmt, 1.0)), types.int64,
-                                types.int64, types.int64, types.int64)
+                                types.int64, types.int64, types.int64, types.float64[::1])
     return build
 
 

@@ -27,10 +27,11 @@ import numpy as np
 from numba import cuda
 
 from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
-                               tensor_scale_from)
-from lpsim.blocks.decisions import (_element_params, bits_value, block_params, block_recip,
-                                    block_scale, element_exact, element_fast, element_fast32,
-                                    element_params32, nearest_words_exact, words_exact)
+                               min_tensor_scale)
+from lpsim.blocks.decisions import (BlockParams, _element_params, bits_value, block_params,
+                                    block_recip, block_scale, element_exact, element_fast,
+                                    element_fast32, element_params32, nearest_words_exact,
+                                    words_exact)
 from lpsim.blocks.word_scales import scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
@@ -94,9 +95,13 @@ def _lane_partial(b):
     return (a if a < _INF32 else 0), bad
 
 
-def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False):
+def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
+          device_pts: bool = False):
     """The kernel of one (element Params, scale Params, mode, k, lanes per block).
 
+    ``device_pts``: the per-tensor scale and its reciprocal are read from the device array
+    ``ts`` (:func:`device_tensor_scale`) instead of ``bp``, so a call that finds NVFP4's
+    scale on the device never waits for the host.
     With ``p32`` (the element's float32 Params, where :func:`lpsim.blocks.words_exact`
     holds) the elements of a block without NaN or inf take the CPU word kernel's float32
     steps: :func:`lpsim.blocks.words.element_nearest32` to nearest where ``near``
@@ -109,10 +114,15 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False):
     CW, LW = nearest32_words(p32.m, p32.emin) if WORDS else (0, 0)
     stochastic = mode >= STOCHASTIC
     block = 4 * lanes
+    DEVICE_PTS = device_pts
 
-    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0):
+    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits) in blocks of 4 * LANES consecutive elements into ``out``."""
+        if DEVICE_PTS:
+            bp = BlockParams(bp.block, bp.rule, bp.pow2, bp.emax_e, bp.m_e, bp.max_e,
+                             bp.smin_exp, bp.smax_exp, bp.smin, bp.smax, bp.nonfinite_nan,
+                             ts[0], ts[1], bp.f32, bp.near32, bp.snear32)
         t = cuda.grid(1)
         lane = t % LANES
         per_pass = cuda.gridsize(1) // LANES           # blocks a pass of the grid covers
@@ -187,21 +197,24 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False):
     return cuda.jit(kernel)
 
 
-#: (element format, scale format, mode, k, lanes, float32 steps, nearest steps) -> its kernel
+#: (element format, scale format, mode, k, lanes, float32 steps, nearest steps, scale on
+#: the device) -> its kernel
 KERNELS: dict = {}
 
 
-def kernel(bfmt, mode: int, k: int, word_bits: int):
+def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False):
     """The kernel of a parsed block format (element and scale formats compiled in)."""
     lanes = lanes_of(bfmt.block)
     words = words_exact(bfmt)
     near = words and nearest_words_exact(bfmt.saturating_element)
-    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near)
+    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near,
+           device_pts)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
         found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
-                                     element_params32(bfmt) if words else None, near)
+                                     element_params32(bfmt) if words else None, near,
+                                     device_pts)
     return found
 
 
@@ -218,15 +231,18 @@ def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
     return mode < STOCHASTIC or offset % 4 == 0
 
 
-def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int) -> None:
+def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None) -> None:
     """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
     ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
-    launches there)."""
-    kern = kernel(bfmt, request.mode, request.k, request.params.W)
+    launches there); ``ts``: the per-tensor scale as a device array
+    (:func:`device_tensor_scale`), which then takes the place of ``pts``."""
+    kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None)
     bp = block_params(bfmt, pts)
+    if ts is None:
+        ts = launch.placeholder((2,), np.float64)
     blocks = launch.grid_size(-(-n // 4), launch.current_device())
-    launch.configured(kern, blocks)(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi, request.stream,
-               request.offset // 4)
+    launch.configured(kern, blocks)(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi,
+                                    request.stream, request.offset // 4, ts)
 
 
 def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale):
@@ -265,11 +281,12 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
                         request.mode, request.offset):
             return None
-        pts = 1.0
-        if bfmt.tensor_scale:
-            pts = tensor_scale_from(tensor_amax(xf), bfmt) if tensor_scale is None \
-                else checked_tensor_scale(tensor_scale, bfmt)
-        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n)
+        pts, ts = 1.0, None
+        if bfmt.tensor_scale and tensor_scale is None:
+            ts = device_tensor_scale(xf, bfmt)             # nothing comes back to the host
+        elif bfmt.tensor_scale:
+            pts = checked_tensor_scale(tensor_scale, bfmt)
+        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n, ts)
     return result
 
 
@@ -329,9 +346,40 @@ def _amax_kernel(bits, cmag, cinf, out):
     cuda.atomic.max(out, 0, am)
 
 
+@cuda.jit
+def _tensor_scale_kernel(amax, divisor, least, ts):
+    """ts = (the per-tensor scale of float32 data whose largest finite magnitude has the bits
+    amax[0], fp32(1 / that scale)): :func:`lpsim.blocks.amax.tensor_scale_from` and
+    :func:`lpsim.blocks.block_params`' reciprocal, by one thread on the device."""
+    if cuda.grid(1) == 0:
+        a = amax[0]
+        pts = np.float64(1.0)
+        if a != 0:                      # finite float32 bits: at most float32's largest
+            pts = max(np.float64(np.int32(a).view(np.float32) / divisor), least)
+        ts[0] = pts
+        ts[1] = np.float64(np.float32(1.0) / np.float32(pts))
+
+
+def device_tensor_scale(xf, bfmt):
+    """NVFP4's per-tensor scale of the flat float32 device array ``xf`` and its reciprocal,
+    as a float64 device array of two, computed on the device: the host launches two small
+    kernels and waits for neither."""
+    ts = cuda.device_array(2, np.float64)
+    launch.configured(_tensor_scale_kernel, 1)(_amax_bits(xf), bfmt.tensor_scale_divisor,
+                                               min_tensor_scale(bfmt), ts)
+    return ts
+
+
 def tensor_amax(x2) -> float:
     """The largest finite magnitude of the device array ``x2`` (float32/float64), found on
-    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale)."""
+    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale where the
+    caller wants it, as quantize_blocks does)."""
+    M, EB = container_bits(x2.dtype)[2:]
+    return float(bits_value(_amax_bits(x2).copy_to_host()[0], M, EB))
+
+
+def _amax_bits(x2):
+    """A device int64 array of one: the largest finite magnitude bits of ``x2``."""
     cmag, cinf, M, EB = container_bits(x2.dtype)
     bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
     out = cuda.to_device(np.zeros(1, np.int64))
@@ -342,7 +390,7 @@ def tensor_amax(x2) -> float:
     elif bits.size:
         launch.configured(_amax_kernel, launch.grid_size(bits.size, device))(
             bits, cmag, cinf, out)
-    return float(bits_value(out.copy_to_host()[0], M, EB))
+    return out
 
 
 def _flat(a):
@@ -352,4 +400,5 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-__all__ = ["eligible", "kernel", "lanes_of", "launch_flat", "quantize", "tensor_amax"]
+__all__ = ["device_tensor_scale", "eligible", "kernel", "lanes_of", "launch_flat", "quantize",
+           "tensor_amax"]

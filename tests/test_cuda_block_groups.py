@@ -74,7 +74,7 @@ def test_the_cpu_word_kernels_formats_take_its_float32_steps(launches):
         words = words_exact(bfmt)
         near = words and nearest_words_exact(bfmt.saturating_element)
         assert any(key[0] == bfmt.saturating_element and key[1] == bfmt.scale
-                   and key[-2:] == (words, near) for key in block_groups.KERNELS), name
+                   and key[-3:-1] == (words, near) for key in block_groups.KERNELS), name
     for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
         assert words_exact(PRESETS[name]) and nearest_words_exact(
             PRESETS[name].saturating_element), name
@@ -115,6 +115,23 @@ def test_nvfp4_tensor_scale_given_or_found(launches):
     got = cuda_blocks.quantize(cuda.to_device(x), "nvfp4", tensor_scale=0.5).copy_to_host()
     assert np.array_equal(got.view(np.int32), expected.view(np.int32))
     assert len(launches) == 2
+
+
+def test_nvfp4_tensor_scale_found_on_the_device_never_comes_back(launches, monkeypatch):
+    """A tensor scale found for lpsim.quantize stays on the device (two small kernels, no
+    copy to the host): the results equal the CPU's for data reaching float32's largest,
+    data so small that the scale takes its least value, zeros (scale 1) and a NaN block."""
+    def no_copy(*args, **kwargs):
+        raise AssertionError("the tensor scale came back to the host")
+    monkeypatch.setattr(block_groups, "tensor_amax", no_copy)
+    # amax / (448 * 6) below the least tensor scale (about 2**-119): the scale is clamped
+    tiny = (np.random.default_rng(9).standard_normal((2, 32)) * 1e-34).astype(np.float32)
+    nan = data((2, 32), seed=8)
+    nan[1, 5] = np.nan
+    for x in (data((2, 48), seed=7), tiny, np.zeros((1, 16), np.float32), nan):
+        for rounding in ("nearest", "stochastic"):
+            same_as_cpu(x, "nvfp4", rounding, seed=3)
+    assert len(launches) == 8
 
 
 def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
