@@ -23,6 +23,8 @@ block does not divide take the general kernel.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import cuda
 
@@ -281,12 +283,15 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
                         request.mode, request.offset):
             return None
-        pts, ts = 1.0, None
+        pts = 1.0
         if bfmt.tensor_scale and tensor_scale is None:
-            ts = device_tensor_scale(xf, bfmt)             # nothing comes back to the host
-        elif bfmt.tensor_scale:
+            with _ENQUEUE:                                  # nothing comes back to the host
+                launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n,
+                            device_tensor_scale(xf, bfmt))
+            return result
+        if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
-        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n, ts)
+        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n)
     return result
 
 
@@ -350,7 +355,8 @@ def _amax_kernel(bits, cmag, cinf, out):
 def _tensor_scale_kernel(amax, divisor, least, ts):
     """ts = (the per-tensor scale of float32 data whose largest finite magnitude has the bits
     amax[0], fp32(1 / that scale)): :func:`lpsim.blocks.amax.tensor_scale_from` and
-    :func:`lpsim.blocks.block_params`' reciprocal, by one thread on the device."""
+    :func:`lpsim.blocks.block_params`' reciprocal, by one thread on the device; amax[0] is
+    then reset to 0 for the next call's atomics."""
     if cuda.grid(1) == 0:
         a = amax[0]
         pts = np.float64(1.0)
@@ -358,14 +364,34 @@ def _tensor_scale_kernel(amax, divisor, least, ts):
             pts = max(np.float64(np.int32(a).view(np.float32) / divisor), least)
         ts[0] = pts
         ts[1] = np.float64(np.float32(1.0) / np.float32(pts))
+        amax[0] = 0
+
+
+#: device -> (amax int64[1], reset to 0 by each scale kernel; scale and reciprocal float64[2])
+_SCRATCH: dict = {}
+#: one call's amax, scale and block launches are enqueued together (threads sharing a
+#: device's default stream would otherwise interleave their amax atomics)
+_ENQUEUE = threading.Lock()
+
+
+def _scratch():
+    device = launch.current_device()
+    found = _SCRATCH.get(device)
+    if found is None:
+        found = _SCRATCH[device] = (cuda.to_device(np.zeros(1, np.int64)),
+                                    cuda.device_array(2, np.float64))
+    return found
 
 
 def device_tensor_scale(xf, bfmt):
     """NVFP4's per-tensor scale of the flat float32 device array ``xf`` and its reciprocal,
-    as a float64 device array of two, computed on the device: the host launches two small
-    kernels and waits for neither."""
-    ts = cuda.device_array(2, np.float64)
-    launch.configured(_tensor_scale_kernel, 1)(_amax_bits(xf), bfmt.tensor_scale_divisor,
+    as a float64 device array of two (the device's scratch, valid until its next call),
+    computed on the device: the host launches two small kernels, allocates nothing and waits
+    for neither.  The caller holds ``_ENQUEUE`` until it has launched the kernel that reads
+    the scale."""
+    amax, ts = _scratch()
+    _amax_into(xf, amax)
+    launch.configured(_tensor_scale_kernel, 1)(amax, bfmt.tensor_scale_divisor,
                                                min_tensor_scale(bfmt), ts)
     return ts
 
@@ -379,10 +405,14 @@ def tensor_amax(x2) -> float:
 
 
 def _amax_bits(x2):
-    """A device int64 array of one: the largest finite magnitude bits of ``x2``."""
+    """A new device int64 array of one: the largest finite magnitude bits of ``x2``."""
+    return _amax_into(x2, cuda.to_device(np.zeros(1, np.int64)))
+
+
+def _amax_into(x2, out):
+    """out[0] = max(out[0], the largest finite magnitude bits of ``x2``); returns out."""
     cmag, cinf, M, EB = container_bits(x2.dtype)
     bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
-    out = cuda.to_device(np.zeros(1, np.int64))
     device = launch.current_device()
     if bits.size and M == 23 and launch.address(bits) % 16 == 0:
         launch.configured(_amax32_kernel, launch.grid_size(-(-bits.size // 4), device))(
