@@ -106,6 +106,13 @@ def pack_bits(bits, sp):
     width, M, EB, EMAXF, MAG, sub_shift, m, bias, emin, inf_code, nan_code = sp
     bits = np.int64(bits)
     a = bits & MAG
+    if bias == EB and emin == 1 - EB and sub_shift == M - m and inf_code == EMAXF << m:
+        # the storage has the container's exponents (bfloat16 in float32): every finite
+        # value's code, subnormals and inf included, is the magnitude's top bits and the
+        # sign, a NaN the storage's NaN; a few operations where the kernels bake ``sp``
+        code = (a >> (M - m)) | (np.int64(bits < 0) << (width - 1))
+        code = nan_code if a > (EMAXF << M) else code
+        return code - ((code >> (width - 1)) << width)
     biased = a >> M
     fracmask = (np.int64(1) << M) - 1
     if biased == EMAXF:
