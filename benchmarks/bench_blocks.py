@@ -261,6 +261,25 @@ def cuda_rows(log2n: int, repeats: int):
             ta = n / median_seconds(lambda: run(t), repeats, sync) / 1e6
             rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
                              melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
+    # host time of one call: a block of 32 elements, 1000 calls between synchronizations
+    # (the route a request's first call builds, lpsim_cuda.block_groups.BlockRoute)
+    tiny = torch.randn(1, 32, device="cuda")
+    for name, fn in (("lpsim.quantize mxfp8_e4m3 (one block)",
+                      lambda: lpsim.quantize(tiny, "mxfp8_e4m3", "nearest", out=tiny)),
+                     ("lpsim.quantize nvfp4 (two blocks)",
+                      lambda: lpsim.quantize(tiny, "nvfp4", "nearest", out=tiny)),
+                     ("torch t.add_(0)", lambda: tiny.add_(0))):
+        fn()
+        sync()
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(1000):
+                fn()
+            sync()
+            best = min(best, (time.perf_counter() - start) / 1000)
+        rows.append(dict(case=f"host time of a call: {name}", format="-", mode="-",
+                         melems=0.0, call_us=best * 1e6))
     return rows, f"n = 2**{log2n} float32 on the GPU, median of {repeats} runs"
 
 
@@ -367,7 +386,7 @@ def main() -> None:
         print("\n".join(header + [f"# {what}; load average at the end: {load}"]))
         print(f"{'case':<32} {'format':<11} {'mode':<11} {'Melem/s':>9} {'vs copy':>8} "
               f"{'lpsim/peer':>11} {'Melem/cpu-s':>12}")
-        for r in [r for r in rows if "us" not in r]:
+        for r in [r for r in rows if "us" not in r and "call_us" not in r]:
             ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
             vs = f"{r['vs_copy']:.3f}" if "vs_copy" in r else "1.000"
             per_cpu = f"{r['cpu_melems']:.4g}" if "cpu_melems" in r else ""
@@ -376,6 +395,8 @@ def main() -> None:
         for r in [r for r in rows if "us" in r]:
             print(f"# fixed cost, {r['format']}: lpsim {r['us']:.1f} us per call on 32 elements, "
                   f"torchao {r['torchao_us']:.1f} us")
+        for r in [r for r in rows if "call_us" in r]:
+            print(f"# {r['case']}: {r['call_us']:.1f} us")
         if args.device == "cpu":
             print("# targets (issue 14): lpsim >= 0.5x copy and >= 20x gfloat")
             for r in rows:

@@ -89,6 +89,9 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
             key = fmt.split("_")[0]
             out[f"{key}_nearest_vs_copy"] = mine and mine.get("vs_copy")
             out[f"{key}_vs_torchao"] = mine and peer and _ratio(mine["melems"], peer["melems"])
+        for r in rows:                      # host time of one block call (bench_blocks)
+            if "call_us" in r:
+                out.setdefault("blocks_call_us", {})[r["case"]] = r["call_us"]
     c = tables.get("casgd-gpu")
     if c:
         for b_, s_ in ((8, 64), (1, 256)):

@@ -38,11 +38,11 @@ from lpsim.blocks.word_scales import scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
-from lpsim.request import plan
+from lpsim.request import MAX_COUNTER, keys, plan
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
 from lpsim.word32 import as_int64, word
 
-from . import arrays, launch, vector
+from . import arrays, launch, specialised, vector
 from .launch import FULL_MASK, SIMULATOR
 
 #: float32 magnitude bits of inf: finite magnitudes lie below
@@ -247,10 +247,113 @@ def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None) -> Non
                                     request.stream, request.offset // 4, ts)
 
 
+# --- the cached route of torch tensors (lpsim_cuda.specialised's, for these kernels) ---------
+
+def _signature(bp):
+    """numba's argument types of the float32 block kernels for BlockParams ``bp``."""
+    import numba
+    from numba.core import types
+    f32 = types.float32[::1]
+    return (f32, types.int32[::1], f32, types.int64, numba.typeof(bp), types.int64,
+            types.int64, types.int64, types.int64, types.float64[::1])
+
+
+class BlockRoute(specialised.Route):
+    """One (block format, rounding, sr_bits, device)'s kernel as a raw launch, for formats
+    without a per-tensor scale (its BlockParams are then fixed): numba's function handle and
+    the flat arguments numba would build, checked once against numba's own."""
+
+    def __init__(self, kern, mode: int, bp, bfmt):
+        super().__init__(kern, mode, 4, _signature(bp))
+        self.bp, self.bfmt = bp, bfmt
+        self.ts = launch.placeholder((2,), np.float64)
+
+    def arguments(self, x_ptr, out_ptr, n, keys) -> list:
+        array = specialised._array_arguments
+        return (array(x_ptr, n) + array(x_ptr, n) + array(out_ptr, n)
+                + specialised._scalars(n) + self.bp_flat + specialised._scalars(*keys)
+                + self.ts_flat)
+
+    def check(self, xf, xb, outf, n, keys, stream) -> bool:
+        """Whether the route's flat arguments are numba's own for the same launch."""
+        flat, keep = [], []
+        self.compiled._prepare_args(self.compiled.argument_types[4], self.bp, stream, keep,
+                                    flat)
+        self.bp_flat = flat
+        self.ts_flat = specialised._array_arguments(launch.address(self.ts), 2, 8)
+        mine = self.arguments(launch.address(xf), launch.address(outf), n, keys)
+        return specialised._same(mine, specialised._numba_arguments(
+            self.compiled, (xf, xb, outf, n, self.bp, *keys, self.ts), stream))
+
+
+#: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
+#: numba's flat arguments differed (the request keeps numba's launch)
+_ROUTES: dict = {}
+#: route key -> why it has no raw route
+ROUTE_ERRORS: dict = {}
+
+
+def _remember(given, rounding, sr_bits, device, kern, mode, bp, xf, xb, outf, n,
+              keys) -> None:
+    """After a torch tensor's call took these kernels (a format without a per-tensor
+    scale), build and check its request's route, keyed on the format as the caller gave it."""
+    if launch.SIMULATOR:
+        return
+    try:
+        key = (given, rounding, sr_bits, type(sr_bits), device)
+        hash(key)
+    except TypeError:
+        return
+    if key in _ROUTES or len(_ROUTES) >= 1024:
+        return
+    try:
+        route = BlockRoute(kern, mode, bp, parse_block_format(given))
+        ok = route.check(xf, xb, outf, n, keys, 0)
+    except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
+        ROUTE_ERRORS[key] = repr(error)
+        ok = False
+    if not ok:
+        ROUTE_ERRORS.setdefault(key, "flat arguments differ from numba's")
+    _ROUTES[key] = route if ok else None
+
+
+def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
+    """A float32 torch CUDA call through its cached route: the result, or None where the
+    call needs the general path (no route yet, or anything a route does not cover)."""
+    import torch
+    if not _ROUTES or x.dtype is not torch.float32 or not x.is_cuda:
+        return None
+    device = x.device.index
+    try:
+        route = _ROUTES.get((bfmt, rounding, sr_bits, type(sr_bits), device))
+    except TypeError:
+        return None
+    n = x.numel()
+    if (route is None or n == 0 or not x.is_contiguous()
+            or (x.ndim > 1 and axis not in (-1, x.ndim - 1))
+            or device != torch.cuda.current_device()
+            or launch.torch_stream_handle(device) != 0       # the kernels' default stream
+            or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
+        return None
+    if out is None:
+        out = torch.empty_like(x)
+    elif (type(out) is not torch.Tensor or out.dtype is not torch.float32
+          or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
+        return None
+    length = x.shape[-1] if x.ndim else 1
+    x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
+    if not eligible(route.bfmt, length, n, x_ptr, out_ptr, route.mode, offset):
+        return None
+    seed_lo, seed_hi, key_stream = keys(seed, stream, route.mode)
+    route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // 4),
+          specialised._core_stream(0), launch.grid_size(-(-n // 4), device))
+    return out
+
+
 def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale):
     """:func:`lpsim_cuda.blocks.quantize` without stats through these kernels: the result,
     or None where the call needs the general kernel (its checks and errors run there)."""
-    bfmt = parse_block_format(bfmt)
+    given, bfmt = bfmt, parse_block_format(bfmt)
     if launch.is_torch(x):
         import torch
         if (x.dtype is not torch.float32 or not x.is_cuda or not x.is_contiguous()
@@ -291,7 +394,13 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             return result
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
-        launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n)
+        xb = xf.view(np.int32)
+        launch_flat(bfmt, request, pts, xf, xb, outf, n)
+        if launch.is_torch(x) and not bfmt.tensor_scale:
+            _remember(given, rounding, sr_bits, x.device.index,
+                      kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
+                      block_params(bfmt, pts), xf, xb, outf, n,
+                      (request.seed_lo, request.seed_hi, request.stream, request.offset // 4))
     return result
 
 
@@ -430,5 +539,5 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-__all__ = ["device_tensor_scale", "eligible", "kernel", "lanes_of", "launch_flat", "quantize",
-           "tensor_amax"]
+__all__ = ["BlockRoute", "device_tensor_scale", "eligible", "kernel", "lanes_of", "launch_flat",
+           "quantize", "tensor_amax", "torch_call"]

@@ -198,6 +198,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: the results of
     :func:`lpsim.blocks.fake_quantize.quantize`."""
+    if stats is None and tensor_scale is None and launch.is_torch(x):
+        done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
+                                       offset)                # a request seen before
+        if done is not None:
+            return done
     check_stats(stats, STATS_ACCEPTED)
     if stats is None:                        # float32 along a contiguous last axis
         done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out,

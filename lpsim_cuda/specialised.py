@@ -198,11 +198,12 @@ class Route:
     function handle and launch configurations, built once; :meth:`__call__` launches it
     with the flat arguments of two torch tensors' data pointers and the keys."""
 
-    def __init__(self, kern, mode: int, out_bytes: int):
+    def __init__(self, kern, mode: int, out_bytes: int, signature=None):
         from cuda.core import LaunchConfig, launch as core_launch
         from numba.cuda._compat import CUDA_CORE_GE_1_0
         self._core_launch = core_launch
-        self.compiled = kern.compile(SIGNATURES[out_bytes])   # numba's compiled kernel
+        # numba's compiled kernel (``signature``: another kernel's than the quantize one's)
+        self.compiled = kern.compile(SIGNATURES[out_bytes] if signature is None else signature)
         self.out_bytes = out_bytes
         self.function = self.compiled._codelibrary.get_cufunc().kernel
         self.mode = mode

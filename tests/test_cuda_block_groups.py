@@ -146,8 +146,12 @@ def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
-def test_torch_tensors_equal_the_cpu(launches):
+def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
+    """Each format's first call launches through numba and builds its request's raw route
+    (MX formats: their BlockParams are fixed), which the second call takes; NVFP4 finds
+    its tensor scale on the device on every call, through numba."""
     import torch
+    monkeypatch.setattr(block_groups, "_ROUTES", {})
     for fmt in ("mxfp8_e4m3", "nvfp4", "mxfp4"):
         x = data((64, 256), seed=8)
         expected = lpsim.quantize(x, fmt, "stochastic", seed=3)
@@ -157,4 +161,33 @@ def test_torch_tensors_equal_the_cpu(launches):
         y = torch.empty_like(t)
         assert lpsim.quantize(t, fmt, "stochastic", seed=3, out=y) is y
         assert torch.equal(y.view(torch.int32), got.view(torch.int32))
-    assert len(launches) == 6
+        z = lpsim.quantize(t[:, :128].contiguous(), fmt, "stochastic", seed=3, offset=4)
+        want = lpsim.quantize(np.ascontiguousarray(x[:, :128]), fmt, "stochastic", seed=3,
+                              offset=4)
+        assert np.array_equal(z.cpu().numpy().view(np.int32), want.view(np.int32))
+    assert len(launches) == 5                  # MX: the first call; NVFP4: all three
+    routes = {key[0].name: route for key, route in block_groups._ROUTES.items()}
+    assert set(routes) == {"mxfp8_e4m3", "mxfp4"}, block_groups.ROUTE_ERRORS
+    assert all(r is not None for r in routes.values()), block_groups.ROUTE_ERRORS
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_route_refuses_what_the_general_path_refuses(monkeypatch):
+    """With a route in place, calls it does not cover still take the general path and
+    its checks: an unaligned stochastic offset, another axis, a wrong out, a bad seed."""
+    import torch
+    monkeypatch.setattr(block_groups, "_ROUTES", {})
+    x = data((8, 64), seed=2)
+    t = torch.from_numpy(x).cuda()
+    lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1)             # builds the route
+    assert any(r is not None for r in block_groups._ROUTES.values())
+    got = lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1, offset=2)
+    want = lpsim.quantize(x, "mxfp8_e4m3", "stochastic", seed=1, offset=2)
+    assert np.array_equal(got.cpu().numpy().view(np.int32), want.view(np.int32))
+    got = lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1, axis=0)
+    want = lpsim.quantize(x, "mxfp8_e4m3", "stochastic", seed=1, axis=0)
+    assert np.array_equal(got.cpu().numpy().view(np.int32), want.view(np.int32))
+    with pytest.raises(ValueError, match="seed"):
+        lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=-1)
+    with pytest.raises((ValueError, TypeError)):
+        lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1, out=torch.empty(3, device="cuda"))
