@@ -254,11 +254,17 @@ def _widen(x):
     return None
 
 
-@intrinsic
-def _word_as_int64(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.zext(args[0], ir.IntType(64))
-    return types.int64(x), codegen
+def _extension(how: str):
+    """An intrinsic taking a word to an int64 by LLVM's ``zext`` or ``sext``."""
+    @intrinsic
+    def extend(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return getattr(builder, how)(args[0], ir.IntType(64))
+        return types.int64(x), codegen
+    return extend
+
+
+_word_as_int64, _word_as_signed = _extension("zext"), _extension("sext")
 
 
 def as_int64(x):
@@ -275,28 +281,19 @@ def _as_int64(x):
     return None
 
 
-
-@intrinsic
-def _word_as_signed(typingctx, x):
-    def codegen(context, builder, signature, args):
-        return builder.sext(args[0], ir.IntType(64))
-    return types.int64(x), codegen
+def _signed(x):
+    v = np.int64(x) & 0xFFFFFFFF
+    return v - ((v >> 31) << 32)
 
 
 def as_signed64(x):
     """The low 32 bits of x as a signed int64 (bit 31 extended): float32 container bits the
     way round_bits and the packers take them."""
-    v = np.int64(x) & 0xFFFFFFFF
-    return v - ((v >> 31) << 32)
+    return _signed(x)
 
 
 @overload(as_signed64)
 def _as_signed64(x):
-    if isinstance(x, Word32):
-        return lambda x: _word_as_signed(x)
-    if isinstance(x, (types.Integer, types.Boolean)):
-        def signed(x):
-            v = np.int64(x) & 0xFFFFFFFF
-            return v - ((v >> 31) << 32)
-        return signed
-    return None
+    # a word: one sign extension; an integer (or plain Python): the arithmetic above
+    return (lambda x: _word_as_signed(x)) if isinstance(x, Word32) else \
+        (_signed if isinstance(x, (types.Integer, types.Boolean)) else None)

@@ -297,24 +297,11 @@ def _remember(given, rounding, sr_bits, device, kern, mode, bp, xf, xb, outf, n,
               keys) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
     scale), build and check its request's route, keyed on the format as the caller gave it."""
-    if launch.SIMULATOR:
-        return
-    try:
-        key = (given, rounding, sr_bits, type(sr_bits), device)
-        hash(key)
-    except TypeError:
-        return
-    if key in _ROUTES or len(_ROUTES) >= 1024:
-        return
-    try:
+    def build():
         route = BlockRoute(kern, mode, bp, parse_block_format(given))
-        ok = route.check(xf, xb, outf, n, keys, 0)
-    except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
-        ROUTE_ERRORS[key] = repr(error)
-        ok = False
-    if not ok:
-        ROUTE_ERRORS.setdefault(key, "flat arguments differ from numba's")
-    _ROUTES[key] = route if ok else None
+        return route, route.check(xf, xb, outf, n, keys, 0)
+    specialised.keep_route(_ROUTES, ROUTE_ERRORS, (given, rounding, sr_bits, type(sr_bits),
+                                                   device), build)
 
 
 def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):

@@ -244,28 +244,37 @@ _ROUTES: dict = {}
 ROUTE_ERRORS: dict = {}
 
 
-def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts) -> None:
-    """After a general-path call took the specialised kernel for a torch tensor, build and
-    check the raw route of its request so that later calls skip the general path."""
+def keep_route(routes: dict, errors: dict, key, build) -> None:
+    """Build a request's raw route once and keep it in ``routes`` under ``key``: ``build()``
+    gives (route, whether its flat arguments are numba's); None is kept where they differ or
+    the build fails (the reason in ``errors``), so the request keeps numba's launch.  At
+    most 1024 routes; unhashable keys (and the simulator) make none."""
     if launch.SIMULATOR:
         return
     try:
-        route_key = (key, rounding, sr_bits, type(sr_bits), storage, src.device)
-        hash(route_key)
+        if key in routes or len(routes) >= 1024:
+            return
     except TypeError:
         return
-    if route_key in _ROUTES or len(_ROUTES) >= 1024:
-        return
     try:
+        route, ok = build()
+    except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
+        errors[key] = repr(error)
+        route, ok = None, False
+    if not ok:
+        errors.setdefault(key, "flat arguments differ from numba's")
+    routes[key] = route if ok else None
+
+
+def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts) -> None:
+    """After a general-path call took the specialised kernel for a torch tensor, build and
+    check the raw route of its request so that later calls skip the general path."""
+    def build():
         route = Route(kern, mode_code(rounding), outb.dtype.itemsize)
         route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
-        ok = route.check(src.bits, outb, src.bits.size, keys, counts, src.stream)
-    except Exception as error:          # noqa: BLE001 (a numba-cuda without these internals)
-        ROUTE_ERRORS[route_key] = repr(error)
-        ok = False
-    if not ok:
-        ROUTE_ERRORS.setdefault(route_key, "flat arguments differ from numba's")
-    _ROUTES[route_key] = route if ok else None
+        return route, route.check(src.bits, outb, src.bits.size, keys, counts, src.stream)
+    keep_route(_ROUTES, ROUTE_ERRORS, (key, rounding, sr_bits, type(sr_bits), storage,
+                                       src.device), build)
 
 
 def _torch_dtype(name: str):

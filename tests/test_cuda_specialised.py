@@ -216,3 +216,30 @@ def test_torch_stream_handle_asks_torch_for_the_devices_current_stream(monkeypat
                         lambda device: asked.append(("public", device))
                         or types.SimpleNamespace(cuda_stream=2000 + device))
     assert launch.torch_stream_handle(1) == 2001 and asked[-1] == ("public", 1)
+
+
+def test_keep_route_keeps_one_route_per_key_and_why_none(monkeypatch):
+    """The route table both launch routes share: built once per key, None (with the
+    reason) where the build fails or numba's arguments differ, nothing for unhashable keys
+    or beyond 1024 routes."""
+    monkeypatch.setattr(specialised.launch, "SIMULATOR", False)
+    routes, errors, built = {}, {}, []
+
+    def build(ok=True, fail=False):
+        def make():
+            built.append(1)
+            if fail:
+                raise RuntimeError("no internals")
+            return "route", ok
+        return make
+    specialised.keep_route(routes, errors, "a", build())
+    specialised.keep_route(routes, errors, "a", build())           # kept: not rebuilt
+    specialised.keep_route(routes, errors, "b", build(ok=False))
+    specialised.keep_route(routes, errors, "c", build(fail=True))
+    specialised.keep_route(routes, errors, ["unhashable"], build())
+    assert routes == {"a": "route", "b": None, "c": None} and len(built) == 3
+    assert errors == {"b": "flat arguments differ from numba's",
+                      "c": "RuntimeError('no internals')"}
+    full = {i: None for i in range(1024)}
+    specialised.keep_route(full, errors, "d", build())
+    assert "d" not in full and len(built) == 3
