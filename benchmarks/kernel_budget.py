@@ -556,9 +556,14 @@ def _straight_rows(argv: list[str]):
     kernel compiled with the real fallbacks is reused); the caller collects its rows."""
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
     out.close()
+    # a cache directory of its own: a CPU kernel it compiled with the stubs must never be
+    # saved where another process (a test run's workers) would load it
+    cache = tempfile.mkdtemp(prefix="lpsim-straight-cache-")
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, NUMBA_ENABLE_CUDASIM="0")
     process = subprocess.Popen([sys.executable, __file__, "--straight", "--json", out.name,
                                 *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, env=env)
+    process.cache = cache
     return process, pathlib.Path(out.name)
 
 
@@ -566,6 +571,8 @@ def _merge_straight(rows: list[dict], process, path: pathlib.Path) -> None:
     """Add each row's straight-path count (and the instruction rule on it) from the
     --straight process; a row it could not measure keeps the static count's verdict."""
     _, err = process.communicate()
+    if getattr(process, "cache", None):
+        shutil.rmtree(process.cache, ignore_errors=True)
     if process.returncode:
         raise RuntimeError(f"the --straight run failed: {err[-2000:]}")
     straight = {r["kernel"]: r["loop_instructions_per_element"]
