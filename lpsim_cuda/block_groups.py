@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda
 
 from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
-                               min_tensor_scale)
+                               min_tensor_scale, scale_of_amax32)
 from lpsim.blocks.decisions import (BlockParams, _element_params, bits_value, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
                                     element_fast32, element_params32, nearest_words_exact,
@@ -393,10 +393,8 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
 
 @cuda.jit(device=True)
 def _finite32(b):
-    """The magnitude of float32 bits ``b`` as a 32-bit word if finite, else 0
-    (:func:`lpsim.blocks.amax.finite_bits` for a float32 container, in words)."""
-    a = word(b) & 0x7FFFFFFF
-    return a if a < _INF32 else a & 0
+    """:func:`lpsim.blocks.amax.finite_bits` of float32 bits ``b``, in 32-bit words."""
+    return finite_bits(word(b), 0x7FFFFFFF, _INF32)
 
 
 if SIMULATOR:
@@ -454,10 +452,8 @@ def _tensor_scale_kernel(amax, divisor, least, ts):
     :func:`lpsim.blocks.block_params`' reciprocal, by one thread on the device; amax[0] is
     then reset to 0 for the next call's atomics."""
     if cuda.grid(1) == 0:
-        a = amax[0]
-        pts = np.float64(1.0)
-        if a != 0:                      # finite float32 bits: at most float32's largest
-            pts = max(np.float64(np.int32(a).view(np.float32) / divisor), least)
+        # finite float32 bits: at most float32's largest
+        pts = scale_of_amax32(np.int32(amax[0]).view(np.float32), divisor, least)
         ts[0] = pts
         ts[1] = np.float64(np.float32(1.0) / np.float32(pts))
         amax[0] = 0

@@ -238,12 +238,19 @@ def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     a tensor reaching float32's largest value (an infinite scale would make every value NaN),
     so the blocks reaching further take the largest block scale and their largest elements
     the element format's largest value."""
-    if amax == 0:
-        return 1.0
     with np.errstate(over="ignore"):
         amax32 = min(np.float32(amax), FLOAT32_MAX)
-    return max(float(np.float32(amax32 / bfmt.tensor_scale_divisor)),
-               min_tensor_scale(bfmt))
+    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, min_tensor_scale(bfmt)))
+
+
+@register_jitable
+def scale_of_amax32(amax32, divisor, least):
+    """:func:`tensor_scale_from` of a finite float32 amax: 1 if it is 0, else
+    fp32(amax32 / divisor) (divisor a float32) and at least ``least``; the host's decision
+    and lpsim_cuda's device-side one."""
+    if amax32 == 0:
+        return np.float64(1.0)
+    return max(np.float64(amax32 / divisor), least)
 
 
 def checked_tensor_scale(value, bfmt: BlockFormat) -> float:
