@@ -523,7 +523,8 @@ def stub_cold_paths() -> None:
     a run on typical data issues per element.  Fallbacks: round_bits (what the straight
     rounding declines: NaN, inf, overflow, container subnormals); the block kernels' exact
     element step and their float64 steps, which only blocks holding NaN or inf (or
-    elements the float32 steps decline) take."""
+    elements the float32 steps decline) take, and the float64 scale of a block whose
+    largest magnitude is not a float32 normal (all zeros, say)."""
     import importlib
     import numpy as np
     from numba.extending import register_jitable
@@ -549,6 +550,7 @@ def stub_cold_paths() -> None:
     rounding.round_bits = round_bits
     groups.element_exact, groups.element_fast = element_exact, element_fast
     groups.block_scale = block_scale
+    importlib.import_module("lpsim.blocks.word_scales").block_scale = block_scale
 
 
 def _straight_rows(argv: list[str]):

@@ -34,19 +34,25 @@ from lpsim.blocks.decisions import (BlockParams, _element_params, bits_value, bl
                                     block_recip, block_scale, element_exact, element_fast,
                                     element_fast32, element_params32, nearest_words_exact,
                                     words_exact)
-from lpsim.blocks.word_scales import scale_words
+from lpsim.blocks.word_scales import pow2_exponent, pow2_float32, pow2_words, scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys, plan
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
-from lpsim.word32 import as_int64, word
+from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import arrays, launch, specialised, vector
 from .launch import FULL_MASK, SIMULATOR
 
 #: float32 magnitude bits of inf: finite magnitudes lie below
 _INF32 = 0x7F800000
+
+
+@cuda.jit(device=True)
+def _int32(w):
+    """The 32-bit word (or integer) ``w`` as an int32 (a shuffle's operand)."""
+    return np.int32(as_int64(w))
 
 
 def lanes_of(block: int) -> int:
@@ -70,15 +76,35 @@ if SIMULATOR:
                 b = np.int64(np.float32(abs(v)).view(np.int32))
                 amax_bits = max(amax_bits, b)
         return amax_bits, nonfinite
+
+    @cuda.jit(device=True)
+    def _block_max(xb, first, block, m, lanes):
+        """The largest magnitude bits (NaN and inf included) of the block at element
+        ``first`` of the int32 bits ``xb``, read whole by each lane."""
+        m = word(0)
+        for i in range(first, min(first + block, xb.size)):
+            m = max(m, word(xb[i]) & 0x7FFFFFFF)
+        return m
 else:
     @cuda.jit(device=True)
-    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
-        """The lanes' partial (largest finite magnitude bits, any NaN or inf) combined over
-        the ``lanes`` lanes of a block by butterfly shuffles (every lane gets the result)."""
+    def _block_max(xb, first, block, m, lanes):
+        """The lanes' largest magnitude bits ``m`` (words) combined over the ``lanes`` lanes
+        of a block by butterfly shuffles."""
         width = lanes >> 1
         while width > 0:
-            amax_bits = max(amax_bits, cuda.shfl_xor_sync(FULL_MASK, amax_bits, width))
-            nonfinite = max(nonfinite, cuda.shfl_xor_sync(FULL_MASK, nonfinite, width))
+            m = max(m, cuda.shfl_xor_sync(FULL_MASK, _int32(m), width))
+            width >>= 1
+        return m
+
+    @cuda.jit(device=True)
+    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
+        """The lanes' partial (largest finite magnitude bits, any NaN or inf: 32-bit words)
+        combined over the ``lanes`` lanes of a block by butterfly shuffles (every lane gets
+        the result)."""
+        width = lanes >> 1
+        while width > 0:
+            amax_bits = max(amax_bits, cuda.shfl_xor_sync(FULL_MASK, _int32(amax_bits), width))
+            nonfinite = max(nonfinite, cuda.shfl_xor_sync(FULL_MASK, _int32(nonfinite), width))
             width >>= 1
         return amax_bits, nonfinite
 
@@ -91,15 +117,21 @@ def _value(b):
 
 @cuda.jit(device=True)
 def _lane_partial(b):
-    """(finite magnitude bits or 0, 1 if NaN or inf) of one float32 element's bits."""
-    a = b & 0x7FFFFFFF
-    bad = np.int32(a >= _INF32)
-    return (a if a < _INF32 else 0), bad
+    """(finite magnitude bits or 0, 1 if NaN or inf) of one float32 element's bits ``b``
+    (int32), as 32-bit words."""
+    a = word(b) & 0x7FFFFFFF
+    finite = a < _INF32
+    return (a if finite else word(0)), like(a, not finite)
 
 
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
-          device_pts: bool = False):
+          device_pts: bool = False, fixed=None):
     """The kernel of one (element Params, scale Params, mode, k, lanes per block).
+
+    ``fixed``: the format's BlockParams (any per-tensor scale), compiled in as constants
+    but for the per-tensor scale and its reciprocal, which come from the argument ``bp``
+    (or ``ts``): the branches a format never takes (other scale rules, float64 reciprocals
+    and scales) are then not in its kernel at all.
 
     ``device_pts``: the per-tensor scale and its reciprocal are read from the device array
     ``ts`` (:func:`device_tensor_scale`) instead of ``bp``, so a call that finds NVFP4's
@@ -117,43 +149,62 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     stochastic = mode >= STOCHASTIC
     block = 4 * lanes
     DEVICE_PTS = device_pts
+    (BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX, NONFINITE_NAN,
+     _, _, F32, NEAR32, SNEAR32) = fixed
+    NAN_BLOCKS = NONFINITE_NAN != 0
+    # power-of-two scales from the exponent field of a float32 normal amax
+    POW2_WORDS = bool(pow2_words(np.int64(1 << 23), fixed))
 
     def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits) in blocks of 4 * LANES consecutive elements into ``out``."""
-        if DEVICE_PTS:
-            bp = BlockParams(bp.block, bp.rule, bp.pow2, bp.emax_e, bp.m_e, bp.max_e,
-                             bp.smin_exp, bp.smax_exp, bp.smin, bp.smax, bp.nonfinite_nan,
-                             ts[0], ts[1], bp.f32, bp.near32, bp.snear32)
+        pts, pts_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
+        bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
+                         NONFINITE_NAN, pts, pts_inv, F32, NEAR32, SNEAR32)
         t = cuda.grid(1)
-        lane = t % LANES
-        per_pass = cuda.gridsize(1) // LANES           # blocks a pass of the grid covers
-        nblocks = n // block
+        per_pass = cuda.gridsize(1) // LANES * LANES   # groups of whole blocks a pass covers
+        quads = n // block * LANES                     # groups of four in whole blocks
         base = 0
-        while base < nblocks:                          # the same trip count on every lane
-            g = base + t // LANES
-            live = g < nblocks
-            j = g * LANES + lane                       # this lane's group of four elements
+        while base < quads:                            # the same trip count on every lane
+            j = base + t                               # this lane's group of four elements
+            live = j < quads
+            g = j // LANES                             # its block
             b0 = b1 = b2 = b3 = np.int32(0)
             if live:
                 b0, b1, b2, b3 = vector.load4(xb, j)
-            a0, f0 = _lane_partial(b0)
-            a1, f1 = _lane_partial(b1)
-            a2, f2 = _lane_partial(b2)
-            a3, f3 = _lane_partial(b3)
-            amax_bits, nonfinite = _block_reduce(x, g * block, block,
-                                                 max(max(a0, a1), max(a2, a3)),
-                                                 max(max(f0, f1), max(f2, f3)), LANES)
+            if NAN_BLOCKS:
+                # a NaN or inf makes its whole block NaN, so the largest magnitude bits,
+                # NaN and inf included, tell both: one reduction, two steps an element
+                amax_bits = _block_max(xb, g * block, block, max(
+                    max(word(b0) & 0x7FFFFFFF, word(b1) & 0x7FFFFFFF),
+                    max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF)), LANES)
+                nonfinite = like(amax_bits, amax_bits >= _INF32)
+            else:
+                a0, f0 = _lane_partial(b0)
+                a1, f1 = _lane_partial(b1)
+                a2, f2 = _lane_partial(b2)
+                a3, f3 = _lane_partial(b3)
+                amax_bits, nonfinite = _block_reduce(x, g * block, block,
+                                                     max(max(a0, a1), max(a2, a3)),
+                                                     max(max(f0, f1), max(f2, f3)), LANES)
             if live:
+                a = as_int64(amax_bits)
                 if bp.nonfinite_nan != 0 and nonfinite != 0:
-                    v0 = v1 = v2 = v3 = np.nan
-                elif WORDS and nonfinite == 0:
+                    v0 = v1 = v2 = v3 = np.float32(np.nan)
+                elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
                     # the word kernel's scale: integer steps from the amax bits, the float32
-                    # reciprocal by exponent bits or one float32 division
-                    s = scale_words(word(np.int32(amax_bits)), bp, SP)
-                    s32 = np.float32(s)
-                    rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
-                        np.float32(bp.pts_inv) / s32
+                    # reciprocal by exponent bits or one float32 division (a power-of-two
+                    # scale of an amax that is not a float32 normal, an all-zero block say,
+                    # takes the general step below)
+                    if POW2_WORDS:
+                        ex = pow2_exponent(word(amax_bits), bp)
+                        s32, rc = pow2_float32(ex), pow2_float32(-ex)
+                        s = np.float64(s32)
+                    else:
+                        s = scale_words(word(amax_bits), bp, SP)
+                        s32 = np.float32(s)
+                        rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
+                            np.float32(bp.pts_inv) / s32
                     if NEAR:
                         pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
                         v0 = element_nearest32(_value(b0), rc, s32, pts, maxe, CW, LW)
@@ -169,7 +220,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                         v2 = _element32(_value(b2), rc, s32, s, w2, bp)
                         v3 = _element32(_value(b3), rc, s32, s, w3, bp)
                 else:
-                    amax = np.float64(np.int32(amax_bits).view(np.float32))
+                    amax = np.float64(bits_float32(amax_bits))
                     s, _ = block_scale(amax, bp, SP)
                     recip = block_recip(s, bp)
                     w0 = w1 = w2 = w3 = np.int64(0)
@@ -187,20 +238,20 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         _, v, ok, _ = element_fast(xv, recip, s, MODE, r, K, P, bp)
         if not ok:
             _, v, _ = element_exact(xv, recip, s, MODE, r, K, P, bp)
-        return v
+        return np.float32(v)                # the float32 store's rounding, here
 
     @cuda.jit(device=True)
     def _element32(xv, rc, s32, s, r, bp):
         _, v, ok, _ = element_fast32(xv, r, rc, s32, MODE, K, P32, bp)
         if ok == 0:
             _, v, _ = element_exact(xv, block_recip(s, bp), s, MODE, r, K, P, bp)
-        return v
+        return np.float32(v)
 
     return cuda.jit(kernel)
 
 
 #: (element format, scale format, mode, k, lanes, float32 steps, nearest steps, scale on
-#: the device) -> its kernel
+#: the device, BlockParams at a per-tensor scale of 1) -> its kernel
 KERNELS: dict = {}
 
 
@@ -209,14 +260,15 @@ def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False):
     lanes = lanes_of(bfmt.block)
     words = words_exact(bfmt)
     near = words and nearest_words_exact(bfmt.saturating_element)
+    fixed = block_params(bfmt)
     key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near,
-           device_pts)
+           device_pts, fixed)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
         found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
                                      element_params32(bfmt) if words else None, near,
-                                     device_pts)
+                                     device_pts, fixed)
     return found
 
 

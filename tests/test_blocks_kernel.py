@@ -83,6 +83,22 @@ def test_sizes_across_every_threshold_equal_the_reference(bfmt, dtype, threads, 
     assert_equal_to_reference(x, bfmt, "stochastic_equal", seed=7, offset=1)
 
 
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even"])
+def test_power_of_two_scales_of_zero_and_subnormal_amaxes_equal_the_reference(rule):
+    """The float32 word kernel's power-of-two scale from the amax's exponent field
+    (lpsim.blocks.word_scales.pow2_words) for blocks of zeros and of float32 subnormals up
+    to 2**-127: E8M0 with e4m3 takes it (such a scale clamps to the least), E8M0 with
+    fp(3, 2, 6), whose largest exponent is -3, must not."""
+    x = np.zeros((4, 32), np.float32)
+    x[1] = np.float32(2.0 ** -131) * np.arange(-16, 16, dtype=np.float32)
+    x[2] = np.float32(2.0 ** -140) * np.arange(-16, 16, dtype=np.float32)
+    x[3] = np.linspace(-3, 3, 32, dtype=np.float32)
+    for element in ("e4m3fn", "fp(3,2,6)"):
+        for rounding in ("nearest", "stochastic"):
+            assert_equal_to_reference(x, blocks.block(element, 32, rule=rule), rounding,
+                                      seed=1)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
 def test_blocks_of_container_subnormals_equal_the_reference(dtype):
     """A block whose largest magnitude is a subnormal of the container (its amax is read from

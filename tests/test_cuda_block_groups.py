@@ -74,7 +74,7 @@ def test_the_cpu_word_kernels_formats_take_its_float32_steps(launches):
         words = words_exact(bfmt)
         near = words and nearest_words_exact(bfmt.saturating_element)
         assert any(key[0] == bfmt.saturating_element and key[1] == bfmt.scale
-                   and key[-3:-1] == (words, near) for key in block_groups.KERNELS), name
+                   and key[-4:-2] == (words, near) for key in block_groups.KERNELS), name
     for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
         assert words_exact(PRESETS[name]) and nearest_words_exact(
             PRESETS[name].saturating_element), name
@@ -97,6 +97,24 @@ def test_large_arrays_of_every_preset_equal_the_cpu(rounding, launches):
 def test_scale_rules_and_modes(rule, rounding, launches):
     same_as_cpu(data((2, 64), seed=3), block("e4m3fn", 32, rule=rule), rounding)
     assert len(launches) == 1
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+def test_blocks_whose_largest_magnitude_is_zero_or_subnormal(rule, launches):
+    """Power-of-two scales from the amax's exponent field (lpsim.blocks.word_scales): an
+    all-zero block, one of float32 subnormals and one of the least normal, between others;
+    E8M0 with e4m3, and with fp(3, 2, 6), whose largest exponent is -3: a subnormal amax
+    then needs block_scale itself."""
+    x = data((6, 32), seed=6)
+    x[1] = 0.0
+    x[3] = np.float32(2.0 ** -140) * np.arange(-16, 16, dtype=np.float32)
+    x[4, :] = np.float32(2.0 ** -126)
+    x[4, ::3] = -np.float32(2.0 ** -127)
+    x[5] = np.float32(2.0 ** -131) * np.arange(-16, 16, dtype=np.float32)
+    for element in ("e4m3fn", "fp(3,2,6)"):
+        for rounding, kw in (("nearest", {}), ("stochastic", {"seed": 2}), ("down", {})):
+            same_as_cpu(x, block(element, 32, rule=rule), rounding, **kw)
+    assert len(launches) == 6
 
 
 @pytest.mark.parametrize("nonfinite", ["nan", "finite"])

@@ -35,9 +35,6 @@ KNOWN = {
     # the straight path (benchmarks/kernel_budget.py's ``straight``): one wide load per array
     # and quad, three Philox blocks, three divisions and a square root per parameter
     ("optim AdamW bf16 stochastic", "instructions"): "~232 straight per parameter",
-    # the block's scale from its amax in integer steps, then each element's float32 steps
-    ("blocks groups mxfp8_e4m3 nearest", "instructions"): "~178 straight per element",
-    ("blocks groups nvfp4 nearest", "instructions"): "~181 straight per element",
 }
 HOT = [case for case in kb.CASES if case.hot]
 

@@ -13,9 +13,50 @@ import numpy as np
 from numba.extending import register_jitable
 
 from ..rounding import nearest32, nearest32_words
-from ..word32 import as_int64, bits_float32, float32_bits, word
+from ..word32 import as_int64, bits_float32, float32_bits, like, word
 from .decisions import bits_value, block_scale, i2f
 from .formats import CEIL, EVEN, RCEIL
+
+
+@register_jitable(forceinline=True)
+def pow2_words(a, bp):
+    """Whether :func:`pow2_exponent` gives the power-of-two scale of largest magnitude bits
+    ``a`` (int64) under a floor, ceil or even rule: for a float32 normal amax, and for a
+    zero or subnormal one where the scale format's least exponent lies above 2**-126's
+    (its field, at most 1 after any rule, is then raised to the least scale, as
+    :func:`lpsim.blocks.decisions.block_scale` clamps such an amax: MX's formats)."""
+    return bp.pow2 and bp.rule != RCEIL and bp.m_e <= 22 and (
+        a >= (np.int64(1) << 23) or bp.smin_exp + bp.emax_e >= -125)
+
+
+@register_jitable(forceinline=True)
+def pow2_exponent(a, bp):
+    """The exponent e (int64) of the power-of-two scale 2**e of a block whose largest
+    magnitude has the float32 normal bits ``a`` (an int64 or a 32-bit word,
+    :func:`pow2_words`): the exponent field, its mantissa rounded first for even, clamped
+    to the scale format's range."""
+    if bp.rule == EVEN:                         # round to the element's mantissa, ties away
+        a = (a + (like(a, 1) << (22 - bp.m_e))) & (255 << 23)
+    f = a >> 23                                 # 1 .. 255 from here on
+    if bp.rule == CEIL:
+        f += like(a, (a & 0x7FFFFF) != 0)
+    # the clamp on the field (ex = f - 127 - emax_e): a 32-bit word stays one
+    lo, hi = bp.smin_exp + 127 + bp.emax_e, bp.smax_exp + 127 + bp.emax_e
+    if hi < 1:
+        return np.int64(bp.smax_exp)
+    if lo > 1:
+        f = max(f, lo)
+    if hi < 255:
+        f = min(f, hi)
+    return as_int64(f) - (127 + bp.emax_e)
+
+
+@register_jitable(forceinline=True)
+def pow2_float32(e):
+    """2**e as a float32, for -149 <= e <= 127 (subnormal below -126): exact, from bits."""
+    if e > -127:
+        return bits_float32(word(np.int32((e + 127) << 23)))
+    return bits_float32(word(np.int32(1) << np.int32(e + 149)))
 
 
 @register_jitable(forceinline=True)
@@ -26,14 +67,8 @@ def scale_words(am, bp, sp):
     first for even), and a scale with mantissa bits rounded to nearest (``even``: NVFP4's
     UE4M3) by :func:`nearest32`; else :func:`block_scale` itself."""
     a = as_int64(am)
-    if bp.pow2 and bp.rule != RCEIL and a >= (np.int64(1) << 23) and bp.m_e <= 22:
-        if bp.rule == EVEN:                     # round to the element's mantissa, ties away
-            a = (a + (np.int64(1) << (22 - bp.m_e))) & (np.int64(255) << 23)
-        ex = (a >> 23) - 127 - bp.emax_e
-        if bp.rule == CEIL:
-            ex += np.int64((a & ((np.int64(1) << 23) - 1)) != 0)
-        ex = min(max(ex, bp.smin_exp), bp.smax_exp)
-        return i2f((ex + 1023) << 52)
+    if pow2_words(a, bp):
+        return i2f((pow2_exponent(a, bp) + 1023) << 52)
     if bp.snear32 and a != 0:
         # float32 divisions: the quotient of two float32 values rounded once to float32 is
         # block_scale's float64 quotient rounded to float32 (53 >= 2 * 24 + 2 bits)
