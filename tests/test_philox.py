@@ -24,6 +24,21 @@ def test_known_answers(inputs, expected):
     assert tuple(int(w) for w in _jitted(*inputs)) == expected
 
 
+@njit
+def _jitted_block(block, stream, seed_lo, seed_hi):
+    return block_words(block, stream, seed_lo, seed_hi)
+
+
+def test_block_words_give_the_known_answers_compiled_and_in_python():
+    """block_words' counter and key from int64 block, stream and seed halves, all ones
+    included (a block of -1 is 2**64 - 1)."""
+    for block, stream, seed_lo, seed_hi, expected in ((0, 0, 0, 0, KAT[0][1]),
+                                                      (-1, -1, ONES, ONES, KAT[1][1])):
+        assert tuple(int(w) for w in _jitted_block(block, stream, seed_lo, seed_hi)) \
+            == expected
+        assert tuple(int(w) for w in block_words(block, stream, seed_lo, seed_hi)) == expected
+
+
 def test_counter_layout_block_and_stream():
     # block b of stream t under seed s is philox(counter=(b lo, b hi, t lo, t hi), key=(s lo, s hi))
     b, t, s = (7 << 32) | 5, (3 << 32) | 9, (11 << 32) | 13
