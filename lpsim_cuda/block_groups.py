@@ -116,12 +116,17 @@ def _value(b):
 
 
 @cuda.jit(device=True)
+def _finite32(b):
+    """:func:`lpsim.blocks.amax.finite_bits` of float32 bits ``b``, in 32-bit words."""
+    return finite_bits(word(b), 0x7FFFFFFF, _INF32)
+
+
+@cuda.jit(device=True)
 def _lane_partial(b):
     """(finite magnitude bits or 0, 1 if NaN or inf) of one float32 element's bits ``b``
     (int32), as 32-bit words."""
     a = word(b) & 0x7FFFFFFF
-    finite = a < _INF32
-    return (a if finite else word(0)), like(a, not finite)
+    return _finite32(b), like(a, a >= _INF32)
 
 
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
@@ -158,9 +163,9 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits) in blocks of 4 * LANES consecutive elements into ``out``."""
-        pts, pts_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
+        tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
         bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
-                         NONFINITE_NAN, pts, pts_inv, F32, NEAR32, SNEAR32)
+                         NONFINITE_NAN, tensor, tensor_inv, F32, NEAR32, SNEAR32)
         t = cuda.grid(1)
         per_pass = cuda.gridsize(1) // LANES * LANES   # groups of whole blocks a pass covers
         quads = n // block * LANES                     # groups of four in whole blocks
@@ -189,6 +194,9 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                                                      max(max(f0, f1), max(f2, f3)), LANES)
             if live:
                 a = as_int64(amax_bits)
+                w0 = w1 = w2 = w3 = np.int64(0)
+                if stochastic:
+                    w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
                 if bp.nonfinite_nan != 0 and nonfinite != 0:
                     v0 = v1 = v2 = v3 = np.float32(np.nan)
                 elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
@@ -212,9 +220,6 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                         v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
                         v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
                     else:
-                        w0 = w1 = w2 = w3 = np.int64(0)
-                        if stochastic:
-                            w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
                         v0 = _element32(_value(b0), rc, s32, s, w0, bp)
                         v1 = _element32(_value(b1), rc, s32, s, w1, bp)
                         v2 = _element32(_value(b2), rc, s32, s, w2, bp)
@@ -223,9 +228,6 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                     amax = np.float64(bits_float32(amax_bits))
                     s, _ = block_scale(amax, bp, SP)
                     recip = block_recip(s, bp)
-                    w0 = w1 = w2 = w3 = np.int64(0)
-                    if stochastic:
-                        w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
                     v0 = _element(_value(b0), recip, s, w0, bp)
                     v1 = _element(_value(b1), recip, s, w1, bp)
                     v2 = _element(_value(b2), recip, s, w2, bp)
@@ -441,12 +443,6 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                       block_params(bfmt, pts), xf, xb, outf, n,
                       (request.seed_lo, request.seed_hi, request.stream, request.offset // 4))
     return result
-
-
-@cuda.jit(device=True)
-def _finite32(b):
-    """:func:`lpsim.blocks.amax.finite_bits` of float32 bits ``b``, in 32-bit words."""
-    return finite_bits(word(b), 0x7FFFFFFF, _INF32)
 
 
 if SIMULATOR:

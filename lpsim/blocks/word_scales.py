@@ -32,9 +32,9 @@ def pow2_words(a, bp):
 @register_jitable(forceinline=True)
 def pow2_exponent(a, bp):
     """The exponent e (int64) of the power-of-two scale 2**e of a block whose largest
-    magnitude has the float32 normal bits ``a`` (an int64 or a 32-bit word,
-    :func:`pow2_words`): the exponent field, its mantissa rounded first for even, clamped
-    to the scale format's range."""
+    magnitude has the float32 bits ``a`` (an int64 or a 32-bit word) where
+    :func:`pow2_words` holds: the exponent field, its mantissa rounded first for even,
+    clamped to the scale format's range."""
     if bp.rule == EVEN:                         # round to the element's mantissa, ties away
         a = (a + (like(a, 1) << (22 - bp.m_e))) & (255 << 23)
     f = a >> 23                                 # 1 .. 255 from here on
