@@ -154,8 +154,9 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
         k = plan(fmt, rounding, np.float32, seed=1).k
         sp = NO_PACKING if storage is None else storage_params(fmt, storage, np.float32)
         width = 4 if sp.width == 0 else sp.width // 8
-        return (S.kernel(fmt, rounding, k, sp, count).py_func,
-                normalize_signature(S.SIGNATURES[width])[0])
+        kernel = S.kernel(fmt, rounding, k, sp, count)
+        return (kernel.py_func, normalize_signature(S.SIGNATURES[width])[0],
+                kernel.targetoptions.get("launch_bounds"))
     return build
 
 

@@ -8,6 +8,8 @@ from .launch import check_numpy  # noqa: E402
 
 check_numpy()
 
+from . import philox  # noqa: E402,F401  (the kernels' Philox: a CUDA-target overload)
+
 from .quantize import quantize, warmup  # noqa: E402
 
 __all__ = ["quantize", "warmup"]

@@ -118,7 +118,11 @@ def _make(params, mode: int, k: int, sp, count: bool):
             if cuda.grid(1) == 0:
                 cuda.atomic.add(counts, ELEMENTS, n)
 
-    return cuda.jit(kernel)
+    if launch.SIMULATOR:
+        return cuda.jit(kernel)
+    # ptxas keeps the Philox round keys in registers when it may: held to the grid's
+    # resident blocks per SM (64 registers a thread), it makes them again instead
+    return cuda.jit(kernel, launch_bounds=(THREADS, launch.BLOCKS_PER_SM))  # pragma: no cover
 
 
 #: numba's signature of the specialised kernels, by the output's bytes per element

@@ -130,6 +130,28 @@ with mock.patch.object(dispatcher, "get_current_device",
 """
 
 
+PHILOX = r"""
+import types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+import lpsim_cuda                                   # registers the CUDA form of philox4x32
+from lpsim.philox import block_words
+
+
+def draw(out, block, stream, seed_lo, seed_hi):
+    w0, w1, w2, w3 = block_words(block, stream, seed_lo, seed_hi)
+    out[0] = w0 ^ w1 ^ w2 ^ w3
+
+
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    ptx, _ = cuda.compile_ptx(draw, (T.int64[::1], T.int64, T.int64, T.int64, T.int64),
+                              cc=(9, 0))
+print("philox ok", ptx.count("mul.hi.u32"), ptx.count("mul.lo.s64"))
+"""
+
+
 CASGD = r"""
 import importlib, types
 from unittest import mock
@@ -184,6 +206,12 @@ def test_block_kernel_compiles_for_sm90():
     assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 5, lines
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " fma " in x), lines
+
+
+def test_kernels_draw_philox_words_in_32_bit_products():
+    """lpsim_cuda's overload of philox4x32 is the one a kernel compiles: ten rounds of two
+    32-bit high products, no 64-bit multiply (the Python body's form)."""
+    assert _compile(_PREAMBLE + PHILOX).strip().endswith("philox ok 20 0")
 
 
 def test_casgd_kernels_compile_for_sm90_without_contractions():
