@@ -3,8 +3,9 @@
 Rounds 2**26 float32 values (torch CUDA tensors) to bf16, e5m2, e4m3fn and fp(6,9,0), nearest and
 stochastic, and prints GB/s (bytes read + written) with the ratio to a device-to-device copy
 measured in the same run, next to qtorch's CUDA ``float_quantize`` (when it builds), torch's
-``.to(torch.bfloat16)`` next to the fp32 -> bf16 stochastic-rounding store, and the wall-clock
-cost of one call on a 1-element tensor next to ``t.add_(0)``.  Then it checks the targets:
+``.to(torch.bfloat16)`` next to the fp32 -> bf16 stochastic-rounding store, a bfloat16
+tensor's e4m3fn cast read as bf16 codes next to the upcast it replaces and torch's own cast,
+and the wall-clock cost of one call on a 1-element tensor next to ``t.add_(0)``.  Then it checks the targets:
 nearest >= 85% and stochastic >= 75% of copy bandwidth (issue 31), both faster than qtorch
 (qtorch has no e4m3fn: its row there is torch's own ``.to(float8_e4m3fn).float()``).
 
@@ -141,6 +142,18 @@ def main(argv=None) -> int:
         lambda: lpsim_cuda.quantize(x, "bf16", "stochastic", seed=1, out=packed,
                                     storage="bfloat16"))
     row("torch x.to(bfloat16)", "bf16", "nearest", 4 + 2, lambda: x.to(torch.bfloat16))
+    # a bfloat16 tensor (an activation) cast to e4m3fn: its codes read directly, against
+    # the upcast lpsim.quantize made before (same useful bytes: 2 in, 4 or 2 out)
+    xb = x.to(torch.bfloat16)
+    yb = torch.empty_like(xb)
+    row("lpsim_cuda bf16 in", "e4m3fn", "nearest", 2 + 4,
+        lambda: lpsim_cuda.quantize(xb, "e4m3fn", out=y))
+    row("lpsim_cuda on x.float() (upcast)", "e4m3fn", "nearest", 2 + 4,
+        lambda: lpsim_cuda.quantize(xb.float(), "e4m3fn", out=y))
+    row("lpsim_cuda bf16 in, bf16 out", "e4m3fn", "nearest", 2 + 2,
+        lambda: lpsim_cuda.quantize(xb, "e4m3fn", out=yb, storage="bfloat16"))
+    row("torch .to(float8_e4m3fn).to(bfloat16)", "e4m3fn", "nearest", 2 + 2,
+        lambda: xb.to(torch.float8_e4m3fn).to(torch.bfloat16))
 
     tiny = torch.randn(1, device="cuda")
     overhead = {

@@ -70,6 +70,10 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
                           ("e4m3fn", "stochastic")):
             row = _row(rows, kernel="lpsim_cuda", format=fmt, mode=mode)
             out[f"quantize_{fmt}_{mode}_vs_copy"] = row and _ratio(row["GBps"], q["copy_GBps"])
+        mine = _row(rows, kernel="lpsim_cuda bf16 in, bf16 out", format="e4m3fn")
+        peer = _row(rows, kernel="torch .to(float8_e4m3fn).to(bfloat16)", format="e4m3fn")
+        out["e4m3fn_of_bf16_vs_torch_cast"] = mine and peer and _ratio(mine["GBps"],
+                                                                        peer["GBps"])
         calls = q.get("launch_overhead_us", {})
         out["call_us"] = calls.get("lpsim_cuda nearest, in place")
         out["torch_call_us"] = calls.get("torch t.add_(0)")

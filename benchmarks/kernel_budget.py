@@ -26,7 +26,9 @@ The instruction budget (H100 SXM, the card the project's GPU numbers come from):
 
     kind        bytes/element                               at copy speed   budget
     quantize    8   (float32 in, float32 out)                      79          39
-    packed      6   (float32 in, bf16 out: fp32 -> bf16 store)     59          29
+    packed      6   (float32 in, bf16 out: fp32 -> bf16 store;     59          29
+                     bf16 in, float32 out)
+    halves      4   (bf16 in, bf16 out)                            39          19
     optim       14  (per parameter, bf16 SR AdamW)                138          69
     blocks      8   (float32 in, float32 out)                      79          39
     quantize64, blocks64: 16 (float64 in and out)                 158          79
@@ -72,7 +74,7 @@ ISSUE = SMS * SCHEDULERS * WARP * CLOCK_HZ                 # thread instructions
 BANDWIDTH = 3.0e12                                         # bytes read + written per second
 SAFETY = 0.5
 #: bytes read + written per element (per parameter for the optimizer)
-KINDS = {"quantize": 8, "packed": 6, "optim": 14, "blocks": 8, "quantize64": 16,
+KINDS = {"quantize": 8, "packed": 6, "halves": 4, "optim": 14, "blocks": 8, "quantize64": 16,
          "blocks64": 16}
 #: registers per thread: 8 resident 128-thread blocks per SM, 5 for the optimizer
 REGISTERS = {"optim": 96}
@@ -139,9 +141,10 @@ def _quantize(bits: str, out: str, count: bool):
     return build
 
 
-def _specialised(name: str, rounding: str, storage: str | None = None, count: bool = False):
-    """lpsim_cuda.specialised's float32 kernel for format ``name``, ``rounding`` and packed
-    ``storage`` (None: float32 out)."""
+def _specialised(name: str, rounding: str, storage: str | None = None, count: bool = False,
+                 half: int = 0):
+    """lpsim_cuda.specialised's kernel for format ``name``, ``rounding`` and packed
+    ``storage`` (None: float32 out), reading float32 or (``half``) 16-bit codes."""
     def build():
         import importlib
         import numpy as np
@@ -154,8 +157,9 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
         k = plan(fmt, rounding, np.float32, seed=1).k
         sp = NO_PACKING if storage is None else storage_params(fmt, storage, np.float32)
         width = 4 if sp.width == 0 else sp.width // 8
-        kernel = S.kernel(fmt, rounding, k, sp, count)
-        return (kernel.py_func, normalize_signature(S.SIGNATURES[width])[0],
+        kernel = S.kernel(fmt, rounding, k, sp, count, half)
+        return (kernel.py_func,
+                normalize_signature(S.kernel_signature(width, 2 if half else 4))[0],
                 kernel.targetoptions.get("launch_bounds"))
     return build
 
@@ -264,6 +268,14 @@ CASES = [
          _specialised("bf16", "stochastic", "bfloat16"), elements=4),
     Case("quantize specialised bf16 stochastic counted", "quantize", False,
          _specialised("bf16", "stochastic", count=True), elements=4),
+    # a bfloat16 tensor's codes read directly (one 8-byte load of four): an fp8 cast of a
+    # bf16 activation, to float32 values or kept in bf16
+    Case("quantize specialised e4m3fn nearest", "quantize", True,
+         _specialised("e4m3fn", "nearest"), elements=4),
+    Case("quantize specialised bf16-in e4m3fn nearest", "packed", False,
+         _specialised("e4m3fn", "nearest", half=1), elements=4),
+    Case("quantize specialised bf16-in e4m3fn->bf16 nearest", "halves", False,
+         _specialised("e4m3fn", "nearest", "bfloat16", half=1), elements=4),
     # aligned parameters (the hot path): a pass of the grid-stride loop steps one quad,
     # every array read by one wide load, the lanes straight-line (lpsim_cuda.optim)
     Case("optim AdamW bf16 stochastic", "optim", True,
@@ -550,6 +562,7 @@ def stub_cold_paths() -> None:
         return np.float64(amax), np.int64(0)
 
     rounding.round_bits = round_bits
+    importlib.import_module("lpsim_cuda.specialised").round_bits = round_bits
     groups.element_exact, groups.element_fast = element_exact, element_fast
     groups.block_scale = block_scale
     importlib.import_module("lpsim.blocks.word_scales").block_scale = block_scale

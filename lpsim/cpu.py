@@ -41,8 +41,9 @@ from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
-from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_top,
-                       nearest32_words, nearest_bf16, round_bits, round_fast, round_fast_sub)
+from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_consts,
+                       nearest32_step, nearest32_top, nearest32_words, nearest_bf16, round_bits,
+                       round_fast, round_fast_sub)
 from .word32 import as_int64, bits_float32, float32_bits, like, word
 
 #: elements per CPU work item (a multiple of every LANES value); its random words stay in L2
@@ -474,7 +475,7 @@ def _nearest32_range(x, out, pv, lo, hi):
         for c in range(lo, hi, CHUNK):
             m = min(CHUNK, hi - c)
             for j in range(m):
-                v, ok = _nearest32_step(out[np.uint64(c + j)], cw, lw, lim, largest)
+                v, ok = nearest32_step(out[np.uint64(c + j)], cw, lw, lim, largest)
                 scratch[np.uint64(j)] = v
                 slow |= ok ^ 1
             for j in range(m):
@@ -489,7 +490,7 @@ def _nearest32_range(x, out, pv, lo, hi):
     else:
         for j in range(hi - lo):
             i = np.uint64(lo + j)
-            v, ok = _nearest32_step(x[i], cw, lw, lim, largest)
+            v, ok = nearest32_step(x[i], cw, lw, lim, largest)
             out[i] = v
             slow |= ok ^ 1
     if slow != 0:
@@ -499,7 +500,7 @@ def _nearest32_range(x, out, pv, lo, hi):
 
 @register_jitable(forceinline=True)
 def bf16_step(xv, lim):
-    """:func:`_nearest32_step` for bfloat16's grid (:func:`bf16_grid`): (xv rounded by
+    """:func:`nearest32_step` for bfloat16's grid (:func:`bf16_grid`): (xv rounded by
     :func:`lpsim.rounding.nearest_bf16`, 1) where |xv| < lim, else (xv, 0)."""
     b = float32_bits(xv)
     ok = abs(xv) < lim                          # false for NaN
@@ -513,20 +514,6 @@ def bf16_grid(p):
     :func:`lpsim.rounding.nearest_bf16` is its nearest rounding."""
     return (p.m == 7 and p.emin == -126 and p.qsub == -133 and p.unsigned == 0
             and p.ovf_inf != p.maxb)
-
-
-@register_jitable
-def nearest32_consts(p):
-    """(cw, lw, lim, largest) of a nearest32 pass to ``p``'s format (float32 container): the
-    words of :func:`lpsim.rounding.nearest32_words`, the magnitude below which the pass
-    decides (2**(105 + m), and for a format that does not saturate its largest value), and
-    what a result is clamped to: a saturating format's largest value (its overflow, which
-    FP4 and FP8 data meet often, stays in the pass), else inf (no clamp)."""
-    cw, lw = nearest32_words(p.m, p.emin)
-    top = nearest32_top(p.m)
-    if p.ovf_inf == p.maxb:                     # saturating: overflow is the largest value
-        return cw, lw, bits_float32(word(top)), bits_float32(word(p.maxb))
-    return cw, lw, bits_float32(word(min(top, p.maxb))), np.float32(np.inf)
 
 
 @register_jitable
@@ -553,16 +540,6 @@ def nearest32_rest(out, lo, hi, lim, p):
                     outb[i] = np.int32(as_int64(float32_bits(q)) | (b & 0x80000000))
             else:
                 outb[i], _ = round_bits(b, NEAREST, np.int64(0), 0, p)
-
-
-@register_jitable(forceinline=True)
-def _nearest32_step(xv, cw, lw, lim, largest):
-    """(nearest32 of the float32 xv with its sign, at most ``largest`` in magnitude, 1) where
-    |x| < lim, else (xv, 0)."""
-    b = float32_bits(xv)
-    ok = abs(xv) < lim                          # false for NaN: a float compare, one lane op
-    v = bits_float32(float32_bits(min(nearest32(b, cw, lw), largest)) | (b & 0x80000000))
-    return (v if ok else xv), like(b, ok)
 
 
 NEAREST32 = njit(nogil=True, cache=True)(round_nearest32)

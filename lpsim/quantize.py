@@ -309,6 +309,10 @@ def round_container(src, fmt, rounding, *, out=None, **kwargs):
     return lpsim_cuda.quantize(src, fmt, rounding, out=out, **kwargs)
 
 
+#: lpsim_cuda takes bfloat16/float16 tensors as they are (lpsim.tensors.round_detached)
+round_container.reads_halves = True
+
+
 def _is_cuda_array(x) -> bool:
     """A CUDA array lpsim_cuda takes: CUDA-array-interface objects (CUDA torch tensors,
     CuPy) and numba device arrays."""

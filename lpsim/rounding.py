@@ -56,7 +56,7 @@ from numba.extending import register_jitable
 from .formats import CONTAINERS, SPECIALS, Format
 from .philox import WORD_BITS, block_words, lane_word
 from .storage import pack_bits
-from .word32 import as_int64, as_signed64, bits_float32, like, widen, word
+from .word32 import as_int64, as_signed64, bits_float32, float32_bits, like, widen, word
 
 NEAREST, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, ODD, STOCHASTIC, STOCHASTIC_EQUAL = range(8)
 MODES = {
@@ -402,6 +402,30 @@ def nearest32_top(m):
     """The float32 magnitude bits below which :func:`nearest32` has the right c for a
     format of ``m`` mantissa bits (c's exponent field stays below 255): 2**(105 + m)."""
     return min(232 + m, 255) << 23
+
+
+@register_jitable
+def nearest32_consts(p):
+    """(cw, lw, lim, largest) of a nearest32 pass to ``p``'s format (float32 container): the
+    words of :func:`nearest32_words`, the magnitude below which the pass
+    decides (2**(105 + m), and for a format that does not saturate its largest value), and
+    what a result is clamped to: a saturating format's largest value (its overflow, which
+    FP4 and FP8 data meet often, stays in the pass), else inf (no clamp)."""
+    cw, lw = nearest32_words(p.m, p.emin)
+    top = nearest32_top(p.m)
+    if p.ovf_inf == p.maxb:                     # saturating: overflow is the largest value
+        return cw, lw, bits_float32(word(top)), bits_float32(word(p.maxb))
+    return cw, lw, bits_float32(word(min(top, p.maxb))), np.float32(np.inf)
+
+
+@register_jitable(forceinline=True)
+def nearest32_step(xv, cw, lw, lim, largest):
+    """(nearest32 of the float32 xv with its sign, at most ``largest`` in magnitude, 1) where
+    |x| < lim, else (xv, 0)."""
+    b = float32_bits(xv)
+    ok = abs(xv) < lim                          # false for NaN: a float compare, one lane op
+    v = bits_float32(float32_bits(min(nearest32(b, cw, lw), largest)) | (b & 0x80000000))
+    return (v if ok else xv), like(b, ok)
 
 
 @register_jitable

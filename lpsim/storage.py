@@ -132,6 +132,30 @@ def pack_bits(bits, sp):
     return code
 
 
+#: 16-bit storage a value is read from (:func:`code_bits`): bfloat16 or float16 codes
+BFLOAT16_CODES, FLOAT16_CODES = 1, 2
+
+
+@register_jitable
+def code_bits(code, half):
+    """float32 bits (an int32) of a bfloat16 (``half`` = BFLOAT16_CODES) or float16
+    (FLOAT16_CODES) code given as a 16-bit integer: what the kernels read 16-bit tensors
+    as, exactly, NaN payloads kept.  bfloat16's are its top half; float16's exponent is
+    re-biased (normal), its subnormal f * 2**-24 converted (exact), inf and NaN keep their
+    payload.  An int32 stays a 32-bit word where the caller rounds (lpsim.word32)."""
+    if half == BFLOAT16_CODES:
+        return np.int32(np.int32(code) << 16)
+    h = np.int32(code) & 0xFFFF
+    mag = h & 0x7FFF
+    if mag >= 0x7C00:
+        b = (mag << 13) | 0x7F800000
+    elif mag >= 0x0400:
+        b = (mag << 13) + (112 << 23)
+    else:
+        b = np.int64(np.float32(np.float32(mag) * np.float32(2.0 ** -24)).view(np.int32))
+    return np.int32(((h & 0x8000) << 16) | b)
+
+
 @njit(parallel=True, cache=True)
 def _pack_array(xb, out, sp):
     for i in prange(xb.size):

@@ -15,6 +15,8 @@ from ._extras import require
 torch = require("torch", extra="torch", feature="rounding torch tensors")
 
 _CONTAINERS = (torch.float32, torch.float64)
+#: 16-bit dtypes a CUDA rounder may read directly (``round_with.reads_halves``)
+_HALVES = (torch.bfloat16, torch.float16)
 
 
 def _is_tensor(x) -> bool:
@@ -71,7 +73,8 @@ def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, ro
     lpsim.blocks and lpsim.quantize pass their own for block formats).
     """
     src = x.detach().resolve_neg()      # a lazily negated view (x.conj().imag) has no numpy
-    src = src.to(container(src.dtype))
+    if not (src.is_cuda and src.dtype in _HALVES and getattr(round_with, "reads_halves", 0)):
+        src = src.to(container(src.dtype))      # (lpsim_cuda reads 16-bit codes itself)
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset)
     if src.is_cuda:
         src = src.contiguous()

@@ -25,28 +25,38 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KINDS = "torch CUDA tensors, CuPy arrays, numba device arrays"
 
 
+#: a 16-bit source's kind (Source.half): its codes are bfloat16's or float16's
+BFLOAT16, FLOAT16 = 1, 2
+
+
 class Source(NamedTuple):
     """The array being rounded, as the kernel sees it."""
 
     bits: object        # 1-D numba device array of BITS[itemsize] over its memory
-    dtype: np.dtype     # float32 or float64
+    dtype: np.dtype     # float32 or float64: the container the values are rounded in
     shape: tuple
     stream: object      # where its data is ready: the launch goes there
     device: int
+    half: int = 0       # BFLOAT16 / FLOAT16: bits are 16-bit codes, rounded as float32
 
 
-def source(x, name: str = "x") -> Source:
-    """Check that ``x`` is a C-contiguous float32/float64 CUDA array and view it."""
+def source(x, name: str = "x", halves: bool = False) -> Source:
+    """Check that ``x`` is a C-contiguous float32/float64 CUDA array and view it; with
+    ``halves``, a torch bfloat16 or float16 tensor too (its codes, float32 container)."""
     if is_torch(x):
         import torch
-        if x.dtype not in (torch.float32, torch.float64):
+        half = {torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}.get(x.dtype, 0) \
+            if halves else 0
+        if x.dtype not in (torch.float32, torch.float64) and not half:
+            also = " (and reads torch.bfloat16 and torch.float16 ones as float32)" \
+                if halves else ""
             raise TypeError(f"{name} has dtype {x.dtype}; lpsim_cuda rounds torch.float32 and "
-                            "torch.float64 tensors (to store bfloat16, float16 or float8, round "
-                            "a float32 tensor with storage=...)")
+                            f"torch.float64 tensors{also}; to store bfloat16, float16 or "
+                            "float8, round a float32 tensor with storage=...")
         _check_torch(x, name)
-        dtype = np.dtype(str(x.dtype).replace("torch.", ""))
+        dtype = np.dtype(np.float32) if half else np.dtype(str(x.dtype).replace("torch.", ""))
         return Source(_torch_bits(x), dtype, tuple(x.shape), launch.torch_stream(x.device),
-                      x.device.index)
+                      x.device.index, half)
     array, stream = floats(x, name)
     return Source(_flat_bits(array), array.dtype, tuple(array.shape), stream,
                   launch.current_device())
@@ -105,9 +115,8 @@ def new_output(x, like: Source, storage: str | None):
     """A fresh output of x's kind: x's dtype, or the storage's (torch) or integer codes."""
     if is_torch(x):
         import torch
-        if storage is None:
-            return torch.empty_like(x)
-        return torch.empty(x.shape, dtype=getattr(torch, storage), device=x.device)
+        return torch.empty(x.shape, dtype=getattr(torch, storage or like.dtype.name),
+                           device=x.device)
     if storage is None:
         return cuda.device_array(like.shape, like.dtype)
     return cuda.device_array(like.shape, BITS[STORAGE[storage][1] // 8])

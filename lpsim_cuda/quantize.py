@@ -91,8 +91,11 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
              stats: RoundingStats | None = None, out=None, offset: int = 0, storage=None):
     """Round a CUDA array to ``fmt``: the signature and results of :func:`lpsim.quantize`.
 
-    x: torch CUDA tensor, CuPy array or numba device array of float32/float64 (C-contiguous).
-    out: same shape, x's dtype (``out=x`` rounds in place); default a new array of x's kind.
+    x: torch CUDA tensor, CuPy array or numba device array of float32/float64 (C-contiguous),
+    or a torch bfloat16/float16 tensor, read as float32 (its values exactly: the result is
+    float32, as lpsim.quantize gives for any half-precision input).
+    out: same shape, x's dtype (float32 for bfloat16/float16; ``out=x`` rounds in place);
+    default a new array of x's kind.
     storage: "bfloat16", "float16", "float8_e5m2" or "float8_e4m3fn" (or a torch/ml_dtypes
     dtype) writes the rounded values packed into that type instead (an fp32 -> bf16 SR store):
     out is then a tensor of that torch dtype, or an int16/int8 array for other kinds, and the
@@ -117,7 +120,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     fmt = parse_format(fmt)
     check_stats(stats)
     with launch.device_of(x):
-        src = arrays.source(x)
+        src = arrays.source(x, halves=True)
         request = plan(fmt, rounding, src.dtype, seed=seed, stream=stream, sr_bits=sr_bits,
                        offset=offset, size=src.bits.size)
         name = None if storage is None else storage_name(storage)
@@ -133,15 +136,17 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                 and specialised.specialised(fmt, rounding)):
             x_ptr, out_ptr = launch.address(src.bits), launch.address(outb)
             if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset,
-                                    outb.dtype.itemsize):
+                                    outb.dtype.itemsize, src.bits.dtype.itemsize):
                 keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
-                kernel = specialised.kernel(fmt, rounding, request.k, sp, count)
+                kernel = specialised.kernel(fmt, rounding, request.k, sp, count, src.half)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
                                           src.bits, outb, n, *keys, buffer)
                 if launch.is_torch(x) and not count:
                     specialised.remember(key, rounding, sr_bits, storage, src, outb, kernel,
                                          keys, buffer)
                 return result
+        if src.half:        # the general kernel reads float32: the codes widened (exact)
+            src = arrays.source(x.float())
         _, nblocks = block_range(n, request.offset, request.lanes)
         _launcher(launch.grid_size(nblocks, src.device), src.stream, count)(
             src.bits, outb, request.mode, request.k, request.params, request.seed_lo,

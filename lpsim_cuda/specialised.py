@@ -21,8 +21,11 @@ gpu-h100-2026-11-26.md).  Here, for the formats people train in:
 Packed storage (``storage=``: an fp32 -> bf16 or float8 store) writes 8 or 4 bytes per
 four elements; counting calls (``stats=``) take a second kernel of the same source whose
 counters are summed per warp by shuffles (no shared memory) and added by one atomic per warp
-and counter.  Float64, misaligned or overlapping arrays and stochastic calls whose
-``offset`` is not a multiple of 4 take the general kernel.
+and counter.  Uncounted nearest calls round by the CPU's nearest32 decision (two float32
+adds) instead of the integer path.  A torch bfloat16 or float16 tensor's codes are read
+directly (four per 8-byte load, widened by :func:`lpsim.storage.code_bits`).  Float64,
+misaligned or overlapping arrays and stochastic calls whose ``offset`` is not a multiple of
+4 take the general kernel.
 """
 
 from __future__ import annotations
@@ -32,13 +35,17 @@ import functools
 
 import numpy as np
 from numba import cuda
+from numba.extending import register_jitable
 
 from lpsim.formats import parse_format
 from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys
-from lpsim.rounding import (DETERMINISTIC_MODES, STOCHASTIC, kernel_params, mode_code,
+from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_params, mode_code,
+                            nearest32_consts, nearest32_exact, nearest32_step, round_bits,
                             round_one_word, tally)
-from lpsim.storage import NO_PACKING, pack_bits, storage_name
+from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, NO_PACKING, code_bits, pack_bits,
+                           storage_name)
+from lpsim.word32 import as_signed64, bits_float32, float32_bits
 
 from . import launch, vector
 from .counters import ELEMENTS, add_warp_counts
@@ -53,8 +60,6 @@ FORMATS = ("bf16", "fp16", "e5m2", "e4m3fn", "e4m3", "e3m2fn", "e2m3fn", "e2m1fn
 SUB_FROM = -10
 #: elements per thread per pass: one 16-byte access, one Philox block of float32 lanes
 GROUP = 4
-#: alignment (bytes) the 16-byte loads need of x's data
-ALIGN = 16
 #: the integer views of out the kernels store into: float32 bits, 16- and 8-bit codes
 OUT_BITS = (np.dtype(np.int32), np.dtype(np.int16), np.dtype(np.int8))
 
@@ -69,19 +74,41 @@ def specialised(fmt, rounding: str) -> bool:
     return fmt in _formats() and (rounding in DETERMINISTIC_MODES or rounding.startswith("stoch"))
 
 
-def _make(params, mode: int, k: int, sp, count: bool):
-    """The kernel of one (format parameters, mode, sr_bits, storage packing, counting) as
-    compile-time constants."""
-    P, MODE, K, SP, COUNT = params, mode, k, sp, count
+@register_jitable
+def _bits32(b, half):
+    """float32 bits (int32) of a source element: itself, or a 16-bit code widened."""
+    return b if half == 0 else code_bits(b, half)
+
+
+@register_jitable
+def _nearest(b, cw, lw, lim, largest, p):
+    """float32 bits ``b`` rounded to nearest as the CPU's nearest32 pass rounds them (two
+    float32 adds: :func:`lpsim.rounding.nearest32_step`), round_bits where it declines (|x|
+    at or above ``lim``, NaN); container bits as int64."""
+    v, ok = nearest32_step(bits_float32(b), cw, lw, lim, largest)
+    if ok != 0:
+        return as_signed64(float32_bits(v))
+    return round_bits(np.int64(b), NEAREST, np.int64(0), 0, p)[0]
+
+
+def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool = False):
+    """The kernel of one (format parameters, mode, sr_bits, storage packing, counting,
+    source: float32 or 16-bit codes) as compile-time constants; ``n32``: nearest rounding
+    by the float32 adds of the CPU's nearest32 pass (an uncounted call to a format where
+    :func:`lpsim.rounding.nearest32_exact` holds)."""
+    P, MODE, K, SP, COUNT, HALF = params, mode, k, sp, count, half
+    N32 = n32
+    CW, LW, LIM, LARGEST = nearest32_consts(params)
     stochastic = mode >= STOCHASTIC
     SUB = params.emin >= SUB_FROM
     packed = sp.width != 0
 
     def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0, counts):
-        """Round float32 bits ``xb`` into ``outb``: elements 4j..4j+3 per thread and pass
-        (Philox block ``block0 + j``), then the last n % 4 elements one per thread; with
-        COUNT, the flags' six counters summed per warp by shuffles and added to ``counts``
-        by its first lane (no shared memory)."""
+        """Round float32 bits ``xb`` (with HALF, bfloat16 or float16 codes, widened exactly)
+        into ``outb``: elements 4j..4j+3 per thread and pass (Philox block ``block0 + j``),
+        then the last n % 4 elements one per thread; with COUNT, the flags' six counters
+        summed per warp by shuffles and added to ``counts`` by its first lane (no shared
+        memory)."""
         j = cuda.grid(1)
         step = cuda.gridsize(1)
         groups = n >> 2
@@ -89,12 +116,22 @@ def _make(params, mode: int, k: int, sp, count: bool):
         c = (0, 0, 0, 0, 0, 0)
         while j < groups:
             b0, b1, b2, b3 = vector.load4(xb, j)
+            if HALF:
+                b0, b1 = _bits32(b0, HALF), _bits32(b1, HALF)
+                b2, b3 = _bits32(b2, HALF), _bits32(b3, HALF)
             if stochastic:
                 w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
-            o0, f0 = round_one_word(b0, MODE, w0, K, P, SUB)
-            o1, f1 = round_one_word(b1, MODE, w1, K, P, SUB)
-            o2, f2 = round_one_word(b2, MODE, w2, K, P, SUB)
-            o3, f3 = round_one_word(b3, MODE, w3, K, P, SUB)
+            if N32:
+                o0 = _nearest(b0, CW, LW, LIM, LARGEST, P)
+                o1 = _nearest(b1, CW, LW, LIM, LARGEST, P)
+                o2 = _nearest(b2, CW, LW, LIM, LARGEST, P)
+                o3 = _nearest(b3, CW, LW, LIM, LARGEST, P)
+                f0 = f1 = f2 = f3 = np.int64(0)
+            else:
+                o0, f0 = round_one_word(b0, MODE, w0, K, P, SUB)
+                o1, f1 = round_one_word(b1, MODE, w1, K, P, SUB)
+                o2, f2 = round_one_word(b2, MODE, w2, K, P, SUB)
+                o3, f3 = round_one_word(b3, MODE, w3, K, P, SUB)
             if COUNT:
                 c = tally(tally(tally(tally(c, f0), f1), f2), f3)
             if packed:
@@ -108,7 +145,10 @@ def _make(params, mode: int, k: int, sp, count: bool):
                 w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
-            o, f = round_one_word(xb[i], MODE, r, K, P, SUB)
+            if N32:
+                o, f = _nearest(_bits32(xb[i], HALF), CW, LW, LIM, LARGEST, P), np.int64(0)
+            else:
+                o, f = round_one_word(_bits32(xb[i], HALF), MODE, r, K, P, SUB)
             outb[i] = pack_bits(o, SP) if packed else o
             if COUNT:
                 c = tally(c, f)
@@ -125,35 +165,41 @@ def _make(params, mode: int, k: int, sp, count: bool):
     return cuda.jit(kernel, launch_bounds=(THREADS, launch.BLOCKS_PER_SM))  # pragma: no cover
 
 
-#: numba's signature of the specialised kernels, by the output's bytes per element
-SIGNATURES = {width: f"void(int32[::1], int{8 * width}[::1], int64, int64, int64, int64, "
-                     "int64, int64[::1])" for width in (4, 2, 1)}
+def kernel_signature(out_bytes: int, in_bytes: int = 4) -> str:
+    """numba's signature of a specialised kernel: float32 bits or 16-bit codes in, float32
+    bits or packed codes of ``out_bytes`` out."""
+    return (f"void(int{8 * in_bytes}[::1], int{8 * out_bytes}[::1], int64, int64, int64, "
+            "int64, int64, int64[::1])")
 
 
-#: (format, rounding, k) -> its kernel (profile_cuda.py and kernel_budget.py read these)
+#: (format, rounding, k, packing, counting, source) -> its kernel (profile_cuda.py and
+#: kernel_budget.py read these)
 KERNELS: dict = {}
 
 
-def kernel(fmt, rounding: str, k: int, sp=NO_PACKING, count: bool = False):
+def kernel(fmt, rounding: str, k: int, sp=NO_PACKING, count: bool = False, half: int = 0):
     """The specialised kernel of (parsed format, rounding, sr_bits as k, storage packing
-    parameters, counting), made once."""
-    key = (fmt, rounding, k, sp, count)
+    parameters, counting, source: 0 float32 or lpsim.storage's 16-bit code kinds), made
+    once."""
+    key = (fmt, rounding, k, sp, count, half)
     found = KERNELS.get(key)
     if found is None:
-        found = KERNELS[key] = _make(kernel_params(fmt, np.float32), mode_code(rounding), k, sp,
-                                     count)
+        mode = mode_code(rounding)
+        found = KERNELS[key] = _make(kernel_params(fmt, np.float32), mode, k, sp, count, half,
+                                     mode == NEAREST and not count and nearest32_exact(fmt))
     return found
 
 
 def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int,
-             out_bytes: int = 4) -> bool:
-    """Whether a float32 call can take the specialised kernel: x 16-byte aligned, out (of
-    ``out_bytes`` per element) aligned to its four elements, out either x itself or
-    disjoint from it, and (stochastic) Philox blocks that start at a group's first
-    element."""
-    if x_ptr % ALIGN or out_ptr % (GROUP * out_bytes):
+             out_bytes: int = 4, in_bytes: int = 4) -> bool:
+    """Whether a call can take the specialised kernel: x (of ``in_bytes`` per element:
+    float32, or 16-bit codes) and out (``out_bytes``) aligned to their four elements' wide
+    access, out either x itself (same width) or disjoint from it, and (stochastic) Philox
+    blocks that start at a group's first element."""
+    if x_ptr % (GROUP * in_bytes) or out_ptr % (GROUP * out_bytes):
         return False
-    if out_ptr != x_ptr and x_ptr < out_ptr + out_bytes * n and out_ptr < x_ptr + 4 * n:
+    if (out_ptr != x_ptr or out_bytes != in_bytes) and x_ptr < out_ptr + out_bytes * n \
+            and out_ptr < x_ptr + in_bytes * n:
         return False
     return mode < STOCHASTIC or offset % GROUP == 0
 
@@ -202,13 +248,14 @@ class Route:
     function handle and launch configurations, built once; :meth:`__call__` launches it
     with the flat arguments of two torch tensors' data pointers and the keys."""
 
-    def __init__(self, kern, mode: int, out_bytes: int, signature=None):
+    def __init__(self, kern, mode: int, out_bytes: int, signature=None, in_bytes: int = 4):
         from cuda.core import LaunchConfig, launch as core_launch
         from numba.cuda._compat import CUDA_CORE_GE_1_0
         self._core_launch = core_launch
         # numba's compiled kernel (``signature``: another kernel's than the quantize one's)
-        self.compiled = kern.compile(SIGNATURES[out_bytes] if signature is None else signature)
-        self.out_bytes = out_bytes
+        self.compiled = kern.compile(kernel_signature(out_bytes, in_bytes)
+                                     if signature is None else signature)
+        self.out_bytes, self.in_bytes = out_bytes, in_bytes
         self.function = self.compiled._codelibrary.get_cufunc().kernel
         self.mode = mode
         self._configs = {}
@@ -225,7 +272,8 @@ class Route:
         return found
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
-        return (_array_arguments(x_ptr, n) + _array_arguments(out_ptr, n, self.out_bytes)
+        return (_array_arguments(x_ptr, n, self.in_bytes)
+                + _array_arguments(out_ptr, n, self.out_bytes)
                 + _scalars(n, *keys) + self.counts)
 
     def check(self, xb, outb, n, keys, counts, stream) -> bool:
@@ -274,11 +322,12 @@ def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts) -> 
     """After a general-path call took the specialised kernel for a torch tensor, build and
     check the raw route of its request so that later calls skip the general path."""
     def build():
-        route = Route(kern, mode_code(rounding), outb.dtype.itemsize)
+        route = Route(kern, mode_code(rounding), outb.dtype.itemsize,
+                      in_bytes=src.bits.dtype.itemsize)
         route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
         return route, route.check(src.bits, outb, src.bits.size, keys, counts, src.stream)
     keep_route(_ROUTES, ROUTE_ERRORS, (key, rounding, sr_bits, type(sr_bits), storage,
-                                       src.device), build)
+                                       src.device, src.half), build)
 
 
 def _torch_dtype(name: str):
@@ -287,14 +336,16 @@ def _torch_dtype(name: str):
 
 
 def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None):
-    """A torch float32 CUDA call through its cached route: the result, or None where the
-    call needs the general path (no route yet, or anything a route does not cover)."""
+    """A torch float32 (or bfloat16, float16) CUDA call through its cached route: the
+    result, or None where the call needs the general path (no route yet, or anything a
+    route does not cover)."""
     import torch
-    if not _ROUTES or x.dtype is not torch.float32 or not x.is_cuda:
+    half = _halves().get(x.dtype) if _ROUTES and x.is_cuda else None
+    if half is None:
         return None
     device = x.device.index
     try:
-        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, device))
+        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, device, half))
     except TypeError:
         return None
     n = x.numel()
@@ -304,19 +355,25 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
         return None
     want = torch.float32 if route.torch_dtype is None else route.torch_dtype
     if out is None:
-        out = torch.empty_like(x) if route.torch_dtype is None else \
-            torch.empty(x.shape, dtype=want, device=x.device)
+        out = torch.empty(x.shape, dtype=want, device=x.device)
     elif (type(out) is not torch.Tensor or out.dtype is not want
           or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
         return None
     mode = route.mode
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    if not eligible(n, x_ptr, out_ptr, mode, offset, route.out_bytes):
+    if not eligible(n, x_ptr, out_ptr, mode, offset, route.out_bytes, route.in_bytes):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
     route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
           _core_stream(launch.torch_stream_handle(device)), grid(n, device))
     return out
+
+
+@functools.cache
+def _halves() -> dict:
+    """torch dtype -> the source kind a route reads (lpsim.storage's 16-bit code kinds)."""
+    import torch
+    return {torch.float32: 0, torch.bfloat16: BFLOAT16_CODES, torch.float16: FLOAT16_CODES}
 
 
 @functools.lru_cache(maxsize=64)

@@ -152,11 +152,16 @@ def test_errors_name_the_problem():
         lpsim_cuda.quantize(x, "fp64")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e5m2,
-                                   torch.float8_e4m3fn, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.float8_e4m3fn, torch.int32])
 def test_torch_dtypes_outside_float32_float64_are_refused_by_name(dtype):
     with pytest.raises(TypeError, match=f"x has dtype {dtype}; lpsim_cuda rounds torch.float32 "
                                         "and torch.float64 tensors"):
+        lpsim_cuda.quantize(torch.zeros(4).to(dtype), "bf16")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_16_bit_tensors_pass_the_dtype_check_but_must_be_on_the_gpu(dtype):
+    with pytest.raises(TypeError, match="x is a CPU torch tensor"):
         lpsim_cuda.quantize(torch.zeros(4).to(dtype), "bf16")
 
 

@@ -9,6 +9,7 @@ GPU the same tests run on the device, and the torch route's tests (raw launches)
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -16,7 +17,7 @@ from numba import cuda
 import lpsim
 import lpsim_cuda
 from lpsim.rounding import MODES
-from lpsim.storage import pack
+from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, pack
 from lpsim_cuda import specialised
 from test_cuda_quantize import edge_cases
 from conftest import count_calls
@@ -137,6 +138,78 @@ def test_counted_kernel_equals_the_cpu_counters(fmt, rounding, launches):
     assert len(launches) == 2
 
 
+HALVES = [(BFLOAT16_CODES, ml_dtypes.bfloat16, "bfloat16"),
+          (FLOAT16_CODES, np.float16, "float16")]
+
+
+def codes16(dtype, n, seed):
+    """n 16-bit codes: every exponent, both signs, zeros, subnormals, inf and NaNs."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(-2 ** 15, 2 ** 15, n).astype(np.int16)
+    special = np.array([0, -32768, 1, -32767, 0x3C00, 0x7C00, 0x7F80, 0x7FC1, 0x7E01,
+                        -1], np.int64).astype(np.int16)
+    codes[: min(n, special.size)] = special[: min(n, special.size)]
+    return rng.permutation(codes)
+
+
+def run_codes(codes, half, fmt, rounding, seed=5, storage=None, stats=None):
+    """The specialised kernel of a 16-bit source, launched on numba device arrays (a torch
+    CUDA tensor's route is the same kernel): its output bits, or codes with ``storage``."""
+    from lpsim.request import plan
+    from lpsim.storage import NO_PACKING, storage_params
+    n = codes.size
+    f = lpsim.parse_format(fmt)
+    request = plan(f, rounding, np.float32, seed=seed, size=n)
+    sp = NO_PACKING if storage is None else storage_params(f, storage, np.float32)
+    out = cuda.device_array(n, np.int32 if storage is None else np.int16)
+    counts = cuda.to_device(np.zeros(8, np.int64))
+    kernel = specialised.kernel(f, rounding, request.k, sp, stats is not None, half)
+    specialised.launch_arrays(kernel, specialised.grid(n, 0), 0, cuda.to_device(codes), out, n,
+                              request.seed_lo, request.seed_hi, request.stream,
+                              request.offset // 4, counts)
+    return out.copy_to_host(), counts.copy_to_host()
+
+
+@pytest.mark.parametrize("half, dtype, name", HALVES)
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e5m2", "e2m1fn", "fp16"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, name, fmt,
+                                                              rounding):
+    """A bfloat16 or float16 tensor's codes, widened in the kernel, round exactly as the CPU
+    rounds their float32 values (the same random words: counter i is element i)."""
+    codes = codes16(dtype, 135, seed=half)          # 33 groups of four and a tail of 3
+    values = codes.view(dtype).astype(np.float32)
+    expected = lpsim.quantize(values, fmt, rounding, seed=5)
+    got, _ = run_codes(codes, half, fmt, rounding)
+    assert np.array_equal(got, expected.view(np.int32)), (fmt, rounding)
+
+
+@pytest.mark.parametrize("half, dtype, name", HALVES)
+def test_16_bit_sources_with_packed_storage_and_counters(half, dtype, name):
+    """float16 or bfloat16 in, a 16-bit store out (the fp8 cast of a bf16 activation kept
+    in bf16), and the counted variant's counters equal the CPU's."""
+    codes = codes16(dtype, 67, seed=3)
+    values = codes.view(dtype).astype(np.float32)
+    values = np.where(np.isfinite(values), values, np.float32(0))
+    codes = values.astype(dtype).view(np.int16)
+    expected = pack(lpsim.quantize(values, "e4m3fn", "stochastic", seed=5), name, "e4m3fn")
+    got, _ = run_codes(codes, half, "e4m3fn", "stochastic", storage=name)
+    assert np.array_equal(got.view(np.int16), expected)
+    want = lpsim.RoundingStats()
+    lpsim.quantize(values, "e5m2", "nearest", stats=want)
+    _, counts = run_codes(codes, half, "e5m2", "nearest", stats=True)
+    assert counts[:7].tolist() == want.counts[1:].tolist() + [codes.size]
+
+
+def test_16_bit_sources_take_the_specialised_kernel_where_aligned():
+    """Alignment and overlap for a 16-bit x: its four elements are one 8-byte access."""
+    assert specialised.eligible(9, 8, 64, 0, 0, 4, 2)
+    assert not specialised.eligible(9, 4, 64, 0, 0, 4, 2)        # x 4 bytes past 8
+    assert specialised.eligible(9, 64, 64, 0, 0, 2, 2)           # in place, same width
+    assert not specialised.eligible(9, 64, 72, 0, 0, 4, 2)       # out inside x's bytes
+    assert not specialised.eligible(9, 64, 64, 0, 0, 4, 2)       # wider out over x
+
+
 def test_the_listed_formats_are_specialised():
     for name in specialised.FORMATS:
         assert specialised.specialised(lpsim.parse_format(name), "nearest")
@@ -158,7 +231,7 @@ def test_torch_route_equals_the_cpu_and_its_arguments_are_numbas():
                 for _ in range(2):                   # the first call makes the route
                     got = lpsim_cuda.quantize(t, fmt, rounding, **kw).cpu().numpy()
                     assert np.array_equal(expected.view(np.int32), got.view(np.int32))
-                key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), None, 0)
+                key = (fmt, rounding, kw.get("sr_bits"), type(kw.get("sr_bits")), None, 0, 0)
                 assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
                 y = torch.empty_like(t)
                 assert lpsim_cuda.quantize(t, fmt, rounding, out=y, **kw) is y
@@ -176,8 +249,46 @@ def test_torch_route_of_a_packed_store_equals_the_cpu():
         got = lpsim_cuda.quantize(t, "bf16", "stochastic", seed=2, storage=torch.bfloat16)
         assert got.dtype == torch.bfloat16
         assert np.array_equal(got.view(torch.int16).cpu().numpy(), expected)
-    key = ("bf16", "stochastic", None, type(None), torch.bfloat16, 0)
+    key = ("bf16", "stochastic", None, type(None), torch.bfloat16, 0, 0)
     assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
+
+
+@pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_16_bit_tensors_equal_the_cpu_on_every_path():
+    """bfloat16 and float16 CUDA tensors through lpsim.quantize and lpsim_cuda.quantize: the
+    specialised kernel and its route, packed storage, counters, a misaligned view and a
+    format without a specialised kernel (upcast, general kernel) all give the CPU's bits
+    of the float32 values, as float32 tensors."""
+    import torch
+    for dtype, half, name in ((torch.bfloat16, BFLOAT16_CODES, "bfloat16"),
+                              (torch.float16, FLOAT16_CODES, "float16")):
+        x = torch.from_numpy(data("e5m2", 4099, seed=half)).to(dtype)
+        values = x.float().numpy()
+        t = torch.empty(4100, dtype=dtype, device="cuda")
+        t[:4099] = x.cuda()
+        for fmt, rounding, kw in (("e4m3fn", "nearest", {}), ("e5m2", "stochastic", {"seed": 3}),
+                                  ("fp(4,3,4)", "nearest", {})):
+            expected = lpsim.quantize(values, fmt, rounding, **kw).view(np.int32)
+            for _ in range(2):                          # the first call makes the route
+                for got in (lpsim.quantize(t[:4099], fmt, rounding, **kw),
+                            lpsim_cuda.quantize(t[:4099], fmt, rounding, **kw)):
+                    assert got.dtype == torch.float32
+                    assert np.array_equal(got.cpu().numpy().view(np.int32), expected)
+            shifted = lpsim_cuda.quantize(t[1:], fmt, rounding, **kw)   # 2 bytes off: general
+            want = lpsim.quantize(t[1:].float().cpu().numpy(), fmt, rounding, **kw)
+            assert np.array_equal(shifted.cpu().numpy().view(np.int32), want.view(np.int32))
+        key = ("e4m3fn", "nearest", None, type(None), None, 0, half)
+        assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
+        finite = torch.where(x.isfinite(), x, torch.zeros_like(x)).cuda()
+        packed = lpsim_cuda.quantize(finite, "e4m3fn", "stochastic", seed=2, storage=dtype)
+        assert packed.dtype == dtype
+        codes = pack(lpsim.quantize(finite.float().cpu().numpy(), "e4m3fn", "stochastic",
+                                    seed=2), name, "e4m3fn")
+        assert np.array_equal(packed.view(torch.int16).cpu().numpy(), codes)
+        want, got = lpsim.RoundingStats(), lpsim.RoundingStats()
+        lpsim.quantize(values, "e4m3fn", stats=want)
+        lpsim.quantize(t[:4099], "e4m3fn", stats=got)
+        assert got == want
 
 
 @pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")

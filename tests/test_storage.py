@@ -8,7 +8,8 @@ import pytest
 from numba import njit
 
 import lpsim
-from lpsim.storage import pack, pack_bits, storage_name, storage_params
+from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, code_bits, pack, pack_bits,
+                           storage_name, storage_params)
 
 CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
          ("float8_e5m2", "e5m2", ml_dtypes.float8_e5m2),
@@ -96,3 +97,24 @@ def test_storage_params_are_cached_per_format_storage_and_container():
     assert storage_params(lpsim.parse_format("e4m3fn"), ml_dtypes.float8_e4m3fn,
                           "float32") is first
     assert storage_params("e4m3fn", "float8_e4m3fn", np.float64) is not first
+
+
+@njit
+def _all_code_bits(codes, half, out):
+    for i in range(codes.size):
+        out[i] = code_bits(codes[i], half)
+
+
+@pytest.mark.parametrize("half, peer", [(BFLOAT16_CODES, ml_dtypes.bfloat16),
+                                        (FLOAT16_CODES, np.float16)])
+def test_code_bits_reads_every_16_bit_code_as_its_peer_does(half, peer):
+    """Every one of the 65536 codes, compiled and in Python (the CUDA simulator's way),
+    equals ml_dtypes' / numpy's exact widening to float32, bit for bit: subnormals, signed
+    zeros, inf and NaN payloads included."""
+    codes = np.arange(-2 ** 15, 2 ** 15, dtype=np.int64).astype(np.int16)
+    expected = codes.view(peer).astype(np.float32).view(np.int32)
+    out = np.zeros(codes.size, np.int32)
+    _all_code_bits(codes, half, out)
+    assert np.array_equal(out, expected)
+    picks = codes[::97]
+    assert [int(code_bits(c, half)) for c in picks] == expected[::97].tolist()

@@ -30,7 +30,7 @@ from numba.extending import register_jitable
 
 from lpsim.philox import block_words, lane_word
 from lpsim.rounding import NEAREST, STOCHASTIC, round_fast, round_one
-from lpsim.storage import pack_bits
+from lpsim.storage import FLOAT16_CODES, code_bits, pack_bits
 from lpsim.word32 import bits_float32, float32_bits, like, word
 
 #: update_rounding names -> codes
@@ -71,30 +71,6 @@ def bits_f64(x):
     return np.float64(x).view(np.int64)
 
 
-@register_jitable
-def half_to_bits(code):
-    """float32 container bits of an IEEE binary16 code (int16, sign-extended)."""
-    h = np.int64(code) & 0xFFFF
-    sign = (h >> 15) << 31
-    e = (h >> 10) & 0x1F
-    f = h & 0x3FF
-    if e == 0x1F:
-        mag = (np.int64(0xFF) << 23) | (f << 13)
-    elif e == 0:
-        if f == 0:
-            mag = np.int64(0)
-        else:
-            shift = 0                       # normalise: f * 2**-24 = 1.x * 2**(-14 - shift)
-            while (f & 0x400) == 0:
-                f <<= 1
-                shift += 1
-            mag = ((np.int64(113) - shift) << 23) | ((f & 0x3FF) << 13)
-    else:
-        mag = ((e + 112) << 23) | (f << 13)
-    bits = sign | mag
-    return bits - (np.int64(1) << 32) if sign else bits
-
-
 #: the NaN a step stores, as float32 container bits
 QUIET_NAN = 0x7FC00000
 
@@ -113,7 +89,7 @@ def load(code, kind):
     if kind == STORE_BF16:
         return np.int64(code) << 16
     if kind == STORE_F16:
-        return half_to_bits(code)
+        return np.int64(code_bits(code, FLOAT16_CODES))
     return np.int64(code)
 
 
