@@ -171,13 +171,13 @@ def run_codes(codes, half, fmt, rounding, seed=5, storage=None, stats=None):
 
 
 @pytest.mark.parametrize("half, dtype, name", HALVES)
-@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e5m2", "e2m1fn", "fp16"])
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "e2m1fn"])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, name, fmt,
                                                               rounding):
     """A bfloat16 or float16 tensor's codes, widened in the kernel, round exactly as the CPU
     rounds their float32 values (the same random words: counter i is element i)."""
-    codes = codes16(dtype, 135, seed=half)          # 33 groups of four and a tail of 3
+    codes = codes16(dtype, 71, seed=half)           # 17 groups of four and a tail of 3
     values = codes.view(dtype).astype(np.float32)
     expected = lpsim.quantize(values, fmt, rounding, seed=5)
     got, _ = run_codes(codes, half, fmt, rounding)
