@@ -261,6 +261,17 @@ def cuda_rows(log2n: int, repeats: int):
             ta = n / median_seconds(lambda: run(t), repeats, sync) / 1e6
             rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
                              melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
+    # a bfloat16 activation's MXFP8 fake-quantize: lpsim reads its codes, torchao casts it
+    tb = t.to(torch.bfloat16)
+    ours = n / median_seconds(lambda: lpsim.quantize(tb, "mxfp8_e4m3", "nearest"), repeats,
+                              sync) / 1e6
+    rows.append(dict(case="lpsim.quantize (lpsim_cuda), bfloat16 in", format="mxfp8_e4m3",
+                     mode="nearest", melems=ours, vs_copy=ours / copy))
+    run = torchao_fake_quantize("mxfp8_e4m3")
+    ta = n / median_seconds(lambda: run(tb), repeats, sync) / 1e6
+    rows.append(dict(case="torchao cast + dequantize, bfloat16 in", format="mxfp8_e4m3",
+                     mode="nearest", melems=ta, vs_copy=ta / copy, ratio=ours / ta,
+                     peer="torchao"))
     # host time of one call: a block of 32 elements, 1000 calls between synchronizations
     # (the route a request's first call builds, lpsim_cuda.block_groups.BlockRoute)
     tiny = torch.randn(1, 32, device="cuda")

@@ -93,6 +93,10 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
             key = fmt.split("_")[0]
             out[f"{key}_nearest_vs_copy"] = mine and mine.get("vs_copy")
             out[f"{key}_vs_torchao"] = mine and peer and _ratio(mine["melems"], peer["melems"])
+        mine = _row(rows, case="lpsim.quantize (lpsim_cuda), bfloat16 in")
+        peer = _row(rows, case="torchao cast + dequantize, bfloat16 in")
+        out["mxfp8_of_bf16_vs_torchao"] = mine and peer and _ratio(mine["melems"],
+                                                                    peer["melems"])
         for r in rows:                      # host time of one block call (bench_blocks)
             if "call_us" in r:
                 out.setdefault("blocks_call_us", {})[r["case"]] = r["call_us"]

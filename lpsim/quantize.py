@@ -343,6 +343,7 @@ def _quantize_blocks(x, given, bfmt, rounding, axis, seed, stream, sr_bits, stat
             return blocks.quantize(src, fmt, rounding, axis=axis, out=out, **kw)
         import lpsim_cuda.blocks
         return lpsim_cuda.blocks.quantize(src, fmt, rounding, axis=axis, out=out, **kw)
+    round_with.reads_halves = True           # lpsim_cuda.blocks takes bfloat16/float16 tensors
     return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                            stats=stats, out=out, offset=offset, round_with=round_with)
 

@@ -40,10 +40,12 @@ from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys, plan
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
+from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import arrays, launch, specialised, vector
 from .launch import FULL_MASK, SIMULATOR
+from .specialised import source_bits
 
 #: float32 magnitude bits of inf: finite magnitudes lie below
 _INF32 = 0x7F800000
@@ -63,31 +65,31 @@ def lanes_of(block: int) -> int:
 
 if SIMULATOR:
     @cuda.jit(device=True)
-    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
+    def _block_reduce(xb, first, block, amax_bits, nonfinite, lanes, half):
         """(largest finite magnitude bits, 1 if any element is NaN or inf) of the block at
-        element ``first``: read whole by each lane (the simulator has no shuffles)."""
+        element ``first`` of the bits ``xb`` (float32, or 16-bit codes of kind ``half``):
+        read whole by each lane (the simulator has no shuffles)."""
         amax_bits = 0
         nonfinite = 0
-        for i in range(first, min(first + block, x.size)):   # a lane past the last block: 0
-            v = x[i]
-            if v != v or v == np.inf or v == -np.inf:
+        for i in range(first, min(first + block, xb.size)):  # a lane past the last block: 0
+            a = np.int64(source_bits(xb[i], half)) & 0x7FFFFFFF
+            if a >= _INF32:
                 nonfinite = 1
             else:
-                b = np.int64(np.float32(abs(v)).view(np.int32))
-                amax_bits = max(amax_bits, b)
+                amax_bits = max(amax_bits, a)
         return amax_bits, nonfinite
 
     @cuda.jit(device=True)
-    def _block_max(xb, first, block, m, lanes):
+    def _block_max(xb, first, block, m, lanes, half):
         """The largest magnitude bits (NaN and inf included) of the block at element
-        ``first`` of the int32 bits ``xb``, read whole by each lane."""
+        ``first`` of the bits ``xb``, read whole by each lane."""
         m = word(0)
         for i in range(first, min(first + block, xb.size)):
-            m = max(m, word(xb[i]) & 0x7FFFFFFF)
+            m = max(m, word(source_bits(xb[i], half)) & 0x7FFFFFFF)
         return m
 else:
     @cuda.jit(device=True)
-    def _block_max(xb, first, block, m, lanes):
+    def _block_max(xb, first, block, m, lanes, half):
         """The lanes' largest magnitude bits ``m`` (words) combined over the ``lanes`` lanes
         of a block by butterfly shuffles."""
         width = lanes >> 1
@@ -97,7 +99,7 @@ else:
         return m
 
     @cuda.jit(device=True)
-    def _block_reduce(x, first, block, amax_bits, nonfinite, lanes):
+    def _block_reduce(xb, first, block, amax_bits, nonfinite, lanes, half):
         """The lanes' partial (largest finite magnitude bits, any NaN or inf: 32-bit words)
         combined over the ``lanes`` lanes of a block by butterfly shuffles (every lane gets
         the result)."""
@@ -130,7 +132,7 @@ def _lane_partial(b):
 
 
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
-          device_pts: bool = False, fixed=None):
+          device_pts: bool = False, fixed=None, half: int = 0):
     """The kernel of one (element Params, scale Params, mode, k, lanes per block).
 
     ``fixed``: the format's BlockParams (any per-tensor scale), compiled in as constants
@@ -147,7 +149,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     (:func:`lpsim.blocks.nearest_words_exact`), else
     :func:`lpsim.blocks.element_fast32` with :func:`lpsim.blocks.element_exact` for what it
     declines; float32 products and 32-bit integers where the general step works in float64."""
-    P, SP, MODE, K, LANES = p, sp, mode, k, lanes
+    P, SP, MODE, K, LANES, HALF = p, sp, mode, k, lanes, half
     WORDS, P32 = p32 is not None, p32
     NEAR = WORDS and near and mode == NEAREST
     CW, LW = nearest32_words(p32.m, p32.emin) if WORDS else (0, 0)
@@ -162,7 +164,8 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
 
     def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
-        bits) in blocks of 4 * LANES consecutive elements into ``out``."""
+        bits; with HALF, ``xb`` holds bfloat16 or float16 codes, widened exactly, and ``x``
+        is not read) in blocks of 4 * LANES consecutive elements into ``out``."""
         tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
         bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
                          NONFINITE_NAN, tensor, tensor_inv, F32, NEAR32, SNEAR32)
@@ -177,21 +180,25 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
             b0 = b1 = b2 = b3 = np.int32(0)
             if live:
                 b0, b1, b2, b3 = vector.load4(xb, j)
+                if HALF:
+                    b0, b1 = code_bits(b0, HALF), code_bits(b1, HALF)
+                    b2, b3 = code_bits(b2, HALF), code_bits(b3, HALF)
             if NAN_BLOCKS:
                 # a NaN or inf makes its whole block NaN, so the largest magnitude bits,
                 # NaN and inf included, tell both: one reduction, two steps an element
                 amax_bits = _block_max(xb, g * block, block, max(
                     max(word(b0) & 0x7FFFFFFF, word(b1) & 0x7FFFFFFF),
-                    max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF)), LANES)
+                    max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF)), LANES, HALF)
                 nonfinite = like(amax_bits, amax_bits >= _INF32)
             else:
                 a0, f0 = _lane_partial(b0)
                 a1, f1 = _lane_partial(b1)
                 a2, f2 = _lane_partial(b2)
                 a3, f3 = _lane_partial(b3)
-                amax_bits, nonfinite = _block_reduce(x, g * block, block,
+                amax_bits, nonfinite = _block_reduce(xb, g * block, block,
                                                      max(max(a0, a1), max(a2, a3)),
-                                                     max(max(f0, f1), max(f2, f3)), LANES)
+                                                     max(max(f0, f1), max(f2, f3)), LANES,
+                                                     HALF)
             if live:
                 a = as_int64(amax_bits)
                 w0 = w1 = w2 = w3 = np.int64(0)
@@ -253,46 +260,50 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
 
 
 #: (element format, scale format, mode, k, lanes, float32 steps, nearest steps, scale on
-#: the device, BlockParams at a per-tensor scale of 1) -> its kernel
+#: the device, BlockParams at a per-tensor scale of 1, source kind) -> its kernel
 KERNELS: dict = {}
 
 
-def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False):
+def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False, half: int = 0):
     """The kernel of a parsed block format (element and scale formats compiled in)."""
     lanes = lanes_of(bfmt.block)
     words = words_exact(bfmt)
     near = words and nearest_words_exact(bfmt.saturating_element)
     fixed = block_params(bfmt)
     key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near,
-           device_pts, fixed)
+           device_pts, fixed, half)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
         found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
                                      element_params32(bfmt) if words else None, near,
-                                     device_pts, fixed)
+                                     device_pts, fixed, half)
     return found
 
 
 def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
-             offset: int) -> bool:
-    """Whether a float32 call blocked along its contiguous last axis can take these
-    kernels: a block of 4 .. 128 elements (a power of two over four) that divides the axis,
-    16-byte aligned arrays, out x itself or apart from it, and (stochastic) Philox blocks
-    that start at a lane's first element."""
-    if not lanes_of(bfmt.block) or length % bfmt.block or x_ptr % 16 or out_ptr % 16:
+             offset: int, in_bytes: int = 4) -> bool:
+    """Whether a call blocked along its contiguous last axis can take these kernels: a
+    block of 4 .. 128 elements (a power of two over four) that divides the axis, arrays
+    aligned to four elements' access (x of ``in_bytes`` a value: float32, or 16-bit codes),
+    out x itself (float32) or apart from it, and (stochastic) Philox blocks that start at a
+    lane's first element."""
+    if (not lanes_of(bfmt.block) or length % bfmt.block or x_ptr % (4 * in_bytes)
+            or out_ptr % 16):
         return False
-    if out_ptr != x_ptr and x_ptr < out_ptr + 4 * n and out_ptr < x_ptr + 4 * n:
+    if (out_ptr != x_ptr or in_bytes != 4) and x_ptr < out_ptr + 4 * n \
+            and out_ptr < x_ptr + in_bytes * n:
         return False
     return mode < STOCHASTIC or offset % 4 == 0
 
 
-def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None) -> None:
+def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: int = 0):
     """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
     ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
     launches there); ``ts``: the per-tensor scale as a device array
-    (:func:`device_tensor_scale`), which then takes the place of ``pts``."""
-    kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None)
+    (:func:`device_tensor_scale`), which then takes the place of ``pts``.  ``half``: ``xb``
+    holds bfloat16 or float16 codes (lpsim.storage's kinds; ``xf`` is then not read)."""
+    kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None, half)
     bp = block_params(bfmt, pts)
     if ts is None:
         ts = launch.placeholder((2,), np.float64)
@@ -393,12 +404,17 @@ def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
 
 def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale):
     """:func:`lpsim_cuda.blocks.quantize` without stats through these kernels: the result,
-    or None where the call needs the general kernel (its checks and errors run there)."""
+    or None where the call needs the general kernel (its checks and errors run there).  A
+    torch bfloat16 or float16 tensor's codes are read directly (a float32 result), except
+    where NVFP4's tensor scale is to be found: None, and the caller upcasts."""
     given, bfmt = bfmt, parse_block_format(bfmt)
+    half = 0
     if launch.is_torch(x):
         import torch
-        if (x.dtype is not torch.float32 or not x.is_cuda or not x.is_contiguous()
-                or (x.ndim > 1 and axis not in (-1, x.ndim - 1))):
+        half = {torch.bfloat16: BFLOAT16_CODES, torch.float16: FLOAT16_CODES}.get(x.dtype, 0)
+        if ((x.dtype is not torch.float32 and not half) or not x.is_cuda
+                or not x.is_contiguous() or (x.ndim > 1 and axis not in (-1, x.ndim - 1))
+                or (half and bfmt.tensor_scale and tensor_scale is None)):
             return None
         if out is not None and (not launch.is_torch(out) or out.dtype is not torch.float32
                                 or out.shape != x.shape or out.device != x.device
@@ -421,9 +437,18 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                        stream=stream, sr_bits=sr_bits, offset=offset, size=n)
         result = out
         if result is None:
-            result = x.new_empty(x.shape) if launch.is_torch(x) else \
+            result = x.new_empty(x.shape, dtype=torch.float32) if launch.is_torch(x) else \
                 cuda.device_array(x.shape, np.float32)
-        xf, outf = _flat(x), _flat(result)
+        outf = _flat(result)
+        if half:
+            xb = arrays._torch_bits(x)
+            if not eligible(bfmt, length, n, launch.address(xb), launch.address(outf),
+                            request.mode, request.offset, 2):
+                return None
+            launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
+                        if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half)
+            return result
+        xf = _flat(x)
         if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
                         request.mode, request.offset):
             return None

@@ -194,10 +194,17 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                        counts.copy_to_host() if want_counts else None), moved_shape
 
 
+def _half_dtypes():
+    import torch
+    return (torch.bfloat16, torch.float16)
+
+
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: the results of
-    :func:`lpsim.blocks.fake_quantize.quantize`."""
+    :func:`lpsim.blocks.fake_quantize.quantize`.  A torch bfloat16 or float16 tensor is
+    rounded as float32 (a float32 result), its codes read directly where the kernels of
+    :mod:`lpsim_cuda.block_groups` take the call."""
     if stats is None and tensor_scale is None and launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
                                        offset)                # a request seen before
@@ -209,6 +216,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
                                      offset, tensor_scale)
         if done is not None:
             return done
+    if launch.is_torch(x) and x.dtype in _half_dtypes():
+        x = x.float()                        # the general kernel reads float32 (exact)
     outb = None
     if out is not None and not launch.is_torch(x):
         # x's and out's kind, dtype and shape, named as lpsim_cuda.quantize names them, before

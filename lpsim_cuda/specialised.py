@@ -75,7 +75,7 @@ def specialised(fmt, rounding: str) -> bool:
 
 
 @register_jitable
-def _bits32(b, half):
+def source_bits(b, half):
     """float32 bits (int32) of a source element: itself, or a 16-bit code widened."""
     return b if half == 0 else code_bits(b, half)
 
@@ -117,8 +117,8 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
         while j < groups:
             b0, b1, b2, b3 = vector.load4(xb, j)
             if HALF:
-                b0, b1 = _bits32(b0, HALF), _bits32(b1, HALF)
-                b2, b3 = _bits32(b2, HALF), _bits32(b3, HALF)
+                b0, b1 = source_bits(b0, HALF), source_bits(b1, HALF)
+                b2, b3 = source_bits(b2, HALF), source_bits(b3, HALF)
             if stochastic:
                 w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
             if N32:
@@ -146,9 +146,9 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
             if N32:
-                o, f = _nearest(_bits32(xb[i], HALF), CW, LW, LIM, LARGEST, P), np.int64(0)
+                o, f = _nearest(source_bits(xb[i], HALF), CW, LW, LIM, LARGEST, P), np.int64(0)
             else:
-                o, f = round_one_word(_bits32(xb[i], HALF), MODE, r, K, P, SUB)
+                o, f = round_one_word(source_bits(xb[i], HALF), MODE, r, K, P, SUB)
             outb[i] = pack_bits(o, SP) if packed else o
             if COUNT:
                 c = tally(c, f)

@@ -9,6 +9,7 @@ tests run on the device (shuffles), plus the torch tensor tests.
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -16,6 +17,7 @@ from numba import cuda
 import lpsim
 import lpsim_cuda.blocks as cuda_blocks
 from lpsim.blocks import PRESETS, block, quantize_blocks
+from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES
 from lpsim_cuda import block_groups
 from conftest import count_calls
 
@@ -74,7 +76,7 @@ def test_the_cpu_word_kernels_formats_take_its_float32_steps(launches):
         words = words_exact(bfmt)
         near = words and nearest_words_exact(bfmt.saturating_element)
         assert any(key[0] == bfmt.saturating_element and key[1] == bfmt.scale
-                   and key[-4:-2] == (words, near) for key in block_groups.KERNELS), name
+                   and key[6:8] == (words, near) for key in block_groups.KERNELS), name
     for name in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
         assert words_exact(PRESETS[name]) and nearest_words_exact(
             PRESETS[name].saturating_element), name
@@ -162,6 +164,68 @@ def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
     cuda_blocks.quantize(cuda.to_device(data(64)), "mxfp4", stats=stats)   # counted
     assert launches == []
     assert stats.elements == 64
+
+
+@pytest.mark.parametrize("half, dtype", [(BFLOAT16_CODES, ml_dtypes.bfloat16),
+                                         (FLOAT16_CODES, np.float16)])
+@pytest.mark.parametrize("fmt, rounding", [("mxfp8_e4m3", "nearest"), ("mxfp4", "stochastic"),
+                                           ("nvfp4", "nearest"), ("finite", "nearest")])
+def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, fmt, rounding):
+    """The kernels reading bfloat16 or float16 codes (a torch tensor's, launched here on
+    numba arrays) give the CPU's bits of the codes' float32 values: blocks with NaN or inf,
+    zeros and subnormals included; NVFP4 at a given tensor scale; a format whose NaN stays
+    in its element (its block's amax reduced apart from the NaN flag)."""
+    from lpsim.request import plan
+    rng = np.random.default_rng(half)
+    values = data(256, seed=half).astype(dtype)
+    values[rng.integers(0, 256, 3)] = [np.nan, np.inf, -np.inf]
+    codes = values.view(np.int16)
+    x = values.astype(np.float32)
+    bfmt = block("e4m3fn", 32, nonfinite="finite") if fmt == "finite" else PRESETS[fmt]
+    fmt = bfmt
+    scale = {"tensor_scale": 0.5} if bfmt.tensor_scale else {}
+    expected = quantize_blocks(x, fmt, rounding, seed=4, want_elements=False, **scale).values
+    request = plan(bfmt.saturating_element, rounding, np.float32, seed=4, size=x.size)
+    out = cuda.device_array(x.size, np.float32)
+    xb = cuda.to_device(codes)
+    assert block_groups.eligible(bfmt, 256, 256, 8, 1024, request.mode, 0, 2)
+    block_groups.launch_flat(bfmt, request, 0.5 if bfmt.tensor_scale else 1.0, xb, xb, out,
+                             x.size, half=half)
+    got = out.copy_to_host()
+    assert np.array_equal(got.view(np.int32), expected.view(np.int32)), fmt
+
+
+def test_16_bit_sources_need_8_byte_alignment():
+    bfmt = PRESETS["mxfp8_e4m3"]
+    assert not block_groups.eligible(bfmt, 64, 64, 4, 16, 0, 0, 2)       # x off 8 bytes
+    assert not block_groups.eligible(bfmt, 64, 64, 16, 16, 0, 0, 2)      # out over x
+    assert block_groups.eligible(bfmt, 64, 64, 8, 256, 0, 0, 2)
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_16_bit_tensors_equal_the_cpu(launches):
+    """bfloat16 and float16 tensors through lpsim.quantize: MX formats and NVFP4 with a
+    given scale read the codes (one launch each), NVFP4 without one and counted calls
+    upcast; every result is the CPU's float32 bits."""
+    import torch
+    for dtype in (torch.bfloat16, torch.float16):
+        t = torch.from_numpy(data((16, 256), seed=9)).to(dtype).cuda()
+        x = t.float().cpu().numpy()
+        for fmt, kw in (("mxfp8_e4m3", {}), ("mxfp4", {"seed": 1}), ("nvfp4", {})):
+            rounding = "stochastic" if "seed" in kw else "nearest"
+            expected = lpsim.quantize(x, fmt, rounding, **kw)
+            got = lpsim.quantize(t, fmt, rounding, **kw)
+            assert got.dtype == torch.float32
+            assert np.array_equal(got.cpu().numpy().view(np.int32), expected.view(np.int32))
+        expected = quantize_blocks(x, "nvfp4", tensor_scale=0.25, want_elements=False).values
+        got = cuda_blocks.quantize(t, "nvfp4", tensor_scale=0.25)
+        assert np.array_equal(got.cpu().numpy().view(np.int32), expected.view(np.int32))
+        stats, want = lpsim.RoundingStats(), lpsim.RoundingStats()
+        lpsim.quantize(t, "mxfp8_e4m3", stats=stats)
+        lpsim.quantize(x, "mxfp8_e4m3", stats=want)
+        assert stats == want
+    # per dtype: the two MX calls, NVFP4 with its scale, and NVFP4's upcast float32 call
+    assert len(launches) == 8
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
