@@ -164,8 +164,9 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
     return build
 
 
-def _block_groups(name: str, rounding: str):
-    """lpsim_cuda.block_groups's float32 kernel for block format ``name`` and ``rounding``."""
+def _block_groups(name: str, rounding: str, count: bool = False):
+    """lpsim_cuda.block_groups's float32 kernel for block format ``name`` and ``rounding``
+    (``count``: the kernel that adds the call's block counters)."""
     def build():
         import importlib
         import numba
@@ -176,11 +177,12 @@ def _block_groups(name: str, rounding: str):
         G = importlib.import_module("lpsim_cuda.block_groups")
         bfmt = parse_block_format(name)
         request = plan(bfmt.saturating_element, rounding, np.float32, seed=1)
-        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W)
+        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W, False, 0, count)
         f32, i32 = types.float32[::1], types.int32[::1]
         return kernel.py_func, (f32, i32, f32, types.int64,
                                 numba.typeof(block_params(bfmt, 1.0)), types.int64,
-                                types.int64, types.int64, types.int64, types.float64[::1])
+                                types.int64, types.int64, types.int64, types.float64[::1],
+                                types.int64[::1])
     return build
 
 
@@ -299,6 +301,9 @@ CASES = [
          elements=4),
     Case("blocks groups mxfp4 stochastic", "blocks", False,
          _block_groups("mxfp4", "stochastic"), elements=4),
+    # the counting variant (lpsim.quantize with stats, simulated training's telemetry)
+    Case("blocks groups mxfp8_e4m3 nearest counted", "blocks", False,
+         _block_groups("mxfp8_e4m3", "nearest", count=True), elements=4),
     Case("blocks mxfp8_e4m3 f64", "blocks64", False, _blocks("mxfp8_e4m3", "float64")),
 ]
 

@@ -26,14 +26,16 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from numba import cuda
+from numba import cuda, njit
 
 from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
                                min_tensor_scale, scale_of_amax32)
+from lpsim.blocks.counters import BLOCK_COUNTERS, add_counts
+from lpsim.blocks.word_counts import clip_bounds
 from lpsim.blocks.decisions import (BlockParams, _element_params, bits_value, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
-                                    element_fast32, element_params32, nearest_words_exact,
-                                    words_exact)
+                                    element_fast32, element_nearest32_flags, element_params32,
+                                    nearest_words_exact, words_exact)
 from lpsim.blocks.word_scales import pow2_exponent, pow2_float32, pow2_words, scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
@@ -112,6 +114,79 @@ else:
 
 
 @cuda.jit(device=True)
+def _tally(c, flags):
+    """The nine counters ``c`` plus one element's round_bits flags (INEXACT .. INF_IN)."""
+    return (c[0] + (flags & 1), c[1] + ((flags >> 1) & 1), c[2] + ((flags >> 2) & 1),
+            c[3] + ((flags >> 3) & 1), c[4] + ((flags >> 4) & 1), c[5] + ((flags >> 5) & 1),
+            c[6], c[7], c[8])
+
+
+@cuda.jit(device=True)
+def _tally_nonfinite(c, b):
+    """The counters ``c`` plus one element of a NaN block (float32 bits ``b``): a NaN or
+    inf input counted as :func:`lpsim.blocks.word_counts._nonfinite_block` counts it."""
+    a = np.int64(b) & 0x7FFFFFFF
+    return (c[0], c[1], c[2], c[3], c[4] + np.int64(a > _INF32), c[5] + np.int64(a == _INF32),
+            c[6], c[7], c[8])
+
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _block_any(v, lanes):
+        """The largest ``v`` over the ``lanes`` lanes of a block (consecutive threads):
+        through shared memory, between two barriers (the simulator has no shuffles)."""
+        seen = cuda.shared.array(launch.THREADS, np.int64)
+        t = cuda.threadIdx.x
+        seen[t] = v
+        cuda.syncthreads()
+        first = t // lanes * lanes
+        m = np.int64(0)
+        for i in range(first, first + lanes):
+            m = max(m, seen[i])
+        cuda.syncthreads()
+        return m
+
+    @cuda.jit(device=True)
+    def _add_counts9(counts, c):
+        """Add one thread's nine counters into ``counts`` (one atomic a nonzero counter)."""
+        for f in range(9):
+            if c[f]:
+                cuda.atomic.add(counts, f, c[f])
+else:
+    @cuda.jit(device=True)
+    def _block_any(v, lanes):
+        """The largest ``v`` over the ``lanes`` lanes of a block by butterfly shuffles."""
+        m = np.int32(v)
+        width = lanes >> 1
+        while width > 0:
+            m = max(m, cuda.shfl_xor_sync(FULL_MASK, m, width))
+            width >>= 1
+        return np.int64(m)
+
+    @cuda.jit(device=True)
+    def _add_counts9(counts, c):
+        """The warp's sums of the nine counters by shuffles, added by its first lane: one
+        atomic per warp and counter.  Every lane of the warp calls it."""
+        c0, c1, c2, c3, c4, c5, c6, c7, c8 = c
+        width = 16
+        while width > 0:
+            c0 += cuda.shfl_down_sync(FULL_MASK, c0, width)
+            c1 += cuda.shfl_down_sync(FULL_MASK, c1, width)
+            c2 += cuda.shfl_down_sync(FULL_MASK, c2, width)
+            c3 += cuda.shfl_down_sync(FULL_MASK, c3, width)
+            c4 += cuda.shfl_down_sync(FULL_MASK, c4, width)
+            c5 += cuda.shfl_down_sync(FULL_MASK, c5, width)
+            c6 += cuda.shfl_down_sync(FULL_MASK, c6, width)
+            c7 += cuda.shfl_down_sync(FULL_MASK, c7, width)
+            c8 += cuda.shfl_down_sync(FULL_MASK, c8, width)
+            width >>= 1
+        if cuda.laneid == 0:
+            for f, v in enumerate((c0, c1, c2, c3, c4, c5, c6, c7, c8)):
+                if v:
+                    cuda.atomic.add(counts, f, v)
+
+
+@cuda.jit(device=True)
 def _value(b):
     """The float32 whose bits are the int32 ``b``."""
     return np.int32(b).view(np.float32)
@@ -132,7 +207,7 @@ def _lane_partial(b):
 
 
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
-          device_pts: bool = False, fixed=None, half: int = 0):
+          device_pts: bool = False, fixed=None, half: int = 0, count: bool = False):
     """The kernel of one (element Params, scale Params, mode, k, lanes per block).
 
     ``fixed``: the format's BlockParams (any per-tensor scale), compiled in as constants
@@ -148,8 +223,17 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     steps: :func:`lpsim.blocks.words.element_nearest32` to nearest where ``near``
     (:func:`lpsim.blocks.nearest_words_exact`), else
     :func:`lpsim.blocks.element_fast32` with :func:`lpsim.blocks.element_exact` for what it
-    declines; float32 products and 32-bit integers where the general step works in float64."""
-    P, SP, MODE, K, LANES, HALF = p, sp, mode, k, lanes, half
+    declines; float32 products and 32-bit integers where the general step works in float64.
+
+    ``count``: the kernel adds the call's :data:`lpsim.blocks.BLOCK_COUNTERS` into
+    ``counts`` as the CPU counts them (:mod:`lpsim.blocks.word_counts`): each element's
+    rounding flags from the step that rounds it (:func:`lpsim.blocks.element_nearest32_flags`
+    to nearest, unless the block's largest quotient is inf), a block's clipped scale from
+    :func:`lpsim.blocks.block_scale`, flushed where its largest finite magnitude is nonzero
+    and no element rounds to a nonzero value (its lanes' results combined as the amax is),
+    NaN blocks; summed per thread, then per warp, one atomic per warp and counter."""
+    P, SP, MODE, K, LANES, HALF, COUNT = p, sp, mode, k, lanes, half, count
+    MINN = bits_float32(word(p32.minnorm)) if p32 is not None else np.float32(0)
     WORDS, P32 = p32 is not None, p32
     NEAR = WORDS and near and mode == NEAREST
     CW, LW = nearest32_words(p32.m, p32.emin) if WORDS else (0, 0)
@@ -162,7 +246,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # power-of-two scales from the exponent field of a float32 normal amax
     POW2_WORDS = bool(pow2_words(np.int64(1 << 23), fixed))
 
-    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts):
+    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits; with HALF, ``xb`` holds bfloat16 or float16 codes, widened exactly, and ``x``
         is not read) in blocks of 4 * LANES consecutive elements into ``out``."""
@@ -173,6 +257,9 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         per_pass = cuda.gridsize(1) // LANES * LANES   # groups of whole blocks a pass covers
         quads = n // block * LANES                     # groups of four in whole blocks
         base = 0
+        zero = np.int64(0)
+        c = (zero, zero, zero, zero, zero, zero, zero, zero, zero)     # with COUNT
+        clip_lo, clip_hi = (counts[9], counts[10]) if COUNT else (zero, zero)
         while base < quads:                            # the same trip count on every lane
             j = base + t                               # this lane's group of four elements
             live = j < quads
@@ -199,6 +286,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                                                      max(max(a0, a1), max(a2, a3)),
                                                      max(max(f0, f1), max(f2, f3)), LANES,
                                                      HALF)
+            nz = clipped = nan_block = zero            # with COUNT: this lane's block
             if live:
                 a = as_int64(amax_bits)
                 w0 = w1 = w2 = w3 = np.int64(0)
@@ -206,6 +294,10 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                     w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
                 if bp.nonfinite_nan != 0 and nonfinite != 0:
                     v0 = v1 = v2 = v3 = np.float32(np.nan)
+                    if COUNT:
+                        c = _tally_nonfinite(_tally_nonfinite(_tally_nonfinite(
+                            _tally_nonfinite(c, b0), b1), b2), b3)
+                        nan_block = np.int64(1)
                 elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
                     # the word kernel's scale: integer steps from the amax bits, the float32
                     # reciprocal by exponent bits or one float32 division (a power-of-two
@@ -220,64 +312,116 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                         s32 = np.float32(s)
                         rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
                             np.float32(bp.pts_inv) / s32
-                    if NEAR:
+                    # counted: an inf largest quotient (a tiny given tensor scale) is
+                    # element_exact's to flag, as the CPU's counted kernel does
+                    if NEAR and COUNT and bits_float32(amax_bits) * rc < np.inf:
+                        pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
+                        v0, g0, z0 = _near_counted(_value(b0), rc, s32, pts, maxe, bp)
+                        v1, g1, z1 = _near_counted(_value(b1), rc, s32, pts, maxe, bp)
+                        v2, g2, z2 = _near_counted(_value(b2), rc, s32, pts, maxe, bp)
+                        v3, g3, z3 = _near_counted(_value(b3), rc, s32, pts, maxe, bp)
+                        c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                        nz = z0 + z1 + z2 + z3
+                    elif NEAR and not COUNT:
                         pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
                         v0 = element_nearest32(_value(b0), rc, s32, pts, maxe, CW, LW)
                         v1 = element_nearest32(_value(b1), rc, s32, pts, maxe, CW, LW)
                         v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
                         v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
                     else:
-                        v0 = _element32(_value(b0), rc, s32, s, w0, bp)
-                        v1 = _element32(_value(b1), rc, s32, s, w1, bp)
-                        v2 = _element32(_value(b2), rc, s32, s, w2, bp)
-                        v3 = _element32(_value(b3), rc, s32, s, w3, bp)
+                        v0, g0, z0 = _element32(_value(b0), rc, s32, s, w0, bp)
+                        v1, g1, z1 = _element32(_value(b1), rc, s32, s, w1, bp)
+                        v2, g2, z2 = _element32(_value(b2), rc, s32, s, w2, bp)
+                        v3, g3, z3 = _element32(_value(b3), rc, s32, s, w3, bp)
+                        if COUNT:
+                            c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                            nz = z0 + z1 + z2 + z3
+                    if COUNT:
+                        am = as_int64(amax_bits)
+                        if clip_hi != 0:        # lpsim.blocks.word_counts.clip_bounds'
+                            clipped = np.int64(am != 0 and (am < clip_lo or am >= clip_hi))
+                        else:                   # a scale found on the device: no bounds
+                            clipped = np.int64(block_scale(np.float64(bits_float32(am)),
+                                                           bp, SP)[1])
                 else:
                     amax = np.float64(bits_float32(amax_bits))
-                    s, _ = block_scale(amax, bp, SP)
+                    s, clip = block_scale(amax, bp, SP)
                     recip = block_recip(s, bp)
-                    v0 = _element(_value(b0), recip, s, w0, bp)
-                    v1 = _element(_value(b1), recip, s, w1, bp)
-                    v2 = _element(_value(b2), recip, s, w2, bp)
-                    v3 = _element(_value(b3), recip, s, w3, bp)
+                    v0, g0, z0 = _element(_value(b0), recip, s, w0, bp)
+                    v1, g1, z1 = _element(_value(b1), recip, s, w1, bp)
+                    v2, g2, z2 = _element(_value(b2), recip, s, w2, bp)
+                    v3, g3, z3 = _element(_value(b3), recip, s, w3, bp)
+                    if COUNT:
+                        c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                        nz = z0 + z1 + z2 + z3
+                        clipped = np.int64(clip)
                 vector.store4(out, j, v0, v1, v2, v3)
+            if COUNT:
+                # the block's counters, by its first lane: its lanes' nonzero results
+                # combined over the block (every lane takes part, as in the amax reduction)
+                anynz = _block_any(nz, LANES)
+                if live and j % LANES == 0:
+                    flushed = np.int64(nan_block == 0 and (amax_bits & 0x7FFFFFFF) != 0
+                                       and (amax_bits & 0x7FFFFFFF) < _INF32 and anynz == 0)
+                    c = (c[0], c[1], c[2], c[3], c[4], c[5], c[6] + clipped,
+                         c[7] + flushed, c[8] + nan_block)
             base += per_pass
+        if COUNT:
+            _add_counts9(counts, c)
+
+    @cuda.jit(device=True)
+    def _near_counted(xv, rc, s32, pts, maxe, bp):
+        """(value, round_bits flags, 1 where q is nonzero) of a finite element to nearest
+        by :func:`element_nearest32_flags` (its flags packed one a byte, unpacked here)."""
+        v, packed, q = element_nearest32_flags(xv, rc, s32, pts, maxe, MINN, CW, LW, bp.pow2)
+        f = as_int64(packed)
+        return v, ((f & 1) | ((f >> 7) & 2) | ((f >> 14) & 4) | ((f >> 21) & 8)), \
+            np.int64(q != 0)
 
     @cuda.jit(device=True)
     def _element(xv, recip, s, r, bp):
-        _, v, ok, _ = element_fast(xv, recip, s, MODE, r, K, P, bp)
+        """(value, flags, 1 where q is nonzero): the general step (the uncounted kernel
+        reads the value alone; the rest is left out of it)."""
+        q, v, ok, flags = element_fast(xv, recip, s, MODE, r, K, P, bp)
         if not ok:
-            _, v, _ = element_exact(xv, recip, s, MODE, r, K, P, bp)
-        return np.float32(v)                # the float32 store's rounding, here
+            q, v, flags = element_exact(xv, recip, s, MODE, r, K, P, bp)
+        # the float32 store's rounding, here
+        return np.float32(v), np.int64(flags), np.int64(q != 0)
 
     @cuda.jit(device=True)
     def _element32(xv, rc, s32, s, r, bp):
-        _, v, ok, _ = element_fast32(xv, r, rc, s32, MODE, K, P32, bp)
+        """(value, flags, 1 where q is nonzero): the word kernel's float32 step."""
+        q, v, ok, flags = element_fast32(xv, r, rc, s32, MODE, K, P32, bp)
+        g = as_int64(flags)
+        nz = np.int64(q != 0)
         if ok == 0:
-            _, v, _ = element_exact(xv, block_recip(s, bp), s, MODE, r, K, P, bp)
-        return np.float32(v)
+            q64, v, f64 = element_exact(xv, block_recip(s, bp), s, MODE, r, K, P, bp)
+            g, nz = np.int64(f64), np.int64(q64 != 0)
+        return np.float32(v), g, nz
 
     return cuda.jit(kernel)
 
 
 #: (element format, scale format, mode, k, lanes, float32 steps, nearest steps, scale on
-#: the device, BlockParams at a per-tensor scale of 1, source kind) -> its kernel
+#: the device, BlockParams at a per-tensor scale of 1, source kind, counting) -> its kernel
 KERNELS: dict = {}
 
 
-def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False, half: int = 0):
+def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False, half: int = 0,
+           count: bool = False):
     """The kernel of a parsed block format (element and scale formats compiled in)."""
     lanes = lanes_of(bfmt.block)
     words = words_exact(bfmt)
     near = words and nearest_words_exact(bfmt.saturating_element)
     fixed = block_params(bfmt)
     key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near,
-           device_pts, fixed, half)
+           device_pts, fixed, half, count)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
         found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
                                      element_params32(bfmt) if words else None, near,
-                                     device_pts, fixed, half)
+                                     device_pts, fixed, half, count)
     return found
 
 
@@ -297,19 +441,25 @@ def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
     return mode < STOCHASTIC or offset % 4 == 0
 
 
-def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: int = 0):
+def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: int = 0,
+                counts=None):
     """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
     ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
     launches there); ``ts``: the per-tensor scale as a device array
     (:func:`device_tensor_scale`), which then takes the place of ``pts``.  ``half``: ``xb``
-    holds bfloat16 or float16 codes (lpsim.storage's kinds; ``xf`` is then not read)."""
-    kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None, half)
+    holds bfloat16 or float16 codes (lpsim.storage's kinds; ``xf`` is then not read).
+    ``counts``: a device int64 array of the nine BLOCK_COUNTERS the counting kernel adds
+    the call's into (None: the kernel without counters)."""
+    kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None, half,
+                  counts is not None)
     bp = block_params(bfmt, pts)
     if ts is None:
         ts = launch.placeholder((2,), np.float64)
+    if counts is None:
+        counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
     blocks = launch.grid_size(-(-n // 4), launch.current_device())
     launch.configured(kern, blocks)(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi,
-                                    request.stream, request.offset // 4, ts)
+                                    request.stream, request.offset // 4, ts, counts)
 
 
 # --- the cached route of torch tensors (lpsim_cuda.specialised's, for these kernels) ---------
@@ -320,7 +470,7 @@ def _signature(bp):
     from numba.core import types
     f32 = types.float32[::1]
     return (f32, types.int32[::1], f32, types.int64, numba.typeof(bp), types.int64,
-            types.int64, types.int64, types.int64, types.float64[::1])
+            types.int64, types.int64, types.int64, types.float64[::1], types.int64[::1])
 
 
 class BlockRoute(specialised.Route):
@@ -332,12 +482,13 @@ class BlockRoute(specialised.Route):
         super().__init__(kern, mode, 4, _signature(bp))
         self.bp, self.bfmt = bp, bfmt
         self.ts = launch.placeholder((2,), np.float64)
+        self.counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
         array = specialised._array_arguments
         return (array(x_ptr, n) + array(x_ptr, n) + array(out_ptr, n)
                 + specialised._scalars(n) + self.bp_flat + specialised._scalars(*keys)
-                + self.ts_flat)
+                + self.ts_flat + self.counts_flat)
 
     def check(self, xf, xb, outf, n, keys, stream) -> bool:
         """Whether the route's flat arguments are numba's own for the same launch."""
@@ -346,9 +497,11 @@ class BlockRoute(specialised.Route):
                                     flat)
         self.bp_flat = flat
         self.ts_flat = specialised._array_arguments(launch.address(self.ts), 2, 8)
+        self.counts_flat = specialised._array_arguments(launch.address(self.counts),
+                                                        len(BLOCK_COUNTERS), 8)
         mine = self.arguments(launch.address(xf), launch.address(outf), n, keys)
         return specialised._same(mine, specialised._numba_arguments(
-            self.compiled, (xf, xb, outf, n, self.bp, *keys, self.ts), stream))
+            self.compiled, (xf, xb, outf, n, self.bp, *keys, self.ts, self.counts), stream))
 
 
 #: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
@@ -402,11 +555,13 @@ def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
     return out
 
 
-def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale):
-    """:func:`lpsim_cuda.blocks.quantize` without stats through these kernels: the result,
-    or None where the call needs the general kernel (its checks and errors run there).  A
-    torch bfloat16 or float16 tensor's codes are read directly (a float32 result), except
-    where NVFP4's tensor scale is to be found: None, and the caller upcasts."""
+def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale,
+             stats=None):
+    """:func:`lpsim_cuda.blocks.quantize` through these kernels: the result, or None where
+    the call needs the general kernel (its checks and errors run there).  A torch bfloat16
+    or float16 tensor's codes are read directly (a float32 result), except where NVFP4's
+    tensor scale is to be found: None, and the caller upcasts.  ``stats`` (checked by the
+    caller): the counting kernel adds the call's counters to it (nine integers back)."""
     given, bfmt = bfmt, parse_block_format(bfmt)
     half = 0
     if launch.is_torch(x):
@@ -440,14 +595,19 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             result = x.new_empty(x.shape, dtype=torch.float32) if launch.is_torch(x) else \
                 cuda.device_array(x.shape, np.float32)
         outf = _flat(result)
+        found = bfmt.tensor_scale and tensor_scale is None       # NVFP4's, on the device
+        counts = None if stats is None else _counts_with_bounds(
+            bfmt, 1.0 if found or not bfmt.tensor_scale else
+            checked_tensor_scale(tensor_scale, bfmt), True if found else None)
         if half:
             xb = arrays._torch_bits(x)
             if not eligible(bfmt, length, n, launch.address(xb), launch.address(outf),
                             request.mode, request.offset, 2):
                 return None
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
-                        if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half)
-            return result
+                        if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half,
+                        counts=counts)
+            return _counted(result, stats, counts, n, bfmt)
         xf = _flat(x)
         if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
                         request.mode, request.offset):
@@ -456,17 +616,47 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         if bfmt.tensor_scale and tensor_scale is None:
             with _ENQUEUE:                                  # nothing comes back to the host
                 launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n,
-                            device_tensor_scale(xf, bfmt))
-            return result
+                            device_tensor_scale(xf, bfmt), counts=counts)
+            return _counted(result, stats, counts, n, bfmt)
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
         xb = xf.view(np.int32)
-        launch_flat(bfmt, request, pts, xf, xb, outf, n)
+        launch_flat(bfmt, request, pts, xf, xb, outf, n, counts=counts)
+        if stats is not None:
+            return _counted(result, stats, counts, n, bfmt)
         if launch.is_torch(x) and not bfmt.tensor_scale:
             _remember(given, rounding, sr_bits, x.device.index,
                       kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
                       block_params(bfmt, pts), xf, xb, outf, n,
                       (request.seed_lo, request.seed_hi, request.stream, request.offset // 4))
+    return result
+
+
+@njit(cache=True)
+def _clip_bounds(bp, sp):
+    return clip_bounds(bp, sp)
+
+
+def _counts_with_bounds(bfmt, pts: float, device=None):
+    """The counting kernel's device array: the nine counters (zeros), then the bounds of
+    the largest magnitude's bits outside which a block's scale is clipped
+    (:func:`lpsim.blocks.word_counts.clip_bounds`, compiled for the CPU; where the float32
+    steps apply and a format has smin < smax, else zeros: the kernel then asks block_scale,
+    as it does for a tensor scale found on the device, ``device``)."""
+    head = [0] * len(BLOCK_COUNTERS)
+    bp = block_params(bfmt, pts)
+    lo = hi = 0
+    if device is None and words_exact(bfmt) and bp.smin < bp.smax:
+        lo, hi = _clip_bounds(bp, kernel_params(bfmt.scale, np.float64))
+    return cuda.to_device(np.array(head + [lo, hi], np.int64))
+
+
+def _counted(result, stats, counts, n: int, bfmt):
+    """``result``, after the counting kernel's nine counters are added to ``stats`` (the
+    copy back waits for the launch on the default stream)."""
+    if stats is not None:
+        add_counts(stats, counts.copy_to_host()[:len(BLOCK_COUNTERS)].reshape(1, -1), n,
+                   n // bfmt.block)
     return result
 
 

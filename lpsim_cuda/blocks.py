@@ -211,11 +211,11 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
         if done is not None:
             return done
     check_stats(stats, STATS_ACCEPTED)
-    if stats is None:                        # float32 along a contiguous last axis
-        done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
-                                     offset, tensor_scale)
-        if done is not None:
-            return done
+    # float32 (or 16-bit codes) along a contiguous last axis, counted or not
+    done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset,
+                                 tensor_scale, stats)
+    if done is not None:
+        return done
     if launch.is_torch(x) and x.dtype in _half_dtypes():
         x = x.float()                        # the general kernel reads float32 (exact)
     outb = None

@@ -112,9 +112,9 @@ def count_calls(monkeypatch, module, name: str) -> list:
     calls = []
     real = getattr(module, name)
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args[0])
-        return real(*args)
+        return real(*args, **kwargs)
     monkeypatch.setattr(module, name, counted)
     return calls
 

@@ -16,7 +16,8 @@ from numba import cuda
 
 import lpsim
 import lpsim_cuda.blocks as cuda_blocks
-from lpsim.blocks import PRESETS, block, quantize_blocks
+from lpsim.blocks import PRESETS, BlockStats, block, quantize_blocks
+from lpsim.blocks.counters import add_counts
 from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES
 from lpsim_cuda import block_groups
 from conftest import count_calls
@@ -63,6 +64,65 @@ def test_every_preset_equals_the_cpu(fmt, rounding, launches):
     same_as_cpu(data((3, 96), seed=1), fmt, rounding, seed=5)
     same_as_cpu(data(64, seed=2), fmt, rounding, seed=5, offset=12)
     assert len(launches) == 2
+
+
+def counted_as_cpu(x, fmt, rounding, **kw):
+    """Values and every counter (BlockStats: elements, the six rounding counters, blocks,
+    clipped scales, flushed and NaN blocks) of the counting kernel equal the CPU's."""
+    want, got = BlockStats(), BlockStats()
+    expected = lpsim.quantize(x, fmt, rounding, stats=want, **kw)
+    result = cuda_blocks.quantize(cuda.to_device(x), fmt, rounding, stats=got, **kw)
+    assert np.array_equal(result.copy_to_host().view(np.int32), expected.view(np.int32))
+    assert (got.counts.tolist(), got.blocks, got.clipped_scales, got.flushed_blocks,
+            got.nan_blocks) == (want.counts.tolist(), want.blocks, want.clipped_scales,
+                                want.flushed_blocks, want.nan_blocks), (fmt, rounding)
+    return want
+
+
+def counted_data(shape, seed):
+    """data() with a NaN block, an inf block, a block of zeros, a block of values far below
+    the others (its scale clipped), one of float32 subnormals (flushed) and a block of tiny
+    values beside a large one."""
+    x = data(shape, seed=seed)
+    flat = x.reshape(-1)
+    flat[5] = np.nan
+    flat[40] = np.inf
+    flat[64:96] = 0
+    flat[96:128] *= np.float32(2.0 ** -60)
+    flat[128:160] = np.float32(3e-44)
+    flat[160:192] = np.float32(1e-30)
+    flat[161] = np.float32(1e30)
+    return x
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4", "mxfp6_e2m3"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+def test_counted_calls_equal_the_cpu_counters(fmt, rounding, launches):
+    kw = {"seed": 3} if rounding == "stochastic" else {}
+    stats = counted_as_cpu(counted_data((2, 256), seed=4), fmt, rounding, **kw)
+    assert stats.nan_blocks and stats.flushed_blocks and stats.inexact
+    unit = np.random.default_rng(6).standard_normal((2, 256)).astype(np.float32)
+    stats = counted_as_cpu(unit, fmt, rounding, **kw)      # subnormal results (not e4m3's)
+    assert stats.subnormal or fmt == "mxfp8_e4m3"
+    assert len(launches) == 2
+
+
+def test_counted_calls_of_other_rules_and_scales(launches):
+    """A format whose NaN stays in its element, a scale that clips both ways, and NVFP4
+    at a tiny given tensor scale (its quotients are inf: element_exact counts them)."""
+    x = counted_data(512, seed=5)
+    counted_as_cpu(x, block("e4m3fn", 32, nonfinite="finite"), "nearest")
+    counted_as_cpu(x, block("e2m1fn", 16, scale="e4m3fn"), "stochastic", seed=2)
+    want, got = BlockStats(), BlockStats()
+    expected = quantize_blocks(x, "nvfp4", tensor_scale=2e-36, want_elements=False)
+    add_counts(want, expected.counts, x.size)
+    result = cuda_blocks.quantize(cuda.to_device(x), "nvfp4", tensor_scale=2e-36,
+                                  stats=got)
+    assert np.array_equal(result.copy_to_host().view(np.int32),
+                          expected.values.view(np.int32))
+    assert (got.counts.tolist(), got.clipped_scales, got.flushed_blocks, got.nan_blocks) == \
+        (want.counts.tolist(), want.clipped_scales, want.flushed_blocks, want.nan_blocks)
+    assert len(launches) == 3
 
 
 def test_the_cpu_word_kernels_formats_take_its_float32_steps(launches):
@@ -160,10 +220,7 @@ def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
     same_as_cpu(data((2, 64), seed=7).astype(np.float64), "mxfp4", "nearest")   # float64
     same_as_cpu(data(64, seed=7), "mxfp4", "stochastic", seed=1, offset=2)  # split Philox block
     same_as_cpu(data(96, seed=7), block("e4m3fn", 12), "nearest")        # 12 / 4 lanes
-    stats = lpsim.RoundingStats()
-    cuda_blocks.quantize(cuda.to_device(data(64)), "mxfp4", stats=stats)   # counted
     assert launches == []
-    assert stats.elements == 64
 
 
 @pytest.mark.parametrize("half, dtype", [(BFLOAT16_CODES, ml_dtypes.bfloat16),

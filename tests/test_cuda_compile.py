@@ -121,12 +121,21 @@ with mock.patch.object(dispatcher, "get_current_device",
     request = plan(nv.saturating_element, "nearest", np.float32, seed=1)
     kern = G.kernel(nv, request.mode, request.k, request.params.W, True)
     f32 = numba.float32[::1]
-    ptx, _ = cuda.compile_ptx(kern.py_func, (f32, numba.int32[::1], f32, numba.int64,
-                                             numba.typeof(block_params(nv, 1.0)), numba.int64,
-                                             numba.int64, numba.int64, numba.int64,
-                                             numba.float64[::1]), cc=(9, 0))
+    signature = (f32, numba.int32[::1], f32, numba.int64, numba.typeof(block_params(nv, 1.0)),
+                 numba.int64, numba.int64, numba.int64, numba.int64, numba.float64[::1],
+                 numba.int64[::1])
+    ptx, _ = cuda.compile_ptx(kern.py_func, signature, cc=(9, 0))
     print("amax groups with the scale on the device ok", len(ptx))
     report("blocks groups nvfp4 device scale", ptx)
+    for name, rounding in (("mxfp8_e4m3", "nearest"), ("mxfp4", "stochastic"),
+                           ("nvfp4", "nearest")):   # the counting kernels: shuffles, atomics
+        bf = parse_block_format(name)
+        request = plan(bf.saturating_element, rounding, np.float32, seed=1)
+        kern = G.kernel(bf, request.mode, request.k, request.params.W, False, 0, True)
+        ptx, _ = cuda.compile_ptx(kern.py_func, signature[:4] + (
+            numba.typeof(block_params(bf, 1.0)),) + signature[5:], cc=(9, 0))
+        assert "shfl.sync" in ptx and "atom.global.add" in ptx, name
+        print("counted groups", name, "ok", len(ptx))
 """
 
 
@@ -204,6 +213,7 @@ def test_block_kernel_compiles_for_sm90():
     lines = _compile(_PREAMBLE + BLOCKS).splitlines()
     assert len([x for x in lines if " ok " in x and " fma " in x]) == 6, lines
     assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 5, lines
+    assert len([x for x in lines if x.startswith("counted groups")]) == 3, lines
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " fma " in x), lines
 
