@@ -229,7 +229,9 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     ``counts`` as the CPU counts them (:mod:`lpsim.blocks.word_counts`): each element's
     rounding flags from the step that rounds it (:func:`lpsim.blocks.element_nearest32_flags`
     to nearest, unless the block's largest quotient is inf), a block's clipped scale from
-    :func:`lpsim.blocks.block_scale`, flushed where its largest finite magnitude is nonzero
+    the CPU's clip bounds (``counts[9:11]``, :func:`lpsim.blocks.word_counts.clip_bounds`;
+    :func:`lpsim.blocks.block_scale` where they are zero: a tensor scale found on the
+    device, or the general step), flushed where its largest finite magnitude is nonzero
     and no element rounds to a nonzero value (its lanes' results combined as the amax is),
     NaN blocks; summed per thread, then per warp, one atomic per warp and counter."""
     P, SP, MODE, K, LANES, HALF, COUNT = p, sp, mode, k, lanes, half, count
