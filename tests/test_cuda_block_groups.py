@@ -95,8 +95,8 @@ def counted_data(shape, seed):
     return x
 
 
-@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4", "mxfp6_e2m3"])
-@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_counted_calls_equal_the_cpu_counters(fmt, rounding, launches):
     kw = {"seed": 3} if rounding == "stochastic" else {}
     stats = counted_as_cpu(counted_data((2, 256), seed=4), fmt, rounding, **kw)
@@ -112,7 +112,7 @@ def test_counted_calls_of_other_rules_and_scales(launches):
     at a tiny given tensor scale (its quotients are inf: element_exact counts them)."""
     x = counted_data(512, seed=5)
     counted_as_cpu(x, block("e4m3fn", 32, nonfinite="finite"), "nearest")
-    counted_as_cpu(x, block("e2m1fn", 16, scale="e4m3fn"), "stochastic", seed=2)
+    counted_as_cpu(x, block("e2m1fn", 16, scale="e4m3fn"), "toward_zero")
     want, got = BlockStats(), BlockStats()
     expected = quantize_blocks(x, "nvfp4", tensor_scale=2e-36, want_elements=False)
     add_counts(want, expected.counts, x.size)
