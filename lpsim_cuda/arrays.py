@@ -9,12 +9,13 @@ without numba's stream synchronisation, so a launch costs no host round trip.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
-from lpsim.storage import STORAGE
+from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, STORAGE
 
 from . import launch
 from .launch import is_torch
@@ -25,8 +26,6 @@ FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KINDS = "torch CUDA tensors, CuPy arrays, numba device arrays"
 
 
-#: a 16-bit source's kind (Source.half): its codes are bfloat16's or float16's
-BFLOAT16, FLOAT16 = 1, 2
 
 
 class Source(NamedTuple):
@@ -37,7 +36,19 @@ class Source(NamedTuple):
     shape: tuple
     stream: object      # where its data is ready: the launch goes there
     device: int
-    half: int = 0       # BFLOAT16 / FLOAT16: bits are 16-bit codes, rounded as float32
+    half: int = 0       # lpsim.storage's code kinds: bits are 16-bit codes, rounded as float32
+
+
+@functools.cache
+def _half_kinds() -> dict:
+    import torch
+    return {torch.bfloat16: BFLOAT16_CODES, torch.float16: FLOAT16_CODES}
+
+
+def half_kind(dtype) -> int:
+    """lpsim.storage's code kind of a torch bfloat16 or float16 dtype (what the kernels
+    widen with :func:`lpsim.storage.code_bits`), else 0."""
+    return _half_kinds().get(dtype, 0)
 
 
 def source(x, name: str = "x", halves: bool = False) -> Source:
@@ -45,8 +56,7 @@ def source(x, name: str = "x", halves: bool = False) -> Source:
     ``halves``, a torch bfloat16 or float16 tensor too (its codes, float32 container)."""
     if is_torch(x):
         import torch
-        half = {torch.bfloat16: BFLOAT16, torch.float16: FLOAT16}.get(x.dtype, 0) \
-            if halves else 0
+        half = half_kind(x.dtype) if halves else 0
         if x.dtype not in (torch.float32, torch.float64) and not half:
             also = " (and reads torch.bfloat16 and torch.float16 ones as float32)" \
                 if halves else ""

@@ -42,7 +42,7 @@ from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys, plan
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
-from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, code_bits
+from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import arrays, launch, specialised, vector
@@ -568,7 +568,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
     half = 0
     if launch.is_torch(x):
         import torch
-        half = {torch.bfloat16: BFLOAT16_CODES, torch.float16: FLOAT16_CODES}.get(x.dtype, 0)
+        half = arrays.half_kind(x.dtype)
         if ((x.dtype is not torch.float32 and not half) or not x.is_cuda
                 or not x.is_contiguous() or (x.ndim > 1 and axis not in (-1, x.ndim - 1))
                 or (half and bfmt.tensor_scale and tensor_scale is None)):

@@ -194,11 +194,6 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                        counts.copy_to_host() if want_counts else None), moved_shape
 
 
-def _half_dtypes():
-    import torch
-    return (torch.bfloat16, torch.float16)
-
-
 def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, stream: int = 0,
              sr_bits=None, stats=None, out=None, offset: int = 0, tensor_scale=None):
     """Fake-quantize a CUDA array to a block format: the results of
@@ -216,7 +211,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
                                  tensor_scale, stats)
     if done is not None:
         return done
-    if launch.is_torch(x) and x.dtype in _half_dtypes():
+    if launch.is_torch(x) and arrays.half_kind(x.dtype):
         x = x.float()                        # the general kernel reads float32 (exact)
     outb = None
     if out is not None and not launch.is_torch(x):

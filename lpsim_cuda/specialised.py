@@ -43,11 +43,10 @@ from lpsim.request import MAX_COUNTER, keys
 from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_params, mode_code,
                             nearest32_consts, nearest32_exact, nearest32_step, round_bits,
                             round_one_word, tally)
-from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, NO_PACKING, code_bits, pack_bits,
-                           storage_name)
+from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
 from lpsim.word32 import as_signed64, bits_float32, float32_bits
 
-from . import launch, vector
+from . import arrays, launch, vector
 from .counters import ELEMENTS, add_warp_counts
 from .launch import THREADS
 
@@ -340,8 +339,10 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     result, or None where the call needs the general path (no route yet, or anything a
     route does not cover)."""
     import torch
-    half = _halves().get(x.dtype) if _ROUTES and x.is_cuda else None
-    if half is None:
+    if not _ROUTES or not x.is_cuda:
+        return None
+    half = 0 if x.dtype is torch.float32 else arrays.half_kind(x.dtype)
+    if half == 0 and x.dtype is not torch.float32:
         return None
     device = x.device.index
     try:
@@ -367,13 +368,6 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
           _core_stream(launch.torch_stream_handle(device)), grid(n, device))
     return out
-
-
-@functools.cache
-def _halves() -> dict:
-    """torch dtype -> the source kind a route reads (lpsim.storage's 16-bit code kinds)."""
-    import torch
-    return {torch.float32: 0, torch.bfloat16: BFLOAT16_CODES, torch.float16: FLOAT16_CODES}
 
 
 @functools.lru_cache(maxsize=64)
