@@ -46,6 +46,7 @@ from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import arrays, launch, specialised, vector
+from .counters import add_warp_counts
 from .launch import FULL_MASK, SIMULATOR
 from .specialised import source_bits
 
@@ -145,13 +146,6 @@ if SIMULATOR:
             m = max(m, seen[i])
         cuda.syncthreads()
         return m
-
-    @cuda.jit(device=True)
-    def _add_counts9(counts, c):
-        """Add one thread's nine counters into ``counts`` (one atomic a nonzero counter)."""
-        for f in range(9):
-            if c[f]:
-                cuda.atomic.add(counts, f, c[f])
 else:
     @cuda.jit(device=True)
     def _block_any(v, lanes):
@@ -163,27 +157,15 @@ else:
             width >>= 1
         return np.int64(m)
 
-    @cuda.jit(device=True)
-    def _add_counts9(counts, c):
-        """The warp's sums of the nine counters by shuffles, added by its first lane: one
-        atomic per warp and counter.  Every lane of the warp calls it."""
-        c0, c1, c2, c3, c4, c5, c6, c7, c8 = c
-        width = 16
-        while width > 0:
-            c0 += cuda.shfl_down_sync(FULL_MASK, c0, width)
-            c1 += cuda.shfl_down_sync(FULL_MASK, c1, width)
-            c2 += cuda.shfl_down_sync(FULL_MASK, c2, width)
-            c3 += cuda.shfl_down_sync(FULL_MASK, c3, width)
-            c4 += cuda.shfl_down_sync(FULL_MASK, c4, width)
-            c5 += cuda.shfl_down_sync(FULL_MASK, c5, width)
-            c6 += cuda.shfl_down_sync(FULL_MASK, c6, width)
-            c7 += cuda.shfl_down_sync(FULL_MASK, c7, width)
-            c8 += cuda.shfl_down_sync(FULL_MASK, c8, width)
-            width >>= 1
-        if cuda.laneid == 0:
-            for f, v in enumerate((c0, c1, c2, c3, c4, c5, c6, c7, c8)):
-                if v:
-                    cuda.atomic.add(counts, f, v)
+
+@cuda.jit(device=True)
+def _add_counts9(counts, c):
+    """Add one thread's nine counters into ``counts`` (slots 0 .. 8) as the quantize kernels
+    add their six (:func:`lpsim_cuda.counters.add_warp_counts`: per warp, one atomic a
+    counter).  Every lane of the warp calls it."""
+    zero = np.int64(0)
+    add_warp_counts(counts, 0, c[0], c[1], c[2], c[3], c[4], c[5])
+    add_warp_counts(counts, 6, c[6], c[7], c[8], zero, zero, zero)
 
 
 @cuda.jit(device=True)

@@ -102,17 +102,19 @@ def prepare(stats, device: int) -> None:
 
 if SIMULATOR:               # the simulator has no warp shuffles: each thread adds its own
     @cuda.jit(device=True)
-    def add_warp_counts(counts, c0, c1, c2, c3, c4, c5):
-        """Add one thread's six counters into ``counts`` (slots 0 .. 5)."""
+    def add_warp_counts(counts, first, c0, c1, c2, c3, c4, c5):
+        """Add one thread's six counters into ``counts`` (slots first .. first + 5; a zero
+        counter's slot is not touched)."""
         for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
             if v:
-                cuda.atomic.add(counts, f, v)
+                cuda.atomic.add(counts, first + f, v)
 else:
     @cuda.jit(device=True)
-    def add_warp_counts(counts, c0, c1, c2, c3, c4, c5):
+    def add_warp_counts(counts, first, c0, c1, c2, c3, c4, c5):
         """Sum six counters over the warp by shuffles and add them into ``counts`` (slots
-        0 .. 5) from its first lane: one atomic per warp and counter, no shared memory.
-        Every lane of the warp must call it."""
+        first .. first + 5; a zero sum's slot is not touched) from its first lane: one
+        atomic per warp and counter, no shared memory.  Every lane of the warp must call
+        it."""
         width = 16
         while width > 0:
             c0 += cuda.shfl_down_sync(FULL_MASK, c0, width)
@@ -125,4 +127,4 @@ else:
         if cuda.laneid == 0:
             for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
                 if v:
-                    cuda.atomic.add(counts, f, v)
+                    cuda.atomic.add(counts, first + f, v)

@@ -153,7 +153,7 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
                 c = tally(c, f)
         if COUNT:
             c0, c1, c2, c3, c4, c5 = c
-            add_warp_counts(counts, c0, c1, c2, c3, c4, c5)
+            add_warp_counts(counts, 0, c0, c1, c2, c3, c4, c5)
             if cuda.grid(1) == 0:
                 cuda.atomic.add(counts, ELEMENTS, n)
 
