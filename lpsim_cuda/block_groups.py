@@ -579,25 +579,27 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             result = x.new_empty(x.shape, dtype=torch.float32) if launch.is_torch(x) else \
                 cuda.device_array(x.shape, np.float32)
         outf = _flat(result)
-        found = bfmt.tensor_scale and tensor_scale is None       # NVFP4's, on the device
-        counts = None if stats is None else _counts_with_bounds(
-            bfmt, 1.0 if found or not bfmt.tensor_scale else
-            checked_tensor_scale(tensor_scale, bfmt), True if found else None)
         if half:
             xb = arrays._torch_bits(x)
             if not eligible(bfmt, length, n, launch.address(xb), launch.address(outf),
                             request.mode, request.offset, 2):
                 return None
+        else:
+            xf = _flat(x)
+            if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
+                            request.mode, request.offset):
+                return None
+        found = bfmt.tensor_scale and tensor_scale is None       # NVFP4's, on the device
+        counts = None if stats is None else _counts_with_bounds(
+            bfmt, 1.0 if found or not bfmt.tensor_scale else
+            checked_tensor_scale(tensor_scale, bfmt), found)
+        if half:
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
                         if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half,
                         counts=counts)
             return _counted(result, stats, counts, n, bfmt)
-        xf = _flat(x)
-        if not eligible(bfmt, length, n, launch.address(xf), launch.address(outf),
-                        request.mode, request.offset):
-            return None
         pts = 1.0
-        if bfmt.tensor_scale and tensor_scale is None:
+        if found:
             with _ENQUEUE:                                  # nothing comes back to the host
                 launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n,
                             device_tensor_scale(xf, bfmt), counts=counts)
@@ -621,16 +623,16 @@ def _clip_bounds(bp, sp):
     return clip_bounds(bp, sp)
 
 
-def _counts_with_bounds(bfmt, pts: float, device=None):
+def _counts_with_bounds(bfmt, pts: float, scale_found: bool = False):
     """The counting kernel's device array: the nine counters (zeros), then the bounds of
     the largest magnitude's bits outside which a block's scale is clipped
     (:func:`lpsim.blocks.word_counts.clip_bounds`, compiled for the CPU; where the float32
     steps apply and a format has smin < smax, else zeros: the kernel then asks block_scale,
-    as it does for a tensor scale found on the device, ``device``)."""
+    as it does for a tensor scale found on the device, ``scale_found``)."""
     head = [0] * len(BLOCK_COUNTERS)
     bp = block_params(bfmt, pts)
     lo = hi = 0
-    if device is None and words_exact(bfmt) and bp.smin < bp.smax:
+    if not scale_found and words_exact(bfmt) and bp.smin < bp.smax:
         lo, hi = _clip_bounds(bp, kernel_params(bfmt.scale, np.float64))
     return cuda.to_device(np.array(head + [lo, hi], np.int64))
 

@@ -2,8 +2,9 @@
 
 ``lpsim.philox.philox4x32`` is written in 64-bit integers masked to 32 bits, which NVVM
 keeps 64-bit; this module registers a CUDA-target overload of it whose body is
-:func:`lpsim.philox.philox4x32_ir` with NVVM's ``mulhi``, the same rounds in i32, so every kernel that draws
-(quantize, the optimizer, block formats) gets the short form without a change at its call.
+:func:`lpsim.philox.philox4x32_ir` with NVVM's ``mulhi``, the same rounds in i32, so every
+kernel that draws (quantize, the optimizer, block formats) gets the short form without a
+change at its call.
 The CPU keeps the Python source (its loops vectorise it); the simulator runs it too.
 """
 
