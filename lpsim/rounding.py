@@ -255,30 +255,50 @@ def round_fast(bits, mode, r, k, p):
     return ((out | (bits & SIGN)) & okm) | (bits & ~okm), ok, ok & np.int64(rem != 0)
 
 
-@register_jitable
-def _small_increment(tf, sticky, sign, mode, r, W, k):
-    """0 or 1: whether a finite x below min_subnormal (keep 0) rounds up to it, from its
-    fraction of a quantum as a W-bit fixed-point number F: ``tf`` = floor(F), ``sticky``
-    whether F has more bits; the choices of :func:`_increment` on it (ties go to 0, the
-    even code)."""
-    half = np.int64(1) << (W - 1)
-    inc = np.int64(0)                           # toward_zero
-    if mode == NEAREST:
-        inc = np.int64(tf + sticky > half)      # F > 1/2
-    elif mode == NEAREST_AWAY:
-        inc = np.int64(tf >= half)
+@register_jitable(forceinline=True)
+def _shr_or_zero(x, d):
+    """x >> d for x < 2**62 and any shift d >= 0 (0 from 62 on), in two shifts below 32:
+    LLVM leaves a shift by the operand's width or more undefined, and x may be a word."""
+    first = min(d, 31)
+    return (x >> first) >> min(d - first, 31)
+
+
+@register_jitable(forceinline=True)
+def _small_increment(a, biased, sign, mode, r, k, p):
+    """0 or 1: whether a finite container normal below min_subnormal (|x| = F tiny with
+    0 < F < 1; magnitude bits ``a``, exponent field ``biased``) rounds up to min_subnormal:
+    the choices of :func:`_increment` on F (ties go to 0, the even code).
+
+    Nearest compares ``a`` with tiny / 2's bits (F > 1/2).  Stochastic rounding needs F's
+    top bits as a fixed-point number: F 2**W = sig_top / 2**dd, the significand's bits with
+    its top bit at bit W - 1 (or above, where the words are narrower than the significand)
+    and dd >= 0 (clamped for lanes at or above tiny, whose choice is not used).  SR compares
+    R_k < floor(F 2**k) = sig_top >> (dd + W - k); full-width SR R < ceil(F 2**W), which is
+    ((sig_top - 1) >> dd) + 1.
+    """
+    W, M = p.W, p.M
+    one = np.int64(1)
+    inc = like(a, 0)                            # toward_zero
+    if mode == NEAREST or mode == NEAREST_AWAY:
+        # tiny / 2: one exponent field lower, or half the bits where tiny is the container's
+        # min normal or subnormal
+        half = p.tiny - (one << M) if p.tiny > (one << M) else p.tiny >> 1
+        inc = like(a, a > half) if mode == NEAREST else like(a, a >= half)
     elif mode == UP:
         inc = 1 + sign
     elif mode == DOWN:
         inc = -sign
     elif mode == ODD:
-        inc = np.int64(1)
+        inc = like(a, 1)
     elif mode == STOCHASTIC_EQUAL:
         inc = r >> (W - 1)
     elif mode == STOCHASTIC:
-        # R_k < floor(F) on the top k bits (compared under a mask); full-width SR: R < ceil(F)
-        top = ~((np.int64(1) << (W - k)) - 1)
-        inc = np.int64((r & top) < (tf & top) + (sticky & -np.int64(k == W)))
+        # the significand's M + 1 bits, shifted left to end at bit W - 1 or, where the random
+        # words are narrower than it (float64 containers with float32 words), right by dd
+        sig_top = ((a & ((one << M) - 1)) | (one << M)) << max(W - M - 1, 0)
+        dd = max(p.qsub + p.EB - 1 - biased, 0) + max(M + 1 - W, 0) + (W - k)
+        full = like(a, k == W)
+        inc = like(a, (r >> (W - k)) < _shr_or_zero(sig_top - full, dd) + full)
     return inc
 
 
@@ -323,19 +343,7 @@ def round_fast_sub(bits, mode, r, k, p):
     # the code's last bit: keep's; at s == M below min_normal keep is the implicit 1 alone
     lsb = (((a >> s) ^ parity) & 1) | np.int64((s == M) & (below != 0))
     out = _carry(a, (np.int64(1) << s) - 1, s, lsb, sign, mode, r, W, k, True)
-    # below min_subnormal, |x| = sig * 2**-s_all quanta with s_all = cq - biased > M: the
-    # fraction as a W-bit fixed point, sig shifted left by W - s_all or right by s_all - W
-    # (both clamped: the shifts stay in range for every lane)
-    sig = (a & ((np.int64(1) << M) - 1)) | (np.int64(1) << M)
-    cq = p.qsub + M + EB
-    u = min(biased + W, cq)
-    left = min(biased + W - u, max(W - M - 1, 0))
-    d = min(cq - u, M + 1)
-    tf = (sig << left) >> d
-    low = (np.int64(1) << d) - 1
-    sticky = ((sig & low) + low) >> d           # 1 when any bit below d is set (no compare:
-    #                                             a compare here becomes a branch per element)
-    inc = _small_increment(tf, sticky, sign, mode, r, W, k)
+    inc = _small_increment(a, biased, sign, mode, r, k, p)
     sm = -(np.int64(a < p.tiny) & np.int64(a != 0))
     out = (out & ~sm) | (-inc & p.tiny & sm)
     ok = fast_sub_ok(bits, p)

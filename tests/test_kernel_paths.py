@@ -417,3 +417,78 @@ def test_round_one_word_is_round_bits_in_32_bit_words(fmt):
             rounded(bits, words, request.mode, request.k, request.params, sub, out, flags)
             assert [(int(o), int(g)) for o, g in zip(out, flags)] == \
                 [(int(o), int(g)) for o, g in want], (fmt, mode, sr_bits, sub)
+
+
+@functools.cache
+def _round_fast_sub_kernel():
+    from numba import njit
+    from lpsim.rounding import round_fast_sub
+    from lpsim.word32 import as_int64, as_signed64, word
+
+    @njit
+    def rounded(bits, words, mode, k, p, as_words, out, oks):
+        for i in range(bits.size):
+            if as_words:
+                o, ok, _ = round_fast_sub(word(bits[i]), mode, word(words[i]), k, p)
+                out[i], oks[i] = as_signed64(o), as_int64(ok)
+            else:
+                out[i], oks[i], _ = round_fast_sub(bits[i], mode, words[i], k, p)
+    return rounded
+
+
+@pytest.mark.parametrize("container, word_bits", [(np.float32, None), (np.float64, None),
+                                                  (np.float64, 32)],
+                         ids=["f32", "f64", "f64-words32"])
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e2m1fn", "e5m2", "fp(3,2,6)", "fp(6,9,0)"])
+def test_stochastic_rounding_below_min_subnormal_at_its_threshold_words(fmt, container,
+                                                                        word_bits):
+    """round_fast_sub's SR of |x| = F min_subnormal (0 < F < 1) rounds up exactly for the
+    random words below its threshold, worked out here with exact integers: R < ceil(F 2**W)
+    at full width, R_k < floor(F 2**k) with k bits; each word next to the threshold, on
+    either side (which random words almost never hit), for 64-bit lanes and 32-bit words
+    (float32 containers), and float64 containers with 32-bit words (the block kernels'
+    elements).  round_bits agrees on every one."""
+    from fractions import Fraction
+    from lpsim.rounding import MODES, kernel_params
+
+    f = lpsim.parse_format(fmt)
+    p = kernel_params(f, container)
+    if word_bits:
+        p = p._replace(W=word_bits)
+    W, tiny = p.W, Fraction(2) ** (f.emin - f.m)
+    rng = np.random.default_rng(zlib.crc32(f"{fmt} {container.__name__} {W}".encode()))
+    digits = 53 if container is np.float64 else 24
+    # F with a full significand, shifted by 0 to 40 binades: sticky bits below bit W too
+    sig = rng.integers(2 ** (digits - 1), 2 ** digits, 240)
+    shift = rng.integers(0, 41, 240)
+    fractions = [Fraction(int(s), 2 ** (digits + int(d))) for s, d in zip(sig, shift)]
+    fractions += [Fraction(1, 2), Fraction(1, 2 ** 30), 1 - Fraction(1, 2 ** (digits - 2))]
+    cases = []                              # (value, word, k, rounds up)
+    for F in fractions:
+        for k in (W, 3):
+            scaled = F * 2 ** k
+            t = -(-scaled.numerator // scaled.denominator) if k == W else int(scaled)
+            step = 2 ** (W - k)             # words with the same top k bits
+            for top in {max(t - 1, 0), t}:
+                if top < 2 ** k:
+                    word = top * step + int(rng.integers(0, step))
+                    cases += [(F * tiny * sign, word, k, top < t) for sign in (1, -1)]
+    x = np.array([float(v) for v, *_ in cases], container)
+    assert all(Fraction(float(a)) == v for a, (v, *_) in zip(x, cases))   # exact values
+    bits = x.view(DTYPES[container]).astype(np.int64)
+    words = np.array([w for _, w, *_ in cases], np.int64)
+    mode = MODES["stochastic"]
+    rounded = _round_fast_sub_kernel()
+    for as_words in ([False, True] if container is np.float32 else [False]):
+        for k in (W, 3):
+            sel = np.array([c[2] == k for c in cases])
+            out, oks = np.empty(sel.sum(), np.int64), np.empty(sel.sum(), np.int64)
+            rounded(bits[sel], words[sel], mode, k, p, as_words, out, oks)
+            got = out.astype(DTYPES[container]).view(container)
+            want = [np.copysign(float(tiny) if up else 0.0, float(v))
+                    for (v, _, _, up), s in zip(cases, sel) if s] if sel.any() else []
+            assert oks.all() and np.array_equal(got, np.array(want, container)), (k, as_words)
+            assert np.array_equal(np.signbit(got), np.signbit(np.array(want, container)))
+            reference = [round_bits(int(b), mode, int(r), k, p)[0]
+                         for b, r in zip(bits[sel], words[sel])]
+            assert out.tolist() == reference, (k, as_words)
