@@ -15,6 +15,7 @@ from numba import njit, prange
 from numba.extending import register_jitable
 
 from .formats import CONTAINERS, Format, fp, parse_format
+from .word32 import like, widen
 
 #: storage name -> (the format it encodes, its bit width)
 STORAGE: dict[str, tuple[Format, int]] = {
@@ -100,32 +101,41 @@ def _storage_params(fmt: Format, name: str, dtype: np.dtype) -> StorageParams:
 def pack_bits(bits, sp):
     """Storage bit pattern (as a signed integer of sp.width bits) of container bits ``bits``.
 
-    The right shifts are capped at 63: ``a`` is below 2^63, so the value is the same, and a
-    shift by 64 or more is undefined in LLVM.  Where the parameters are compile-time constants
-    (the CUDA kernels bake them) LLVM folded ``0 >> 125`` (a zero into float16) to garbage."""
+    In the operand's width: an int64, or a 32-bit word (lpsim.word32) from a float32
+    container, so that a GPU kernel packing a word stays in 32-bit instructions (a word's
+    negative code is its low sp.width bits, sign-extended by lpsim.word32.as_signed64 or a
+    narrowing store).  Every quantity is nonnegative (the exponent compared as a field), and
+    the right shifts are capped below the operand's width: ``a`` is below 2^31 (float32) or
+    2^63, so the value is the same, and a larger shift is undefined in LLVM.  Where the
+    parameters are compile-time constants (the CUDA kernels bake them) LLVM folded
+    ``0 >> 125`` (a zero into float16) to garbage."""
     width, M, EB, EMAXF, MAG, sub_shift, m, bias, emin, inf_code, nan_code = sp
-    bits = np.int64(bits)
+    bits = widen(bits)
     a = bits & MAG
+    cap = 31 if M == 23 else 63
+    negative = (bits >> cap) & 1
     if bias == EB and emin == 1 - EB and sub_shift == M - m and inf_code == EMAXF << m:
         # the storage has the container's exponents (bfloat16 in float32): every finite
         # value's code, subnormals and inf included, is the magnitude's top bits and the
         # sign, a NaN the storage's NaN; a few operations where the kernels bake ``sp``
-        code = (a >> (M - m)) | (np.int64(bits < 0) << (width - 1))
-        code = nan_code if a > (EMAXF << M) else code
+        if M - m + width == cap + 1:            # the container's top bits, sign included
+            code = (bits >> (M - m)) & ((np.int64(1) << width) - 1)
+        else:
+            code = (a >> (M - m)) | (negative << (width - 1))
+        code = like(bits, nan_code) if a > (EMAXF << M) else code
         return code - ((code >> (width - 1)) << width)
     biased = a >> M
     fracmask = (np.int64(1) << M) - 1
+    nan = (biased == EMAXF) & ((a & fracmask) != 0)
     if biased == EMAXF:
-        code = nan_code if a & fracmask else inf_code
+        code = like(bits, nan_code if nan else inf_code)
     elif biased == 0:
-        code = a >> min(sub_shift, 63)
-    else:
-        ex = biased - EB
-        if ex >= emin:
-            code = ((ex + bias) << m) | ((a & fracmask) >> (M - m))
-        else:
-            code = ((a & fracmask) | (np.int64(1) << M)) >> min(emin - m - ex + M, 63)
-    if bits < 0 and not (biased == EMAXF and a & fracmask):
+        code = a >> min(sub_shift, cap)
+    elif biased >= emin + EB:                   # a normal of the storage format
+        code = ((biased + (bias - EB)) << m) | ((a & fracmask) >> (M - m))
+    else:                                       # a subnormal: shifted by its binades below
+        code = ((a & fracmask) | (np.int64(1) << M)) >> min(emin + EB - m + M - biased, cap)
+    if negative != 0 and not nan:
         code |= np.int64(1) << (width - 1)
     if code >= (np.int64(1) << (width - 1)):
         code -= np.int64(1) << width

@@ -44,7 +44,7 @@ from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_par
                             nearest32_consts, nearest32_exact, nearest32_step, round_bits,
                             round_one_word, tally)
 from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
-from lpsim.word32 import as_signed64, bits_float32, float32_bits
+from lpsim.word32 import as_signed64, bits_float32, float32_bits, word
 
 from . import arrays, launch, vector
 from .counters import ELEMENTS, add_warp_counts
@@ -88,6 +88,12 @@ def _nearest(b, cw, lw, lim, largest, p):
     if ok != 0:
         return as_signed64(float32_bits(v))
     return round_bits(np.int64(b), NEAREST, np.int64(0), 0, p)[0]
+
+
+@register_jitable
+def _word(bits):
+    """float32 container bits held in an int64 as a 32-bit word (lpsim.word32)."""
+    return word(np.int32(bits))
 
 
 def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool = False):
@@ -134,9 +140,11 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
             if COUNT:
                 c = tally(tally(tally(tally(c, f0), f1), f2), f3)
             if packed:
-                o0, o1 = pack_bits(o0, SP), pack_bits(o1, SP)
-                o2, o3 = pack_bits(o2, SP), pack_bits(o3, SP)
-            vector.store4(outb, j, o0, o1, o2, o3)
+                # in 32-bit words: the container is float32 (a narrowing store)
+                vector.store4(outb, j, pack_bits(_word(o0), SP), pack_bits(_word(o1), SP),
+                              pack_bits(_word(o2), SP), pack_bits(_word(o3), SP))
+            else:
+                vector.store4(outb, j, o0, o1, o2, o3)
             j += step
         i = (groups << 2) + cuda.grid(1)
         if i < n:
@@ -148,7 +156,10 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
                 o, f = _nearest(source_bits(xb[i], HALF), CW, LW, LIM, LARGEST, P), np.int64(0)
             else:
                 o, f = round_one_word(source_bits(xb[i], HALF), MODE, r, K, P, SUB)
-            outb[i] = pack_bits(o, SP) if packed else o
+            if packed:
+                outb[i] = as_signed64(pack_bits(_word(o), SP))
+            else:
+                outb[i] = o
             if COUNT:
                 c = tally(c, f)
         if COUNT:

@@ -10,6 +10,7 @@ from numba import njit
 import lpsim
 from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, code_bits, pack, pack_bits,
                            storage_name, storage_params)
+from lpsim.word32 import as_signed64, word
 
 CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
          ("float8_e5m2", "e5m2", ml_dtypes.float8_e5m2),
@@ -36,26 +37,35 @@ def test_pack_equals_the_peer_encoding(storage, fmt, peer, dtype):
     assert nan.sum() >= 2 and np.all(got[nan] == storage_params(fmt, storage, dtype).nan_code)
 
 
+@pytest.mark.parametrize("words", [False, True], ids=["int64", "words"])
 @pytest.mark.parametrize("storage, fmt, peer", CASES)
-def test_pack_bits_with_constant_parameters_equals_the_runtime_packing(storage, fmt, peer):
+def test_pack_bits_with_constant_parameters_equals_the_runtime_packing(storage, fmt, peer,
+                                                                        words):
     """The CUDA kernels compile pack_bits with the storage parameters as constants; LLVM then
     folds every shift, and one of 64 or more is undefined: float16's zero packed to garbage
-    on an H100 (2026-11-26) and on this CPU alike, until the shifts were capped."""
+    on an H100 (2026-11-26) and on this CPU alike, until the shifts were capped.  The
+    specialised quantize kernels pack 32-bit words (lpsim.word32): the same codes, NaNs
+    whose payload lies in the bits a bfloat16 drops included."""
     SP = storage_params(fmt, storage, np.float32)
 
     @njit
     def baked(bits, out):
         for i in range(bits.size):
-            out[i] = pack_bits(bits[i], SP)
+            if words:
+                out[i] = as_signed64(pack_bits(word(bits[i]), SP))
+            else:
+                out[i] = pack_bits(bits[i], SP)
 
     width = np.dtype(peer).itemsize * 8
     codes = np.arange(2 ** width, dtype=np.uint16 if width == 16 else np.uint8)
     with np.errstate(invalid="ignore"):
         values = codes.view(peer).astype(np.float32)
-    x = np.concatenate([values, np.float32([0.0, -0.0])])
-    got = np.empty(x.size, np.int16 if width == 16 else np.int8)
+    nans = np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7F80FFFF], np.uint32).view(np.float32)
+    x = np.concatenate([values, nans, np.float32([0.0, -0.0])])
+    got = np.empty(x.size, np.int64)        # the signed code itself, before any store
     baked(x.view(np.int32), got)
-    assert np.array_equal(got, pack(x, storage, fmt))
+    assert np.array_equal(got, pack(x, storage, fmt).astype(np.int64))
+    assert np.all(got[-6:-2] == SP.nan_code)
     assert got[-2] == 0 and got[-1] == -2 ** (width - 1)     # +0 and -0: the sign bit alone
 
 
