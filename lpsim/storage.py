@@ -15,7 +15,7 @@ from numba import njit, prange
 from numba.extending import register_jitable
 
 from .formats import CONTAINERS, Format, fp, parse_format
-from .word32 import like, widen
+from .word32 import like, operand_bits, widen
 
 #: storage name -> (the format it encodes, its bit width)
 STORAGE: dict[str, tuple[Format, int]] = {
@@ -105,15 +105,16 @@ def pack_bits(bits, sp):
     container, so that a GPU kernel packing a word stays in 32-bit instructions (a word's
     negative code is its low sp.width bits, sign-extended by lpsim.word32.as_signed64 or a
     narrowing store).  Every quantity is nonnegative (the exponent compared as a field), and
-    the right shifts are capped below the operand's width: ``a`` is below 2^31 (float32) or
-    2^63, so the value is the same, and a larger shift is undefined in LLVM.  Where the
+    the right shifts are capped below the operand's width (:func:`lpsim.word32.operand_bits`;
+    the sign is its top bit: an int64 holds float32 container bits sign-extended): ``a`` is
+    below 2^31 (float32) or 2^63, so the value is the same, and a larger shift is undefined
+    in LLVM.  Where the
     parameters are compile-time constants (the CUDA kernels bake them) LLVM folded
     ``0 >> 125`` (a zero into float16) to garbage."""
     width, M, EB, EMAXF, MAG, sub_shift, m, bias, emin, inf_code, nan_code = sp
     bits = widen(bits)
     a = bits & MAG
-    cap = 31 if M == 23 else 63
-    negative = (bits >> cap) & 1
+    cap = operand_bits(bits) - 1
     if bias == EB and emin == 1 - EB and sub_shift == M - m and inf_code == EMAXF << m:
         # the storage has the container's exponents (bfloat16 in float32): every finite
         # value's code, subnormals and inf included, is the magnitude's top bits and the
@@ -121,21 +122,20 @@ def pack_bits(bits, sp):
         if M - m + width == cap + 1:            # the container's top bits, sign included
             code = (bits >> (M - m)) & ((np.int64(1) << width) - 1)
         else:
-            code = (a >> (M - m)) | (negative << (width - 1))
+            code = (a >> (M - m)) | (((bits >> cap) & 1) << (width - 1))
         code = like(bits, nan_code) if a > (EMAXF << M) else code
         return code - ((code >> (width - 1)) << width)
     biased = a >> M
     fracmask = (np.int64(1) << M) - 1
-    nan = (biased == EMAXF) & ((a & fracmask) != 0)
     if biased == EMAXF:
-        code = like(bits, nan_code if nan else inf_code)
+        code = like(bits, nan_code if (a & fracmask) != 0 else inf_code)
     elif biased == 0:
         code = a >> min(sub_shift, cap)
     elif biased >= emin + EB:                   # a normal of the storage format
         code = ((biased + (bias - EB)) << m) | ((a & fracmask) >> (M - m))
     else:                                       # a subnormal: shifted by its binades below
         code = ((a & fracmask) | (np.int64(1) << M)) >> min(emin + EB - m + M - biased, cap)
-    if negative != 0 and not nan:
+    if ((bits >> cap) & 1) != 0 and not (biased == EMAXF and (a & fracmask) != 0):
         code |= np.int64(1) << (width - 1)
     if code >= (np.int64(1) << (width - 1)):
         code -= np.int64(1) << width

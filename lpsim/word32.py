@@ -240,6 +240,18 @@ def _like(x, v):
     return lambda x, v: np.int64(v)
 
 
+def operand_bits(x):
+    """The width of the operand ``x`` in compiled code: 32 for a word32, else 64 (an int64,
+    the decision's other operand); a constant, so shifts capped by it fold."""
+    return 64
+
+
+@overload(operand_bits)
+def _operand_bits(x):
+    width = 32 if isinstance(x, Word32) else 64
+    return lambda x: width
+
+
 def widen(x):
     """x unchanged when it is a word32, else x as an int64: the decision's operand."""
     return np.int64(x)

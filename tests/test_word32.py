@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from lpsim.word32 import as_int64, as_signed64, widen, word
+from lpsim.word32 import as_int64, as_signed64, operand_bits, widen, word
 
 EDGES = np.array([0, 1, 2, 0x7FFF, 0x8000, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0x80000001,
                   0xFFFFFFFE, 0xFFFFFFFF], np.uint32)
@@ -109,6 +109,15 @@ def test_int64_operands_keep_int64_arithmetic():
     assert kernel(np.int64(5)) == (5 + 2**40, 5 + 2**40, 5)
     # an int32 widens sign-extended; as a word it is 32 bits (a word returns as an int)
     assert kernel(np.int32(-1)) == (2**40 - 1, 2**32 - 1, -1)
+
+
+def test_operand_bits_is_the_compiled_width():
+    """32 for a word, 64 for an int64 (compiled); 64 in plain Python, where words are int64."""
+    @njit
+    def kernel(x):
+        return operand_bits(word(x)), operand_bits(np.int64(x)), operand_bits(widen(x))
+    assert kernel(np.int32(-1)) == (32, 64, 64) and kernel(np.int64(3)) == (64, 64, 64)
+    assert operand_bits(word(np.int32(-1))) == 64
 
 
 def test_plain_python_gives_int64():
