@@ -119,7 +119,7 @@ def pack_bits(bits, sp):
         # the storage has the container's exponents (bfloat16 in float32): every finite
         # value's code, subnormals and inf included, is the magnitude's top bits and the
         # sign, a NaN the storage's NaN; a few operations where the kernels bake ``sp``
-        if M - m + width == cap + 1:            # the container's top bits, sign included
+        if cap == 31 and M - m + width == 32:   # a word whose top bits are the code
             code = (bits >> (M - m)) & ((np.int64(1) << width) - 1)
         else:
             code = (a >> (M - m)) | (((bits >> cap) & 1) << (width - 1))
