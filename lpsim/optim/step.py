@@ -94,10 +94,12 @@ def load(code, kind):
 
 
 @register_jitable
-def store(bits, kind, sp16):
+def store(bits, kind, sp16, rounded=False):
     """The stored code of float32 container bits already rounded to the storage's format
-    (a NaN: QUIET_NAN's)."""
-    bits = quiet_nan(np.int64(bits))
+    (a NaN: QUIET_NAN's).  ``rounded``: the bits come from a straight-path rounding that
+    declines NaN (the caller stores them only where it did not decline), so no NaN is
+    looked for."""
+    bits = np.int64(bits) if rounded else quiet_nan(np.int64(bits))
     if kind == STORE_BF16:
         return np.int64(bits) >> 16
     if kind == STORE_F16:
@@ -255,7 +257,8 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
         master = join_remainder(wb >> 16, rem)
         s, ok, flags = round64(np.float64(as_f32(master)) - np.float64(u), NEAREST, 0, wk, pw,
                                fast)
-        new = quiet_nan(bits_f32(np.float32(s)))           # exact: s is a float32 value
+        new = bits_f32(np.float32(s))                       # exact: s is a float32 value
+        new = new if fast else quiet_nan(new)               # fast: not stored unless ok
         code, rem = split_remainder(new)
         return code << 16, c, rem, flags, (u != 0) & (new == master), ok
     if update == KAHAN:
@@ -266,7 +269,8 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
         ok &= okc
     else:
         w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
-    new = quiet_nan(bits_f32(np.float32(w2)))
+    new = bits_f32(np.float32(w2))
+    new = new if fast else quiet_nan(new)                   # fast: not stored unless ok
     return new, c, rem, flags, (u != 0) & (new == wb), ok
 
 
@@ -293,18 +297,18 @@ def step_codes(wc, gc, mc, vc, cc, rc, rw, rm, rv, kinds, hp, ints, pw, pc, ps, 
     if algo == ADAMW:
         u, m, v, ok = adamw_direction(g, w, m, as_f32(load(vc, skind)), hp, smode, sk, rm, rv,
                                       ps, fast)
-        vc = store(bits_f32(v), skind, sp16)
+        vc = store(bits_f32(v), skind, sp16, fast and smode >= 0)
     else:
         u, m, ok = sgd_direction(g, w, m, hp, nesterov, first, smode, sk, rm, ps, fast)
     if hasm:
-        mc = store(bits_f32(m), skind, sp16)
+        mc = store(bits_f32(m), skind, sp16, fast and smode >= 0)
     nb, c, rem, flags, cancelled, oku = apply_update(wbits, u, c, rem, update, wmode, wk, rw,
                                                      pw, pc, fast)
     if update == KAHAN:
-        cc = store(bits_f32(c), skind, sp16)
+        cc = store(bits_f32(c), skind, sp16, fast)
     elif update == REMAINDER:
         rc = rem
-    return (store(nb, wkind, sp16), mc, vc, cc, rc, flags, np.int64(cancelled),
+    return (store(nb, wkind, sp16, fast), mc, vc, cc, rc, flags, np.int64(cancelled),
             np.int64(ok & oku))
 
 
