@@ -225,6 +225,37 @@ def test_block_counters():
     assert plain.as_dict() == {k: getattr(stats, k) for k in plain.as_dict()}
 
 
+def test_block_stats_sum_with_their_block_counters():
+    """BlockStats + BlockStats (and +=) sums every counter, the block ones included; with a
+    plain RoundingStats the element counters sum to a RoundingStats."""
+    x = np.ones((4, 32), np.float32)
+    x[0, 0] = np.nan
+    a, b = BlockStats(), BlockStats()
+    lpsim.quantize(x, "mxfp4", stats=a)
+    lpsim.quantize(x[:2], "mxfp4", stats=b)
+    want = {k: a.as_dict()[k] + b.as_dict()[k] for k in a.as_dict()}
+    total = a + b
+    assert type(total) is BlockStats and total.as_dict() == want
+    assert want["blocks"] == 6 and want["nan_blocks"] == 2
+    plain = lpsim.RoundingStats(elements=5, nan=1)
+    for mixed in (a + plain, plain + a):
+        assert type(mixed) is lpsim.RoundingStats
+        assert mixed.elements == a.elements + 5 and mixed.nan == a.nan + 1
+    a += b
+    assert a.as_dict() == want
+    a += plain
+    assert a.elements == want["elements"] + 5 and a.blocks == 6
+
+
+def test_block_sizes_beyond_int64_are_refused_by_name():
+    """The kernels index blocks in int64: a block of 2**63 or more is refused when the format
+    is made, naming the value and the range (2**63 - 1 itself is a format)."""
+    assert block("e4m3fn", 2 ** 63 - 1).block == 2 ** 63 - 1
+    for bad in (2 ** 63, np.uint64(2 ** 63), 10 ** 30):
+        with pytest.raises(ValueError, match=r"block=.*accepted: an integer >= 1 and <= 2\*\*63 - 1"):
+            block("e4m3fn", bad)
+
+
 def test_presets_and_repr_round_trip():
     for name, bfmt in lpsim.blocks.PRESETS.items():
         assert parse_block_format(repr(bfmt)) == bfmt, repr(bfmt)

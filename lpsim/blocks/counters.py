@@ -44,6 +44,25 @@ class BlockStats(RoundingStats):
         for name in self.BLOCK_FIELDS:
             setattr(self, name, 0)
 
+    def __iadd__(self, other: RoundingStats) -> "BlockStats":
+        """The element counters of any RoundingStats, and a BlockStats' block counters."""
+        if super().__iadd__(other) is NotImplemented:
+            return NotImplemented
+        if isinstance(other, BlockStats):
+            for name in self.BLOCK_FIELDS:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def __add__(self, other: RoundingStats) -> RoundingStats:
+        """Two BlockStats sum to a BlockStats; with a plain RoundingStats, the element
+        counters sum to a RoundingStats (the plain one has no block counters)."""
+        if not isinstance(other, RoundingStats):
+            return NotImplemented
+        total = BlockStats() if isinstance(other, BlockStats) else RoundingStats()
+        total += self
+        total += other
+        return total
+
     def __repr__(self) -> str:
         return "BlockStats(" + ", ".join(f"{k}={v}" for k, v in self.as_dict().items()) + ")"
 

@@ -44,8 +44,9 @@ class BlockFormat:
         object.__setattr__(self, "element", parse_format(self.element))
         object.__setattr__(self, "scale", parse_format(self.scale))
         if isinstance(self.block, bool) or not isinstance(self.block, (int, np.integer)) \
-                or self.block < 1:
-            raise ValueError(f"block={self.block!r} is not accepted; accepted: an integer >= 1")
+                or not 1 <= self.block <= 2 ** 63 - 1:
+            raise ValueError(f"block={self.block!r} is not accepted; accepted: an integer >= 1 "
+                             "and <= 2**63 - 1 (the kernels index blocks in int64)")
         object.__setattr__(self, "block", int(self.block))
         if self.rule not in RULES:
             raise ValueError(f"rule={self.rule!r} is unknown; accepted: {', '.join(RULES)}")
