@@ -135,11 +135,18 @@ def quantize_tensor(x, fmt, rounding="nearest", *, seed=None, stream=0, sr_bits=
         round_detached(x, fmt, rounding, out=out, **kwargs)
         torch.autograd.graph.increment_version(out)
         return out
+    # a narrower out is checked after rounding: count into a stats of the call's own, added
+    # to the caller's once the values fit (a refused call counts nothing)
+    narrower = out.dtype != container(x.dtype)
+    counted = stats if not narrower or stats is None else type(stats)()
+    kwargs["stats"] = counted
     value = (_StraightThrough.apply(x, fmt, rounding, kwargs) if tracked and x.requires_grad
              else round_detached(x, fmt, rounding, **kwargs))
     if out.dtype != value.dtype and not _exact_in(value.detach(), out.dtype):
         raise ValueError(f"the values of x rounded to {fmt} do not all fit out's dtype "
                          f"{out.dtype}; pass a float32/float64 out")
+    if counted is not stats:
+        stats += counted
     if tracked:
         out.copy_(value)
     else:

@@ -147,3 +147,12 @@ def test_quantizer_refuses_values_the_input_dtype_cannot_hold():
         Quantizer("bf16")(x)
     xb = torch.tensor([1.0, 3.0], dtype=torch.bfloat16)
     assert Quantizer("fp16")(xb).dtype == torch.bfloat16      # values bf16 holds: taken
+    # the refused call leaves the counters and the generator as they were; one that fits
+    # counts and advances
+    g, stats = lpsim.Generator(0), lpsim.RoundingStats()
+    q = Quantizer("bf16", None, "stochastic", generator=g, forward_stats=stats)
+    with pytest.raises(ValueError, match="cannot hold"):
+        q(torch.full((16,), 65504.0, dtype=torch.float16))   # up with probability 7/8 each
+    assert g.get_state() == (0, 0) and stats == lpsim.RoundingStats()
+    q(xb)
+    assert g.get_state() == (0, 1) and stats.elements == 2

@@ -79,9 +79,19 @@ def test_half_precision_out_takes_exact_values_only():
     assert np.array_equal(x.float().numpy(), lpsim.quantize(
         torch.tensor([1.1, -3.3, 300.0], dtype=torch.bfloat16).float().numpy(), "e4m3"))
     h = torch.tensor([65504.0], dtype=torch.float16)      # bf16 rounds it up to 65536
+    stats = lpsim.RoundingStats()
     with pytest.raises(ValueError, match="do not all fit out's dtype torch.float16"):
-        lpsim.quantize(h, "bf16", out=h)
+        lpsim.quantize(h, "bf16", out=h, stats=stats)
     assert h.item() == 65504.0
+    assert stats == lpsim.RoundingStats()                 # a refused call counts nothing
+    blocks = lpsim.blocks.BlockStats()
+    with pytest.raises(ValueError, match="do not all fit out's dtype torch.float16"):
+        lpsim.quantize(torch.full((1, 32), 1e6), "mxfp8_e4m3",
+                       out=torch.zeros(1, 32, dtype=torch.float16), stats=blocks)
+    assert blocks == lpsim.blocks.BlockStats()
+    lpsim.quantize(torch.tensor([1.1, 3.0]), "e4m3", out=torch.zeros(2, dtype=torch.bfloat16),
+                   stats=stats)                           # a call that fits counts
+    assert stats.elements == 2 and stats.inexact == 1
 
 
 def test_out_kinds_must_match():

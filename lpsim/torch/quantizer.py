@@ -43,13 +43,29 @@ class Rounding:
         if self.generator is not None and not isinstance(self.generator, Generator):
             raise TypeError(f"generator={self.generator!r} is not an lpsim.Generator")
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        """The rounded values of ``t`` (no autograd); ``t`` itself when fmt is None."""
+    def __call__(self, t: torch.Tensor, dtype=None, side: str = "") -> torch.Tensor:
+        """The rounded values of ``t`` (no autograd); ``t`` itself when fmt is None.  With
+        ``dtype``, in that dtype (:func:`_in_dtype`): where it cannot hold them, a ValueError
+        that leaves the counters and the generator as they were."""
         if self.fmt is None:
             return t
+        if self.generator is None:
+            return self._round(t, dtype, side)
+        return self.generator.run(self._round, t, dtype, side)
+
+    def _round(self, t, dtype, side):
         seed, stream, offset = resolve(self.generator, t, self.rounding, None, 0, 0)
-        return round_detached(t, self.fmt, self.rounding, seed=seed, stream=stream,
-                              sr_bits=self.sr_bits, stats=self.stats, offset=offset)
+        checked = dtype is not None and dtype not in (torch.float32, torch.float64)
+        # a dtype narrower than the container is checked after rounding: counted into a
+        # stats of the call's own, added once the values fit
+        counted = type(self.stats)() if checked and self.stats is not None else self.stats
+        y = round_detached(t, self.fmt, self.rounding, seed=seed, stream=stream,
+                           sr_bits=self.sr_bits, stats=counted, offset=offset)
+        if dtype is not None:
+            y = _in_dtype(y, dtype, side, self)
+        if counted is not self.stats:
+            self.stats += counted
+        return y
 
 
 def _in_dtype(y: torch.Tensor, dtype, side: str, site: Rounding) -> torch.Tensor:
@@ -74,14 +90,12 @@ class _Round(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fwd: Rounding, bwd: Rounding):
         ctx.bwd, ctx.dtype = bwd, x.dtype
-        y = fwd(x)
-        return x.view_as(x) if y is x else _in_dtype(y, x.dtype, "forward", fwd)
+        y = fwd(x, x.dtype, "forward")
+        return x.view_as(x) if y is x else y
 
     @staticmethod
     def backward(ctx, grad):
-        g = ctx.bwd(grad)
-        return (grad if g is grad else _in_dtype(g, grad.dtype, "backward", ctx.bwd)) \
-            .to(ctx.dtype), None, None
+        return ctx.bwd(grad, grad.dtype, "backward").to(ctx.dtype), None, None
 
 
 def _side(fmt, rounding, generator, stats, sr_bits) -> Rounding:
