@@ -397,6 +397,9 @@ BAD = {
     "resized state": (None, ValueError, "'exp_avg' holds"),
     "bad step": (None, ValueError, "'step' is"),
     "re-typed": (None, TypeError, "float64"),
+    # hyperparameters a scheduler or a user set in a group after it was added
+    "lr None": (None, TypeError, "lr=None must be a real number"),
+    "betas of one": (None, ValueError, r"betas=\(0.9,\) must be a pair"),
 }
 
 
@@ -422,6 +425,10 @@ def test_a_refused_step_changes_nothing(route, bad):
         opt.state[params[2]]["exp_avg"] = torch.zeros(3, dtype=torch.bfloat16)
     elif bad == "bad step":
         opt.state[params[2]]["step"] = -1
+    elif bad == "lr None":
+        opt.param_groups[1]["lr"] = None
+    elif bad == "betas of one":
+        opt.param_groups[1]["betas"] = (0.9,)
     else:
         victim.data = victim.data.double()
         victim.grad = None
@@ -431,6 +438,26 @@ def test_a_refused_step_changes_nothing(route, bad):
     with pytest.raises(error, match=match):
         opt.step()
     assert_snapshots_equal(before, snapshot(opt, [params[0], params[2]]))
+
+
+@pytest.mark.parametrize("cls, bad, error, match", [
+    (AdamW, {"betas": (0.9,)}, ValueError, "must be a pair"),
+    (AdamW, {"lr": -1.0}, ValueError, "lr=-1.0 is out of range"),
+    (AdamW, {"lr": float("nan")}, TypeError, "lr=nan must be a real number"),
+    (AdamW, {"lr": "0.1"}, TypeError, "lr='0.1' must be a real number"),
+    (AdamW, {"eps": -1.0}, ValueError, "eps=-1.0 is out of range"),
+    (AdamW, {"betas": (1.5, 0.9)}, ValueError, r"betas\[0\]=1.5 is out of range"),
+    (SGD, {"dampening": 2.0}, ValueError, "dampening=2.0 is out of range"),
+    (SGD, {"nesterov": True}, ValueError, "nesterov=True needs momentum > 0")])
+def test_add_param_group_refuses_what_the_constructor_refuses(cls, bad, error, match):
+    """A group added later (or given to the constructor as a dict) is held to the
+    constructor's ranges; a refused group is not added."""
+    opt = cls([Parameter(torch.zeros(2))])
+    with pytest.raises(error, match=match):
+        opt.add_param_group({"params": [Parameter(torch.zeros(3))], **bad})
+    assert len(opt.param_groups) == 1
+    with pytest.raises(error, match=match):
+        cls([{"params": [Parameter(torch.zeros(3))], **bad}])
 
 
 # -- 13. float64 parameters -----------------------------------------------------------------

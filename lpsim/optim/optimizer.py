@@ -189,6 +189,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         try:
             check_options(self.param_groups[-1])
+            self._check_hyper(self.param_groups[-1])
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -246,6 +247,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _hyper(self, group, step: int) -> tuple:
+        raise NotImplementedError
+
+    @staticmethod
+    def _check_hyper(group) -> None:
+        """The algorithm's ranges for a group's hyperparameters, as its constructor's."""
         raise NotImplementedError
 
     # -- state -----------------------------------------------------------------------------
@@ -402,6 +408,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             check_options(group)
+            self._check_hyper(group)        # a scheduler or a user may have set them
         plans, base = [], 0
         for group in self.param_groups:
             params = group["params"]
@@ -716,16 +723,20 @@ class AdamW(LowPrecisionOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, capturable=False, **kw):
-        _check_number("lr", lr)
-        _check_number("eps", eps)
-        _check_number("weight_decay", weight_decay)
+        self._check_hyper(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay), amsgrad=amsgrad,
+                         capturable=capturable, **kw)
+
+    @staticmethod
+    def _check_hyper(group) -> None:
+        for name in ("lr", "eps", "weight_decay"):
+            _check_number(name, group[name])
+        betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas={betas!r} must be a pair (beta1, beta2)")
         for i, beta in enumerate(betas):
             _check_number(f"betas[{i}]", beta, 0.0, 1.0, open_high=True)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay), amsgrad=amsgrad,
-                         capturable=capturable, **kw)
 
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq")
@@ -751,15 +762,20 @@ class SGD(LowPrecisionOptimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, **kw):
-        _check_number("lr", lr)
-        _check_number("momentum", momentum)
-        _check_number("dampening", dampening, 0.0, 1.0)
-        _check_number("weight_decay", weight_decay)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"nesterov=True needs momentum > 0 and dampening = 0, got "
-                             f"momentum={momentum}, dampening={dampening}")
+        self._check_hyper(dict(lr=lr, momentum=momentum, dampening=dampening,
+                               weight_decay=weight_decay, nesterov=nesterov))
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=bool(nesterov)), **kw)
+
+    @staticmethod
+    def _check_hyper(group) -> None:
+        for name in ("lr", "momentum", "weight_decay"):
+            _check_number(name, group[name])
+        momentum, dampening = group["momentum"], group["dampening"]
+        _check_number("dampening", dampening, 0.0, 1.0)
+        if group["nesterov"] and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"nesterov=True needs momentum > 0 and dampening = 0, got "
+                             f"momentum={momentum}, dampening={dampening}")
 
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
