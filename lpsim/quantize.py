@@ -290,6 +290,10 @@ def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, g
         rounded = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                            stats=stats, offset=offset)
         return float(rounded) if isinstance(x, float) else rounded[()]
+    if isinstance(x, np.generic) and x.dtype.kind == "V":     # ml_dtypes' bfloat16, float8
+        check_scalar_out(x, out)
+        return quantize(as_container_array(x), fmt, rounding, seed=seed, stream=stream,
+                        sr_bits=sr_bits, stats=stats, offset=offset)[()]
     if isinstance(x, (list, tuple)):
         done = _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
         if done is not None:

@@ -212,12 +212,21 @@ def _args(ins="wgmma.m64n8k32.f32.e4m3.e4m3"):
     ("ampere", "wgmma.m64n8k32.f32.e4m3.e4m3", "ampere lacks it .it runs on hopper"),
     ("volta", "mma.m16n8k32.f32.e4m3.e4m3.f32", "volta lacks it .it runs on ada"),
     ("hopper", "wgmma.m64n12k32.f32.e4m3.e4m3", "unknown or not modelled"),
-    ("hopper", 3, "must be a PTX opcode"),
 ])
 def test_refused_instructions(arch, instruction, match):
     a, b, c = _args()
     with pytest.raises(ValueError, match=match):
         mma(a, b, c, arch=arch, instruction=instruction)
+    with pytest.raises(TypeError, match="instruction=3 must be a PTX opcode string"):
+        mma(a, b, c, arch="hopper", instruction=3)
+
+
+def test_bool_operands_are_refused_as_quantize_refuses_them():
+    a, b, c = _args()
+    with pytest.raises(TypeError, match="mma: a is a bool array"):
+        mma(a.astype(bool), b, c, arch="hopper", instruction=E4M3)
+    with pytest.raises(TypeError, match="mma: b is a bool tensor"):
+        mma(a, torch.from_numpy(b.astype(bool)), c, arch="hopper", instruction=E4M3)
 
 
 def test_refused_shapes():

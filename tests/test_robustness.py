@@ -256,6 +256,14 @@ def test_array_likes_round_like_their_exact_container_values(x, container):
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("x", [np.float16(0.3), np.float32(0.3), ml_dtypes.bfloat16(0.3),
+                               ml_dtypes.float8_e4m3fn(0.3)], ids=lambda x: type(x).__name__)
+def test_numpy_and_ml_dtypes_scalars_come_back_as_scalars_of_their_container(x):
+    got = quantize(x, "e4m3fn", "stochastic", seed=3)
+    assert isinstance(got, np.float32) and not isinstance(got, np.ndarray)
+    assert got == quantize(np.array([x], np.float32), "e4m3fn", "stochastic", seed=3)[0]
+
+
 def test_overlapping_out_rounds_the_original_values():
     x = np.linspace(-5, 5, 41)
     want = quantize(x.copy(), "fp(4,3,4)")[1:]

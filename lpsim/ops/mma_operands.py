@@ -97,9 +97,12 @@ def as_float64(x, name, who="mma"):
         if x.dtype.is_complex:
             raise ValueError(f"{who}: {name} is a complex tensor ({x.dtype}); accepted: real "
                              "values of the instruction's type")
+        import torch
+        if x.dtype == torch.bool:
+            raise TypeError(f"{who}: {name} is a bool tensor; accepted: real values of the "
+                            "instruction's type")
         x = x.detach().cpu()
         if x.dtype.is_floating_point and x.dtype.itemsize <= 2:
-            import torch
             words = x.contiguous().view(torch.uint8 if x.dtype.itemsize == 1 else torch.int16)
             codes = words.numpy().astype(np.int64) & (2 ** (8 * x.dtype.itemsize) - 1)
             return code_values_of(x.dtype)[codes], "torch", device
@@ -107,6 +110,9 @@ def as_float64(x, name, who="mma"):
         with np.errstate(invalid="ignore"):              # NaN codes: no warning
             return x.numpy().astype(np.float64), "torch", device
     given = type(x).__name__
+    if getattr(getattr(x, "dtype", None), "kind", None) == "b":
+        raise TypeError(f"{who}: {name} is a bool array; accepted: real values of the "
+                        "instruction's type")
     try:
         x = np.asarray(x)
         if x.dtype.kind == "c":

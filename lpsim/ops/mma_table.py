@@ -168,7 +168,7 @@ def _lookup(arch, instruction) -> Instruction:
         raise ValueError(f"mma: arch={arch!r} is unknown; accepted: {', '.join(ARCHS)}")
     arch = arch.strip().lower()
     if not isinstance(instruction, str):
-        raise ValueError(f"mma: instruction={instruction!r} must be a PTX opcode string such "
+        raise TypeError(f"mma: instruction={instruction!r} must be a PTX opcode string such "
                          f"as 'mma.m16n8k16.f32.bf16.bf16.f32'")
     parts = [p for p in instruction.strip().lower().split(".") if p not in _DROP]
     op, rest = (parts[0], parts[1:]) if parts else ("", [])
