@@ -271,7 +271,8 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
         w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
     new = bits_f32(np.float32(w2))
     new = new if fast else quiet_nan(new)                   # fast: not stored unless ok
-    return new, c, rem, flags, (u != 0) & (new == wb), ok
+    # both are float32 bits sign-extended: their low words decide (a 32-bit compare)
+    return new, c, rem, flags, (u != 0) & (np.int32(new) == np.int32(wb)), ok
 
 
 @register_jitable
