@@ -445,6 +445,31 @@ def test_bad_parameters_are_named_before_fit_changes_anything(fallback, tiny, pa
         assert not hasattr(model, "coef_")
 
 
+@pytest.mark.parametrize("module", ["sklearn", "fallback"])
+def test_a_refused_fit_leaves_a_fitted_estimator_as_it_was(fallback, tiny, module):
+    """Data refused after validation began (weights, one class, labels outside classes)
+    leaves n_features_in_, classes_ and the weights a later partial_fit continues from."""
+    X, labels, y = tiny
+    mod = fallback if module == "fallback" else sys.modules["lpsim.casgd.estimators"]
+    X3 = np.hstack([X, X[:, :1]])       # another feature count
+    for est, target, bad_targets in (
+            (mod.CASGDClassifier, labels, (np.array(["a", "b"] * (len(labels) // 2)),
+                                           np.zeros(len(labels)))),
+            (mod.CASGDRegressor, y, (y,))):
+        model = est(**TINY).fit(X, target)
+        before = {k: v for k, v in vars(model).items()}
+        pred = model.predict(X)
+        for bad in bad_targets:
+            with pytest.raises(ValueError):
+                model.fit(X3, bad[:X3.shape[0]], sample_weight=-np.ones(X3.shape[0]))
+            with pytest.raises(ValueError):
+                model.partial_fit(X3, bad[:X3.shape[0]])
+        assert vars(model).keys() == before.keys()
+        for k, v in before.items():
+            assert np.array_equal(np.asarray(vars(model)[k], object), np.asarray(v, object)), k
+        np.testing.assert_array_equal(model.predict(X), pred)
+
+
 def test_valid_flags_of_numpy_types_are_taken(tiny):
     X, labels, _ = tiny
     a = CASGDClassifier(**TINY, fit_intercept=np.bool_(False), normalize=np.bool_(True),

@@ -218,6 +218,14 @@ def test_real_weights_sample_in_proportion():
     # exactly), as is any scale of integer weights in the same run
     np.testing.assert_array_equal(WeightedIndices(w * 8, make).take(100),
                                   WeightedIndices(w, make).take(100))
+    # so are weights down to the least subnormal: W / 2**53 no longer underflows (equal
+    # weights of 5e-324 drew row 0 alone)
+    tiny = np.full(40, 5e-324)
+    np.testing.assert_array_equal(WeightedIndices(tiny, make).take(400),
+                                  WeightedIndices(np.full(40, 0.5), make).take(400))
+    assert np.unique(WeightedIndices(tiny, make).take(400)).size == 40
+    np.testing.assert_array_equal(WeightedIndices(w * 2.0 ** -1000, make).take(100),
+                                  WeightedIndices(w, make).take(100))
 
 
 @pytest.mark.parametrize("weights,match", [

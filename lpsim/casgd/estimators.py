@@ -8,6 +8,7 @@ the same get_params / set_params / fit / predict / score interface.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -191,6 +192,25 @@ def _r2_score(y: np.ndarray, pred: np.ndarray, weights) -> float:
 
 #: _validate's y when there is none (predict): fit passes its y, None included
 _NO_Y = object()
+#: what fit and partial_fit change before they can still refuse (validation sets the first
+#: two, the classifier classes_, _fit the weights it continues from)
+_FIT_STATE = ("n_features_in_", "feature_names_in_", "classes_", "_w", "_calls", "_seed")
+
+
+def _refusal_changes_nothing(method):
+    """fit / partial_fit that, when they raise, leave the estimator as it was (a fitted one
+    keeps predicting with what it had)."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        saved = {name: self.__dict__[name] for name in _FIT_STATE if name in self.__dict__}
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            for name in _FIT_STATE:
+                self.__dict__.pop(name, None)
+            self.__dict__.update(saved)
+            raise
+    return wrapped
 
 try:      # scikit-learn's own class where it is installed, so its handlers catch ours
     from sklearn.utils._param_validation import InvalidParameterError
@@ -435,6 +455,7 @@ class _CASGD(BaseEstimator):
 class CASGDClassifier(ClassifierMixin, _CASGD):
     """Binary logistic regression trained by CA-SGD; any two class labels."""
 
+    @_refusal_changes_nothing
     def fit(self, X, y, sample_weight=None):
         """Fit on features X (m x n, dense or scipy.sparse) and two-class labels y, n_iter
         outer iterations from zero weights; sample_weight: one weight >= 0 per row."""
@@ -442,6 +463,7 @@ class CASGDClassifier(ClassifierMixin, _CASGD):
         self.classes_ = self._classes(y)
         return self._fit(X, self._signs(y), "logistic", sample_weight, self.n_iter)
 
+    @_refusal_changes_nothing
     def partial_fit(self, X, y, classes=None, sample_weight=None):
         """One pass over the rows of X (ceil(m / (s*b)) outer iterations), continuing from
         the current weights; ``classes`` (both labels) is required on the first call, as
@@ -524,6 +546,7 @@ class CASGDRegressor(RegressorMixin, _CASGD):
             raise ValueError(f"loss={self.loss!r} is not accepted; accepted: 'linear', "
                              "'poisson' (use CASGDClassifier for logistic)")
 
+    @_refusal_changes_nothing
     def fit(self, X, y, sample_weight=None):
         """Fit on features X (m x n, dense or scipy.sparse) and real (linear) or count
         (Poisson) targets y, n_iter outer iterations from zero weights."""
@@ -531,6 +554,7 @@ class CASGDRegressor(RegressorMixin, _CASGD):
         X, y = self._validate(X, y)
         return self._fit(X, y, self.loss, sample_weight, self.n_iter)
 
+    @_refusal_changes_nothing
     def partial_fit(self, X, y, sample_weight=None):
         """One pass over the rows of X (ceil(m / (s*b)) outer iterations), continuing from
         the current weights."""

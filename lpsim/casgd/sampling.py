@@ -63,8 +63,14 @@ class WeightedIndices:
     def __init__(self, weights, uniform):
         w = np.asarray(weights, np.float64)
         self.cum = np.cumsum(w)
+        integral = bool((w == np.floor(w)).all()) and float(self.cum[-1]) <= 2.0 ** 53
+        top = float(w.max()) if w.size else 0.0
+        if not integral and 0 < top < 1:
+            # the largest weight brought to [1, 2) by a power of two, which is exact and
+            # keeps every ratio: W / 2**53 underflowed for tiny weights (all of them 5e-324,
+            # say), and every draw was then row 0
+            self.cum = np.cumsum(np.ldexp(w, 1 - int(np.frexp(top)[1])))
         total = float(self.cum[-1])
-        integral = bool((w == np.floor(w)).all()) and total <= 2.0 ** 53
         self.scale = None if integral else total / 2.0 ** 53
         self.last = int(np.flatnonzero(w > 0)[-1])
         #: the uniform draws' range: rows 0..span-1 of ``uniform``
