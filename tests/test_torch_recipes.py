@@ -402,6 +402,10 @@ def test_a_refused_call_changes_nothing():
     (lambda: Operand("e4m3fn", scaling="amax"), r"scaling='amax' is unknown"),
     (lambda: Operand("bf16", blocks_2d=True), r"blocks_2d=True needs a block format"),
     (lambda: Operand("e4m3fnx"), r"fmt='e4m3fnx'"),
+    (lambda: Operand("fp64"), r"fmt='fp64' does not fit the float32 containers"),
+    (lambda: Operand("fp(8,30,0)", "stochastic"), r"fmt='fp\(8,30,0\)' does not fit"),
+    (lambda: Operand(block("fp(9,10)")), r"does not fit the float32 containers"),
+    (lambda: report(3), r"model=3 is not a torch.nn.Module"),
     (lambda: Gemm(accumulate="tpu"), r"accumulate='tpu'"),
     (lambda: Recipe(rht=12), r"rht=12 is not accepted"),
     (lambda: simulate(mlp(), "fp4"), r"unknown recipe 'fp4'"),
@@ -424,6 +428,40 @@ def test_first_refusal_leaves_the_model_unswapped():
     with pytest.raises(ValueError, match="layer '1'"):
         simulate(model, "mxfp8")
     assert all(type(m) is nn.Linear for m in model)
+
+
+def test_a_parametrized_layer_is_refused_and_the_model_left_as_it_was():
+    """A parametrization (weight_norm) computes the weight from other Parameters; a simulated
+    layer would hold one computed snapshot that no optimizer trains: refused by name."""
+    model = mlp()
+    nn.utils.parametrizations.weight_norm(model[0])
+    names = [n for n, _ in model.named_parameters()]
+    with pytest.raises(ValueError, match=r"layer '0' has parametrized \['weight'\]"):
+        simulate(model, "mxfp8")
+    assert [n for n, _ in model.named_parameters()] == names
+    assert all(not isinstance(m, SimulatedLinear) for m in model.modules())
+
+
+def test_a_layer_used_in_several_places_is_simulated_in_each():
+    shared = nn.Linear(32, 32)
+    model = simulate(nn.Sequential(shared, nn.ReLU(), shared), "mxfp8", generator=2)
+    assert isinstance(model[0], SimulatedLinear) and model[2] is model[0]
+    assert model[0].weight is shared.weight
+    model(torch.randn(32, 32)).sum().backward()
+    assert report(model).rows[0]["elements"] > 0 and shared.weight.grad is not None
+
+
+def test_a_frozen_layer_checks_no_wgrad_tokens():
+    """wgrad's K is the token count: checked only where the weight takes a gradient (dgrad
+    alone runs for a frozen layer, whose input may still need one)."""
+    model = simulate(mlp(), "mxfp8", generator=3)
+    x = torch.randn(48, 32, requires_grad=True)          # 48 tokens: no 32-blocks along K
+    with pytest.raises(ValueError, match="does not divide K = 48 of wgrad"):
+        model(x)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 def test_layers_accept_batched_and_bfloat16_inputs():

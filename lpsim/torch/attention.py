@@ -141,7 +141,7 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
             query, key, value = query.transpose(1, 0), key.transpose(1, 0), value.transpose(1, 0)
         tgt_len, bsz, embed_dim = query.shape
         w, b = self._in_weights()
-        self._check_tokens(query, key, value, w, b, tgt_len * bsz, key.shape[0] * bsz)
+        self._check_tokens(query, key, value, w, tgt_len * bsz, key.shape[0] * bsz)
 
         if is_causal and kpm is None and not need_weights:
             attn_mask = None            # scaled_dot_product_attention's own causal mask
@@ -266,20 +266,17 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
                              "with is_causal=True, or is_causal=False")
         return batched
 
-    def _check_tokens(self, query, key, value, w, b, tgt_tokens: int, src_tokens: int):
+    def _check_tokens(self, query, key, value, w, tgt_tokens: int, src_tokens: int):
         """The recipe's refusal of the token counts (wgrad's K) of the projections that a
         backward pass may run wgrad for, before any projection runs."""
         inputs = {"q_proj": (query, w[0], tgt_tokens), "k_proj": (key, w[1], src_tokens),
                   "v_proj": (value, w[2], src_tokens)}
         for p, (x, weight, tokens) in inputs.items():
             self.projections[p].check_dims(x.shape[-1], self.embed_dim,
-                                           tokens if wgrad_follows(x, weight) else None)
-        # the output projection's input needs a gradient when anything before it does
-        before = (query, key, value, *w, *b, self.bias_k, self.bias_v, self.out_proj.weight)
-        follows = torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                  for t in before)
-        self.projections["out_proj"].check_dims(self.embed_dim, self.embed_dim,
-                                                tgt_tokens if follows else None)
+                                           tokens if wgrad_follows(weight) else None)
+        self.projections["out_proj"].check_dims(
+            self.embed_dim, self.embed_dim,
+            tgt_tokens if wgrad_follows(self.out_proj.weight) else None)
 
 
 def _join(name: str, projection: str) -> str:

@@ -381,9 +381,10 @@ class LinearGemms:
         return _LinearFunction.apply(x, weight, bias, self)
 
 
-def wgrad_follows(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a backward pass may run wgrad, whose K is the token count (checked then)."""
-    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+def wgrad_follows(weight: torch.Tensor) -> bool:
+    """Whether a backward pass may run wgrad, whose K is the token count (checked then):
+    only for a weight that takes a gradient (a frozen layer's backward runs dgrad alone)."""
+    return torch.is_grad_enabled() and weight.requires_grad
 
 
 

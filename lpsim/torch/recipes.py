@@ -79,6 +79,12 @@ class Operand:
                 fmt = block if block is not None else parse_format(fmt)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"fmt={self.fmt!r}: {error}") from None
+            element = fmt if isinstance(fmt, Format) else fmt.saturating_element
+            fits, why = element.fits(np.float32)
+            if not fits and not _is_fp32(fmt):  # the operands round in float32 containers
+                raise ValueError(f"fmt={self.fmt!r} does not fit the float32 containers the "
+                                 f"operands are rounded in ({why}); accepted: formats whose "
+                                 "values float32 holds (None keeps an operand exact)")
             object.__setattr__(self, "fmt", fmt)
         try:
             mode = mode_code(self.rounding)

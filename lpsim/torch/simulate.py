@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..generator import Generator
 # the GEMM machinery lives in lpsim.torch.gemms; its public names (and _Site, which the
@@ -53,6 +54,12 @@ class SimulatedLinear(LinearGemms, nn.Linear):
                     name: str = "", index: int = 0, telemetry: bool = True):
         r = as_recipe(recipe)
         r.check_dims(linear.in_features, linear.out_features, where=f"layer {name!r}: ")
+        if parametrize.is_parametrized(linear):
+            raise ValueError(f"layer {name!r} has parametrized {sorted(linear.parametrizations)}"
+                             " (weight_norm, say), which a simulated layer cannot keep: it "
+                             "would hold one computed weight; accepted: a plain nn.Linear "
+                             "(torch.nn.utils.parametrize.remove_parametrizations first, or "
+                             "skip the layer)")
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -74,7 +81,7 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         x2 = x.reshape(-1, self.in_features)
         # wgrad's K is the token count: refused here, before anything is drawn or counted,
         # when a backward pass may follow
-        tokens = x2.shape[0] if wgrad_follows(x, self.weight) else None
+        tokens = x2.shape[0] if wgrad_follows(self.weight) else None
         self.check_dims(self.in_features, self.out_features, tokens)
         y = self.linear(x2, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -166,8 +173,14 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
         raise ValueError(f"model is itself the layer to swap ({type(model).__name__}), which "
                          "simulate cannot replace in place; accepted: a model that holds it, "
                          f"or {type(made[0][1]).__name__}.{made_from}(model, recipe)")
+    # a module used in several places (named_modules lists it once) is swapped in each
+    places = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        places.setdefault(id(module), []).append(name)
+    originals = dict(units)
     for name, new in made:
-        _replace(model, name, new)
+        for place in places[id(originals[name])]:
+            _replace(model, place, new)
     return model
 
 
@@ -216,6 +229,8 @@ class Report:
 def report(model: nn.Module) -> Report:
     """Per simulated layer, GEMM and operand: how many elements were quantized, saturated
     and underflowed, and how many blocks were clipped or flushed to zero, so far."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model={model!r} is not a torch.nn.Module")
     rows = []
     for name, module in model.named_modules():
         if not isinstance(module, (SimulatedLinear, SimulatedMultiheadAttention)):
