@@ -112,7 +112,28 @@ def cases(shapes, device, torchao):
     }
     if torchao:
         out["torchao bf16 SR"] = torchao_adamw
+    if device == "cuda":
+        out["lpsim bf16 SR (fused, launch bounds 6)"] = lambda: _bounds(
+            lpsim_adamw(torch.bfloat16, update_rounding="stochastic"), 6)
     return out
+
+
+def _bounds(made, blocks):
+    """A case whose kernels are compiled for ``blocks`` resident blocks per SM (a cap of
+    65536 / (128 * blocks) registers) in a kernel cache of their own: does occupancy beat
+    the registers the default bounds leave the step (benchmarks/README.md)?"""
+    import lpsim_cuda.optim as optim
+    step, nbytes = made
+    own = {}
+
+    def run():
+        saved = optim.BLOCKS_PER_SM, optim.KERNELS
+        optim.BLOCKS_PER_SM, optim.KERNELS = blocks, own
+        try:
+            step()
+        finally:
+            optim.BLOCKS_PER_SM, optim.KERNELS = saved
+    return run, nbytes
 
 
 def copy_bandwidth(n, device, repeats):
