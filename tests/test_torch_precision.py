@@ -197,3 +197,49 @@ def test_wrapping_leaves_batch_norm_statistics_alone():
     pm = PrecisionModel(net, torch.randn(4, 1, 8, 8) + 3, assignment="fp32")
     assert torch.equal(net[1].running_mean, before[0])
     assert int(net[1].num_batches_tracked) == before[1] and pm.model.training
+
+
+def test_wrapping_keeps_each_modules_own_mode():
+    """A BatchNorm frozen in eval mode inside a model in training stays frozen."""
+    net = three_gemm_cnn()
+    net[1].eval()
+    PrecisionModel(net, torch.randn(4, 1, 8, 8), assignment="uniform")
+    assert net.training and not net[1].training and net[3].training
+
+
+def test_a_deep_copy_rounds_and_counts_on_its_own():
+    import copy
+    net = tiny_cnn()
+    x, y = torch.randn(4, 1, 8, 8), torch.zeros(4, dtype=torch.long)
+    plain = copy.deepcopy(net)
+    pm = PrecisionModel(net, x, assignment="uniform")
+    twin = copy.deepcopy(pm)
+    twin.loss(twin(x), y).backward()
+    assert twin.site_stats("v1").elements == x.numel() and pm.site_stats("v1").elements == 0
+    for name in twin.assignment.levels:         # the copy alone back to fp32
+        twin.assignment.levels[name] = "fp32"
+    twin._apply_formats()
+    with torch.no_grad():
+        assert torch.equal(twin(x), plain(x)) and not torch.equal(pm(x), plain(x))
+    twin.remove()
+    with torch.no_grad():
+        assert not torch.equal(pm(x), plain(x))     # the original keeps its hooks
+    assert torch.equal(pm.remove()(x), plain(x))
+
+
+def test_integer_inputs_pass_unrounded_and_unsupported_operators_are_named():
+    emb = nn.Sequential(nn.Embedding(4000, 8), nn.Flatten(), nn.Linear(16, 10))
+    ids = torch.tensor([[1025, 3001]])
+    seen = []
+    emb[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].clone()))
+    pm = PrecisionModel(emb, ids, assignment="operator")
+    pm(ids)
+    assert torch.equal(seen[-1], ids)
+    lstm = nn.Sequential(nn.LSTM(4, 4))
+    with pytest.raises(ValueError, match=r"operator '0' \(LSTM\) returns a tuple"):
+        PrecisionModel(lstm, torch.randn(3, 2, 4))
+    assert not lstm[0]._forward_hooks
+    normed = tiny_cnn()
+    nn.utils.parametrizations.weight_norm(normed[4])
+    with pytest.raises(ValueError, match=r"module '4' has parametrized \['weight'\]"):
+        PrecisionModel(normed, torch.randn(2, 1, 8, 8))

@@ -215,6 +215,8 @@ class _Site:
         self.bwd = Rounding(None, rounding, generator, RoundingStats())
 
     def __call__(self, x, counting: bool):
+        if not x.is_floating_point():           # token ids: an index, not a value
+            return x
         fwd, bwd = self.fwd, self.bwd
         if not counting:
             fwd, bwd = dataclasses.replace(fwd, stats=None), dataclasses.replace(bwd, stats=None)
@@ -230,6 +232,27 @@ class _Parametrized(nn.Module):
 
     def forward(self, theta):
         return self.site(theta, self.owner[0].training)
+
+
+class _InputHook:
+    """The first operator's forward pre-hook: its input is v1.  An object, not a closure, so
+    that ``copy.deepcopy`` of a PrecisionModel gives hooks of the copy's own sites."""
+
+    def __init__(self, site, model):
+        self.site, self.model = site, model
+
+    def __call__(self, module, args):
+        return (self.site(args[0], self.model.training),) + args[1:]
+
+
+class _OutputHook:
+    """An operator's forward hook: its output is the next v."""
+
+    def __init__(self, site, model):
+        self.site, self.model = site, model
+
+    def __call__(self, module, args, out):
+        return self.site(out, self.model.training)
 
 
 def _leaf_modules(model):
@@ -267,7 +290,6 @@ class PrecisionModel(nn.Module):
         self.initial_aggregate_bits = self.assignment.aggregate_bits()
         self.initial_ratio_lo = self.assignment.ratio_lo()
         self._sites: dict[str, _Site] = {}
-        self._handles = []
         self._install(rounding, generator)
 
     # --- tracing --------------------------------------------------------------------------
@@ -279,12 +301,26 @@ class PrecisionModel(nn.Module):
             if module in shapes:
                 raise ValueError(f"operator {names[module]!r} ran twice in one forward pass; "
                                  "precision assignment needs one module object per operator")
+            if not (inputs and torch.is_tensor(inputs[0]) and torch.is_tensor(output)):
+                what = (f"returns a {type(output).__name__}" if not torch.is_tensor(output)
+                        else "takes no tensor first")
+                raise ValueError(f"operator {names[module]!r} ({type(module).__name__}) "
+                                 f"{what}; precision assignment rounds one tensor into and "
+                                 "out of each operator: accepted: leaf modules of one tensor "
+                                 "in and one out (wrap an LSTM, say, in a module that returns "
+                                 "one)")
             shapes[module] = (tuple(inputs[0].shape), tuple(output.shape))
             order.append(module)
 
         names = {mod: name for name, mod in leaves}
+        for name, mod in self.model.named_modules():
+            if parametrize.is_parametrized(mod):
+                raise ValueError(f"module {name!r} has parametrized "
+                                 f"{sorted(mod.parametrizations)} (weight_norm, or a "
+                                 "PrecisionModel already on it); accepted: a model without "
+                                 "parametrizations (remove them first)")
         handles = [mod.register_forward_hook(record) for _, mod in leaves]
-        training = self.model.training
+        modes = {mod: mod.training for mod in self.model.modules()}
         self.model.eval()           # the trace must not move batch-norm running statistics
         try:
             with torch.no_grad():
@@ -294,7 +330,8 @@ class PrecisionModel(nn.Module):
                                          device=output.device)
                 loss = self.loss_fn(output, target)
         finally:
-            self.model.train(training)
+            for mod, mode in modes.items():     # each module's own mode (a frozen BatchNorm)
+                mod.training = mode
             for h in handles:
                 h.remove()
         if not order:
@@ -325,12 +362,9 @@ class PrecisionModel(nn.Module):
                 self._sites[s.name] = _Site(s, d, rounding, generator)
         self._apply_formats()
         first = self.ops[0][1]
-        self._handles.append(first.register_forward_pre_hook(
-            lambda mod, args: (self._sites["v1"](args[0], self.model.training),) + args[1:]))
+        first.register_forward_pre_hook(_InputHook(self._sites["v1"], self.model))
         for i, (_, mod) in enumerate(self.ops[:-1], start=1):
-            site = self._sites[f"v{i + 1}"]
-            self._handles.append(mod.register_forward_hook(
-                lambda mod, args, out, site=site: site(out, self.model.training)))
+            mod.register_forward_hook(_OutputHook(self._sites[f"v{i + 1}"], self.model))
             if f"theta{i}" in self._sites:
                 for pname, _ in list(mod.named_parameters(recurse=False)):
                     parametrize.register_parametrization(
@@ -346,11 +380,19 @@ class PrecisionModel(nn.Module):
 
     def remove(self) -> nn.Module:
         """Take the hooks and parametrizations off; returns the plain model."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
         for _, mod in self.ops[:-1]:
+            # this model's own hook dicts (a deep copy's handles would point at the original's)
+            for hooks in (mod._forward_pre_hooks, mod._forward_hooks):
+                for key in [k for k, h in hooks.items() if isinstance(h, (_InputHook,
+                                                                          _OutputHook))]:
+                    del hooks[key]
             if parametrize.is_parametrized(mod):
+                # torch's parametrized class is shared by deep copies of the module, and
+                # removing deletes the parametrized attributes from the class: this module
+                # takes a class of its own first, so a copy's remove() leaves the original be
+                cls = type(mod)
+                mod.__class__ = type(cls.__name__, cls.__bases__, {
+                    k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")})
                 for pname in list(mod.parametrizations.keys()):
                     parametrize.remove_parametrizations(mod, pname, leave_parametrized=False)
         return self.model
