@@ -243,3 +243,20 @@ def test_integer_inputs_pass_unrounded_and_unsupported_operators_are_named():
     nn.utils.parametrizations.weight_norm(normed[4])
     with pytest.raises(ValueError, match=r"module '4' has parametrized \['weight'\]"):
         PrecisionModel(normed, torch.randn(2, 1, 8, 8))
+
+
+def test_the_default_loss_scaler_steps_a_well_behaved_model_every_step():
+    """Growth every step skipped every other step: 2^16 overflows fp(5,2,0)'s 57344 in the
+    scaled loss gradient, the scale halves, grows again, ...  Now only the first step is
+    skipped (the paper's initial 2^16), then the scale stays at 2^15 for 2000 steps."""
+    net = tiny_cnn()
+    x, y = torch.randn(8, 1, 8, 8), torch.arange(8) % 10
+    pm = PrecisionModel(net, x, assignment="uniform")
+    opt, scaler = torch.optim.SGD(pm.parameters(), lr=0.01), DynamicLossScaler()
+    stepped = []
+    for _ in range(8):
+        opt.zero_grad()
+        scaler.scale(pm.loss(pm(x), y)).backward()
+        stepped.append(scaler.step(opt))
+        pm.end_step()
+    assert stepped == [False] + [True] * 7 and scaler.value == 2.0 ** 15

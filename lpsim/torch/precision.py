@@ -165,15 +165,18 @@ def assign(kind: str, tensors, ops, *, r: float = 0.5, candidates=None) -> Preci
 
 
 class DynamicLossScaler:
-    """Dynamic loss scaling (the paper's defaults: initial 2^16, growth 2, back-off 0.5).
+    """Dynamic loss scaling (the paper's initial 2^16, growth 2, back-off 0.5).
 
     ``scale(loss)`` multiplies the loss; ``step(optimizer)`` unscales the gradients and
-    steps if all are finite (then grows the scale every ``growth_interval`` good steps),
-    else skips the step and backs off.  Returns whether it stepped.
+    steps if all are finite (then grows the scale every ``growth_interval`` good steps: 2000
+    by default, torch.amp.GradScaler's; the paper grows once an epoch), else skips the step
+    and backs off.  Returns whether it stepped.  Growing every step would skip every other
+    step once the scaled loss gradient reaches the backward format's largest value (57344 for
+    the default fp(5,2,0), below 2^16).
     """
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 1):
+                 backoff_factor: float = 0.5, growth_interval: int = 2000):
         if not init_scale > 0 or not growth_factor >= 1 or not 0 < backoff_factor < 1:
             raise ValueError(f"loss scaling needs init_scale > 0, growth_factor >= 1, "
                              f"0 < backoff_factor < 1; got {init_scale}, {growth_factor}, "
