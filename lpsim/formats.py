@@ -74,9 +74,13 @@ class Format:
         if not 0 <= self.m <= 52:
             raise ValueError(
                 f"fp(): m={self.m} mantissa bits is out of range; accepted: 0 <= m <= 52")
+        if not isinstance(self.specials, str):
+            raise TypeError(f"fp(): specials={self.specials!r} must be a string; accepted: "
+                            f"{', '.join(POLICIES)}")
         if self.specials not in POLICIES:
             raise ValueError(
                 f"fp(): specials={self.specials!r} is unknown; accepted: {', '.join(POLICIES)}")
+        object.__setattr__(self, "specials", str(self.specials))    # np.str_: a plain str
         for name in ("subnormals", "saturate"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):

@@ -181,6 +181,9 @@ def resolve(generator, x, rounding, seed, stream, offset):
     if mode_code(rounding) < STOCHASTIC:
         return generator.initial_seed(), stream, offset
     n, lanes = _size_and_lanes(x)
+    if offset + n > _MAX_ELEMENT:                   # the offset's fault, not the generator's
+        raise ValueError(f"offset={offset} is out of range for {n} elements; accepted: 0 <= "
+                         f"offset and offset + size <= 2**62 (the element counters)")
     seed, start = generator.take(n, lanes, int(offset))
     return seed, stream, start
 

@@ -77,6 +77,8 @@ def _as_fraction(x) -> Fraction | float:
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"cannot round {x!r}; accepted: a Fraction, int or float")
     if isinstance(x, (float, np.floating)):
+        if isinstance(x, np.floating) and x.dtype.itemsize > 8 and np.isfinite(x) and x != 0:
+            return Fraction(*x.as_integer_ratio())  # a long double: its own exact value
         x = float(x)
         return x if x == 0 or not math.isfinite(x) else Fraction(x)
     if isinstance(x, (Rational, np.integer)):
@@ -174,6 +176,8 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
         negative = value < 0
         if fmt.specials == "ieee":
             return Rounded(value, frozenset({"inf"}))
+        if negative and not fmt.signed:                 # fnu has no negatives, -inf too
+            return Rounded(math.nan, frozenset({"inf", "inexact"}))
         out = (-max_finite(fmt) if negative else max_finite(fmt)) if fmt.saturate else math.nan
         return Rounded(out, frozenset({"inf", "inexact"}))   # the result differs from x
 

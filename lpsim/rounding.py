@@ -453,6 +453,8 @@ def round_bits(bits, mode, r, k, p):
     if biased == EMAXF:
         if a & fracmask:
             return bits, NAN_IN
+        if unsigned and negative:
+            return nanb, INF_IN | INEXACT                   # fnu has no negatives, -inf too
         out = inf_out
         flags = INF_IN if out == a else INF_IN | INEXACT   # saturate / fn change an inf
     elif a == 0:

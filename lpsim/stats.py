@@ -17,6 +17,16 @@ FIELDS = ("elements",) + COUNTERS
 SLOTS = COUNTERS + ("elements",)
 
 
+def count(name: str, value) -> int:
+    """A counter's value: an integer (Python or numpy, not a bool) from 0 to 2**63 - 1."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r} is not accepted; accepted: an integer count")
+    if not 0 <= value <= 2 ** 63 - 1:
+        raise ValueError(f"{name}={value!r} is out of range; accepted: 0 <= {name} <= "
+                         "2**63 - 1")
+    return int(value)
+
+
 def _field(index: int, name: str):
     def get(self) -> int:
         if self._devices:
@@ -24,7 +34,7 @@ def _field(index: int, name: str):
         return int(self.counts[index])
 
     def set_(self, value) -> None:
-        self.counts[index] = value
+        self.counts[index] = count(name, value)
 
     return property(get, set_, doc=f"{name} (see the class docstring)")
 
@@ -47,8 +57,8 @@ class RoundingStats:
 
     def __init__(self, elements: int = 0, inexact: int = 0, overflow: int = 0,
                  underflow: int = 0, subnormal: int = 0, nan: int = 0, inf: int = 0):
-        self.counts = np.array([elements, inexact, overflow, underflow, subnormal, nan, inf],
-                               np.int64)
+        given = (elements, inexact, overflow, underflow, subnormal, nan, inf)
+        self.counts = np.array([count(name, v) for name, v in zip(FIELDS, given)], np.int64)
         # device id -> accumulator with ``dirty`` (it may hold unread counts) and ``drain()``
         # (the counts in SLOTS order, zeroing them); lpsim_cuda.counters.DeviceCounters
         self._devices = {}

@@ -344,3 +344,58 @@ def test_cached_requests_do_not_accept_equal_values_of_another_type():
         quantize(x, "bf16", "stochastic", seed=1, sr_bits=4.0)
     with pytest.raises(TypeError, match="sr_bits=True"):
         ops.add(x, x, "bf16", "stochastic", seed=1, sr_bits=True)
+
+
+# --- found by hostile probing (2026-11-27) ---------------------------------------------------
+def test_specials_given_as_a_numpy_string_is_a_plain_str_and_round_trips():
+    fmt = lpsim.fp(4, 3, 2, specials=np.array(["ieee", "fnuz"])[1])
+    assert type(fmt.specials) is str and lpsim.parse_format(repr(fmt)) == fmt
+    with pytest.raises(TypeError, match=r"specials=array\('fnuz'.* must be a string"):
+        lpsim.fp(4, 3, 2, specials=np.array("fnuz"))
+
+
+def test_an_offset_beyond_the_counters_is_named_with_a_generator_too():
+    x = np.ones(4, np.float32)
+    gen = lpsim.Generator(1)
+    for kw in (dict(seed=1), dict(generator=gen)):
+        with pytest.raises(ValueError, match=r"offset=4611686018427387904 is out of range"):
+            quantize(x, "bf16", "stochastic", offset=2 ** 62, **kw)
+    assert gen.get_state() == (1, 0)
+
+
+@pytest.mark.parametrize("bad, error", [(dict(elements=1.7), TypeError),
+                                        (dict(inexact=-3), ValueError),
+                                        (dict(overflow="2"), TypeError),
+                                        (dict(nan=True), TypeError),
+                                        (dict(elements=2 ** 63), ValueError)])
+def test_counts_that_are_not_counts_are_refused_by_name(bad, error):
+    name = next(iter(bad))
+    with pytest.raises(error, match=rf"{name}="):
+        RoundingStats(**bad)
+    with pytest.raises(error, match=rf"{name}="):
+        lpsim.blocks.BlockStats(**bad)
+    stats = RoundingStats(elements=np.int64(5))
+    with pytest.raises(error, match=rf"{name}="):
+        setattr(stats, name, bad[name])
+    assert stats == RoundingStats(elements=5)
+
+
+def test_an_unsigned_format_makes_minus_inf_nan_even_when_it_saturates():
+    """fnu has no negatives: -inf is NaN as -1e300 is, saturating or not (+inf: max)."""
+    for saturate in (True, False):
+        fmt = lpsim.fp(8, 0, 1, specials="fnu", saturate=saturate)
+        stats = RoundingStats()
+        got = quantize(np.array([-np.inf, -1e300, np.inf]), fmt, stats=stats)
+        assert np.isnan(got[:2]).all() and (got[2] == fmt.max_finite if saturate
+                                            else np.isnan(got[2]))
+        assert stats.inf == 2 and stats.inexact == 3
+        ref = reference.round_exact(-np.inf, fmt)
+        assert np.isnan(ref.value) and ref.flags == {"inf", "inexact"}
+
+
+def test_the_reference_rounds_a_long_double_from_its_own_value():
+    x = np.longdouble(1) + np.longdouble(2) ** -60
+    if x == 1:
+        pytest.skip("this platform's long double is float64")
+    assert reference.round_exact(x, "bf16", "up").value == 1.0078125 == \
+        quantize(x, "bf16", "up")
