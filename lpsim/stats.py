@@ -17,7 +17,7 @@ FIELDS = ("elements",) + COUNTERS
 SLOTS = COUNTERS + ("elements",)
 
 
-def count(name: str, value) -> int:
+def check_count(name: str, value) -> int:
     """A counter's value: an integer (Python or numpy, not a bool) from 0 to 2**63 - 1."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}={value!r} is not accepted; accepted: an integer count")
@@ -34,7 +34,7 @@ def _field(index: int, name: str):
         return int(self.counts[index])
 
     def set_(self, value) -> None:
-        self.counts[index] = count(name, value)
+        self.counts[index] = check_count(name, value)
 
     return property(get, set_, doc=f"{name} (see the class docstring)")
 
@@ -58,7 +58,7 @@ class RoundingStats:
     def __init__(self, elements: int = 0, inexact: int = 0, overflow: int = 0,
                  underflow: int = 0, subnormal: int = 0, nan: int = 0, inf: int = 0):
         given = (elements, inexact, overflow, underflow, subnormal, nan, inf)
-        self.counts = np.array([count(name, v) for name, v in zip(FIELDS, given)], np.int64)
+        self.counts = np.array([check_count(name, v) for name, v in zip(FIELDS, given)], np.int64)
         # device id -> accumulator with ``dirty`` (it may hold unread counts) and ``drain()``
         # (the counts in SLOTS order, zeroing them); lpsim_cuda.counters.DeviceCounters
         self._devices = {}

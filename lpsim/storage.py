@@ -108,9 +108,8 @@ def pack_bits(bits, sp):
     the right shifts are capped below the operand's width (:func:`lpsim.word32.operand_bits`;
     the sign is its top bit: an int64 holds float32 container bits sign-extended): ``a`` is
     below 2^31 (float32) or 2^63, so the value is the same, and a larger shift is undefined
-    in LLVM.  Where the
-    parameters are compile-time constants (the CUDA kernels bake them) LLVM folded
-    ``0 >> 125`` (a zero into float16) to garbage."""
+    in LLVM.  Where the parameters are compile-time constants (the CUDA kernels bake them)
+    LLVM folded ``0 >> 125`` (a zero into float16) to garbage."""
     width, M, EB, EMAXF, MAG, sub_shift, m, bias, emin, inf_code, nan_code = sp
     bits = widen(bits)
     a = bits & MAG

@@ -8,7 +8,7 @@ caller's stats once, by :func:`add_counts`.
 
 from __future__ import annotations
 
-from ..stats import RoundingStats, count
+from ..stats import RoundingStats, check_count
 
 #: per-block counter columns of the kernels
 BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
@@ -31,7 +31,7 @@ class BlockStats(RoundingStats):
     __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
 
     def __init__(self, **counts):
-        block = {name: count(name, counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
+        block = {name: check_count(name, counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
         super().__init__(**counts)
         for name, value in block.items():
             setattr(self, name, value)
