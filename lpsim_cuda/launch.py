@@ -129,14 +129,16 @@ def torch_stream(device):
     return external_stream(torch_stream_handle(device))
 
 
-def torch_stream_handle(device: int) -> int:
-    """The handle of torch's current stream on ``device``: torch's raw query where the build
-    has it (the one torch's compiled code calls), since the public stream object costs
-    microseconds a call (benchmarks/results/profile-gpu.txt)."""
+def torch_stream_handle(device) -> int:
+    """The handle of torch's current stream on ``device`` (a torch.device or an index):
+    torch's raw query where the build has it (the one torch's compiled code calls), since
+    the public stream object costs microseconds a call (benchmarks/results/profile-gpu.txt).
+    The raw query takes only an integer index."""
     import torch
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
-        return raw(device)
+        index = device if isinstance(device, int) else device.index
+        return raw(torch.cuda.current_device() if index is None else index)
     return torch.cuda.current_stream(device).cuda_stream
 
 

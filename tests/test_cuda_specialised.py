@@ -318,14 +318,23 @@ def test_torch_stream_handle_asks_torch_for_the_devices_current_stream(monkeypat
 
     from lpsim_cuda import launch
     asked = []
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream",
-                        lambda device: asked.append(("raw", device)) or 1000 + device,
-                        raising=False)
+
+    def raw(device):                    # torch's raw query takes an integer index only
+        if type(device) is not int:
+            raise RuntimeError("invalid argument to getCurrentStream")
+        asked.append(("raw", device))
+        return 1000 + device
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", raw, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 5)
     assert launch.torch_stream_handle(3) == 1003 and asked == [("raw", 3)]
+    # callers pass a tensor's device: with an index, and without one (the current device)
+    assert launch.torch_stream_handle(torch.device("cuda", 2)) == 1002
+    assert launch.torch_stream_handle(torch.device("cuda")) == 1005
+    assert asked[1:] == [("raw", 2), ("raw", 5)]
     monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream")
     monkeypatch.setattr(torch.cuda, "current_stream",
                         lambda device: asked.append(("public", device))
-                        or types.SimpleNamespace(cuda_stream=2000 + device))
+                        or types.SimpleNamespace(cuda_stream=2000 + int(device)))
     assert launch.torch_stream_handle(1) == 2001 and asked[-1] == ("public", 1)
 
 
