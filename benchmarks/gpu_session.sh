@@ -90,9 +90,10 @@ tests)
     # test_kernel_budget is a static check of the pinned toolchain, which CI runs; the lent
     # machine's NVVM differs (CUDA 13: the optimizer kernel takes 102 registers, not 90)
     files=${TEST_FILES:-$(grep -l -E "lpsim_cuda|cuda" tests/test_*.py | grep -v test_kernel_budget | tr '\n' ' ')}
-    LPSIM_TEST_GPU=1 timeout "${TEST_BUDGET:-540}" python3 -m pytest -q -p no:cacheprovider \
+    # -v: a run stopped at its cap still names its failures in tests.log (gpu_summary reads it)
+    LPSIM_TEST_GPU=1 timeout "${TEST_BUDGET:-540}" python3 -m pytest -p no:cacheprovider \
         -n "${WORKERS:-$([ "$ALL" = 1 ] && echo 12 || echo 6)}" --dist loadfile --timeout 400 -rfE --junitxml="$OUT/tests.xml" \
-        $files 2>&1 | tee "$OUT/tests.log" | tail -60
+        -v $files 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" | tail -60
     ;;
 bench)
     R=$OUT

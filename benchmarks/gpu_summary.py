@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import pathlib
+import re
 import xml.etree.ElementTree as ElementTree
 
 TABLES = ("quantize-gpu", "optim-gpu", "blocks-gpu", "casgd-gpu")
@@ -30,11 +31,40 @@ def stages(work: pathlib.Path) -> list[dict]:
     return rows
 
 
+#: a test's outcome line under pytest -v, with xdist ("[gw3] [ 23%] FAILED tests/t.py::x")
+#: or without ("tests/t.py::x FAILED [ 23%]")
+_OUTCOME = "PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+_VERBOSE = re.compile(rf"^(?:\[gw\d+\] \[ *\d+%\] (?P<a>{_OUTCOME}) (?P<ida>\S+::.+?)"
+                      rf"|(?P<idb>\S+::.+?) (?P<b>{_OUTCOME})\b.*)$")
+
+
+def tests_from_log(path: pathlib.Path) -> dict | None:
+    """Counts from the -v lines of the test log, for a run stopped before pytest wrote its
+    junit report: the tests that finished, and the ids of those that failed (no message)."""
+    seen = {}
+    for line in path.read_text(errors="replace").splitlines():
+        m = _VERBOSE.match(line.strip())
+        if m:
+            seen[m["ida"] or m["idb"]] = m["a"] or m["b"]
+    if not seen:
+        return None
+    outcomes = list(seen.values())
+    failed = [{"test": test, "message": f"{outcome} (from the log; the run was stopped)"}
+              for test, outcome in seen.items() if outcome in ("FAILED", "ERROR")]
+    skipped = outcomes.count("SKIPPED") + outcomes.count("XFAIL")
+    return {"tests": len(outcomes), "failures": outcomes.count("FAILED"),
+            "errors": outcomes.count("ERROR"), "skipped": skipped,
+            "passed": len(outcomes) - len(failed) - skipped, "failed": failed,
+            "complete": False}
+
+
 def tests(work: pathlib.Path) -> dict | None:
-    """Counts of the junit report and, for each failing test, its id and first message line."""
+    """Counts of the junit report and, for each failing test, its id and first message line;
+    without a report (a run stopped at its cap), what the log's -v lines say."""
     path = work / "tests.xml"
     if not path.exists():
-        return None
+        log = work / "tests.log"
+        return tests_from_log(log) if log.exists() else None
     root = ElementTree.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root)
     counts = {key: sum(int(s.get(key, 0)) for s in suites)

@@ -127,9 +127,10 @@ def main():
             resources(f"blocks.{name}", obj)
     for kernel in optim.KERNELS.values():
         resources("optim.optim_kernel", kernel)
-    for (fmt, mode, k, sp, count), kernel in sys.modules["lpsim_cuda.specialised"].KERNELS.items():
-        resources(f"specialised {fmt} {mode} k={k} packed={sp.width != 0} count={count}",
-                  kernel)
+    for key, kernel in sys.modules["lpsim_cuda.specialised"].KERNELS.items():
+        fmt, mode, k, sp, count, half = key        # lpsim_cuda.specialised.kernel's key
+        resources(f"specialised {fmt} {mode} k={k} packed={sp.width != 0} count={count} "
+                  f"source={'float32' if not half else f'16-bit codes {half}'}", kernel)
     if args.sass:
         with open(args.sass, "w") as f:
             for sig in list(q.KERNELS[False].overloads):

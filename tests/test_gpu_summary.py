@@ -1,0 +1,46 @@
+"""benchmarks/gpu_summary.py: a lent GPU run stopped at its cap still names its failures."""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "gpu_summary", pathlib.Path(__file__).parent.parent / "benchmarks" / "gpu_summary.py")
+gpu_summary = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_summary)
+
+# pytest -v output, with xdist and without (pytest 9), each cut off before its summary
+XDIST = """\
+bringing up nodes...
+[gw1] [ 16%] SKIPPED tests/test_a.py::test_s 
+[gw0] [ 33%] PASSED tests/test_a.py::test_p 
+[gw1] [ 50%] PASSED tests/test_a.py::test_q[a b] 
+[gw1] [ 66%] ERROR tests/test_a.py::test_e 
+[gw0] [ 83%] FAILED tests/test_a.py::test_f 
+[gw0] [100%] PASSED tests/test_a.py::test_q[2] 
+"""
+PLAIN = """\
+tests/test_a.py::test_p PASSED                                                 [ 16%]
+tests/test_a.py::test_f FAILED                                                 [ 33%]
+tests/test_a.py::test_s SKIPPED (unconditional skip)                           [ 50%]
+tests/test_a.py::test_q[a b] PASSED                                            [ 66%]
+tests/test_a.py::test_q[2] PASSED                                              [ 83%]
+tests/test_a.py::test_e ERROR                                                  [100%]
+FAILED tests/test_a.py::test_f - assert 0
+"""
+
+
+def test_a_stopped_run_is_counted_from_its_verbose_log(tmp_path):
+    for text in (XDIST, PLAIN):
+        (tmp_path / "tests.log").write_text(text)
+        got = gpu_summary.tests(tmp_path)
+        assert {k: got[k] for k in ("tests", "passed", "failures", "errors", "skipped")} == \
+            {"tests": 6, "passed": 3, "failures": 1, "errors": 1, "skipped": 1}
+        assert sorted(f["test"] for f in got["failed"]) == \
+            ["tests/test_a.py::test_e", "tests/test_a.py::test_f"]
+        assert got["complete"] is False
+
+
+def test_a_log_without_outcomes_gives_no_counts(tmp_path):
+    (tmp_path / "tests.log").write_text("bringing up nodes...\n......F.. [100%]\n")
+    assert gpu_summary.tests(tmp_path) is None
+    assert gpu_summary.tests(tmp_path / "absent") is None
