@@ -273,7 +273,8 @@ def cuda_rows(log2n: int, repeats: int):
                      mode="nearest", melems=ta, vs_copy=ta / copy, ratio=ours / ta,
                      peer="torchao"))
     # host time of one call: a block of 32 elements, 1000 calls between synchronizations
-    # (the route a request's first call builds, lpsim_cuda.block_groups.BlockRoute)
+    # (the routes a request's first call builds: lpsim_cuda.block_groups.BlockRoute, and
+    # ScaledBlockRoute for NVFP4, whose tensor scale each call finds on the device)
     tiny = torch.randn(1, 32, device="cuda")
     for name, fn in (("lpsim.quantize mxfp8_e4m3 (one block)",
                       lambda: lpsim.quantize(tiny, "mxfp8_e4m3", "nearest", out=tiny)),

@@ -23,16 +23,15 @@ block does not divide take the general kernel.
 
 from __future__ import annotations
 
-import threading
+import ctypes
 
 import numpy as np
 from numba import cuda, njit
 
-from lpsim.blocks.amax import (checked_tensor_scale, container_bits, finite_bits,
-                               min_tensor_scale, scale_of_amax32)
+from lpsim.blocks.amax import checked_tensor_scale, min_tensor_scale
 from lpsim.blocks.counters import BLOCK_COUNTERS, add_counts
 from lpsim.blocks.word_counts import clip_bounds
-from lpsim.blocks.decisions import (BlockParams, _element_params, bits_value, block_params,
+from lpsim.blocks.decisions import (BlockParams, _element_params, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
                                     element_fast32, element_nearest32_flags, element_params32,
                                     nearest_words_exact, words_exact)
@@ -45,13 +44,12 @@ from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
 from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
-from . import arrays, launch, specialised, vector
+from . import arrays, launch, specialised, tensor_amax, vector
 from .counters import add_warp_counts
 from .launch import FULL_MASK, SIMULATOR
 from .specialised import source_bits
+from .tensor_amax import ENQUEUE, INF32, device_tensor_scale, finite32
 
-#: float32 magnitude bits of inf: finite magnitudes lie below
-_INF32 = 0x7F800000
 
 
 @cuda.jit(device=True)
@@ -76,7 +74,7 @@ if SIMULATOR:
         nonfinite = 0
         for i in range(first, min(first + block, xb.size)):  # a lane past the last block: 0
             a = np.int64(source_bits(xb[i], half)) & 0x7FFFFFFF
-            if a >= _INF32:
+            if a >= INF32:
                 nonfinite = 1
             else:
                 amax_bits = max(amax_bits, a)
@@ -127,7 +125,7 @@ def _tally_nonfinite(c, b):
     """The counters ``c`` plus one element of a NaN block (float32 bits ``b``): a NaN or
     inf input counted as :func:`lpsim.blocks.word_counts._nonfinite_block` counts it."""
     a = np.int64(b) & 0x7FFFFFFF
-    return (c[0], c[1], c[2], c[3], c[4] + np.int64(a > _INF32), c[5] + np.int64(a == _INF32),
+    return (c[0], c[1], c[2], c[3], c[4] + np.int64(a > INF32), c[5] + np.int64(a == INF32),
             c[6], c[7], c[8])
 
 
@@ -175,17 +173,11 @@ def _value(b):
 
 
 @cuda.jit(device=True)
-def _finite32(b):
-    """:func:`lpsim.blocks.amax.finite_bits` of float32 bits ``b``, in 32-bit words."""
-    return finite_bits(word(b), 0x7FFFFFFF, _INF32)
-
-
-@cuda.jit(device=True)
 def _lane_partial(b):
     """(finite magnitude bits or 0, 1 if NaN or inf) of one float32 element's bits ``b``
     (int32), as 32-bit words."""
     a = word(b) & 0x7FFFFFFF
-    return _finite32(b), like(a, a >= _INF32)
+    return finite32(b), like(a, a >= INF32)
 
 
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
@@ -260,7 +252,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                 amax_bits = _block_max(xb, g * block, block, max(
                     max(word(b0) & 0x7FFFFFFF, word(b1) & 0x7FFFFFFF),
                     max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF)), LANES, HALF)
-                nonfinite = like(amax_bits, amax_bits >= _INF32)
+                nonfinite = like(amax_bits, amax_bits >= INF32)
             else:
                 a0, f0 = _lane_partial(b0)
                 a1, f1 = _lane_partial(b1)
@@ -346,7 +338,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                 anynz = _block_any(nz, LANES)
                 if live and j % LANES == 0:
                     flushed = np.int64(nan_block == 0 and (amax_bits & 0x7FFFFFFF) != 0
-                                       and (amax_bits & 0x7FFFFFFF) < _INF32 and anynz == 0)
+                                       and (amax_bits & 0x7FFFFFFF) < INF32 and anynz == 0)
                     c = (c[0], c[1], c[2], c[3], c[4], c[5], c[6] + clipped,
                          c[7] + flushed, c[8] + nan_block)
             base += per_pass
@@ -462,10 +454,11 @@ class BlockRoute(specialised.Route):
     without a per-tensor scale (its BlockParams are then fixed): numba's function handle and
     the flat arguments numba would build, checked once against numba's own."""
 
-    def __init__(self, kern, mode: int, bp, bfmt):
+    def __init__(self, kern, mode: int, bp, bfmt, ts=None):
         super().__init__(kern, mode, 4, _signature(bp))
         self.bp, self.bfmt = bp, bfmt
-        self.ts = launch.placeholder((2,), np.float64)
+        # the tensor scale a device_pts kernel reads (ScaledBlockRoute's), else unread
+        self.ts = launch.placeholder((2,), np.float64) if ts is None else ts
         self.counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
@@ -495,12 +488,53 @@ _ROUTES: dict = {}
 ROUTE_ERRORS: dict = {}
 
 
+class ScaledBlockRoute:
+    """NVFP4 whose tensor scale is found on the device, as three raw launches enqueued
+    together (:data:`lpsim_cuda.tensor_amax.ENQUEUE`): the amax kernel, the one-thread scale
+    kernel and the block kernel that reads the scale from the device's scratch, each
+    checked once against numba's own flat arguments."""
+
+    def __init__(self, kern, mode: int, bp, bfmt):
+        from numba.core import types
+        self.bfmt, self.mode = bfmt, mode
+        self.amax_array, self.ts = tensor_amax.scratch()
+        self.block = BlockRoute(kern, mode, bp, bfmt, self.ts)
+        self.amax = specialised.Route(tensor_amax.amax32_kernel, mode, 4,
+                                      (types.int32[::1], types.int64[::1]))
+        self.scale = specialised.Route(tensor_amax.tensor_scale_kernel, mode, 4,
+                                       (types.int64[::1], types.float64, types.float64,
+                                        types.float64[::1]))
+        self.scalars = (float(bfmt.tensor_scale_divisor), float(min_tensor_scale(bfmt)))
+
+    def check(self, xf, xb, outf, n, keys, stream) -> bool:
+        """Whether the three launches' flat arguments are numba's own for the same call."""
+        array = specialised._array_arguments
+        self.amax_flat = array(launch.address(self.amax_array), 1, 8)
+        self.scale_flat = (self.amax_flat + [ctypes.c_double(v) for v in self.scalars]
+                           + array(launch.address(self.ts), 2, 8))
+        return (self.block.check(xf, xb, outf, n, keys, stream)
+                and specialised._same(array(launch.address(xb), n) + self.amax_flat,
+                                      specialised._numba_arguments(
+                                          self.amax.compiled, (xb, self.amax_array), stream))
+                and specialised._same(self.scale_flat, specialised._numba_arguments(
+                    self.scale.compiled, (self.amax_array, *self.scalars, self.ts), stream)))
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
+        amax, scale = self.amax, self.scale
+        with tensor_amax.ENQUEUE:
+            amax._core_launch(stream, amax.config(blocks), amax.function,
+                              *(specialised._array_arguments(x_ptr, n) + self.amax_flat))
+            scale._core_launch(stream, scale.config(1), scale.function, *self.scale_flat)
+            self.block(x_ptr, out_ptr, n, keys, stream, blocks)
+
+
 def _remember(given, rounding, sr_bits, device, kern, mode, bp, xf, xb, outf, n,
-              keys) -> None:
+              keys, route_class=BlockRoute) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
-    scale), build and check its request's route, keyed on the format as the caller gave it."""
+    scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), build
+    and check its request's route, keyed on the format as the caller gave it."""
     def build():
-        route = BlockRoute(kern, mode, bp, parse_block_format(given))
+        route = route_class(kern, mode, bp, parse_block_format(given))
         return route, route.check(xf, xb, outf, n, keys, 0)
     specialised.keep_route(_ROUTES, ROUTE_ERRORS, (given, rounding, sr_bits, type(sr_bits),
                                                    device), build)
@@ -599,11 +633,20 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                         counts=counts)
             return _counted(result, stats, counts, n, bfmt)
         pts = 1.0
+        route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
         if found:
-            with _ENQUEUE:                                  # nothing comes back to the host
-                launch_flat(bfmt, request, pts, xf, xf.view(np.int32), outf, n,
+            xb = xf.view(np.int32)
+            with ENQUEUE:                                  # nothing comes back to the host
+                launch_flat(bfmt, request, pts, xf, xb, outf, n,
                             device_tensor_scale(xf, bfmt), counts=counts)
-            return _counted(result, stats, counts, n, bfmt)
+            if stats is not None:
+                return _counted(result, stats, counts, n, bfmt)
+            if launch.is_torch(x):
+                _remember(given, rounding, sr_bits, x.device.index,
+                          kernel(bfmt, request.mode, request.k, request.params.W, True),
+                          request.mode, block_params(bfmt, pts), xf, xb, outf, n, route_keys,
+                          ScaledBlockRoute)
+            return result
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
         xb = xf.view(np.int32)
@@ -613,8 +656,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         if launch.is_torch(x) and not bfmt.tensor_scale:
             _remember(given, rounding, sr_bits, x.device.index,
                       kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
-                      block_params(bfmt, pts), xf, xb, outf, n,
-                      (request.seed_lo, request.seed_hi, request.stream, request.offset // 4))
+                      block_params(bfmt, pts), xf, xb, outf, n, route_keys)
     return result
 
 
@@ -646,124 +688,6 @@ def _counted(result, stats, counts, n: int, bfmt):
     return result
 
 
-if SIMULATOR:
-    @cuda.jit(device=True)
-    def _add_max(out, am):
-        """out[0] = max(out[0], am) (the simulator has no shuffles: one atomic a thread)."""
-        cuda.atomic.max(out, 0, am)
-else:
-    @cuda.jit(device=True)
-    def _add_max(out, am):
-        """The warp's largest ``am`` by butterfly shuffles, one atomic max by its first lane
-        (a grid of resident threads sending one atomic each to one address serialises)."""
-        width = 16
-        while width > 0:
-            am = max(am, cuda.shfl_xor_sync(FULL_MASK, am, width))
-            width >>= 1
-        if cuda.laneid == 0:
-            cuda.atomic.max(out, 0, am)
-
-
-@cuda.jit
-def _amax32_kernel(bits, out):
-    """out[0] = the largest finite magnitude bits of the float32 bits ``bits`` (16-byte
-    aligned): four elements per thread and pass by one 16-byte load, compared as 32-bit
-    words, the last n % 4 one per thread; one atomic max per warp."""
-    am = word(0)
-    groups = bits.size >> 2
-    i = cuda.grid(1)
-    while i < groups:
-        b0, b1, b2, b3 = vector.load4(bits, i)
-        am = max(am, max(max(_finite32(b0), _finite32(b1)), max(_finite32(b2), _finite32(b3))))
-        i += cuda.gridsize(1)
-    i = (groups << 2) + cuda.grid(1)
-    if i < bits.size:
-        am = max(am, _finite32(bits[i]))
-    _add_max(out, as_int64(am))
-
-
-@cuda.jit
-def _amax_kernel(bits, cmag, cinf, out):
-    """out[0] = the largest finite magnitude bits of ``bits`` (lpsim.blocks.amax.finite_bits),
-    float64 or unaligned float32: a grid-stride max per thread, then one atomic max each."""
-    am = np.int64(0)
-    i = cuda.grid(1)
-    while i < bits.size:
-        am = max(am, finite_bits(np.int64(bits[i]), cmag, cinf))
-        i += cuda.gridsize(1)
-    cuda.atomic.max(out, 0, am)
-
-
-@cuda.jit
-def _tensor_scale_kernel(amax, divisor, least, ts):
-    """ts = (the per-tensor scale of float32 data whose largest finite magnitude has the bits
-    amax[0], fp32(1 / that scale)): :func:`lpsim.blocks.amax.tensor_scale_from` and
-    :func:`lpsim.blocks.block_params`' reciprocal, by one thread on the device; amax[0] is
-    then reset to 0 for the next call's atomics."""
-    if cuda.grid(1) == 0:
-        # finite float32 bits: at most float32's largest
-        pts = scale_of_amax32(np.int32(amax[0]).view(np.float32), divisor, least)
-        ts[0] = pts
-        ts[1] = np.float64(np.float32(1.0) / np.float32(pts))
-        amax[0] = 0
-
-
-#: device -> (amax int64[1], reset to 0 by each scale kernel; scale and reciprocal float64[2])
-_SCRATCH: dict = {}
-#: one call's amax, scale and block launches are enqueued together (threads sharing a
-#: device's default stream would otherwise interleave their amax atomics)
-_ENQUEUE = threading.Lock()
-
-
-def _scratch():
-    device = launch.current_device()
-    found = _SCRATCH.get(device)
-    if found is None:
-        found = _SCRATCH[device] = (cuda.to_device(np.zeros(1, np.int64)),
-                                    cuda.device_array(2, np.float64))
-    return found
-
-
-def device_tensor_scale(xf, bfmt):
-    """NVFP4's per-tensor scale of the flat float32 device array ``xf`` and its reciprocal,
-    as a float64 device array of two (the device's scratch, valid until its next call),
-    computed on the device: the host launches two small kernels, allocates nothing and waits
-    for neither.  The caller holds ``_ENQUEUE`` until it has launched the kernel that reads
-    the scale."""
-    amax, ts = _scratch()
-    _amax_into(xf, amax)
-    launch.configured(_tensor_scale_kernel, 1)(amax, bfmt.tensor_scale_divisor,
-                                               min_tensor_scale(bfmt), ts)
-    return ts
-
-
-def tensor_amax(x2) -> float:
-    """The largest finite magnitude of the device array ``x2`` (float32/float64), found on
-    the device: only its 8 bytes come back to the host (NVFP4's per-tensor scale where the
-    caller wants it, as quantize_blocks does)."""
-    M, EB = container_bits(x2.dtype)[2:]
-    return float(bits_value(_amax_bits(x2).copy_to_host()[0], M, EB))
-
-
-def _amax_bits(x2):
-    """A new device int64 array of one: the largest finite magnitude bits of ``x2``."""
-    return _amax_into(x2, cuda.to_device(np.zeros(1, np.int64)))
-
-
-def _amax_into(x2, out):
-    """out[0] = max(out[0], the largest finite magnitude bits of ``x2``); returns out."""
-    cmag, cinf, M, EB = container_bits(x2.dtype)
-    bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
-    device = launch.current_device()
-    if bits.size and M == 23 and launch.address(bits) % 16 == 0:
-        launch.configured(_amax32_kernel, launch.grid_size(-(-bits.size // 4), device))(
-            bits, out)
-    elif bits.size:
-        launch.configured(_amax_kernel, launch.grid_size(bits.size, device))(
-            bits, cmag, cinf, out)
-    return out
-
-
 def _flat(a):
     """A 1-D numba float32 view of a contiguous torch tensor or numba array."""
     if launch.is_torch(a):
@@ -771,5 +695,5 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-__all__ = ["BlockRoute", "device_tensor_scale", "eligible", "kernel", "lanes_of", "launch_flat",
-           "quantize", "tensor_amax", "torch_call"]
+__all__ = ["BlockRoute", "ScaledBlockRoute", "eligible", "kernel", "lanes_of", "launch_flat", "quantize",
+           "torch_call"]

@@ -27,7 +27,7 @@ from lpsim.rounding import kernel_params
 from lpsim.stats import check_stats
 
 from . import arrays, block_groups, launch
-from .block_groups import tensor_amax
+from .tensor_amax import tensor_amax
 from .launch import THREADS
 
 

@@ -287,9 +287,9 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches):
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
 def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
-    """Each format's first call launches through numba and builds its request's raw route
-    (MX formats: their BlockParams are fixed), which the second call takes; NVFP4 finds
-    its tensor scale on the device on every call, through numba."""
+    """Each format's first call launches through numba and builds its request's raw route,
+    which later calls take: MX formats one kernel (their BlockParams are fixed), NVFP4
+    three (its tensor scale found on the device on every call, then its blocks)."""
     import torch
     monkeypatch.setattr(block_groups, "_ROUTES", {})
     for fmt in ("mxfp8_e4m3", "nvfp4", "mxfp4"):
@@ -305,9 +305,15 @@ def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
         want = lpsim.quantize(np.ascontiguousarray(x[:, :128]), fmt, "stochastic", seed=3,
                               offset=4)
         assert np.array_equal(z.cpu().numpy().view(np.int32), want.view(np.int32))
-    assert len(launches) == 5                  # MX: the first call; NVFP4: all three
+        if fmt == "nvfp4":                      # the route finds each tensor's own scale
+            small = t * 2.0 ** -20
+            got = lpsim.quantize(small, fmt, "stochastic", seed=3)
+            want = lpsim.quantize(small.cpu().numpy(), fmt, "stochastic", seed=3)
+            assert np.array_equal(got.cpu().numpy().view(np.int32), want.view(np.int32))
+    assert len(launches) == 3                  # each format's first call
     routes = {key[0].name: route for key, route in block_groups._ROUTES.items()}
-    assert set(routes) == {"mxfp8_e4m3", "mxfp4"}, block_groups.ROUTE_ERRORS
+    assert set(routes) == {"mxfp8_e4m3", "mxfp4", "nvfp4"}, block_groups.ROUTE_ERRORS
+    assert isinstance(routes["nvfp4"], block_groups.ScaledBlockRoute)
     assert all(r is not None for r in routes.values()), block_groups.ROUTE_ERRORS
 
 
