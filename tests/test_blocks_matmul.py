@@ -160,3 +160,38 @@ def test_the_h100_recording_is_what_this_gpu_returns():
                                    use_fast_accum=bool(fast)).cpu().numpy()
             assert np.array_equal(got.view(np.int32),
                                   data[f"{case}/fp8-fast{fast}"].view(np.int32)), (case, fast)
+
+
+@pytest.mark.skipif(os.environ.get("LPSIM_TEST_GPU") != "1",
+                    reason="runs torch._scaled_mm on an H100/H200: needs a GPU "
+                           "(run with LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("seed", [20261127, 7])
+def test_fresh_inputs_on_this_gpu_equal_the_model(seed):
+    """The recording's 17 input families drawn with seeds it was not recorded with (the
+    probe's own generator): torch._scaled_mm on this GPU, both ``use_fast_accum`` settings,
+    equals ``ops.wgmma_matmul`` code for code."""
+    import importlib.util
+
+    import torch
+
+    from lpsim.ops import wgmma_matmul
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.fail("LPSIM_TEST_GPU=1 but no sm_90+ GPU (torch._scaled_mm FP8) is visible")
+    spec = importlib.util.spec_from_file_location(
+        "probe_tensor_cores", pathlib.Path(__file__).parent.parent / "benchmarks"
+        / "probe_tensor_cores.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    one = torch.ones((), device="cuda")
+    for name, a, b in probe.cases(np.random.default_rng(seed)):
+        a8 = torch.from_numpy(a).to(torch.float8_e4m3fn)
+        b8 = torch.from_numpy(b).to(torch.float8_e4m3fn)
+        ta, tb = a8.cuda(), b8.cuda().t().contiguous().t()
+        for fast, promote in ((False, 128), (True, None)):
+            want = torch._scaled_mm(ta, tb, scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                    use_fast_accum=fast).cpu()
+            got = wgmma_matmul(a8, b8, promote=promote)
+            same = (got.view(torch.int32) == want.view(torch.int32)) | (got.isnan()
+                                                                         & want.isnan())
+            assert bool(same.all()), \
+                f"seed {seed}, {name}, fast={fast}: {int((~same).sum())} of {want.numel()} differ"
