@@ -217,9 +217,9 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     if out is not None:
         # x's and out's kind, dtype and shape, named as lpsim_cuda.quantize names them, before
         # anything is rounded, counted or written
-        if launch.is_torch(x) != launch.is_torch(out):
-            raise TypeError(f"out is a {type(out).__name__} and x a {type(x).__name__}; out "
-                            "must be of x's kind (a torch tensor for a torch tensor)")
+        if launch.is_torch(x) and not launch.is_torch(out):
+            raise TypeError(f"out is a {type(out).__name__}; the result of a torch tensor is "
+                            "written into a torch CUDA tensor")
         outb = arrays.target(out, arrays.source(x), None)
     result, moved_shape = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, offset=offset,
