@@ -221,6 +221,11 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     NAN_BLOCKS = NONFINITE_NAN != 0
     # power-of-two scales from the exponent field of a float32 normal amax
     POW2_WORDS = bool(pow2_words(np.int64(1 << 23), fixed))
+    # the next pass's quad is loaded before this one is rounded (two 16-byte loads in flight
+    # a lane: lpsim_cuda.specialised says why) where the kernel is bound by memory: MX
+    # formats to nearest, uncounted (2 instructions an element); stochastic, counted and
+    # NVFP4 kernels are bound by their instructions
+    PREFETCH = POW2_WORDS and mode == NEAREST and not count
 
     def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
@@ -236,13 +241,22 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         zero = np.int64(0)
         c = (zero, zero, zero, zero, zero, zero, zero, zero, zero)     # with COUNT
         clip_lo, clip_hi = (counts[9], counts[10]) if COUNT else (zero, zero)
+        n0 = n1 = n2 = n3 = np.int32(0)              # PREFETCH: the next pass's quad
+        if PREFETCH and t < quads:
+            n0, n1, n2, n3 = vector.load4(xb, t)
         while base < quads:                            # the same trip count on every lane
             j = base + t                               # this lane's group of four elements
             live = j < quads
             g = j // LANES                             # its block
             b0 = b1 = b2 = b3 = np.int32(0)
-            if live:
+            if PREFETCH:
+                if live:
+                    b0, b1, b2, b3 = n0, n1, n2, n3
+                if j + per_pass < quads:
+                    n0, n1, n2, n3 = vector.load4(xb, j + per_pass)
+            elif live:
                 b0, b1, b2, b3 = vector.load4(xb, j)
+            if live:
                 if HALF:
                     b0, b1 = code_bits(b0, HALF), code_bits(b1, HALF)
                     b2, b3 = code_bits(b2, HALF), code_bits(b3, HALF)
