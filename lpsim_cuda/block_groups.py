@@ -509,29 +509,41 @@ class ScaledBlockRoute:
     checked once against numba's own flat arguments."""
 
     def __init__(self, kern, mode: int, bp, bfmt):
+        import numba
         from numba.core import types
         self.bfmt, self.mode = bfmt, mode
         self.amax_array, self.ts = tensor_amax.scratch()
         self.block = BlockRoute(kern, mode, bp, bfmt, self.ts)
         self.amax = specialised.Route(tensor_amax.amax32_kernel, mode, 4,
                                       (types.int32[::1], types.int64[::1]))
-        self.scale = specialised.Route(tensor_amax.tensor_scale_kernel, mode, 4,
-                                       (types.int64[::1], types.float64, types.float64,
-                                        types.float64[::1]))
-        self.scalars = (float(bfmt.tensor_scale_divisor), float(min_tensor_scale(bfmt)))
+        # the scale kernel's arguments as device_tensor_scale passes them (the divisor is a
+        # float32): the route compiles the specialisation numba's dispatch picks for them
+        self.scalars = (bfmt.tensor_scale_divisor, min_tensor_scale(bfmt))
+        self.scale = specialised.Route(tensor_amax.tensor_scale_kernel, mode, 4, tuple(
+            numba.typeof(v) for v in (self.amax_array, *self.scalars, self.ts)))
 
     def check(self, xf, xb, outf, n, keys, stream) -> bool:
-        """Whether the three launches' flat arguments are numba's own for the same call."""
+        """Whether the three launches' kernels are those numba's dispatch picks for the same
+        call and their flat arguments numba's own."""
+        import numba
+        from numba.core import types
         array = specialised._array_arguments
         self.amax_flat = array(launch.address(self.amax_array), 1, 8)
-        self.scale_flat = (self.amax_flat + [ctypes.c_double(v) for v in self.scalars]
+        scalar = {types.float32: ctypes.c_float, types.float64: ctypes.c_double}
+        self.scale_flat = (self.amax_flat
+                           + [scalar[t](v) for t, v in zip(
+                               self.scale.compiled.argument_types[1:3], self.scalars)]
                            + array(launch.address(self.ts), 2, 8))
+        amax_args = (xb, self.amax_array)
+        scale_args = (self.amax_array, *self.scalars, self.ts)
         return (self.block.check(xf, xb, outf, n, keys, stream)
+                and tuple(map(numba.typeof, amax_args)) == tuple(
+                    self.amax.compiled.argument_types)
                 and specialised._same(array(launch.address(xb), n) + self.amax_flat,
-                                      specialised._numba_arguments(
-                                          self.amax.compiled, (xb, self.amax_array), stream))
+                                      specialised._numba_arguments(self.amax.compiled,
+                                                                   amax_args, stream))
                 and specialised._same(self.scale_flat, specialised._numba_arguments(
-                    self.scale.compiled, (self.amax_array, *self.scalars, self.ts), stream)))
+                    self.scale.compiled, scale_args, stream)))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
         amax, scale = self.amax, self.scale

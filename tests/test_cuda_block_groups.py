@@ -337,3 +337,42 @@ def test_torch_route_refuses_what_the_general_path_refuses(monkeypatch):
         lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=-1)
     with pytest.raises((ValueError, TypeError)):
         lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1, out=torch.empty(3, device="cuda"))
+
+
+def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
+    """The raw route of NVFP4 with a found tensor scale compiles each of its three kernels
+    for the argument types the numba path launches them with (the scale kernel's divisor is
+    a float32), so it runs the same specialisation; no GPU needed: the compiles are stood in
+    for, the types recorded."""
+    import numba
+
+    from lpsim.blocks import block_params, parse_block_format
+    from lpsim.blocks.amax import min_tensor_scale
+    from lpsim_cuda import specialised, tensor_amax
+    compiled = {}
+
+    class Recorder:
+        def __init__(self, kern, mode, out_bytes, signature=None, in_bytes=4):
+            compiled[kern] = tuple(signature)
+    class BlockRecorder:                   # BlockRoute compiles block_groups._signature(bp)
+        def __init__(self, kern, mode, bp, bfmt, ts=None):
+            compiled[kern] = tuple(block_groups._signature(bp))
+    monkeypatch.setattr(specialised, "Route", Recorder)
+    monkeypatch.setattr(block_groups, "BlockRoute", BlockRecorder)
+    amax, ts = np.zeros(1, np.int64), np.zeros(2, np.float64)
+    monkeypatch.setattr(tensor_amax, "scratch", lambda: (amax, ts))
+    bfmt = parse_block_format("nvfp4")
+    bp = block_params(bfmt, 1.0)
+    kern = object()
+    block_groups.ScaledBlockRoute(kern, 0, bp, bfmt)
+    xb = np.zeros(16, np.int32)
+    # what device_tensor_scale and launch_flat pass
+    launched = {
+        tensor_amax.amax32_kernel: (xb, amax),
+        tensor_amax.tensor_scale_kernel: (amax, bfmt.tensor_scale_divisor,
+                                          min_tensor_scale(bfmt), ts),
+        kern: (xb.view(np.float32), xb, xb.view(np.float32), 16, bp, 1, 2, 3, 4, ts,
+               np.zeros(11, np.int64)),
+    }
+    for k, args in launched.items():
+        assert compiled[k] == tuple(numba.typeof(a) for a in args), k
