@@ -536,9 +536,11 @@ class ScaledBlockRoute:
                            + array(launch.address(self.ts), 2, 8))
         amax_args = (xb, self.amax_array)
         scale_args = (self.amax_array, *self.scalars, self.ts)
-        return (self.block.check(xf, xb, outf, n, keys, stream)
-                and tuple(map(numba.typeof, amax_args)) == tuple(
-                    self.amax.compiled.argument_types)
+        block_args = (xf, xb, outf, n, self.block.bp, *keys, self.ts, self.block.counts)
+        typed = all(tuple(map(numba.typeof, args)) == tuple(route.compiled.argument_types)
+                    for route, args in ((self.amax, amax_args), (self.scale, scale_args),
+                                        (self.block, block_args)))
+        return (typed and self.block.check(xf, xb, outf, n, keys, stream)
                 and specialised._same(array(launch.address(xb), n) + self.amax_flat,
                                       specialised._numba_arguments(self.amax.compiled,
                                                                    amax_args, stream))

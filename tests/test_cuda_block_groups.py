@@ -203,7 +203,9 @@ def test_nvfp4_tensor_scale_found_on_the_device_never_comes_back(launches, monke
     data so small that the scale takes its least value, zeros (scale 1) and a NaN block."""
     def no_copy(*args, **kwargs):
         raise AssertionError("the tensor scale came back to the host")
-    monkeypatch.setattr(block_groups, "tensor_amax", no_copy)
+    from lpsim_cuda import tensor_amax
+    monkeypatch.setattr(tensor_amax, "tensor_amax", no_copy)
+    monkeypatch.setattr(cuda_blocks, "tensor_amax", no_copy)     # the general kernel's caller
     # amax / (448 * 6) below the least tensor scale (about 2**-119): the scale is clamped
     tiny = (np.random.default_rng(9).standard_normal((2, 32)) * 1e-34).astype(np.float32)
     nan = data((2, 32), seed=8)
