@@ -18,6 +18,8 @@ counter is (block low 32, block high 32, stream low 32, stream high 32); the 64-
 seed (low 32, high 32).
 """
 
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba.extending import register_jitable
@@ -50,7 +52,37 @@ def philox4x32(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def philox4x32_ir(builder, counter, key, mulhi=None):
+def round_keys(seed_lo: int, seed_hi: int) -> tuple:
+    """The 20 round keys of a seed, (k0, k1) of rounds 0 .. 9 (the key schedule of
+    :func:`philox4x32`), for :func:`block_words_keyed`.
+
+    Why: a GPU kernel that takes them as arguments reads them from its constant bank, where
+    one made from the seed in its loop costs two adds a round (18 a block), which the
+    compiler makes again each pass when registers are short."""
+    return _round_keys(int(seed_lo) & MASK32, int(seed_hi) & MASK32)
+
+
+@functools.lru_cache(maxsize=256)
+def _round_keys(k0: int, k1: int) -> tuple:
+    keys = []
+    for _ in range(10):
+        keys += (k0, k1)
+        k0, k1 = (k0 + _W0) & MASK32, (k1 + _W1) & MASK32
+    return tuple(keys)
+
+
+@register_jitable
+def philox4x32_keyed(c0, c1, c2, c3, ks):
+    """:func:`philox4x32` with its round keys given (:func:`round_keys`): the same words."""
+    for r in range(10):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = ((hi1 ^ c1 ^ ks[2 * r]) & MASK32, lo1,
+                          (hi0 ^ c3 ^ ks[2 * r + 1]) & MASK32, lo0)
+    return c0, c1, c2, c3
+
+
+def philox4x32_ir(builder, counter, key, mulhi=None, keys=None):
     """:func:`philox4x32` as LLVM IR in 32-bit integers: ``counter`` (four) and ``key`` (two)
     are i64 values below 2**32, the result four such i64 values.  ``mulhi(builder, a, b)``
     makes the high word of the product of two i32 values (None: through an i64 product).
@@ -60,11 +92,16 @@ def philox4x32_ir(builder, counter, key, mulhi=None):
     adds each product's zero high half and carries the key schedule in 64-bit registers:
     83 SASS instructions a block against 67 from this form with NVVM's ``mulhi``
     (sm_90).  lpsim_cuda compiles it in place of the Python body (:mod:`lpsim_cuda.philox`);
-    the tests compile it for the CPU and compare the words.
+    the tests compile it for the CPU and compare the words.  ``keys``: the 20 round keys as
+    i64 values (:func:`philox4x32_keyed`'s), in place of ``key`` and its schedule.
     """
     i32, i64 = ir.IntType(32), ir.IntType(64)
     c = [builder.trunc(x, i32) for x in counter]
-    k0, k1 = (builder.trunc(x, i32) for x in key)
+    if keys is not None:
+        keys = [builder.trunc(x, i32) for x in keys]
+        k0, k1 = keys[0], keys[1]
+    else:
+        k0, k1 = (builder.trunc(x, i32) for x in key)
     if mulhi is None:
         def mulhi(builder, a, b):
             product = builder.mul(builder.zext(a, i64), builder.zext(b, i64))
@@ -75,7 +112,9 @@ def philox4x32_ir(builder, counter, key, mulhi=None):
         hi1, lo1 = mulhi(builder, c[2], m1), builder.mul(c[2], m1)
         c = [builder.xor(builder.xor(hi1, c[1]), k0), lo1,
              builder.xor(builder.xor(hi0, c[3]), k1), lo0]
-        if r < 9:
+        if r < 9 and keys is not None:
+            k0, k1 = keys[2 * r + 2], keys[2 * r + 3]
+        elif r < 9:
             k0 = builder.add(k0, ir.Constant(i32, _W0))
             k1 = builder.add(k1, ir.Constant(i32, _W1))
     return [builder.zext(x, i64) for x in c]
@@ -86,6 +125,13 @@ def block_words(block, stream, seed_lo, seed_hi):
     """Philox output for element block ``block`` (int64) of stream ``stream``."""
     return philox4x32(block & MASK32, (block >> 32) & MASK32, stream & MASK32,
                       (stream >> 32) & MASK32, seed_lo, seed_hi)
+
+
+@register_jitable
+def block_words_keyed(block, stream, ks):
+    """:func:`block_words` with the seed's round keys given (:func:`round_keys`)."""
+    return philox4x32_keyed(block & MASK32, (block >> 32) & MASK32, stream & MASK32,
+                            (stream >> 32) & MASK32, ks)
 
 
 @register_jitable

@@ -5,7 +5,8 @@ import pytest
 from numba import njit, types
 from numba.extending import intrinsic
 
-from lpsim.philox import block_words, philox4x32, philox4x32_ir, random_words
+from lpsim.philox import (block_words, block_words_keyed, philox4x32, philox4x32_ir,
+                          random_words, round_keys)
 
 ONES = 0xFFFFFFFF
 KAT = [
@@ -68,6 +69,46 @@ def test_philox_ir_gives_the_python_words():
     _ir_words(inputs, out)
     assert [tuple(out[i]) for i in range(len(KAT))] == [k[1] for k in KAT]
     assert np.array_equal(out[:len(inputs)], out[len(inputs):])
+
+
+@intrinsic
+def _philox_keyed_ir(typingctx, c0, c1, c2, c3, ks):
+    """philox4x32_ir with the round keys given, compiled for the CPU."""
+    def codegen(context, builder, signature, args):
+        keys = [builder.extract_value(args[4], i) for i in range(20)]
+        return context.make_tuple(builder, signature.return_type,
+                                  philox4x32_ir(builder, args[:4], None, keys=keys))
+    return types.UniTuple(types.int64, 4)(c0, c1, c2, c3, ks), codegen
+
+
+@njit
+def _keyed_words(blocks, streams, ks, out):
+    for i in range(blocks.shape[0]):
+        b, t = blocks[i], streams[i]
+        out[i] = block_words_keyed(b, t, ks)
+        out[i + blocks.shape[0]] = _philox_keyed_ir(b & ONES, (b >> 32) & ONES, t & ONES,
+                                                     (t >> 32) & ONES, ks)
+
+
+def test_words_from_round_keys_equal_the_seeds():
+    """block_words_keyed with round_keys(seed) gives block_words' words, in Python, compiled
+    and through the 32-bit IR form the GPU compiles: known answers, the all-ones corner and
+    random blocks, streams and seeds (a key schedule off by one round fails every word)."""
+    rng = np.random.default_rng(11)
+    for seed_lo, seed_hi in ((0, 0), (ONES, ONES), *rng.integers(0, 2 ** 32, (4, 2))):
+        ks = round_keys(seed_lo, seed_hi)
+        assert len(ks) == 20 and all(0 <= k <= ONES for k in ks)
+        blocks = np.concatenate([[0, -1], rng.integers(-2 ** 63, 2 ** 63, 300)]).astype(np.int64)
+        streams = np.concatenate([[0, -1], rng.integers(-2 ** 63, 2 ** 63, 300)]).astype(np.int64)
+        out = np.zeros((2 * len(blocks), 4), np.int64)
+        _keyed_words(blocks, streams, ks, out)
+        want = np.array([_jitted_block(b, t, seed_lo, seed_hi)
+                         for b, t in zip(blocks, streams)], np.int64)
+        assert np.array_equal(out[:len(blocks)], want)
+        assert np.array_equal(out[len(blocks):], want)
+        assert tuple(int(w) for w in block_words_keyed(int(blocks[5]), int(streams[5]), ks)) \
+            == tuple(int(w) for w in want[5])
+    assert tuple(int(w) for w in block_words_keyed(-1, -1, round_keys(ONES, ONES))) == KAT[1][1]
 
 
 def test_counter_layout_block_and_stream():
