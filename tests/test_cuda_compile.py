@@ -100,20 +100,20 @@ with mock.patch.object(dispatcher, "get_current_device",
             print(name, np.dtype(dtype), "ok", len(ptx), "fma", ptx.count("fma.rn"))
             report(f"blocks {name} {np.dtype(dtype)}", ptx)
     for bits in (numba.int32[::1], numba.int64[::1]):       # NVFP4's per-tensor amax
-        ptx, _ = cuda.compile_ptx(importlib.import_module("lpsim_cuda.block_groups")
+        ptx, _ = cuda.compile_ptx(importlib.import_module("lpsim_cuda.tensor_amax")
                                   ._amax_kernel.py_func,
                                   (bits, numba.int64, numba.int64, numba.int64[::1]), cc=(9, 0))
         assert "atom.global.max.s64" in ptx, "no 64-bit atomic max"
         print("amax", bits.dtype, "ok", len(ptx))
         report(f"blocks amax {bits.dtype}", ptx)
-    ptx, _ = cuda.compile_ptx(importlib.import_module("lpsim_cuda.block_groups")
-                              ._amax32_kernel.py_func, (numba.int32[::1], numba.int64[::1]),
+    T = importlib.import_module("lpsim_cuda.tensor_amax")
+    ptx, _ = cuda.compile_ptx(T.amax32_kernel.py_func, (numba.int32[::1], numba.int64[::1]),
                               cc=(9, 0))
     assert "ld.global.v4" in ptx and "shfl.sync.bfly" in ptx, "no 16-byte load or shuffle"
     print("amax32 ok", len(ptx))
     report("blocks amax32", ptx)
     G = importlib.import_module("lpsim_cuda.block_groups")
-    ptx, _ = cuda.compile_ptx(G._tensor_scale_kernel.py_func,
+    ptx, _ = cuda.compile_ptx(T.tensor_scale_kernel.py_func,
                               (numba.int64[::1], numba.float32, numba.float64,
                                numba.float64[::1]), cc=(9, 0))
     print("amax scale ok", len(ptx))
