@@ -56,8 +56,8 @@ def round_keys(seed_lo: int, seed_hi: int) -> tuple:
     """The 20 round keys of a seed, (k0, k1) of rounds 0 .. 9 (the key schedule of
     :func:`philox4x32`), for :func:`block_words_keyed`.
 
-    Why: a GPU kernel that takes them as arguments reads them from its constant bank, where
-    one made from the seed in its loop costs two adds a round (18 a block), which the
+    Why: a GPU kernel that takes them as arguments loads them once, into uniform registers;
+    made from the seed in its loop they cost two adds a round (18 a block), which the
     compiler makes again each pass when registers are short."""
     return _round_keys(int(seed_lo) & MASK32, int(seed_hi) & MASK32)
 

@@ -723,5 +723,5 @@ def _flat(a):
     return a.reshape(a.size)
 
 
-__all__ = ["BlockRoute", "ScaledBlockRoute", "eligible", "kernel", "lanes_of", "launch_flat", "quantize",
-           "torch_call"]
+__all__ = ["BlockRoute", "ScaledBlockRoute", "eligible", "kernel", "lanes_of", "launch_flat",
+           "quantize", "torch_call"]
