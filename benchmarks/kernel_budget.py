@@ -200,9 +200,10 @@ def _optim(cls: str, dtype: str, wide: bool = False, **kw):
         arrays, kargs, setup = inputs(getattr(lpsim.optim, cls), getattr(torch, dtype), kw,
                                       37, 0)
         kinds, hp, ints, keys, offset = kargs
-        kernel = importlib.import_module("lpsim_cuda.optim").optim_kernel(
-            tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps, tuple(setup.sp16), wide)
-        args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
+        O = importlib.import_module("lpsim_cuda.optim")
+        kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                                tuple(setup.sp16), wide)
+        args = O.kernel_arguments(arrays, hp, keys, offset, np.zeros(7, np.int64))
         return (kernel.py_func, tuple(numba.typeof(a) for a in args),
                 kernel.targetoptions.get("launch_bounds"))
     return build

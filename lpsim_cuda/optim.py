@@ -30,7 +30,7 @@ from numba.extending import register_jitable
 
 from lpsim.optim import step as core
 from lpsim.optim.step import ADAMW, KAHAN, NCOUNTS, REMAINDER, STOCHASTIC
-from lpsim.philox import block_words
+from lpsim.philox import block_words_keyed, round_keys
 
 from . import arrays, launch, vector
 from .launch import THREADS
@@ -85,28 +85,28 @@ def _codes4(a, j, present):
 
 
 @register_jitable
-def _words4(q, stream, seed_lo, seed_hi, drawn):
-    """Philox block q of ``stream`` where a rounding is stochastic (``drawn``), else zeros."""
+def _words4(q, stream, ks, drawn):
+    """Philox block q of ``stream`` under the seed's round keys ``ks`` where a rounding is
+    stochastic (``drawn``), else zeros."""
     if drawn:
-        return block_words(q, stream, seed_lo, seed_hi)
+        return block_words_keyed(q, stream, ks)
     zero = np.int64(0)
     return zero, zero, zero, zero
 
 
 @register_jitable
-def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
-                      sp16, counts):
+def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, pw, pc,
+                      ps, sp16, counts):
     """Local elements 4j .. 4j+3 (offset a multiple of 4): every array read by one wide load
     and written by one wide store, the four lanes by the straight path; where a lane
     declines, the quad by step_quad from its codes, which nothing has written yet."""
     algo, update, wmode, smode = ints[0], ints[1], ints[2], ints[4]
-    seed_lo, seed_hi, stream_w, stream_m, stream_v = keys
+    stream_w, stream_m, stream_v = keys[2], keys[3], keys[4]
     q = (offset >> 2) + j
     hasm = algo == ADAMW or hp[10] != 0
-    rw0, rw1, rw2, rw3 = _words4(q, stream_w, seed_lo, seed_hi, wmode == STOCHASTIC)
-    rm0, rm1, rm2, rm3 = _words4(q, stream_m, seed_lo, seed_hi, smode == STOCHASTIC)
-    rv0, rv1, rv2, rv3 = _words4(q, stream_v, seed_lo, seed_hi,
-                                 smode == STOCHASTIC and algo == ADAMW)
+    rw0, rw1, rw2, rw3 = _words4(q, stream_w, ks, wmode == STOCHASTIC)
+    rm0, rm1, rm2, rm3 = _words4(q, stream_m, ks, smode == STOCHASTIC)
+    rv0, rv1, rv2, rv3 = _words4(q, stream_v, ks, smode == STOCHASTIC and algo == ADAMW)
     w0, w1, w2, w3 = _codes4(wb, j, True)
     g0, g1, g2, g3 = _codes4(gb, j, True)
     m0, m1, m2, m3 = _codes4(mb, j, hasm)
@@ -164,7 +164,7 @@ def _add_counts(counts, local):
 
 
 @register_jitable
-def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps, sp16,
+def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, offset, pw, pc, ps, sp16,
                   counts):
     """:func:`_step_all` for a parameter whose quads are aligned: the whole quads by
     :func:`_step_quad_vector` in a grid-stride loop, the last n % 4 elements by thread 0."""
@@ -175,8 +175,8 @@ def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc,
         local[f] = 0
     j = cuda.grid(1)
     while j < full:
-        _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc,
-                          ps, sp16, local)
+        _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, pw,
+                          pc, ps, sp16, local)
         j += cuda.gridsize(1)
     if cuda.grid(1) == 0 and (n & 3) != 0:
         _step_quad((offset >> 2) + full, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
@@ -189,17 +189,18 @@ def _make_kernel(kinds, ints, pw, pc, ps, sp16, wide=False):
     update, modes, sr bits, nesterov, first step) and the formats' parameters are
     compile-time constants, so each branch on them folds away and the decision keeps only
     the registers its own case needs (AdamW bf16 SR: 162 -> 90 per thread).  The
-    hyperparameters, keys and offset stay arguments: they change from step to step.
+    hyperparameters, keys (and the seed's round keys, ``ks``) and offset stay arguments:
+    they change from step to step.
     ``wide``: the aligned kernel (:func:`_step_vectors`), which a call takes where
     :func:`aligned` holds."""
     KINDS, INTS, PW, PC, PS, SP16 = kinds, ints, pw, pc, ps, sp16
 
     if wide:
-        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
-            _step_vectors(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS,
-                          SP16, counts)
+        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, ks, offset, counts):
+            _step_vectors(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, ks, offset, PW, PC,
+                          PS, SP16, counts)
     else:
-        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, offset, counts):
+        def kernel(wb, gb, mb, vb, cb, rb, hp, keys, ks, offset, counts):
             _step_all(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS, SP16,
                       counts)
 
@@ -240,7 +241,16 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
     grid = launch.grid_size(nquads, launch.current_device())
     kinds, ints, sp16 = tuple(kinds), tuple(ints), tuple(setup.sp16)
     kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16, wide)
-    kernel[grid, THREADS, stream](wb, gb, mb, vb, cb, rb, hp, keys, offset, counts)
+    kernel[grid, THREADS, stream](*kernel_arguments((wb, gb, mb, vb, cb, rb), hp, keys, offset,
+                                                    counts))
+
+
+def kernel_arguments(arrays, hp, keys, offset, counts) -> tuple:
+    """A step kernel's arguments: the six arrays, the hyperparameters, the keys (seed halves
+    and streams), the seed's 20 Philox round keys (lpsim.philox.round_keys: the wide kernel
+    draws with them, which ptxas holds in uniform registers instead of making the key
+    schedule again each pass), the offset and the counters."""
+    return (*arrays, hp, keys, round_keys(keys[0], keys[1]), offset, counts)
 
 
 def step(param, grad, m, v, c, r, kargs, setup, counts):                # pragma: no cover

@@ -62,7 +62,7 @@ with mock.patch.object(dispatcher, "get_current_device",
         for wide in (False, True):                 # element-wise and aligned parameters
             kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
                                     tuple(setup.sp16), wide)
-            args = (*arrays, hp, keys, offset, np.zeros(7, np.int64))
+            args = O.kernel_arguments(arrays, hp, keys, offset, np.zeros(7, np.int64))
             ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(numba.typeof(a) for a in args),
                                       cc=(9, 0), launch_bounds=(128, O.BLOCKS_PER_SM))
             # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
