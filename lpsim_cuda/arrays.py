@@ -121,6 +121,23 @@ def target(out, like: Source, storage: str | None, name: str = "out"):
     return bits
 
 
+def overlaps_apart(a, b) -> bool:
+    """Whether the flat device arrays ``a`` and ``b`` share memory without being the same
+    elements (the same start and width: an in-place call, which every kernel supports)."""
+    pa, pb = launch.address(a), launch.address(b)
+    na, nb = a.size * a.dtype.itemsize, b.size * b.dtype.itemsize
+    if not (na and nb and pa < pb + nb and pb < pa + na):
+        return False
+    return not (pa == pb and a.dtype.itemsize == b.dtype.itemsize)
+
+
+def copy_of(a, stream):
+    """A new device array holding the flat device array ``a``, copied on ``stream``."""
+    fresh = cuda.device_array(a.shape, a.dtype, stream=stream)
+    fresh.copy_to_device(a, stream=stream)
+    return fresh
+
+
 def new_output(x, like: Source, storage: str | None):
     """A fresh output of x's kind: x's dtype, or the storage's (torch) or integer codes."""
     if is_torch(x):

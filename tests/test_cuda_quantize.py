@@ -94,6 +94,30 @@ def test_offset_and_in_place_match_cpu():
     assert np.array_equal(device.copy_to_host().view(np.int32), expected.view(np.int32))
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "fp(4,3,4)"])
+def test_out_overlapping_x_rounds_as_if_x_were_copied_first(fmt, rounding):
+    """out a shifted view of x's own memory (either way, by one element or a quad) and
+    codes packed into x's own bytes: the bits of rounding a copy of x, as on the CPU (the
+    kernels would overwrite values other threads had not read)."""
+    base = (np.random.default_rng(1).standard_normal(300) * 10).astype(np.float32)
+    for shift in (1, 4, -1, -4):
+        lo, hi = (shift, 0) if shift > 0 else (0, -shift)
+        n = base.size - abs(shift)
+        want = lpsim.quantize(base[lo:lo + n].copy(), fmt, rounding, seed=3)
+        d = cuda.to_device(base)
+        lpsim.quantize(d[lo:lo + n], fmt, rounding, seed=3, out=d[hi:hi + n])
+        got = d.copy_to_host()[hi:hi + n]
+        assert np.array_equal(got.view(np.int32), want.view(np.int32)), (shift, fmt)
+    if fmt == "bf16":                  # bfloat16 codes packed over x's first or middle bytes
+        want = pack(lpsim.quantize(base[:128], fmt, rounding, seed=3), "bfloat16", fmt)
+        for start in (0, 4, 64):
+            d = cuda.to_device(base[:256])
+            out = d.view(np.int16)[start:start + 128]
+            lpsim_cuda.quantize(d[:128], fmt, rounding, seed=3, storage="bfloat16", out=out)
+            assert np.array_equal(out.copy_to_host().view(np.uint16), want.view(np.uint16))
+
+
 def test_lpsim_quantize_dispatches_device_arrays():
     x = edge_cases("e5m2", np.float32)
     got = lpsim.quantize(cuda.to_device(x), "e5m2", "nearest")
