@@ -19,7 +19,7 @@ from lpsim.blocks.amax import checked_tensor_scale, tensor_scale_from
 from lpsim.blocks.counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from lpsim.blocks.decisions import (_element_params, block_params, block_recip, block_scale,
                                     element_exact, element_fast, element_word)
-from lpsim.blocks.fake_quantize import Blocked, blocked_shape
+from lpsim.blocks.fake_quantize import Blocked, blocked_shape, check_axis
 from lpsim.blocks.formats import parse_block_format
 from lpsim.philox import LANES
 from lpsim.request import plan
@@ -139,6 +139,8 @@ def _rows(x, axis):
 
     Not torch: x is checked as lpsim_cuda.quantize checks it (named errors, not numba's).
     """
+    if hasattr(x, "ndim"):
+        axis = check_axis(axis, x.ndim)                 # the CPU's errors
     if launch.is_torch(x):
         moved = x.movedim(axis, -1).contiguous()
         shape = tuple(moved.shape)
@@ -200,6 +202,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     :func:`lpsim.blocks.fake_quantize.quantize`.  A torch bfloat16 or float16 tensor is
     rounded as float32 (a float32 result), its codes read directly where the kernels of
     :mod:`lpsim_cuda.block_groups` take the call."""
+    if hasattr(x, "ndim"):
+        axis = check_axis(axis, x.ndim)                 # the CPU's errors, before any kernel
     if stats is None and tensor_scale is None and launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
                                        offset)                # a request seen before

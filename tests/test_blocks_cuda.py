@@ -168,3 +168,18 @@ def test_cuda_blocks_refuse_host_arrays_by_name():
         lpsim_cuda.blocks.quantize(cuda.to_device(x), "mxfp4",
                                    out=cuda.to_device(np.zeros((4, 8), np.float32)))
     assert (out.copy_to_host() == 5.0).all()
+
+
+@pytest.mark.parametrize("shape, axis", [((32,), 1), ((32,), 5), ((32,), -2), ((1, 32), 2),
+                                         ((1, 32), 1.0), ((1, 32), None), ((1, 32), True)])
+def test_a_bad_axis_gets_the_cpus_error(shape, axis):
+    """Every path refuses an axis the array lacks, or one that is no integer, with the CPU's
+    error (the CUDA path took any axis of a 1-D array as its last)."""
+    x = np.linspace(-2, 2, 32, dtype=np.float32).reshape(shape)
+    with pytest.raises((TypeError, ValueError)) as cpu:
+        lpsim.quantize(x, "mxfp4", axis=axis)
+    for call in (lpsim.quantize, lpsim_cuda.blocks.quantize):
+        with pytest.raises(cpu.type, match=str(cpu.value).replace("(", r"\(").replace(")", r"\)")):
+            call(cuda.to_device(x), "mxfp4", axis=axis)
+    with pytest.raises(cpu.type):
+        lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), "mxfp4", axis=axis)

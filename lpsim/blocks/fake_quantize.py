@@ -44,9 +44,19 @@ def blocked_shape(shape: tuple) -> tuple[int, int]:
     return int(np.prod(shape[:-1])), shape[-1]
 
 
+def check_axis(axis, ndim: int) -> int:
+    """``axis`` as an int for an array of ``ndim`` dimensions (-1 for a 0-d array, one block
+    of one), or the error every path gives for it (lpsim_cuda's too)."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis={axis!r} must be an integer")
+    if not ndim:
+        return -1
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis={axis} is out of range for an array of {ndim} dimensions")
+    return int(axis)
+
+
 def _blocked_view(x, axis):
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis={axis} is out of range for an array of {x.ndim} dimensions")
     moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
     return np.ascontiguousarray(moved).reshape(blocked_shape(moved.shape)), moved.shape
 
@@ -72,10 +82,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                         "float64 numpy array (lpsim.quantize also takes torch tensors)")
     request = plan(bfmt.saturating_element, rounding, x.dtype, seed=seed, stream=stream,
                    sr_bits=sr_bits, offset=offset, size=x.size)
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
-        raise TypeError(f"axis={axis!r} must be an integer")
-    x2, moved_shape = _blocked_view(np.asarray(x), int(axis) if x.ndim else -1) \
-        if x.ndim else (x.reshape(1, 1), (1,))
+    axis = check_axis(axis, x.ndim)
+    x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     if want_counts not in (True, False, "totals"):
         raise ValueError(f"want_counts={want_counts!r} is not accepted; accepted: True, False "
                          "or 'totals'")
