@@ -86,11 +86,12 @@ def floats(x, name: str = "x", sync: bool = False):
     return array, stream
 
 
-def target(out, like: Source, storage: str | None, name: str = "out"):
+def target(out, like: Source, storage: str | None, name: str = "out", packs: bool = True):
     """Check ``out`` against the source and the storage, and view its bits.
 
     Without storage, out has x's dtype; with it, out is a tensor of that torch dtype (torch)
     or an integer array of its width (other kinds: they have no bfloat16/float8 types).
+    ``packs``: the caller takes storage= (block formats do not: no hint at it).
     """
     if is_torch(out):
         import torch
@@ -108,8 +109,9 @@ def target(out, like: Source, storage: str | None, name: str = "out"):
     else:
         array, _ = _numba_array(out, name)
         if storage is None and array.dtype != like.dtype:
-            raise ValueError(f"{name} has dtype {array.dtype}; it must be x's {like.dtype} (or "
-                            "pass storage= to write packed values)")
+            hint = " (or pass storage= to write packed values)" if packs else ""
+            raise ValueError(f"{name} has dtype {array.dtype}; it must be x's {like.dtype}"
+                             f"{hint}")
         width = STORAGE[storage][1] if storage else None
         if storage and (array.dtype.kind not in "iu" or array.dtype.itemsize * 8 != width):
             raise ValueError(f"{name} has dtype {array.dtype}; storage={storage!r} writes packed "

@@ -224,7 +224,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
         if launch.is_torch(x) and not launch.is_torch(out):
             raise TypeError(f"out is a {type(out).__name__}; the result of a torch tensor is "
                             "written into a torch CUDA tensor")
-        outb = arrays.target(out, arrays.source(x), None)
+        outb = arrays.target(out, arrays.source(x), None, packs=False)
     result, moved_shape = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, offset=offset,
                                           tensor_scale=tensor_scale, want_elements=False,

@@ -183,3 +183,13 @@ def test_a_bad_axis_gets_the_cpus_error(shape, axis):
             call(cuda.to_device(x), "mxfp4", axis=axis)
     with pytest.raises(cpu.type):
         lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), "mxfp4", axis=axis)
+
+
+def test_a_wrong_out_is_named_without_an_element_format_hint():
+    """A block format's out of the wrong dtype is refused by name, with nothing written and
+    no hint at storage=, which block formats do not take."""
+    x = cuda.to_device(np.linspace(-2, 2, 64, dtype=np.float32))
+    out = cuda.to_device(np.full(64, 7.0))
+    with pytest.raises(ValueError, match=r"out has dtype float64; it must be x's float32$"):
+        lpsim.quantize(x, "mxfp8_e4m3", out=out)
+    assert np.all(out.copy_to_host() == 7.0)
