@@ -123,16 +123,6 @@ def target(out, like: Source, storage: str | None, name: str = "out", packs: boo
     return bits
 
 
-def overlaps_apart(a, b) -> bool:
-    """Whether the flat device arrays ``a`` and ``b`` share memory without being the same
-    elements (the same start and width: an in-place call, which every kernel supports)."""
-    pa, pb = launch.address(a), launch.address(b)
-    na, nb = a.size * a.dtype.itemsize, b.size * b.dtype.itemsize
-    if not (na and nb and pa < pb + nb and pb < pa + na):
-        return False
-    return not (pa == pb and a.dtype.itemsize == b.dtype.itemsize)
-
-
 def copy_of(a, stream):
     """A new device array holding the flat device array ``a``, copied on ``stream``."""
     fresh = cuda.device_array(a.shape, a.dtype, stream=stream)

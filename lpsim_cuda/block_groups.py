@@ -425,8 +425,7 @@ def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
     if (not lanes_of(bfmt.block) or length % bfmt.block or x_ptr % (4 * in_bytes)
             or out_ptr % 16):
         return False
-    if (out_ptr != x_ptr or in_bytes != 4) and x_ptr < out_ptr + 4 * n \
-            and out_ptr < x_ptr + in_bytes * n:
+    if launch.overlaps_apart(x_ptr, in_bytes, out_ptr, 4, n):
         return False
     return mode < STOCHASTIC or offset % 4 == 0
 

@@ -67,6 +67,15 @@ def placeholder(shape: tuple, dtype):
     return _PLACEHOLDERS[key]
 
 
+def overlaps_apart(x_ptr: int, x_bytes: int, out_ptr: int, out_bytes: int, n: int) -> bool:
+    """Whether ``out`` (n elements of ``out_bytes`` at ``out_ptr``) shares memory with ``x``
+    (n of ``x_bytes``) without being ``x`` itself: the same start and width is an in-place
+    call, which every kernel supports; any other overlap races between threads."""
+    if out_ptr == x_ptr and out_bytes == x_bytes:
+        return False
+    return x_ptr < out_ptr + out_bytes * n and out_ptr < x_ptr + x_bytes * n
+
+
 def address(array) -> int:
     """The device address of a numba device array's data (the simulator's: its host data)."""
     if SIMULATOR:                   # a FakeCUDAArray wraps a numpy array

@@ -128,7 +128,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         sp = NO_PACKING if name is None else storage_params(fmt, name, src.dtype)
         result = arrays.new_output(x, src, name) if out is None else out
         outb = arrays.target(result, src, name)
-        if arrays.overlaps_apart(src.bits, outb):
+        if launch.overlaps_apart(launch.address(src.bits), src.bits.dtype.itemsize,
+                                 launch.address(outb), outb.dtype.itemsize, src.bits.size):
             # out shares x's memory without being x (a shifted view, codes packed into x's
             # own bytes): threads would overwrite values others have not read, so the
             # kernel reads a copy, as the CPU rounds "as if x were copied first"

@@ -228,8 +228,7 @@ def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int,
     blocks that start at a group's first element."""
     if x_ptr % (GROUP * in_bytes) or out_ptr % (GROUP * out_bytes):
         return False
-    if (out_ptr != x_ptr or out_bytes != in_bytes) and x_ptr < out_ptr + out_bytes * n \
-            and out_ptr < x_ptr + in_bytes * n:
+    if launch.overlaps_apart(x_ptr, in_bytes, out_ptr, out_bytes, n):
         return False
     return mode < STOCHASTIC or offset % GROUP == 0
 
