@@ -58,8 +58,22 @@ def round_keys(seed_lo: int, seed_hi: int) -> tuple:
 
     Why: a GPU kernel that takes them as arguments loads them once, into uniform registers;
     made from the seed in its loop they cost two adds a round (18 a block), which the
-    compiler makes again each pass when registers are short."""
-    return _round_keys(int(seed_lo) & MASK32, int(seed_hi) & MASK32)
+    compiler makes again each pass when registers are short.  The halves are integers in
+    [0, 2**32) (:func:`split_key`'s); anything else is refused by name."""
+    if type(seed_lo) is not int or type(seed_hi) is not int:
+        seed_lo, seed_hi = _half("seed_lo", seed_lo), _half("seed_hi", seed_hi)
+    if not (0 <= seed_lo <= MASK32 and 0 <= seed_hi <= MASK32):
+        _half("seed_lo", seed_lo), _half("seed_hi", seed_hi)
+    return _round_keys(seed_lo, seed_hi)
+
+
+def _half(name: str, value) -> int:
+    """A 32-bit seed half as an int, or the error naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}={value!r} must be an integer in [0, 2**32)")
+    if not 0 <= value <= MASK32:
+        raise ValueError(f"{name}={value} is out of range; accepted: 0 <= {name} < 2**32")
+    return int(value)
 
 
 @functools.lru_cache(maxsize=256)

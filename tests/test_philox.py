@@ -132,3 +132,15 @@ def test_words_look_uniform():
     counts = np.bincount((words >> np.uint64(28)).astype(np.int64), minlength=16)
     chi2 = ((counts - 256.0) ** 2 / 256.0).sum()
     assert chi2 < 45.0
+
+
+def test_round_keys_refuse_what_is_no_seed_half():
+    """round_keys takes the seed's 32-bit halves (integers, numpy's too) and names the bad
+    value otherwise (it masked 2**70 and -1 and took "12", 1.5 and True)."""
+    assert round_keys(np.uint64(ONES), np.int64(3)) == round_keys(ONES, 3)
+    for bad in ("12", 1.5, True, None):
+        with pytest.raises(TypeError, match="seed_lo=.* must be an integer in"):
+            round_keys(bad, 0)
+    for bad in (-1, 2 ** 32, 2 ** 70):
+        with pytest.raises(ValueError, match=f"seed_hi={bad} is out of range"):
+            round_keys(0, bad)
