@@ -10,6 +10,8 @@ the front (:mod:`lpsim.quantize`, which passes its element rounder), a block bac
 
 from __future__ import annotations
 
+import numpy as np
+
 from ._extras import require
 
 torch = require("torch", extra="torch", feature="rounding torch tensors")
@@ -63,6 +65,15 @@ def container(dtype) -> torch.dtype:
     return dtype if dtype in _CONTAINERS else torch.float32
 
 
+def widened(t):
+    """``t`` in its container dtype.  A CPU float16 tensor is widened by numpy, which keeps
+    every NaN's sign and payload (lpsim.storage.code_bits, as the CUDA kernels read codes):
+    torch's own conversion turns signalling NaNs into its default NaN."""
+    if t.dtype is torch.float16 and t.device.type == "cpu":
+        return torch.from_numpy(t.numpy().astype(np.float32))
+    return t.to(container(t.dtype))
+
+
 def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, round_with,
                    out=None):
     """Round the values of ``x`` (no autograd) into ``out`` or a new container tensor.
@@ -74,7 +85,7 @@ def round_detached(x, fmt, rounding, *, seed, stream, sr_bits, stats, offset, ro
     """
     src = x.detach().resolve_neg()      # a lazily negated view (x.conj().imag) has no numpy
     if not (src.is_cuda and src.dtype in _HALVES and getattr(round_with, "reads_halves", 0)):
-        src = src.to(container(src.dtype))      # (lpsim_cuda reads 16-bit codes itself)
+        src = widened(src)                       # (lpsim_cuda reads 16-bit codes itself)
     kwargs = dict(seed=seed, stream=stream, sr_bits=sr_bits, stats=stats, offset=offset)
     if src.is_cuda:
         src = src.contiguous()

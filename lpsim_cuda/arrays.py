@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, STORAGE
+from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, STORAGE, code_bits
 
 from . import launch
 from .launch import is_torch
@@ -128,6 +128,38 @@ def copy_of(a, stream):
     fresh = cuda.device_array(a.shape, a.dtype, stream=stream)
     fresh.copy_to_device(a, stream=stream)
     return fresh
+
+
+@functools.cache
+def _widen_kernel():
+    def widen(codes, out, half):
+        """out[i]: the float32 bits of the 16-bit code codes[i] (lpsim.storage.code_bits)."""
+        i = cuda.grid(1)
+        while i < codes.size:
+            out[i] = code_bits(codes[i], half)
+            i += cuda.gridsize(1)
+    return cuda.jit(widen)
+
+
+def widen_bits(codes, half: int, out, stream, device: int) -> None:
+    """Write into ``out`` (a flat int32 device array) the float32 bits of the flat 16-bit
+    device array ``codes`` (``half``: lpsim.storage's code kind), on ``stream``."""
+    if codes.size:
+        blocks = launch.grid_size(-(-codes.size // launch.THREADS), device)
+        launch.configured(_widen_kernel(), blocks, stream)(codes, out, half)
+
+
+def widened(x):
+    """A bfloat16 or float16 CUDA tensor's values as a new float32 tensor, widened as the
+    specialised and block kernels widen codes (:func:`lpsim.storage.code_bits`: exact, NaN
+    signs and payloads kept, as numpy and lpsim.quantize on the CPU keep them), which a
+    conversion by the GPU's own instruction need not do; for the general kernels, which
+    read float32."""
+    import torch
+    src = source(x.contiguous(), halves=True)
+    out = torch.empty(src.shape, dtype=torch.float32, device=x.device)
+    widen_bits(src.bits, src.half, _torch_bits(out), src.stream, src.device)
+    return out
 
 
 def new_output(x, like: Source, storage: str | None):

@@ -216,7 +216,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     if done is not None:
         return done
     if launch.is_torch(x) and arrays.half_kind(x.dtype):
-        x = x.float()                        # the general kernel reads float32 (exact)
+        x = arrays.widened(x)                # the general kernel reads float32 (exact)
     outb = None
     if out is not None:
         # x's and out's kind, dtype and shape, named as lpsim_cuda.quantize names them, before

@@ -154,7 +154,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                                          keys, buffer)
                 return result
         if src.half:        # the general kernel reads float32: the codes widened (exact)
-            src = arrays.source(x.float())
+            src = arrays.source(arrays.widened(x))
         _, nblocks = block_range(n, request.offset, request.lanes)
         _launcher(launch.grid_size(nblocks, src.device), src.stream, count)(
             src.bits, outb, request.mode, request.k, request.params, request.seed_lo,

@@ -36,6 +36,9 @@ for count, kernel in Q.KERNELS.items():
             kernels.append((f"quantize {bits} -> {out} count={count}", kernel,
                             (bits[::1], out[::1], T.int64, T.int64, params, T.int64, T.int64,
                              T.int64, T.int64, T.int64, packing, T.int64[::1])))
+# the general kernels' widening of a 16-bit tensor's codes (lpsim_cuda.arrays.widened)
+A = importlib.import_module("lpsim_cuda.arrays")
+kernels.append(("widen int16 -> int32", A._widen_kernel(), (T.int16[::1], T.int32[::1], T.int64)))
 with mock.patch.object(dispatcher, "get_current_device",
                        lambda: types.SimpleNamespace(compute_capability=(9, 0))):
     for name, kernel, signature in kernels:
@@ -199,7 +202,7 @@ def _compile(script):
 
 
 def test_quantize_kernels_compile_for_sm90():
-    assert _compile(_PREAMBLE + CHECK).count(" ok ") == 12
+    assert _compile(_PREAMBLE + CHECK).count(" ok ") == 13
 
 
 def test_optimizer_kernel_compiles_for_sm90_without_contractions():

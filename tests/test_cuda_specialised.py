@@ -185,6 +185,44 @@ def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, name,
     assert np.array_equal(got, expected.view(np.int32)), (fmt, rounding)
 
 
+def widened_by_numpy(codes, dtype):
+    """float32 bits of 16-bit codes, NaN signs and payloads kept: numpy's float16 cast, or
+    bfloat16's code as the top half."""
+    if dtype is np.float16:
+        return codes.view(np.float16).astype(np.float32).view(np.int32)
+    return codes.astype(np.int32) << 16
+
+
+@pytest.mark.parametrize("half, dtype, name", HALVES)
+def test_the_general_kernels_widen_codes_as_numpy_does(half, dtype, name):
+    """The general kernels' float32 copy of a 16-bit tensor (lpsim_cuda.arrays.widen_bits):
+    every NaN kind, subnormals, zeros and infinities of both signs (on a GPU, all 65536
+    codes), bit for bit."""
+    from lpsim_cuda import arrays
+    codes = np.arange(-2 ** 15, 2 ** 15).astype(np.int16) if GPU else codes16(dtype, 257, 4)
+    if not GPU:                     # every signalling and quiet NaN kind, both signs
+        codes[:8] = np.array([0x7C01, 0x7DFF, 0x7E00, 0x7FFF, 0xFC01, 0xFE00, 0x7F81, 0xFFC1],
+                             np.int64).astype(np.int16)
+    out = cuda.device_array(codes.size, np.int32)
+    arrays.widen_bits(cuda.to_device(codes), half, out, 0, 0)
+    assert np.array_equal(out.copy_to_host(), widened_by_numpy(codes, dtype))
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("fmt", ["fp(4,3,4)", "e4m3fn", "mxfp8_e4m3"])
+def test_every_float16_code_of_a_cuda_tensor_rounds_as_the_cpu(fmt):
+    """All 65536 float16 codes in a CUDA tensor, through lpsim.quantize: the specialised,
+    general and block kernels give the CPU's bits of numpy's float16 array (NaN payloads
+    and signs kept; the general kernels once read torch's GPU conversion)."""
+    import torch
+    codes = np.arange(-2 ** 15, 2 ** 15).astype(np.int16)
+    expected = lpsim.quantize(codes.view(np.float16), fmt).view(np.int32)
+    t = torch.from_numpy(codes).cuda().view(torch.float16)
+    for _ in range(2):                                  # the second call takes the route
+        got = lpsim.quantize(t, fmt)
+        assert np.array_equal(got.cpu().numpy().view(np.int32), expected), fmt
+
+
 @pytest.mark.parametrize("half, dtype, name", HALVES)
 def test_16_bit_sources_with_packed_storage_and_counters(half, dtype, name):
     """float16 or bfloat16 in, a 16-bit store out (the fp8 cast of a bf16 activation kept
@@ -270,11 +308,17 @@ def test_torch_16_bit_tensors_equal_the_cpu_on_every_path():
         for fmt, rounding, kw in (("e4m3fn", "nearest", {}), ("e5m2", "stochastic", {"seed": 3}),
                                   ("fp(4,3,4)", "nearest", {})):
             expected = lpsim.quantize(values, fmt, rounding, **kw).view(np.int32)
-            for _ in range(2):                          # the first call makes the route
-                for got in (lpsim.quantize(t[:4099], fmt, rounding, **kw),
-                            lpsim_cuda.quantize(t[:4099], fmt, rounding, **kw)):
+            for call in range(2):                       # the first call makes the route
+                for entry, got in (("lpsim", lpsim.quantize(t[:4099], fmt, rounding, **kw)),
+                                   ("lpsim_cuda", lpsim_cuda.quantize(t[:4099], fmt, rounding,
+                                                                      **kw))):
                     assert got.dtype == torch.float32
-                    assert np.array_equal(got.cpu().numpy().view(np.int32), expected)
+                    bits = got.cpu().numpy().view(np.int32)
+                    bad = np.flatnonzero(bits != expected)
+                    # on a failure, the case and its first differing elements, as bits
+                    assert bad.size == 0, (name, fmt, rounding, entry, call, bad.size, [
+                        (int(i), hex(values.view(np.uint32)[i]), hex(np.uint32(bits[i])),
+                         hex(np.uint32(expected[i]))) for i in bad[:4]])
             shifted = lpsim_cuda.quantize(t[1:], fmt, rounding, **kw)   # 2 bytes off: general
             want = lpsim.quantize(t[1:].float().cpu().numpy(), fmt, rounding, **kw)
             assert np.array_equal(shifted.cpu().numpy().view(np.int32), want.view(np.int32))

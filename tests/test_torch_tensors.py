@@ -72,6 +72,17 @@ def test_half_precision_inputs_upcast_exactly(dtype):
     assert np.array_equal(y.numpy(), ref)
 
 
+@pytest.mark.parametrize("fmt", ["e5m2", "mxfp8_e4m3"])
+def test_every_float16_code_rounds_as_numpys_float16_array(fmt):
+    """All 65536 float16 codes: a torch tensor's values are its codes widened exactly, NaN
+    signs and payloads kept, as numpy widens them (torch's own conversion turns the 1022
+    signalling NaNs into its default NaN)."""
+    codes = np.arange(-2 ** 15, 2 ** 15).astype(np.int16)
+    expected = lpsim.quantize(codes.view(np.float16), fmt).view(np.int32)
+    got = lpsim.quantize(torch.from_numpy(codes).view(torch.float16), fmt)
+    assert np.array_equal(_np(got).view(np.int32), expected)
+
+
 def test_half_precision_out_takes_exact_values_only():
     x = torch.tensor([1.1, -3.3, 300.0], dtype=torch.bfloat16)
     lpsim.quantize(x, "e4m3", out=x)
