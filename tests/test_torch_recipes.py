@@ -72,13 +72,15 @@ def product(a, b, gemm, b_rows=False):
     (the layer's weight in dgrad, quantized as it is stored, where it is not in blocks
     along the columns).  BLAS sums each output in an order that depends on the layouts: a
     difference far below the output's rounding, but one that a sum with cancellation shows."""
-    if a.device.type == "cuda" and gemm.accumulate is None:
+    device = a.device
+    a = a.contiguous()
+    b = b.contiguous() if b_rows else b.t().contiguous().t()
+    if device.type == "cuda" and gemm.accumulate is None:
+        # cuBLAS too picks its summation order by the layouts (the wgrad of fp8_current
+        # differed in its last bits on an H200 when a came column-major)
         torch.backends.cuda.matmul.allow_tf32 = False
         return a @ b
-    device = a.device
-    a = a.cpu().contiguous()
-    b = b.cpu().contiguous() if b_rows else b.cpu().t().contiguous().t()
-    return lpsim.ops.matmul(a, b, model=gemm.accumulate).to(device)
+    return lpsim.ops.matmul(a.cpu(), b.cpu(), model=gemm.accumulate).to(device)
 
 
 def out(y, gemm, bias=None):
