@@ -17,7 +17,6 @@ import numpy as np
 from numba import cuda
 
 from lpsim.formats import parse_format
-from lpsim.philox import round_keys
 from lpsim.request import plan
 from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, tally
 from lpsim.stats import RoundingStats, check_stats
@@ -144,8 +143,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
             x_ptr, out_ptr = launch.address(src.bits), launch.address(outb)
             if specialised.eligible(n, x_ptr, out_ptr, request.mode, request.offset,
                                     outb.dtype.itemsize, src.bits.dtype.itemsize):
-                keys = (round_keys(request.seed_lo, request.seed_hi), request.stream,
-                        request.offset // 4)
+                keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
                 kernel = specialised.kernel(fmt, rounding, request.k, sp, count, src.half)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
                                           src.bits, outb, n, *keys, buffer)

@@ -38,7 +38,7 @@ from numba import cuda
 from numba.extending import register_jitable
 
 from lpsim.formats import parse_format
-from lpsim.philox import block_words_keyed, round_keys
+from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys
 from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_params, mode_code,
                             nearest32_consts, nearest32_exact, nearest32_step, round_bits,
@@ -107,18 +107,10 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
     stochastic = mode >= STOCHASTIC
     SUB = params.emin >= SUB_FROM
     packed = sp.width != 0
-    ZERO = np.int16(0) if half else np.int32(0)          # xb's element type
-    # the next pass's quad is loaded before this one is rounded: two 16-byte loads in flight
-    # a thread, as a memory-bound kernel needs (bytes in flight = bandwidth x latency: 8
-    # blocks of 128 threads with one quad each held 16 KB an SM, about 0.8 of an H200's
-    # copy).  Not in the SR kernels of formats with a section below min_subnormal (SUB):
-    # they are bound by their instructions, and the held quad costs them 5 an element.
-    PREFETCH = not (stochastic and SUB)
 
-    def kernel(xb, outb, n, ks, stream, block0, counts):
+    def kernel(xb, outb, n, seed_lo, seed_hi, stream, block0, counts):
         """Round float32 bits ``xb`` (with HALF, bfloat16 or float16 codes, widened exactly)
-        into ``outb``: elements 4j..4j+3 per thread and pass (Philox block ``block0 + j``
-        under the seed's round keys ``ks``, lpsim.philox.round_keys),
+        into ``outb``: elements 4j..4j+3 per thread and pass (Philox block ``block0 + j``),
         then the last n % 4 elements one per thread; with COUNT, the flags' six counters
         summed per warp by shuffles and added to ``counts`` by its first lane (no shared
         memory)."""
@@ -127,22 +119,13 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
         groups = n >> 2
         w0 = w1 = w2 = w3 = np.int64(0)
         c = (0, 0, 0, 0, 0, 0)
-        n0 = n1 = n2 = n3 = ZERO
-        if PREFETCH and j < groups:
-            n0, n1, n2, n3 = vector.load4(xb, j)
         while j < groups:
-            following = j + step
-            if PREFETCH:
-                b0, b1, b2, b3 = n0, n1, n2, n3
-                if following < groups:
-                    n0, n1, n2, n3 = vector.load4(xb, following)
-            else:
-                b0, b1, b2, b3 = vector.load4(xb, j)
+            b0, b1, b2, b3 = vector.load4(xb, j)
             if HALF:
                 b0, b1 = source_bits(b0, HALF), source_bits(b1, HALF)
                 b2, b3 = source_bits(b2, HALF), source_bits(b3, HALF)
             if stochastic:
-                w0, w1, w2, w3 = block_words_keyed(block0 + j, stream, ks)
+                w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
             if N32:
                 o0 = _nearest(b0, CW, LW, LIM, LARGEST, P)
                 o1 = _nearest(b1, CW, LW, LIM, LARGEST, P)
@@ -162,11 +145,11 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
                               pack_bits(_word(o2), SP), pack_bits(_word(o3), SP))
             else:
                 vector.store4(outb, j, o0, o1, o2, o3)
-            j = following
+            j += step
         i = (groups << 2) + cuda.grid(1)
         if i < n:
             if stochastic:
-                w0, w1, w2, w3 = block_words_keyed(block0 + groups, stream, ks)
+                w0, w1, w2, w3 = block_words(block0 + groups, stream, seed_lo, seed_hi)
             lane = i & 3
             r = w0 if lane == 0 else (w1 if lane == 1 else (w2 if lane == 2 else w3))
             if N32:
@@ -192,14 +175,11 @@ def _make(params, mode: int, k: int, sp, count: bool, half: int = 0, n32: bool =
     return cuda.jit(kernel, launch_bounds=(THREADS, launch.BLOCKS_PER_SM))  # pragma: no cover
 
 
-def kernel_signature(out_bytes: int, in_bytes: int = 4):
+def kernel_signature(out_bytes: int, in_bytes: int = 4) -> str:
     """numba's signature of a specialised kernel: float32 bits or 16-bit codes in, float32
-    bits or packed codes of ``out_bytes`` out; the seed as its 20 Philox round keys."""
-    from numba.core import types
-    bits = {1: types.int8, 2: types.int16, 4: types.int32}
-    return types.void(bits[in_bytes][::1], bits[out_bytes][::1], types.int64,
-                      types.UniTuple(types.int64, 20), types.int64, types.int64,
-                      types.int64[::1])
+    bits or packed codes of ``out_bytes`` out."""
+    return (f"void(int{8 * in_bytes}[::1], int{8 * out_bytes}[::1], int64, int64, int64, "
+            "int64, int64, int64[::1])")
 
 
 #: (format, rounding, k, packing, counting, source) -> its kernel (profile_cuda.py and
@@ -238,10 +218,10 @@ def grid(n: int, device: int) -> int:
     return launch.grid_size(-(-n // GROUP), device)
 
 
-def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, ks, key_stream,
+def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
                   block0, counts) -> None:
     """Launch through numba's dispatcher (numba arrays; the simulator's only route)."""
-    launch.configured(kern, grid_blocks, stream)(xb, outb, n, ks, key_stream, block0, counts)
+    launch.configured(kern, grid_blocks, stream)(xb, outb, n, seed_lo, seed_hi, key_stream, block0, counts)
 
 
 # --- the cached route of torch tensors: numba's launch without its per-call typing ---------
@@ -301,11 +281,9 @@ class Route:
         return found
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
-        """``keys``: (the seed's 20 round keys, stream, first block), as the kernel takes
-        them; numba passes a tuple argument as its items."""
         return (_array_arguments(x_ptr, n, self.in_bytes)
                 + _array_arguments(out_ptr, n, self.out_bytes)
-                + _scalars(n, *keys[0], *keys[1:]) + self.counts)
+                + _scalars(n, *keys) + self.counts)
 
     def check(self, xb, outb, n, keys, counts, stream) -> bool:
         """Whether this route's flat arguments are numba's own for the same call (``counts``:
@@ -397,7 +375,7 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     if not eligible(n, x_ptr, out_ptr, mode, offset, route.out_bytes, route.in_bytes):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
-    route(x_ptr, out_ptr, n, (round_keys(seed_lo, seed_hi), key_stream, offset // GROUP),
+    route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
           _core_stream(launch.torch_stream_handle(device)), grid(n, device))
     return out
 

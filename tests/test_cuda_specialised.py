@@ -155,7 +155,6 @@ def codes16(dtype, n, seed):
 def run_codes(codes, half, fmt, rounding, seed=5, storage=None, stats=None):
     """The specialised kernel of a 16-bit source, launched on numba device arrays (a torch
     CUDA tensor's route is the same kernel): its output bits, or codes with ``storage``."""
-    from lpsim.philox import round_keys
     from lpsim.request import plan
     from lpsim.storage import NO_PACKING, storage_params
     n = codes.size
@@ -166,7 +165,7 @@ def run_codes(codes, half, fmt, rounding, seed=5, storage=None, stats=None):
     counts = cuda.to_device(np.zeros(8, np.int64))
     kernel = specialised.kernel(f, rounding, request.k, sp, stats is not None, half)
     specialised.launch_arrays(kernel, specialised.grid(n, 0), 0, cuda.to_device(codes), out, n,
-                              round_keys(request.seed_lo, request.seed_hi), request.stream,
+                              request.seed_lo, request.seed_hi, request.stream,
                               request.offset // 4, counts)
     return out.copy_to_host(), counts.copy_to_host()
 
