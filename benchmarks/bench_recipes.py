@@ -17,7 +17,12 @@ targets: at most 2x the BF16 step for mxfp8 and nvfp4 on the CPU, 1.5x on a GPU.
 cases "(no telemetry)" run ``simulate(..., telemetry=False)``.
 
     python benchmarks/bench_recipes.py [--device cpu|cuda] [--d-model 256] [--layers 4]
-        [--context 128] [--batch 16] [--rounds 5] [--json out.json]
+        [--context 128] [--batch 16] [--rounds 5] [--json out.json] [--profile]
+
+``--profile`` then runs one more step of each lpsim case under torch.profiler and prints where
+it went: the step's wall time, the device's kernel time, the host's synchronisations and
+copies (the calls that stop the host until the device catches up) and the operators with the
+most host time.
 """
 
 from __future__ import annotations
@@ -74,6 +79,35 @@ def make_step(case, args):
     return step
 
 
+#: CUDA runtime and driver calls that wait for the device or copy through the host
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+         "cuStreamSynchronize", "cuCtxSynchronize")
+COPIES = ("cudaMemcpy", "cudaMemcpyAsync", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpyDtoHAsync",
+          "cuMemcpyHtoDAsync")
+
+
+def profile_step(case, step, device, top=8):
+    """One step of ``case`` under torch.profiler: printed lines (a few; see the docstring)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+    wall = 1e3 * (time.perf_counter() - start)
+    events = prof.key_averages()
+    count = {e.key: e.count for e in events}
+    syncs = sum(count.get(k, 0) for k in SYNCS)
+    copies = sum(count.get(k, 0) for k in COPIES)
+    device_ms = 1e-3 * sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
+    lines = [f"# profile {case}: one step {wall:.1f} ms under the profiler, device kernels "
+             f"{device_ms:.1f} ms, {syncs} synchronisations, {copies} copies"]
+    ops = sorted((e for e in events if not e.key.startswith(("cuda", "cu"))),
+                 key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    lines += [f"#   {e.key[:60]:<60} host {e.self_cpu_time_total / 1e3:8.1f} ms  x{e.count}"
+              for e in ops]
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -85,6 +119,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--presets", nargs="+", default=PRESETS, choices=PRESETS)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one step of each lpsim case (torch.profiler)")
     args = parser.parse_args(argv)
     cases = ["bf16 autocast", "fp32"] + [f"lpsim {p}" for p in args.presets] + \
         [f"lpsim {p} (no telemetry)" for p in args.presets]
@@ -118,6 +154,10 @@ def main(argv=None):
             f"<= {target}x: {'met' if ms[case] / base <= target else 'NOT met'}"
         print(f"{case:<32} {ms[case]:>9.1f} {ms[case] / base:>12.2f} "
               f"{ms[case] / ms['fp32']:>12.2f}  {verdict}")
+    if args.profile:
+        for case, step in steps.items():
+            if case.startswith("lpsim "):
+                print("\n".join(profile_step(case, step, args.device)), flush=True)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": device, "date": str(datetime.date.today()), "commit": commit,

@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_session.sh casgd   # bench_casgd with its roofline plot
 #   bash benchmarks/gpu_session.sh profile # profile_cuda: host overhead, kernel resources, variants
 #   bash benchmarks/gpu_session.sh probe   # probe_tensor_cores: what torch._scaled_mm returns
-#   bash benchmarks/gpu_session.sh recipes # bench_recipes: a simulated FP8/MXFP8/NVFP4 training
+#   bash benchmarks/gpu_session.sh recipes # bench_recipes --profile: a simulated FP8/MXFP8/NVFP4 training
 #                                          # step against the BF16 step (not in `all`: ~2 min)
 #   bash benchmarks/gpu_session.sh tests probe   # stages run in the order given
 #   bash benchmarks/gpu_session.sh all     # every stage inside ALL_BUDGET seconds (default 560;
@@ -107,7 +107,7 @@ bench)
     ;;
 recipes)
     timeout "$LIMIT" python3 benchmarks/bench_recipes.py --device cuda --d-model 512 --layers 8 \
-        --context 256 --rounds 3 --json "$OUT/recipes-gpu.json" 2>&1 | tee "$OUT/recipes.log"
+        --context 256 --rounds 3 --profile --json "$OUT/recipes-gpu.json" 2>&1 | tee "$OUT/recipes.log"
     ;;
 casgd)
     timeout "$LIMIT" python3 benchmarks/bench_casgd.py --json "$OUT/casgd-gpu.json" --plot "$OUT/casgd-roofline.png" \
