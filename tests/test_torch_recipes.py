@@ -103,7 +103,7 @@ class Hand:
         amax = None
         if op.scaling == "delayed":
             hist = self.history.setdefault((gemm, role), [])
-            amax = max(hist) if hist else 0.0
+            amax = max(hist[-op.history:]) if hist else 0.0
             hist.append(float(t.abs().max()))
         return by_hand(t, op, axis, self.g, amax)
 
@@ -143,13 +143,14 @@ def same(a, b):
         a.nan_to_num(), b.nan_to_num())
 
 
-def equal_over_steps(recipe, device, steps=3, hand=None, **dims):
+def equal_over_steps(recipe, device, steps=3, hand=None, scales=None, **dims):
     """The layer and the composition by hand (``hand``: a class like Hand) step by step;
-    dims: layer_and_data's sizes."""
+    scales: x's factor at each step (default 1, 2, 3, ...); dims: layer_and_data's sizes."""
     layer, x, dy = layer_and_data(recipe, device, **dims)
     hand = (hand or Hand)(layer.recipe)
     for step in range(steps):
-        scale = 1.0 + step      # delayed scaling sees a growing tensor: saturation
+        # delayed scaling sees a growing tensor: saturation
+        scale = 1.0 + step if scales is None else scales[step]
         xs = (x.detach() * scale).requires_grad_()
         layer.weight.grad = layer.bias.grad = None
         y = layer(xs)
@@ -162,6 +163,39 @@ def equal_over_steps(recipe, device, steps=3, hand=None, **dims):
         assert same(layer.weight.grad, dw), (step, "wgrad")
         assert same(layer.bias.grad, db), (step, "bias")
     return layer
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e5m2", "fp(4,3,4)", "bf16", "fp(8,30,127)"])
+def test_the_device_tensor_scale_is_the_host_ones(fmt):
+    """The per-tensor scale computed by torch operations on a 0-d amax (what a GPU keeps on
+    the device) equals lpsim.torch.gemms.tensor_scale bit for bit: 10^5 random float32 bit
+    patterns (NaN, inf, zeros, subnormals, both signs) and the edges, on the CPU and, with
+    LPSIM_TEST_GPU=1, on the GPU."""
+    from lpsim.torch.gemms import device_tensor_scale, tensor_scale
+    f = lpsim.parse_format(fmt)
+    bits = np.random.default_rng(5).integers(0, 2 ** 32, 10 ** 5, dtype=np.uint64)
+    edges = np.array([0, 0x80000000, 1, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F7FFFFF,
+                      0x00800000, 0x3F800000], np.uint64)
+    amaxes = np.concatenate([edges, bits]).astype(np.uint32).view(np.float32)
+    want = np.array([tensor_scale(float(a), f) for a in amaxes], np.float32)
+    for device in DEVICES:
+        got = torch.stack([device_tensor_scale(torch.tensor(a, device=device), f)
+                           for a in amaxes[:2000]]) if device == "cuda" else None
+        if got is None:     # the CPU: one vector call is the same elementwise operations
+            got = device_tensor_scale(torch.from_numpy(amaxes), f)
+            assert np.array_equal(got.numpy().view(np.int32), want.view(np.int32)), fmt
+        else:
+            assert np.array_equal(got.cpu().numpy().view(np.int32), want[:2000].view(np.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_delayed_scaling_takes_the_amax_of_its_last_history_steps(device):
+    """history=2: a large first step leaves the window after two more steps, and the scale
+    follows the later, smaller amaxes again (the composition by hand windows its list)."""
+    e4m3 = Operand("e4m3fn", scaling="delayed", history=2)
+    e5m2 = Operand("e5m2", scaling="delayed", history=2)
+    recipe = Recipe(Gemm(e4m3, e4m3), Gemm(e5m2, e4m3), Gemm(e5m2, e4m3), name="short")
+    equal_over_steps(recipe, device, steps=5, scales=[400.0, 1.0, 1.0, 1.0, 2.0])
 
 
 @pytest.mark.parametrize("device", DEVICES)

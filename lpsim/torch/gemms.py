@@ -55,15 +55,26 @@ def tensor_scale(amax: float, fmt) -> float:
     return s if s < float("inf") else _FLOAT32_MAX
 
 
-def _amax(t: torch.Tensor) -> float:
-    """The largest finite magnitude (0 for none), as NVFP4's tensor scale takes it: lpsim's
-    threaded pass on the CPU (torch's reductions cost ten times more here)."""
+def _amax(t: torch.Tensor):
+    """The largest finite magnitude of ``t``'s float32 values (0 for none), as NVFP4's tensor
+    scale takes it: a float from lpsim's threaded pass on the CPU (torch's reductions cost
+    ten times more there); on a GPU a 0-d float32 tensor there, so the host does not wait."""
     if t.numel() == 0:
         return 0.0
     if t.device.type == "cpu":
         return tensor_amax(t.detach().float().contiguous().numpy().reshape(-1))
-    a = t.detach().abs()
-    return float(torch.where(torch.isfinite(a), a, 0).max())
+    a = t.detach().float().abs()
+    return torch.where(torch.isfinite(a), a, 0).max()
+
+
+def device_tensor_scale(amax: torch.Tensor, fmt) -> torch.Tensor:
+    """:func:`tensor_scale` of a 0-d float32 ``amax`` tensor, as a 0-d float32 tensor on its
+    device, by the same IEEE float32 operations: a per-tensor scale without a wait for the
+    device (a GPU's amax stays there)."""
+    top = float(np.float32(fmt.max_finite))
+    s = torch.full_like(amax, top).div_(amax)
+    s = torch.where((amax > 0) & torch.isfinite(amax), s, 1.0)
+    return torch.where(torch.isinf(s), _FLOAT32_MAX, s)
 
 
 def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None, stats=None,
@@ -159,7 +170,11 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
     if op.scaling == "none":
         q = rounded(t, fmt)
         return q, keep and Parts(_float64(q), None, (1, 1), 1.0) or None
-    s = tensor_scale(_amax(t) if amax is None else amax, fmt)
+    amax = _amax(t) if amax is None else amax
+    if isinstance(amax, torch.Tensor) and not keep:
+        s = device_tensor_scale(amax.to(t.device, torch.float32), fmt)
+    else:                   # the parts' factor 1/s is a host float
+        s = tensor_scale(float(amax), fmt)
     q = t * s
     rounded(q, fmt, out=q)
     # the elements are q before the division; an instruction multiplies D by 1/s (float32)
@@ -252,10 +267,24 @@ def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None, parts=None) ->
 
 @dataclass
 class _Site:
-    """One operand of one GEMM of a layer: its counters and, for delayed scaling, amaxes."""
+    """One operand of one GEMM of a layer: its counters and, for delayed scaling, the last
+    steps' amaxes (a float32 tensor on the operand's device, written round robin: zeros
+    before the first steps, so its largest is the largest so far) and how many there were."""
 
     stats: BlockStats
-    history: list
+    history: torch.Tensor | None = None
+    seen: int = 0
+
+    def delayed_amax(self, t: torch.Tensor, length: int):
+        """The largest amax of the last ``length`` steps (0 before the first), then ``t``'s
+        recorded: a float on the CPU, a 0-d tensor on a GPU (no wait for the device)."""
+        if self.history is None or self.history.numel() != length:
+            self.history, self.seen = torch.zeros(length, dtype=torch.float32), 0
+        self.history = self.history.to(t.device)
+        largest = self.history.max()
+        self.history[self.seen % length] = _amax(t)
+        self.seen += 1
+        return float(largest) if t.device.type == "cpu" else largest
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -338,7 +367,7 @@ class LinearGemms:
         self.layer_name, self.layer_index = name, index
         self.telemetry_every = _telemetry_every(telemetry)
         self.steps = 0
-        self.sites = {(g, role): _Site(BlockStats(), [])
+        self.sites = {(g, role): _Site(BlockStats())
                       for g, roles in GEMMS.items() for role in roles}
 
     def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
@@ -352,9 +381,7 @@ class LinearGemms:
         site = self.sites[gemm, role]
         amax = None
         if op.scaling == "delayed":
-            amax = max(site.history) if site.history else 0.0
-            site.history.append(_amax(t))
-            del site.history[:-op.history]
+            amax = site.delayed_amax(t, op.history)
         every = self.telemetry_every
         counted = every is not None and self.steps % every == 0
         return _quantized(t, op, axis, self.generator, site.stats if counted else None,
