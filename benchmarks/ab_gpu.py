@@ -33,18 +33,10 @@ def child(log2n: int, params: int) -> dict:
     import lpsim_cuda
     from lpsim.optim import AdamW
     from bench_quantize_gpu import wall_time
+    from timing import cuda_time
 
     def event_ms(fn, repeats=10):
-        fn()
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return float(np.median(times))
+        return 1e3 * cuda_time(fn, repeats)
 
     out = {"device": torch.cuda.get_device_name()}
     tiny = torch.randn(1, device="cuda")
@@ -90,8 +82,8 @@ def main() -> None:
     for r in range(args.rounds):
         for name in ("old", "new"):
             tree = os.path.abspath(getattr(args, name))
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [tree, HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+            inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE] + inherited))
             start = time.time()
             done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
                                    "--old", tree, "--log2n", str(args.log2n),
