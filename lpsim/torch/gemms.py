@@ -68,9 +68,10 @@ def _amax(t: torch.Tensor):
 
 
 def device_tensor_scale(amax: torch.Tensor, fmt) -> torch.Tensor:
-    """:func:`tensor_scale` of a 0-d float32 ``amax`` tensor, as a 0-d float32 tensor on its
-    device, by the same IEEE float32 operations: a per-tensor scale without a wait for the
-    device (a GPU's amax stays there)."""
+    """:func:`tensor_scale` of an ``amax`` tensor (taken as float32), as a float32 tensor on
+    its device, by the same IEEE float32 operations: a per-tensor scale without a wait for
+    the device (a GPU's amax stays there)."""
+    amax = amax.to(torch.float32)
     top = float(np.float32(fmt.max_finite))
     s = torch.full_like(amax, top).div_(amax)
     s = torch.where((amax > 0) & torch.isfinite(amax), s, 1.0)
@@ -172,7 +173,7 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
         return q, keep and Parts(_float64(q), None, (1, 1), 1.0) or None
     amax = _amax(t) if amax is None else amax
     if isinstance(amax, torch.Tensor) and not keep:
-        s = device_tensor_scale(amax.to(t.device, torch.float32), fmt)
+        s = device_tensor_scale(amax.to(t.device), fmt)
     else:                   # the parts' factor 1/s is a host float
         s = tensor_scale(float(amax), fmt)
     q = t * s
