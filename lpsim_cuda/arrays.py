@@ -180,6 +180,15 @@ def _check_torch(t, name: str) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name} is a non-contiguous CUDA tensor (shape {tuple(t.shape)}, "
                          f"strides {t.stride()}); pass {name}.contiguous()")
+    refuse_negated(t, name)
+
+
+def refuse_negated(t, name: str) -> None:
+    """Refuse a torch tensor whose memory holds its values' negatives (a lazily negated
+    view, ``x.conj().imag`` or ``torch._neg_view``): the kernels read and write memory."""
+    if is_torch(t) and t.is_neg():
+        raise ValueError(f"{name} is a lazily negated view (its memory holds -{name}); pass "
+                         f"{name}.resolve_neg() (lpsim.quantize resolves it itself)")
 
 
 def _torch_bits(t):

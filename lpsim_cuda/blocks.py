@@ -204,6 +204,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     :mod:`lpsim_cuda.block_groups` take the call."""
     if hasattr(x, "ndim"):
         axis = check_axis(axis, x.ndim)                 # the CPU's errors, before any kernel
+    arrays.refuse_negated(x, "x")
+    arrays.refuse_negated(out, "out")
     if stats is None and tensor_scale is None and launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
                                        offset)                # a request seen before

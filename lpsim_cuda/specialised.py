@@ -360,7 +360,7 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     except TypeError:
         return None
     n = x.numel()
-    if (route is None or n == 0 or not x.is_contiguous()
+    if (route is None or n == 0 or not x.is_contiguous() or x.is_neg()
             or device != torch.cuda.current_device()
             or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
         return None
@@ -368,7 +368,8 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     if out is None:
         out = torch.empty(x.shape, dtype=want, device=x.device)
     elif (type(out) is not torch.Tensor or out.dtype is not want
-          or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
+          or out.device != x.device or out.shape != x.shape or not out.is_contiguous()
+          or out.is_neg()):
         return None
     mode = route.mode
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()

@@ -13,6 +13,7 @@ from numba import cuda
 
 import lpsim
 import lpsim_cuda
+import lpsim_cuda.blocks
 from lpsim.rounding import MODES
 from lpsim.storage import pack
 from lpsim_cuda.launch import SIMULATOR
@@ -105,6 +106,26 @@ def test_torch_errors_name_the_problem():
         lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=x.half())
     with pytest.raises(ValueError, match="drop storage="):
         lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=x)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp(4,3,4)", "mxfp8_e4m3", "nvfp4"])
+def test_a_lazily_negated_view_is_refused_by_name_or_rounded_as_its_values(fmt):
+    """A contiguous view whose memory holds the negatives (torch._neg_view) is refused by
+    lpsim_cuda, even after its request took a cached route, and rounded as its values by
+    lpsim.quantize; so is an out that is such a view."""
+    blocks = fmt in ("mxfp8_e4m3", "nvfp4")
+    entry = lpsim_cuda.blocks.quantize if blocks else lpsim_cuda.quantize
+    x = torch.randn(64, device="cuda") * 3
+    negated = torch._neg_view(x)
+    assert negated.is_neg() and negated.is_contiguous()
+    for _ in range(2):                                  # the second call has its route
+        entry(x, fmt)
+        with pytest.raises(ValueError, match="lazily negated view"):
+            entry(negated, fmt)
+        with pytest.raises(ValueError, match="lazily negated view"):
+            entry(x, fmt, out=torch._neg_view(torch.empty_like(x)))
+    want = lpsim.quantize(-x.cpu().numpy(), fmt)
+    assert np.array_equal(lpsim.quantize(negated, fmt).cpu().numpy(), want)
 
 
 # ---------------------------------------------------------------- streams and graphs
