@@ -79,11 +79,19 @@ class RoundingStats:
         return self._devices.get(device)
 
     def sync(self) -> None:
-        """Wait for the GPU launches that counted into this object and add their counts in."""
+        """Wait for the GPU launches that counted into this object and add their counts in
+        (an accumulator's ``names`` say what its slots count: SLOTS unless it says)."""
         for accumulator in self._devices.values():
             if accumulator.dirty:
-                for name, value in zip(SLOTS, accumulator.drain()):
-                    self.counts[FIELDS.index(name)] += int(value)
+                for name, value in zip(getattr(accumulator, "names", SLOTS),
+                                       accumulator.drain()):
+                    self._fold(name, int(value))
+
+    def _fold(self, name: str, value: int) -> None:
+        """Add a device counter named ``name`` (a field's name; others are not counted
+        here: a block format's block counters, which lpsim.blocks.BlockStats keeps)."""
+        if name in FIELDS:
+            self.counts[FIELDS.index(name)] += value
 
     def add(self, elements: int, counts) -> None:
         """Add one call's element count and its counters (in COUNTERS order)."""

@@ -29,7 +29,7 @@ import numpy as np
 from numba import cuda, njit
 
 from lpsim.blocks.amax import checked_tensor_scale, min_tensor_scale
-from lpsim.blocks.counters import BLOCK_COUNTERS, add_counts
+from lpsim.blocks.counters import BLOCK_COUNTERS, add_launched
 from lpsim.blocks.word_counts import clip_bounds
 from lpsim.blocks.decisions import (BlockParams, _element_params, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
@@ -44,7 +44,7 @@ from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, nearest32_words
 from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
-from . import arrays, launch, specialised, tensor_amax, vector
+from . import arrays, counters, launch, specialised, tensor_amax, vector
 from .counters import add_warp_counts
 from .launch import FULL_MASK, SIMULATOR
 from .specialised import source_bits
@@ -438,7 +438,8 @@ def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: 
     (:func:`device_tensor_scale`), which then takes the place of ``pts``.  ``half``: ``xb``
     holds bfloat16 or float16 codes (lpsim.storage's kinds; ``xf`` is then not read).
     ``counts``: a device int64 array of the nine BLOCK_COUNTERS the counting kernel adds
-    the call's into (None: the kernel without counters)."""
+    the call's into, then the two clip bounds it reads (None: the kernel without counters;
+    :func:`lpsim_cuda.counters.launch_block_counts`)."""
     kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None, half,
                   counts is not None)
     bp = block_params(bfmt, pts)
@@ -606,7 +607,8 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
     the call needs the general kernel (its checks and errors run there).  A torch bfloat16
     or float16 tensor's codes are read directly (a float32 result), except where NVFP4's
     tensor scale is to be found: None, and the caller upcasts.  ``stats`` (checked by the
-    caller): the counting kernel adds the call's counters to it (nine integers back)."""
+    caller): the counting kernel adds the call's counters to its accumulator on the device,
+    read when ``stats`` is."""
     given, bfmt = bfmt, parse_block_format(bfmt)
     half = 0
     if launch.is_torch(x):
@@ -651,14 +653,15 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                             request.mode, request.offset):
                 return None
         found = bfmt.tensor_scale and tensor_scale is None       # NVFP4's, on the device
-        counts = None if stats is None else _counts_with_bounds(
-            bfmt, 1.0 if found or not bfmt.tensor_scale else
-            checked_tensor_scale(tensor_scale, bfmt), found)
+        counts = None if stats is None else counters.launch_block_counts(
+            stats, launch.current_device(), 0, lambda: launch.capturing(x), BLOCK_COUNTERS,
+            _bounds(bfmt, 1.0 if found or not bfmt.tensor_scale else
+                    checked_tensor_scale(tensor_scale, bfmt), found))
         if half:
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
                         if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half,
                         counts=counts)
-            return _counted(result, stats, counts, n, bfmt)
+            return _counted(result, stats, n, bfmt)
         pts = 1.0
         route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
         if found:
@@ -667,7 +670,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                 launch_flat(bfmt, request, pts, xf, xb, outf, n,
                             device_tensor_scale(xf, bfmt), counts=counts)
             if stats is not None:
-                return _counted(result, stats, counts, n, bfmt)
+                return _counted(result, stats, n, bfmt)
             if launch.is_torch(x):
                 _remember(given, rounding, sr_bits, x.device.index,
                           kernel(bfmt, request.mode, request.k, request.params.W, True),
@@ -679,7 +682,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         xb = xf.view(np.int32)
         launch_flat(bfmt, request, pts, xf, xb, outf, n, counts=counts)
         if stats is not None:
-            return _counted(result, stats, counts, n, bfmt)
+            return _counted(result, stats, n, bfmt)
         if launch.is_torch(x) and not bfmt.tensor_scale:
             _remember(given, rounding, sr_bits, x.device.index,
                       kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
@@ -692,26 +695,24 @@ def _clip_bounds(bp, sp):
     return clip_bounds(bp, sp)
 
 
-def _counts_with_bounds(bfmt, pts: float, scale_found: bool = False):
-    """The counting kernel's device array: the nine counters (zeros), then the bounds of
-    the largest magnitude's bits outside which a block's scale is clipped
-    (:func:`lpsim.blocks.word_counts.clip_bounds`, compiled for the CPU; where the float32
-    steps apply and a format has smin < smax, else zeros: the kernel then asks block_scale,
-    as it does for a tensor scale found on the device, ``scale_found``)."""
-    head = [0] * len(BLOCK_COUNTERS)
+def _bounds(bfmt, pts: float, scale_found: bool = False) -> tuple:
+    """The counting kernel's clip bounds (lo, hi): the largest magnitude's bits outside
+    which a block's scale is clipped (:func:`lpsim.blocks.word_counts.clip_bounds`, compiled
+    for the CPU; where the float32 steps apply and a format has smin < smax, else zeros: the
+    kernel then asks block_scale, as it does for a tensor scale found on the device,
+    ``scale_found``).  They follow the nine counters in the accumulator the kernel adds to
+    (:func:`lpsim_cuda.counters.launch_block_counts`)."""
     bp = block_params(bfmt, pts)
-    lo = hi = 0
     if not scale_found and words_exact(bfmt) and bp.smin < bp.smax:
         lo, hi = _clip_bounds(bp, kernel_params(bfmt.scale, np.float64))
-    return cuda.to_device(np.array(head + [lo, hi], np.int64))
+        return int(lo), int(hi)
+    return 0, 0
 
 
-def _counted(result, stats, counts, n: int, bfmt):
-    """``result``, after the counting kernel's nine counters are added to ``stats`` (the
-    copy back waits for the launch on the default stream)."""
-    if stats is not None:
-        add_counts(stats, counts.copy_to_host()[:len(BLOCK_COUNTERS)].reshape(1, -1), n,
-                   n // bfmt.block)
+def _counted(result, stats, n: int, bfmt):
+    """``result``, after the call's elements and blocks are added to ``stats`` (its
+    counters stay on the device until ``stats`` is read)."""
+    add_launched(stats, n, n // bfmt.block)
     return result
 
 

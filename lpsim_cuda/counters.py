@@ -16,7 +16,6 @@ from .launch import FULL_MASK, SIMULATOR
 
 #: slot of the accumulator the kernel adds the element count to
 ELEMENTS = SLOTS.index("elements")
-_ZEROS = np.zeros(len(SLOTS), np.int64)
 #: device -> the buffer a launch without stats gets (its kernel never writes it)
 _SCRATCH: dict = {}
 #: device buffers baked into captured CUDA graphs: a replay must never write freed memory,
@@ -26,11 +25,16 @@ _CAPTURED: list = []
 
 class DeviceCounters:
     """A stats object's counters on one device, and the streams that wrote them since the
-    last read (one stream, or 'several': then a read waits for the whole device)."""
+    last read (one stream, or 'several': then a read waits for the whole device).
 
-    def __init__(self, device: int):
+    ``names``: what the counter slots count (the element kernels' SLOTS, or a block kernel's
+    BLOCK_COUNTERS); ``tail``: constants the kernel reads after them (a block format's clip
+    bounds), which a read neither returns nor zeroes."""
+
+    def __init__(self, device: int, names: tuple = SLOTS, tail: tuple = ()):
         self.device = device
-        self.array = cuda.to_device(_ZEROS)
+        self.names = names
+        self.array = cuda.to_device(np.array([0] * len(names) + list(tail), np.int64))
         self.stream = None        # the stream launched on since the last read
         self.mixed = False        # launched on more than one stream since the last read
         self.captured = False     # in a CUDA graph: replays add to it unseen, so always read
@@ -57,8 +61,9 @@ class DeviceCounters:
                 stream = 0
             else:
                 stream = self.stream
-            counts = self.array.copy_to_host(stream=stream)
-            self.array.copy_to_device(_ZEROS, stream=stream)
+            head = len(self.names)
+            counts = self.array.copy_to_host(stream=stream)[:head]
+            self.array[:head].copy_to_device(np.zeros(head, np.int64), stream=stream)
             if stream:
                 stream.synchronize()
         self.stream, self.mixed = None, False
@@ -84,6 +89,32 @@ def launch_counts(stats, device: int, stream, capturing):
         accumulator = stats.device_counters(device, lambda: DeviceCounters(device))
     accumulator.launched(stream, capturing())
     return accumulator.array, True
+
+
+#: block accumulators a stats object keeps per device before the oldest are read and
+#: dropped (one per format's clip bounds: an NVFP4 call given a new tensor scale makes one)
+MAX_BLOCK_ACCUMULATORS = 8
+
+
+def launch_block_counts(stats, device: int, stream, capturing, names: tuple, bounds: tuple):
+    """The device array a counting block kernel adds its counters (``names``:
+    lpsim.blocks.BLOCK_COUNTERS) into, then reads its clip ``bounds`` (lo, hi) from:
+    ``stats``' accumulator on ``device`` for those bounds, made on first use and read only
+    when ``stats`` is (no copy back, no allocation a call)."""
+    key = ("blocks", device, *(int(b) for b in bounds))
+    accumulator = stats.device_counters(key)
+    if accumulator is None:
+        _refuse_during_capture(capturing, "lpsim.quantize once with these stats and this format")
+        held = [k for k, a in stats._devices.items()
+                if isinstance(k, tuple) and k[:2] == ("blocks", device) and not a.captured]
+        if len(held) >= MAX_BLOCK_ACCUMULATORS:
+            stats.sync()                               # their counts are in the fields now
+            for k in held:
+                del stats._devices[k]
+        accumulator = stats.device_counters(
+            key, lambda: DeviceCounters(device, names, tuple(bounds)))
+    accumulator.launched(stream, capturing())
+    return accumulator.array
 
 
 def _refuse_during_capture(capturing, remedy: str) -> None:

@@ -73,9 +73,7 @@ def counted_as_cpu(x, fmt, rounding, **kw):
     expected = lpsim.quantize(x, fmt, rounding, stats=want, **kw)
     result = cuda_blocks.quantize(cuda.to_device(x), fmt, rounding, stats=got, **kw)
     assert np.array_equal(result.copy_to_host().view(np.int32), expected.view(np.int32))
-    assert (got.counts.tolist(), got.blocks, got.clipped_scales, got.flushed_blocks,
-            got.nan_blocks) == (want.counts.tolist(), want.blocks, want.clipped_scales,
-                                want.flushed_blocks, want.nan_blocks), (fmt, rounding)
+    assert got.as_dict() == want.as_dict(), (fmt, rounding)
     return want
 
 
@@ -107,6 +105,40 @@ def test_counted_calls_equal_the_cpu_counters(fmt, rounding, launches):
     assert len(launches) == 2
 
 
+def test_counted_calls_leave_their_counts_on_the_device_until_read(launches, monkeypatch):
+    """Counted block calls (simulated training's telemetry) add into an accumulator per
+    stats object, device and format's clip bounds: no copy back and no new device array a
+    call.  Read once, the counters equal the CPU's for all the calls; NVFP4 at more given
+    tensor scales than accumulators kept (each its own bounds; two here) loses nothing;
+    reset zeroes the device side too."""
+    from lpsim_cuda import counters
+    monkeypatch.setattr(counters, "MAX_BLOCK_ACCUMULATORS", 2)
+    drained = count_calls(monkeypatch, counters.DeviceCounters, "drain")
+    made = count_calls(monkeypatch, counters, "DeviceCounters")
+    got, want = BlockStats(), BlockStats()
+    calls = [("mxfp8_e4m3", {}), ("mxfp4", {"seed": 2}), ("mxfp8_e4m3", {})]
+    calls += [("nvfp4", {"tensor_scale": 2.0 ** -k}) for k in range(3)]
+    for i, (fmt, kw) in enumerate(calls):
+        x = counted_data((2, 128), seed=10 + i)
+        rounding = "stochastic" if "seed" in kw else "nearest"
+        expected = quantize_blocks(x, fmt, rounding, want_elements=False, **kw)
+        add_counts(want, expected.counts, x.size)
+        result = cuda_blocks.quantize(cuda.to_device(x), fmt, rounding, stats=got, **kw)
+        assert np.array_equal(result.copy_to_host().view(np.int32),
+                              expected.values.view(np.int32))
+    assert len(launches) == len(calls)
+    # two MX formats' bounds, then the NVFP4 scales' (two kept here): a read of the two
+    # held each time a third set came
+    assert len(made) == 5 and len(drained) == 4
+    assert got == want and got.nan_blocks and got.clipped_scales and got.flushed_blocks
+    got.reset()
+    cuda_blocks.quantize(cuda.to_device(counted_data((2, 128), seed=3)), "mxfp8_e4m3",
+                         stats=got)
+    want = BlockStats()
+    lpsim.quantize(counted_data((2, 128), seed=3), "mxfp8_e4m3", stats=want)
+    assert got == want
+
+
 def test_counted_calls_of_other_rules_and_scales(launches):
     """A format whose NaN stays in its element, a scale that clips both ways, and NVFP4
     at a tiny given tensor scale (its quotients are inf: element_exact counts them)."""
@@ -120,8 +152,7 @@ def test_counted_calls_of_other_rules_and_scales(launches):
                                   stats=got)
     assert np.array_equal(result.copy_to_host().view(np.int32),
                           expected.values.view(np.int32))
-    assert (got.counts.tolist(), got.clipped_scales, got.flushed_blocks, got.nan_blocks) == \
-        (want.counts.tolist(), want.clipped_scales, want.flushed_blocks, want.nan_blocks)
+    assert got.as_dict() == want.as_dict()
     assert len(launches) == 3
 
 

@@ -8,6 +8,8 @@ caller's stats once, by :func:`add_counts`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..stats import RoundingStats, check_count
 
 #: per-block counter columns of the kernels
@@ -19,6 +21,23 @@ BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
 STATS_ACCEPTED = "an lpsim.RoundingStats, an lpsim.blocks.BlockStats or None"
 
 
+#: the block fields a device counter of BLOCK_COUNTERS adds to
+_FOLDED = {"clipped_scale": "clipped_scales", "flushed": "flushed_blocks",
+           "nan_block": "nan_blocks"}
+
+
+def _block_field(index: int, name: str):
+    def get(self) -> int:
+        if self._devices:
+            self.sync()
+        return int(self._block[index])
+
+    def set_(self, value) -> None:
+        self._block[index] = check_count(name, value)
+
+    return property(get, set_, doc=f"{name} (see the class docstring)")
+
+
 class BlockStats(RoundingStats):
     """RoundingStats of the elements plus per-call block counters.
 
@@ -26,23 +45,34 @@ class BlockStats(RoundingStats):
     blocks: blocks quantized; clipped_scales: scales clamped to the scale format's range;
     flushed_blocks: blocks with a nonzero element whose elements all became zero;
     nan_blocks: blocks given a NaN scale (a NaN or inf element, ``nonfinite="nan"``).
+    GPU calls leave their counts on the device until a field is read, as RoundingStats'.
     """
 
-    __slots__ = BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
+    __slots__ = ("_block",)
+    BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
+
+    blocks = _block_field(0, "blocks")
+    clipped_scales = _block_field(1, "clipped_scales")
+    flushed_blocks = _block_field(2, "flushed_blocks")
+    nan_blocks = _block_field(3, "nan_blocks")
 
     def __init__(self, **counts):
-        block = {name: check_count(name, counts.pop(name, 0)) for name in self.BLOCK_FIELDS}
+        block = [check_count(name, counts.pop(name, 0)) for name in self.BLOCK_FIELDS]
         super().__init__(**counts)
-        for name, value in block.items():
-            setattr(self, name, value)
+        self._block = np.array(block, np.int64)
+
+    def _fold(self, name: str, value: int) -> None:
+        if name in _FOLDED:
+            self._block[self.BLOCK_FIELDS.index(_FOLDED[name])] += value
+        else:
+            super()._fold(name, value)
 
     def as_dict(self) -> dict:
         return {**super().as_dict(), **{name: getattr(self, name) for name in self.BLOCK_FIELDS}}
 
     def reset(self) -> None:
         super().reset()
-        for name in self.BLOCK_FIELDS:
-            setattr(self, name, 0)
+        self._block[:] = 0
 
     def __iadd__(self, other: RoundingStats) -> "BlockStats":
         """The element counters of any RoundingStats, and a BlockStats' block counters."""
@@ -77,6 +107,16 @@ class BlockStats(RoundingStats):
 
     def __deepcopy__(self, memo) -> "BlockStats":
         return self.__copy__()
+
+
+def add_launched(stats, elements: int, blocks: int) -> None:
+    """Add what a counting GPU launch's caller knows on the host (its elements and blocks) to
+    ``stats``; the launch's counters stay on the device until a field is read."""
+    if stats is None:
+        return
+    stats.counts[0] += int(elements)
+    if isinstance(stats, BlockStats):
+        stats._block[0] += int(blocks)
 
 
 def add_counts(stats, counts, elements, blocks=None) -> None:
