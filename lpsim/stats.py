@@ -27,14 +27,16 @@ def check_count(name: str, value) -> int:
     return int(value)
 
 
-def _field(index: int, name: str):
+def counter_field(index: int, name: str, store: str = "counts"):
+    """The property of counter ``name``, slot ``index`` of the object's ``store`` array: a
+    read first adds in what GPU launches left on the device; a write is checked."""
     def get(self) -> int:
         if self._devices:
             self.sync()
-        return int(self.counts[index])
+        return int(getattr(self, store)[index])
 
     def set_(self, value) -> None:
-        self.counts[index] = check_count(name, value)
+        getattr(self, store)[index] = check_count(name, value)
 
     return property(get, set_, doc=f"{name} (see the class docstring)")
 
@@ -63,13 +65,13 @@ class RoundingStats:
         # (the counts in SLOTS order, zeroing them); lpsim_cuda.counters.DeviceCounters
         self._devices = {}
 
-    elements = _field(0, "elements")
-    inexact = _field(1, "inexact")
-    overflow = _field(2, "overflow")
-    underflow = _field(3, "underflow")
-    subnormal = _field(4, "subnormal")
-    nan = _field(5, "nan")
-    inf = _field(6, "inf")
+    elements = counter_field(0, "elements")
+    inexact = counter_field(1, "inexact")
+    overflow = counter_field(2, "overflow")
+    underflow = counter_field(3, "underflow")
+    subnormal = counter_field(4, "subnormal")
+    nan = counter_field(5, "nan")
+    inf = counter_field(6, "inf")
 
     def device_counters(self, device, make=None):
         """The accumulator GPU launches on ``device`` add into; ``make()`` creates a missing

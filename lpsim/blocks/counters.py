@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..stats import RoundingStats, check_count
+from ..stats import RoundingStats, check_count, counter_field
 
 #: per-block counter columns of the kernels
 BLOCK_COUNTERS = ("inexact", "overflow", "underflow", "subnormal", "nan", "inf",
@@ -26,18 +26,6 @@ _FOLDED = {"clipped_scale": "clipped_scales", "flushed": "flushed_blocks",
            "nan_block": "nan_blocks"}
 
 
-def _block_field(index: int, name: str):
-    def get(self) -> int:
-        if self._devices:
-            self.sync()
-        return int(self._block[index])
-
-    def set_(self, value) -> None:
-        self._block[index] = check_count(name, value)
-
-    return property(get, set_, doc=f"{name} (see the class docstring)")
-
-
 class BlockStats(RoundingStats):
     """RoundingStats of the elements plus per-call block counters.
 
@@ -51,10 +39,10 @@ class BlockStats(RoundingStats):
     __slots__ = ("_block",)
     BLOCK_FIELDS = ("blocks", "clipped_scales", "flushed_blocks", "nan_blocks")
 
-    blocks = _block_field(0, "blocks")
-    clipped_scales = _block_field(1, "clipped_scales")
-    flushed_blocks = _block_field(2, "flushed_blocks")
-    nan_blocks = _block_field(3, "nan_blocks")
+    blocks = counter_field(0, "blocks", "_block")
+    clipped_scales = counter_field(1, "clipped_scales", "_block")
+    flushed_blocks = counter_field(2, "flushed_blocks", "_block")
+    nan_blocks = counter_field(3, "nan_blocks", "_block")
 
     def __init__(self, **counts):
         block = [check_count(name, counts.pop(name, 0)) for name in self.BLOCK_FIELDS]
