@@ -164,10 +164,12 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
     return build
 
 
-def _block_groups(name: str, rounding: str, count: bool = False):
+def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0):
     """lpsim_cuda.block_groups's float32 kernel for block format ``name`` and ``rounding``
-    (``count``: the kernel that adds the call's block counters)."""
+    (``count``: the kernel that adds the call's block counters; ``block``: blocks of that
+    many elements, a 2-D tile's, with a per-tensor scale found on the device)."""
     def build():
+        import dataclasses
         import importlib
         import numba
         import numpy as np
@@ -176,8 +178,11 @@ def _block_groups(name: str, rounding: str, count: bool = False):
         from lpsim.quantize import plan
         G = importlib.import_module("lpsim_cuda.block_groups")
         bfmt = parse_block_format(name)
+        if block:
+            bfmt = dataclasses.replace(bfmt, block=block)
         request = plan(bfmt.saturating_element, rounding, np.float32, seed=1)
-        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W, False, 0, count)
+        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W,
+                          bool(block and bfmt.tensor_scale), 0, count)
         f32, i32 = types.float32[::1], types.int32[::1]
         return kernel.py_func, (f32, i32, f32, types.int64,
                                 numba.typeof(block_params(bfmt, 1.0)), types.int64,
@@ -300,6 +305,10 @@ CASES = [
          _block_groups("mxfp8_e4m3", "nearest"), elements=4),
     Case("blocks groups nvfp4 nearest", "blocks", True, _block_groups("nvfp4", "nearest"),
          elements=4),
+    # NVFP4's 16 x 16 weight tiles (simulated training's 2-D blocks): a lane holds two quads
+    # and reads them twice; the tensor scale found on the device
+    Case("blocks groups nvfp4 16x16 nearest", "blocks", False,
+         _block_groups("nvfp4", "nearest", block=256), elements=8),
     Case("blocks groups mxfp4 stochastic", "blocks", False,
          _block_groups("mxfp4", "stochastic"), elements=4),
     # the counting variant (lpsim.quantize with stats, simulated training's telemetry)

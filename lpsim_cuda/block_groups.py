@@ -8,7 +8,8 @@ data blocked along its contiguous last axis:
 
 * a block of B elements belongs to B / 4 consecutive lanes of a warp (8 for MX's 32, 4 for
   NVFP4's 16); each lane reads its four elements with one 16-byte load, so a warp reads
-  whole blocks, contiguous;
+  whole blocks, contiguous; a block of 256 .. 1024 (2-D scaling's 16 x 16 or 32 x 32
+  tiles) belongs to a whole warp, each lane holding 2 .. 8 quads a warp's width apart;
 * the block's largest finite magnitude (as float32 bits) and whether it holds a NaN or inf
   are reduced across those lanes by warp shuffles: no shared memory, no barrier;
 * every lane takes the block's scale from :func:`lpsim.blocks.block_scale` and rounds its
@@ -16,9 +17,9 @@ data blocked along its contiguous last axis:
   where it declines), the CPU kernels' own decisions, with its Philox block's four words;
   element and scale formats, mode and sr_bits are compile-time constants.
 
-The CUDA simulator has no warp shuffles: there each lane reads its whole block for the
-reduction (same values, more loads).  Other layouts, float64, counted calls and tails the
-block does not divide take the general kernel.
+The CUDA simulator has no warp shuffles: there the lanes' partials meet in shared memory
+between two barriers (the same values).  Other layouts, float64, and tails the block does not
+divide take the general kernel.
 """
 
 from __future__ import annotations
@@ -58,36 +59,40 @@ def _int32(w):
     return np.int32(as_int64(w))
 
 
+#: the most quads a lane holds: blocks of 4 .. 128 elements are 1 .. 32 lanes of one quad,
+#: blocks of 256 .. 1024 (a 16 x 16 or 32 x 32 tile of 2-D scaling) 32 lanes of 2 .. 8 quads
+MAX_QUADS = 8
+
+
+def layout_of(block: int) -> tuple[int, int]:
+    """(lanes per block, quads per lane) of a block of 4, 8, ..., 1024 elements (a power of
+    two), else (0, 0).  A lane's quads lie a warp's width apart, so each pass over them
+    reads whole rows of memory."""
+    if block < 4 or block & (block - 1):
+        return 0, 0
+    lanes = min(block // 4, 32)
+    quads = block // (4 * lanes)
+    return (lanes, quads) if quads <= MAX_QUADS else (0, 0)
+
+
 def lanes_of(block: int) -> int:
-    """Lanes per block (four elements each), or 0 where a block is not 4, 8, ..., 128 long."""
-    lanes = block // 4
-    return lanes if block % 4 == 0 and 0 < lanes <= 32 and lanes & (lanes - 1) == 0 else 0
+    """Lanes per block (four elements each a pass), or 0 where these kernels do not take
+    a block of that length (:func:`layout_of`)."""
+    return layout_of(block)[0]
 
 
 if SIMULATOR:
     @cuda.jit(device=True)
     def _block_reduce(xb, first, block, amax_bits, nonfinite, lanes, half):
-        """(largest finite magnitude bits, 1 if any element is NaN or inf) of the block at
-        element ``first`` of the bits ``xb`` (float32, or 16-bit codes of kind ``half``):
-        read whole by each lane (the simulator has no shuffles)."""
-        amax_bits = 0
-        nonfinite = 0
-        for i in range(first, min(first + block, xb.size)):  # a lane past the last block: 0
-            a = np.int64(source_bits(xb[i], half)) & 0x7FFFFFFF
-            if a >= INF32:
-                nonfinite = 1
-            else:
-                amax_bits = max(amax_bits, a)
-        return amax_bits, nonfinite
+        """The lanes' partials (largest finite magnitude bits, any NaN or inf) combined over
+        the ``lanes`` lanes of a block through shared memory (:func:`_block_any`; the
+        simulator has no shuffles): the same partials the device's shuffles combine."""
+        return _block_any(amax_bits, lanes), _block_any(nonfinite, lanes)
 
     @cuda.jit(device=True)
     def _block_max(xb, first, block, m, lanes, half):
-        """The largest magnitude bits (NaN and inf included) of the block at element
-        ``first`` of the bits ``xb``, read whole by each lane."""
-        m = word(0)
-        for i in range(first, min(first + block, xb.size)):
-            m = max(m, word(source_bits(xb[i], half)) & 0x7FFFFFFF)
-        return m
+        """The lanes' largest magnitude bits ``m`` combined over a block's lanes."""
+        return _block_any(m, lanes)
 else:
     @cuda.jit(device=True)
     def _block_max(xb, first, block, m, lanes, half):
@@ -180,9 +185,29 @@ def _lane_partial(b):
     return finite32(b), like(a, a >= INF32)
 
 
+@cuda.jit(device=True)
+def _quad_max(b0, b1, b2, b3):
+    """The largest magnitude bits (NaN and inf included) of four float32 elements' bits."""
+    return max(max(word(b0) & 0x7FFFFFFF, word(b1) & 0x7FFFFFFF),
+               max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF))
+
+
+@cuda.jit(device=True)
+def _quad_partial(b0, b1, b2, b3):
+    """:func:`_lane_partial` of four elements combined."""
+    a0, f0 = _lane_partial(b0)
+    a1, f1 = _lane_partial(b1)
+    a2, f2 = _lane_partial(b2)
+    a3, f3 = _lane_partial(b3)
+    return max(max(a0, a1), max(a2, a3)), max(max(f0, f1), max(f2, f3))
+
+
 def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
-          device_pts: bool = False, fixed=None, half: int = 0, count: bool = False):
-    """The kernel of one (element Params, scale Params, mode, k, lanes per block).
+          device_pts: bool = False, fixed=None, half: int = 0, count: bool = False,
+          quads: int = 1):
+    """The kernel of one (element Params, scale Params, mode, k, lanes per block, quads per
+    lane: :func:`layout_of`).  Where a lane holds several quads, it reads them for the
+    block's amax, then reads each again (from the cache) to round it.
 
     ``fixed``: the format's BlockParams (any per-tensor scale), compiled in as constants
     but for the per-tensor scale and its reciprocal, which come from the argument ``bp``
@@ -208,13 +233,13 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     device, or the general step), flushed where its largest finite magnitude is nonzero
     and no element rounds to a nonzero value (its lanes' results combined as the amax is),
     NaN blocks; summed per thread, then per warp, one atomic per warp and counter."""
-    P, SP, MODE, K, LANES, HALF, COUNT = p, sp, mode, k, lanes, half, count
+    P, SP, MODE, K, LANES, HALF, COUNT, QUADS = p, sp, mode, k, lanes, half, count, quads
     MINN = bits_float32(word(p32.minnorm)) if p32 is not None else np.float32(0)
     WORDS, P32 = p32 is not None, p32
     NEAR = WORDS and near and mode == NEAREST
     CW, LW = nearest32_words(p32.m, p32.emin) if WORDS else (0, 0)
     stochastic = mode >= STOCHASTIC
-    block = 4 * lanes
+    block = 4 * lanes * quads
     DEVICE_PTS = device_pts
     (BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX, NONFINITE_NAN,
      _, _, F32, NEAR32, SNEAR32) = fixed
@@ -225,18 +250,18 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # a lane: lpsim_cuda.specialised says why) where the kernel is bound by memory: MX
     # formats to nearest, uncounted (2 instructions an element); stochastic, counted and
     # NVFP4 kernels are bound by their instructions
-    PREFETCH = POW2_WORDS and mode == NEAREST and not count
+    PREFETCH = POW2_WORDS and mode == NEAREST and not count and quads == 1
 
     def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits; with HALF, ``xb`` holds bfloat16 or float16 codes, widened exactly, and ``x``
-        is not read) in blocks of 4 * LANES consecutive elements into ``out``."""
+        is not read) in blocks of 4 * LANES * QUADS consecutive elements into ``out``."""
         tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
         bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
                          NONFINITE_NAN, tensor, tensor_inv, F32, NEAR32, SNEAR32)
         t = cuda.grid(1)
         per_pass = cuda.gridsize(1) // LANES * LANES   # groups of whole blocks a pass covers
-        quads = n // block * LANES                     # groups of four in whole blocks
+        quads = n // block * LANES                     # the lanes of the whole blocks
         base = 0
         zero = np.int64(0)
         c = (zero, zero, zero, zero, zero, zero, zero, zero, zero)     # with COUNT
@@ -245,9 +270,10 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         if PREFETCH and t < quads:
             n0, n1, n2, n3 = vector.load4(xb, t)
         while base < quads:                            # the same trip count on every lane
-            j = base + t                               # this lane's group of four elements
+            j = base + t                               # this lane of a block
             live = j < quads
             g = j // LANES                             # its block
+            q0 = j + g * (LANES * (QUADS - 1))         # its first quad (the next LANES on)
             b0 = b1 = b2 = b3 = np.int32(0)
             if PREFETCH:
                 if live:
@@ -255,97 +281,108 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                 if j + per_pass < quads:
                     n0, n1, n2, n3 = vector.load4(xb, j + per_pass)
             elif live:
-                b0, b1, b2, b3 = vector.load4(xb, j)
-            if live:
-                if HALF:
-                    b0, b1 = code_bits(b0, HALF), code_bits(b1, HALF)
-                    b2, b3 = code_bits(b2, HALF), code_bits(b3, HALF)
+                b0, b1, b2, b3 = vector.load4(xb, q0)
+            if live and HALF:
+                b0, b1 = code_bits(b0, HALF), code_bits(b1, HALF)
+                b2, b3 = code_bits(b2, HALF), code_bits(b3, HALF)
+            # the lane's largest magnitude bits (NaN and inf included), and its largest
+            # finite ones and whether it holds a NaN or inf
+            m = _quad_max(b0, b1, b2, b3)
+            fa, ff = _quad_partial(b0, b1, b2, b3)
+            # its other quads (while loops: numba's range loops cost these kernels registers
+            # and instructions even where QUADS is 1)
+            r = 1
+            while r < QUADS:
+                if live:
+                    b0, b1, b2, b3 = _load(xb, q0 + r * LANES)
+                    m = max(m, _quad_max(b0, b1, b2, b3))
+                    fr, nr = _quad_partial(b0, b1, b2, b3)
+                    fa, ff = max(fa, fr), max(ff, nr)
+                r += 1
             if NAN_BLOCKS:
                 # a NaN or inf makes its whole block NaN, so the largest magnitude bits,
                 # NaN and inf included, tell both: one reduction, two steps an element
-                amax_bits = _block_max(xb, g * block, block, max(
-                    max(word(b0) & 0x7FFFFFFF, word(b1) & 0x7FFFFFFF),
-                    max(word(b2) & 0x7FFFFFFF, word(b3) & 0x7FFFFFFF)), LANES, HALF)
+                amax_bits = _block_max(xb, g * block, block, m, LANES, HALF)
                 nonfinite = like(amax_bits, amax_bits >= INF32)
             else:
-                a0, f0 = _lane_partial(b0)
-                a1, f1 = _lane_partial(b1)
-                a2, f2 = _lane_partial(b2)
-                a3, f3 = _lane_partial(b3)
-                amax_bits, nonfinite = _block_reduce(xb, g * block, block,
-                                                     max(max(a0, a1), max(a2, a3)),
-                                                     max(max(f0, f1), max(f2, f3)), LANES,
+                amax_bits, nonfinite = _block_reduce(xb, g * block, block, fa, ff, LANES,
                                                      HALF)
             nz = clipped = nan_block = zero            # with COUNT: this lane's block
-            if live:
-                a = as_int64(amax_bits)
-                w0 = w1 = w2 = w3 = np.int64(0)
-                if stochastic:
-                    w0, w1, w2, w3 = block_words(block0 + j, stream, seed_lo, seed_hi)
-                if bp.nonfinite_nan != 0 and nonfinite != 0:
-                    v0 = v1 = v2 = v3 = np.float32(np.nan)
-                    if COUNT:
-                        c = _tally_nonfinite(_tally_nonfinite(_tally_nonfinite(
-                            _tally_nonfinite(c, b0), b1), b2), b3)
-                        nan_block = np.int64(1)
-                elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
-                    # the word kernel's scale: integer steps from the amax bits, the float32
-                    # reciprocal by exponent bits or one float32 division (a power-of-two
-                    # scale of an amax that is not a float32 normal, an all-zero block say,
-                    # takes the general step below)
-                    if POW2_WORDS:
-                        ex = pow2_exponent(word(amax_bits), bp)
-                        s32, rc = pow2_float32(ex), pow2_float32(-ex)
-                        s = np.float64(s32)
+            r = 0
+            while r < QUADS:
+                jq = q0 + r * LANES                    # the quad rounded now
+                if QUADS > 1 and live:                 # read again (from the cache)
+                    b0, b1, b2, b3 = _load(xb, jq)
+                if live:
+                    a = as_int64(amax_bits)
+                    w0 = w1 = w2 = w3 = np.int64(0)
+                    if stochastic:
+                        w0, w1, w2, w3 = block_words(block0 + jq, stream, seed_lo, seed_hi)
+                    if bp.nonfinite_nan != 0 and nonfinite != 0:
+                        v0 = v1 = v2 = v3 = np.float32(np.nan)
+                        if COUNT:
+                            c = _tally_nonfinite(_tally_nonfinite(_tally_nonfinite(
+                                _tally_nonfinite(c, b0), b1), b2), b3)
+                            nan_block = np.int64(1)
+                    elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
+                        # the word kernel's scale: integer steps from the amax bits, the float32
+                        # reciprocal by exponent bits or one float32 division (a power-of-two
+                        # scale of an amax that is not a float32 normal, an all-zero block say,
+                        # takes the general step below)
+                        if POW2_WORDS:
+                            ex = pow2_exponent(word(amax_bits), bp)
+                            s32, rc = pow2_float32(ex), pow2_float32(-ex)
+                            s = np.float64(s32)
+                        else:
+                            s = scale_words(word(amax_bits), bp, SP)
+                            s32 = np.float32(s)
+                            rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
+                                np.float32(bp.pts_inv) / s32
+                        # counted: an inf largest quotient (a tiny given tensor scale) is
+                        # element_exact's to flag, as the CPU's counted kernel does
+                        if NEAR and COUNT and bits_float32(amax_bits) * rc < np.inf:
+                            pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
+                            v0, g0, z0 = _near_counted(_value(b0), rc, s32, pts, maxe, bp)
+                            v1, g1, z1 = _near_counted(_value(b1), rc, s32, pts, maxe, bp)
+                            v2, g2, z2 = _near_counted(_value(b2), rc, s32, pts, maxe, bp)
+                            v3, g3, z3 = _near_counted(_value(b3), rc, s32, pts, maxe, bp)
+                            c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                            nz += z0 + z1 + z2 + z3
+                        elif NEAR and not COUNT:
+                            pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
+                            v0 = element_nearest32(_value(b0), rc, s32, pts, maxe, CW, LW)
+                            v1 = element_nearest32(_value(b1), rc, s32, pts, maxe, CW, LW)
+                            v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
+                            v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
+                        else:
+                            v0, g0, z0 = _element32(_value(b0), rc, s32, s, w0, bp)
+                            v1, g1, z1 = _element32(_value(b1), rc, s32, s, w1, bp)
+                            v2, g2, z2 = _element32(_value(b2), rc, s32, s, w2, bp)
+                            v3, g3, z3 = _element32(_value(b3), rc, s32, s, w3, bp)
+                            if COUNT:
+                                c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                                nz += z0 + z1 + z2 + z3
+                        if COUNT:
+                            am = as_int64(amax_bits)
+                            if clip_hi != 0:        # lpsim.blocks.word_counts.clip_bounds'
+                                clipped = np.int64(am != 0 and (am < clip_lo or am >= clip_hi))
+                            else:                   # a scale found on the device: no bounds
+                                clipped = np.int64(block_scale(np.float64(bits_float32(am)),
+                                                               bp, SP)[1])
                     else:
-                        s = scale_words(word(amax_bits), bp, SP)
-                        s32 = np.float32(s)
-                        rc = np.float32(block_recip(s, bp)) if bp.pow2 else \
-                            np.float32(bp.pts_inv) / s32
-                    # counted: an inf largest quotient (a tiny given tensor scale) is
-                    # element_exact's to flag, as the CPU's counted kernel does
-                    if NEAR and COUNT and bits_float32(amax_bits) * rc < np.inf:
-                        pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
-                        v0, g0, z0 = _near_counted(_value(b0), rc, s32, pts, maxe, bp)
-                        v1, g1, z1 = _near_counted(_value(b1), rc, s32, pts, maxe, bp)
-                        v2, g2, z2 = _near_counted(_value(b2), rc, s32, pts, maxe, bp)
-                        v3, g3, z3 = _near_counted(_value(b3), rc, s32, pts, maxe, bp)
-                        c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
-                        nz = z0 + z1 + z2 + z3
-                    elif NEAR and not COUNT:
-                        pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
-                        v0 = element_nearest32(_value(b0), rc, s32, pts, maxe, CW, LW)
-                        v1 = element_nearest32(_value(b1), rc, s32, pts, maxe, CW, LW)
-                        v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
-                        v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
-                    else:
-                        v0, g0, z0 = _element32(_value(b0), rc, s32, s, w0, bp)
-                        v1, g1, z1 = _element32(_value(b1), rc, s32, s, w1, bp)
-                        v2, g2, z2 = _element32(_value(b2), rc, s32, s, w2, bp)
-                        v3, g3, z3 = _element32(_value(b3), rc, s32, s, w3, bp)
+                        amax = np.float64(bits_float32(amax_bits))
+                        s, clip = block_scale(amax, bp, SP)
+                        recip = block_recip(s, bp)
+                        v0, g0, z0 = _element(_value(b0), recip, s, w0, bp)
+                        v1, g1, z1 = _element(_value(b1), recip, s, w1, bp)
+                        v2, g2, z2 = _element(_value(b2), recip, s, w2, bp)
+                        v3, g3, z3 = _element(_value(b3), recip, s, w3, bp)
                         if COUNT:
                             c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
-                            nz = z0 + z1 + z2 + z3
-                    if COUNT:
-                        am = as_int64(amax_bits)
-                        if clip_hi != 0:        # lpsim.blocks.word_counts.clip_bounds'
-                            clipped = np.int64(am != 0 and (am < clip_lo or am >= clip_hi))
-                        else:                   # a scale found on the device: no bounds
-                            clipped = np.int64(block_scale(np.float64(bits_float32(am)),
-                                                           bp, SP)[1])
-                else:
-                    amax = np.float64(bits_float32(amax_bits))
-                    s, clip = block_scale(amax, bp, SP)
-                    recip = block_recip(s, bp)
-                    v0, g0, z0 = _element(_value(b0), recip, s, w0, bp)
-                    v1, g1, z1 = _element(_value(b1), recip, s, w1, bp)
-                    v2, g2, z2 = _element(_value(b2), recip, s, w2, bp)
-                    v3, g3, z3 = _element(_value(b3), recip, s, w3, bp)
-                    if COUNT:
-                        c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
-                        nz = z0 + z1 + z2 + z3
-                        clipped = np.int64(clip)
-                vector.store4(out, j, v0, v1, v2, v3)
+                            nz += z0 + z1 + z2 + z3
+                            clipped = np.int64(clip)
+                    vector.store4(out, jq, v0, v1, v2, v3)
+                r += 1
             if COUNT:
                 # the block's counters, by its first lane: its lanes' nonzero results
                 # combined over the block (every lane takes part, as in the amax reduction)
@@ -358,6 +395,15 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
             base += per_pass
         if COUNT:
             _add_counts9(counts, c)
+
+    @cuda.jit(device=True)
+    def _load(xb, q):
+        """Quad q of ``xb`` as float32 bits (16-bit codes widened exactly)."""
+        b0, b1, b2, b3 = vector.load4(xb, q)
+        if HALF:
+            return (code_bits(b0, HALF), code_bits(b1, HALF), code_bits(b2, HALF),
+                    code_bits(b3, HALF))
+        return b0, b1, b2, b3
 
     @cuda.jit(device=True)
     def _near_counted(xv, rc, s32, pts, maxe, bp):
@@ -392,7 +438,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     return cuda.jit(kernel)
 
 
-#: (element format, scale format, mode, k, lanes, float32 steps, nearest steps, scale on
+#: (element format, scale format, mode, k, (lanes, quads), float32 steps, nearest steps, scale on
 #: the device, BlockParams at a per-tensor scale of 1, source kind, counting) -> its kernel
 KERNELS: dict = {}
 
@@ -400,25 +446,25 @@ KERNELS: dict = {}
 def kernel(bfmt, mode: int, k: int, word_bits: int, device_pts: bool = False, half: int = 0,
            count: bool = False):
     """The kernel of a parsed block format (element and scale formats compiled in)."""
-    lanes = lanes_of(bfmt.block)
+    lanes, quads = layout_of(bfmt.block)
     words = words_exact(bfmt)
     near = words and nearest_words_exact(bfmt.saturating_element)
     fixed = block_params(bfmt)
-    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, lanes, words, near,
-           device_pts, fixed, half, count)
+    key = (bfmt.saturating_element, bfmt.scale, mode, k, word_bits, (lanes, quads), words,
+           near, device_pts, fixed, half, count)
     found = KERNELS.get(key)
     if found is None:
         p = _element_params(bfmt.saturating_element, word_bits)
         found = KERNELS[key] = _make(p, kernel_params(bfmt.scale, np.float64), mode, k, lanes,
                                      element_params32(bfmt) if words else None, near,
-                                     device_pts, fixed, half, count)
+                                     device_pts, fixed, half, count, quads)
     return found
 
 
 def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
              offset: int, in_bytes: int = 4) -> bool:
     """Whether a call blocked along its contiguous last axis can take these kernels: a
-    block of 4 .. 128 elements (a power of two over four) that divides the axis, arrays
+    block of 4 .. 1024 elements (a power of two: :func:`layout_of`) that divides the axis, arrays
     aligned to four elements' access (x of ``in_bytes`` a value: float32, or 16-bit codes),
     out x itself (float32) or apart from it, and (stochastic) Philox blocks that start at a
     lane's first element."""

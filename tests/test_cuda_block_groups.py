@@ -8,6 +8,7 @@ tests run on the device (shuffles), plus the torch tensor tests.
 """
 
 import os
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -183,6 +184,54 @@ def test_large_arrays_of_every_preset_equal_the_cpu(rounding, launches):
     for fmt in BLOCKED:
         same_as_cpu(x, fmt, rounding, seed=9)
     assert len(launches) == len(BLOCKED)
+
+
+def test_the_layout_of_a_block():
+    """Blocks up to 128 elements take a lane per quad, longer ones (2-D scaling's tiles) a
+    warp whose lanes hold several quads; other lengths take the general kernel."""
+    layout = block_groups.layout_of
+    assert [layout(b) for b in (4, 16, 32, 128, 256, 512, 1024)] == [
+        (1, 1), (4, 1), (8, 1), (32, 1), (32, 2), (32, 4), (32, 8)]
+    assert all(layout(b) == (0, 0) for b in (0, 1, 2, 12, 96, 384, 2048))
+
+
+#: 2-D scaling's tiles as blocks: NVFP4's 16 x 16, a 512 and MXFP8 at 32 x 32; one whose NaN
+#: stays in its element (its amax and NaN flag reduced apart)
+TILES = {"nvfp4 16x16": replace(PRESETS["nvfp4"], block=256),
+         "mxfp4 512": replace(PRESETS["mxfp4"], block=512),
+         "mxfp8 32x32": replace(PRESETS["mxfp8_e4m3"], block=1024),
+         "e4m3 finite 256": block("e4m3fn", 256, nonfinite="finite")}
+
+
+def far_quad_data(length, seed):
+    """Five blocks of ``length`` whose deciding elements lie only in the lanes' last quads:
+    the largest magnitude (two blocks, one lane apart), a NaN, an inf; the fifth block all
+    tiny but for one normal value there (a scale set by it, not by the first quads)."""
+    lanes, quads = block_groups.layout_of(length)
+    last = 4 * lanes * (quads - 1)                 # the first element of the last quads
+    x = (np.random.default_rng(seed).standard_normal((5, length)) * 0.1).astype(np.float32)
+    x[0, last + 7] = 1e6
+    x[1, last + 4 * lanes - 1] = -3e5
+    x[2, last + 2] = np.nan
+    x[3, last + 9] = -np.inf
+    x[4] = np.float32(1e-30)
+    x[4, last + 4 * lanes - 2] = 2.0
+    return x
+
+
+@pytest.mark.parametrize("name", TILES)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_tile_sized_blocks_equal_the_cpu(name, rounding, launches):
+    """Blocks of 256 .. 1024 elements (a lane holds 2 .. 8 quads): values and counters
+    equal the CPU's where what decides a block lies only in the lanes' last quads, and on
+    data of every binade; NVFP4's tensor scale found on the device."""
+    bfmt, kw = TILES[name], {"seed": 7} if rounding == "stochastic" else {}
+    x = far_quad_data(bfmt.block, seed=len(name))
+    same_as_cpu(x, bfmt, rounding, **kw)
+    stats = counted_as_cpu(x, bfmt, rounding, **kw)
+    assert stats.nan_blocks == (bfmt.nonfinite == "nan") * 2
+    same_as_cpu(data((2, 2 * bfmt.block), seed=3), bfmt, rounding, **kw)
+    assert len(launches) == 3
 
 
 @pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
