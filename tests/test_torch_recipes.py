@@ -257,6 +257,31 @@ def test_rht_signs_differ_per_step_and_layer():
     assert not np.array_equal(a, b) and not np.array_equal(a, c)
 
 
+def test_a_layer_draws_its_rht_signs_a_window_of_steps_at_once(monkeypatch):
+    """A layer draws RHT_WINDOW steps' signs in one draw (one copy to a GPU, whose host
+    waits for it): each step's row equals that step's own draw, across the window's end and
+    after the generator is reseeded; the rows transform bit for bit as the numpy signs."""
+    from lpsim.torch import gemms
+    draws = []
+    real = gemms.rht_signs
+    monkeypatch.setattr(gemms, "rht_signs", lambda *a: draws.append(a) or real(*a))
+    monkeypatch.setattr(gemms, "RHT_WINDOW", 4)
+    layer = gemms.LinearGemms("nvfp4", generator=lpsim.Generator(5), index=3)
+    t = torch.randn(8, 32)
+    for step in range(6):
+        layer.steps = step
+        row = layer.rht_signs(16, t.device)
+        want = real(5, 3, step, 16)
+        assert row.dtype == torch.float32 and np.array_equal(row.numpy(), want)
+        for x in (t, t.double()):
+            assert torch.equal(gemms.rht(x, row), gemms.rht(x, want))
+    assert [a[2] for a in draws] == [0, 4]
+    layer.generator.manual_seed(6)
+    assert np.array_equal(layer.rht_signs(16, t.device).numpy(), real(6, 3, 5, 16))
+    assert np.array_equal(real(6, 3, 5, 16, 3)[1:], np.stack([real(6, 3, k, 16)
+                                                             for k in (6, 7)]))
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_stochastically_rounded_gradients_are_unbiased(name):
     """z = sum(mean - x) / sqrt(sum var / R) over 4096 elements and R = 256 draws is N(0, 1)
@@ -332,6 +357,54 @@ def test_simulate_keeps_the_parameters_and_any_optimizer_trains_them():
     assert not torch.equal(before, model[2].weight)
     simulate(model, "mxfp8")                 # a new recipe for simulated layers
     assert [m.recipe.name for m in model if isinstance(m, SimulatedLinear)] == ["mxfp8"] * 3
+
+
+@pytest.mark.skipif(not GPU, reason="the host's waits for a GPU: on a GPU (LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_gpu_training_step_never_makes_the_host_wait(name, monkeypatch):
+    """After two warm-up steps (kernels compiled, launch routes built and checked), a
+    forward and backward pass of a simulated model, telemetry on, makes the host wait for
+    the GPU nowhere: no torch synchronisation (torch.cuda.set_sync_debug_mode), no numba
+    stream or context synchronisation, no copy to the host.  A wait drains the queue that
+    hides the host's time per call; each one found is named with the lines that made it."""
+    import pathlib
+    import traceback
+    from numba.cuda.cudadrv import devicearray, driver
+    waits = []
+
+    def watch(owner, attr):
+        real = getattr(owner, attr)
+
+        def waiting(*args, **kwargs):
+            frames = [f for f in traceback.extract_stack()[:-1] if "lpsim" in f.filename]
+            waits.append(f"{owner.__name__}.{attr} from " + " <- ".join(
+                f"{pathlib.Path(f.filename).name}:{f.lineno}" for f in frames[::-1][:4]))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, attr, waiting)
+
+    for owner, attr in ((driver.Stream, "synchronize"), (driver.Context, "synchronize"),
+                        (devicearray.DeviceNDArray, "copy_to_host")):
+        watch(owner, attr)
+    model = simulate(mlp().cuda(), name, generator=1)
+    x = torch.randn(64, 32, device="cuda")
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+    step()
+    step()
+    torch.cuda.synchronize()
+    waits.clear()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    waits += [f"torch: {w.message} at {pathlib.Path(w.filename).name}:{w.lineno}"
+              for w in caught if "synchroniz" in str(w.message)]
+    assert not waits, f"{name}: the host waited {len(waits)} times:\n" + "\n".join(waits)
 
 
 def test_skip_by_name_or_callable_and_unknown_names_refused():

@@ -43,6 +43,9 @@ from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
 RHT_STREAM = 1 << 40
+#: steps whose RHT signs a layer draws and moves to its device at once: a copy from the host
+#: makes the host wait for a GPU, which a copy each backward pass would do twice a layer
+RHT_WINDOW = 64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -218,20 +221,33 @@ def hadamard(n: int) -> np.ndarray:
     return h
 
 
-def rht_signs(seed: int, layer: int, step: int, n: int) -> np.ndarray:
+def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None):
     """The random signs (+-1) of a layer's RHT at a step: the top bits of Philox words
-    (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1)."""
-    words = random_words(n, 4, seed, RHT_STREAM + layer, step * n)
-    return np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
+    (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1).  ``steps``: the
+    signs of that many steps from ``step`` on, one step's a row (one draw)."""
+    rows = 1 if steps is None else steps
+    words = random_words(n * rows, 4, seed, RHT_STREAM + layer, step * n)
+    signs = np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
+    return signs if steps is None else signs.reshape(rows, n)
 
 
-def rht(t: torch.Tensor, signs: np.ndarray) -> torch.Tensor:
+@functools.lru_cache(maxsize=32)
+def _scaled_hadamard(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """H / sqrt(n) in ``dtype`` on ``device``, copied there once."""
+    return torch.from_numpy(hadamard(n) / np.sqrt(n)).to(device, dtype)
+
+
+def rht(t: torch.Tensor, signs) -> torch.Tensor:
     """``t`` with each run of n consecutive elements along its last axis (n = len(signs),
     dividing it) multiplied by the orthogonal ``H diag(signs) / sqrt(n)``, in t's dtype:
     ``torch.matmul`` of the runs, as rows, by that matrix's transpose.  The wgrad operands
-    are transformed along the tokens, which their transposes hold along the last axis."""
+    are transformed along the tokens, which their transposes hold along the last axis.
+    ``signs``: a numpy array, or a tensor (on t's device: no copy from the host, which
+    would make the host wait for a GPU); the matrix is the same either way, as a sign
+    changes no rounding of ``H / sqrt(n)``."""
     n = len(signs)
-    m = torch.from_numpy(hadamard(n) * signs / np.sqrt(n)).to(t.device, t.dtype)
+    d = torch.as_tensor(signs, dtype=t.dtype, device=t.device)
+    m = _scaled_hadamard(n, t.device, t.dtype) * d
     return torch.matmul(t.reshape(-1, n), m.t()).reshape(t.shape)
 
 
@@ -326,8 +342,7 @@ class _LinearFunction(torch.autograd.Function):
             # runs and the blocks lie (the same blocks and counters as along axis 0)
             dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()
             if r.rht is not None:
-                signs = rht_signs(layer.generator.initial_seed(), layer.layer_index,
-                                  layer.steps, r.rht)
+                signs = layer.rht_signs(r.rht, dy.device)
                 dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
             dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"])
             xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"])
@@ -370,6 +385,19 @@ class LinearGemms:
         self.steps = 0
         self.sites = {(g, role): _Site(BlockStats())
                       for g, roles in GEMMS.items() for role in roles}
+        self._rht_window = None             # (seed, n, device, first step, signs tensor)
+
+    def rht_signs(self, n: int, device: torch.device) -> torch.Tensor:
+        """This step's RHT signs (:func:`rht_signs`), a float32 row on ``device`` of the
+        RHT_WINDOW steps' signs drawn and moved there at once."""
+        seed, step = self.generator.initial_seed(), self.steps
+        found = self._rht_window
+        if (found is None or found[:3] != (seed, n, device)
+                or not found[3] <= step < found[3] + RHT_WINDOW):
+            signs = rht_signs(seed, self.layer_index, step, n, RHT_WINDOW)
+            found = self._rht_window = (seed, n, device, step, torch.from_numpy(signs).to(
+                device, torch.float32))
+        return found[4][step - found[3]]
 
     def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
         """The operand ``role`` of ``gemm`` quantized along ``axis``, counted and with its
