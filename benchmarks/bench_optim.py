@@ -115,7 +115,26 @@ def cases(shapes, device, torchao):
     if device == "cuda":
         out["lpsim bf16 SR (fused, launch bounds 6)"] = lambda: _bounds(
             lpsim_adamw(torch.bfloat16, update_rounding="stochastic"), 6)
+        out["lpsim bf16 SR (fused, next quad loaded ahead)"] = lambda: _ahead(
+            lpsim_adamw(torch.bfloat16, update_rounding="stochastic"))
     return out
+
+
+def _ahead(made):
+    """A case whose wide kernels load each pass's next quad before stepping their own
+    (lpsim_cuda.optim.LOAD_AHEAD): do loads in flight during the step beat the registers
+    they take?"""
+    import lpsim_cuda.optim as optim
+    step, nbytes = made
+
+    def run():
+        saved = optim.LOAD_AHEAD
+        optim.LOAD_AHEAD = True
+        try:
+            step()
+        finally:
+            optim.LOAD_AHEAD = saved
+    return run, nbytes
 
 
 def _bounds(made, blocks):

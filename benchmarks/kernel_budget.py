@@ -191,9 +191,10 @@ def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0)
     return build
 
 
-def _optim(cls: str, dtype: str, wide: bool = False, **kw):
+def _optim(cls: str, dtype: str, wide: bool = False, ahead: bool = False, **kw):
     """lpsim_cuda.optim's kernel for the configuration tests/test_optim_cuda.py steps
-    (``wide``: the kernel of aligned parameters)."""
+    (``wide``: the kernel of aligned parameters; ``ahead``: with the next quad loaded
+    ahead, lpsim_cuda.optim.LOAD_AHEAD)."""
     def build():
         import importlib
         import numba
@@ -206,8 +207,12 @@ def _optim(cls: str, dtype: str, wide: bool = False, **kw):
                                       37, 0)
         kinds, hp, ints, keys, offset = kargs
         O = importlib.import_module("lpsim_cuda.optim")
-        kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
-                                tuple(setup.sp16), wide)
+        saved, O.LOAD_AHEAD = O.LOAD_AHEAD, ahead
+        try:
+            kernel = O.optim_kernel(tuple(kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                                    tuple(setup.sp16), wide)
+        finally:
+            O.LOAD_AHEAD = saved
         args = O.kernel_arguments(arrays, hp, keys, offset, np.zeros(7, np.int64))
         return (kernel.py_func, tuple(numba.typeof(a) for a in args),
                 kernel.targetoptions.get("launch_bounds"))
@@ -288,6 +293,9 @@ CASES = [
     # every array read by one wide load, the lanes straight-line (lpsim_cuda.optim)
     Case("optim AdamW bf16 stochastic", "optim", True,
          _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
+                state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
+    Case("optim AdamW bf16 stochastic ahead", "optim", False,
+         _optim("AdamW", "bfloat16", wide=True, ahead=True, update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
     Case("optim AdamW bf16 nearest", "optim", False,
          _optim("AdamW", "bfloat16", wide=True), elements=4, loads="wide", cold_loops=True),

@@ -38,6 +38,10 @@ from .launch import THREADS
 #: resident 128-thread blocks per SM the step kernels are compiled for: ptxas then keeps
 #: them within 65536 / (128 x 5) = 102 registers a thread (the wide kernel wants ~118)
 BLOCKS_PER_SM = 5
+#: whether the wide kernel loads the next quad before it steps its own (its loads in flight
+#: during the step's ~140 instructions an element), at 8 registers more: off until a GPU
+#: run of benchmarks/bench_optim.py (its "next quad loaded ahead" case) says it pays
+LOAD_AHEAD = False
 #: the functions of lpsim.optim.step that call fmul, directly or through one another
 _USERS = ("adamw_moments", "adamw_update", "adamw_direction", "sgd_gradient", "sgd_buffer",
           "sgd_update", "sgd_direction", "step_codes", "step_element", "step_quad")
@@ -95,11 +99,23 @@ def _words4(q, stream, ks, drawn):
 
 
 @register_jitable
-def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, pw, pc,
-                      ps, sp16, counts):
-    """Local elements 4j .. 4j+3 (offset a multiple of 4): every array read by one wide load
-    and written by one wide store, the four lanes by the straight path; where a lane
-    declines, the quad by step_quad from its codes, which nothing has written yet."""
+def _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints):
+    """The codes of local elements 4j .. 4j+3 of each array the configuration has (zeros
+    for the others), each array's four by one wide load."""
+    algo, update = ints[0], ints[1]
+    hasm = algo == ADAMW or hp[10] != 0
+    return (_codes4(wb, j, True), _codes4(gb, j, True), _codes4(mb, j, hasm),
+            _codes4(vb, j, algo == ADAMW), _codes4(cb, j, update == KAHAN),
+            _codes4(rb, j, update == REMAINDER))
+
+
+@register_jitable
+def _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks,
+                      pw, pc, ps, sp16, counts):
+    """Local elements 4j .. 4j+3 (offset a multiple of 4) from their ``codes``
+    (:func:`_quad_codes`), every array written by one wide store, the four lanes by the
+    straight path; where a lane declines, the quad by step_quad from its codes in memory,
+    which nothing has written yet."""
     algo, update, wmode, smode = ints[0], ints[1], ints[2], ints[4]
     stream_w, stream_m, stream_v = keys[2], keys[3], keys[4]
     q = (offset >> 2) + j
@@ -107,12 +123,8 @@ def _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, key
     rw0, rw1, rw2, rw3 = _words4(q, stream_w, ks, wmode == STOCHASTIC)
     rm0, rm1, rm2, rm3 = _words4(q, stream_m, ks, smode == STOCHASTIC)
     rv0, rv1, rv2, rv3 = _words4(q, stream_v, ks, smode == STOCHASTIC and algo == ADAMW)
-    w0, w1, w2, w3 = _codes4(wb, j, True)
-    g0, g1, g2, g3 = _codes4(gb, j, True)
-    m0, m1, m2, m3 = _codes4(mb, j, hasm)
-    v0, v1, v2, v3 = _codes4(vb, j, algo == ADAMW)
-    c0, c1, c2, c3 = _codes4(cb, j, update == KAHAN)
-    e0, e1, e2, e3 = _codes4(rb, j, update == REMAINDER)
+    (w0, w1, w2, w3), (g0, g1, g2, g3), (m0, m1, m2, m3), (v0, v1, v2, v3), \
+        (c0, c1, c2, c3), (e0, e1, e2, e3) = codes
     a0 = _step_codes(w0, g0, m0, v0, c0, e0, rw0, rm0, rv0, kinds, hp, ints, pw, pc, ps, sp16,
                      True)
     a1 = _step_codes(w1, g1, m1, v1, c1, e1, rw1, rm1, rv1, kinds, hp, ints, pw, pc, ps, sp16,
@@ -165,19 +177,33 @@ def _add_counts(counts, local):
 
 @register_jitable
 def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, offset, pw, pc, ps, sp16,
-                  counts):
+                  counts, ahead):
     """:func:`_step_all` for a parameter whose quads are aligned: the whole quads by
-    :func:`_step_quad_vector` in a grid-stride loop, the last n % 4 elements by thread 0."""
+    :func:`_step_quad_vector` in a grid-stride loop, the last n % 4 elements by thread 0.
+    ``ahead`` (a constant): each pass loads the next pass's quad before it steps its own,
+    so its loads are in flight while the step computes."""
     n = wb.size
     full = n >> 2
     local = cuda.local.array(NCOUNTS, np.int64)
     for f in range(NCOUNTS):
         local[f] = 0
     j = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    zero = np.int64(0)
+    none = (zero, zero, zero, zero)
+    codes = (none, none, none, none, none, none)
+    if ahead and j < full:
+        codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
     while j < full:
-        _step_quad_vector(j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, pw,
-                          pc, ps, sp16, local)
-        j += cuda.gridsize(1)
+        if ahead:
+            now = codes
+            if j + stride < full:
+                codes = _quad_codes(j + stride, wb, gb, mb, vb, cb, rb, hp, ints)
+        else:
+            now = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
+        _step_quad_vector(j, n, offset, now, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys,
+                          ks, pw, pc, ps, sp16, local)
+        j += stride
     if cuda.grid(1) == 0 and (n & 3) != 0:
         _step_quad((offset >> 2) + full, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
                    keys, pw, pc, ps, sp16, local)
@@ -193,12 +219,12 @@ def _make_kernel(kinds, ints, pw, pc, ps, sp16, wide=False):
     they change from step to step.
     ``wide``: the aligned kernel (:func:`_step_vectors`), which a call takes where
     :func:`aligned` holds."""
-    KINDS, INTS, PW, PC, PS, SP16 = kinds, ints, pw, pc, ps, sp16
+    KINDS, INTS, PW, PC, PS, SP16, AHEAD = kinds, ints, pw, pc, ps, sp16, LOAD_AHEAD
 
     if wide:
         def kernel(wb, gb, mb, vb, cb, rb, hp, keys, ks, offset, counts):
             _step_vectors(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, ks, offset, PW, PC,
-                          PS, SP16, counts)
+                          PS, SP16, counts, AHEAD)
     else:
         def kernel(wb, gb, mb, vb, cb, rb, hp, keys, ks, offset, counts):
             _step_all(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, offset, PW, PC, PS, SP16,
@@ -215,7 +241,7 @@ KERNELS: dict = {}
 
 def optim_kernel(kinds: tuple, ints: tuple, pw, pc, ps, sp16, wide: bool = False):
     """The step kernel of a configuration (:func:`_make_kernel`), made once."""
-    key = (kinds, ints, pw, pc, ps, sp16, wide)
+    key = (kinds, ints, pw, pc, ps, sp16, wide, LOAD_AHEAD, BLOCKS_PER_SM)
     found = KERNELS.get(key)
     if found is None:
         found = KERNELS[key] = _make_kernel(kinds, ints, pw, pc, ps, sp16, wide)

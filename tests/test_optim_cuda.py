@@ -17,6 +17,8 @@ from lpsim.optim import SGD, AdamW, cpu, keys
 from lpsim.optim import step as core
 from lpsim.optim.setup import resolve
 from lpsim.philox import split_key
+import lpsim_cuda.optim as cuda_optim
+from lpsim_cuda import launch
 from lpsim_cuda.optim import aligned, rebind, step_arrays
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
@@ -74,6 +76,28 @@ def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
         np.testing.assert_array_equal(got.copy_to_host(), want)
     np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
     assert counts_cpu[0] > 0                   # the step did round something
+
+
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_the_wide_kernel_loading_ahead_equals_the_cpu_kernel(cls, dtype, kw, monkeypatch):
+    """The wide kernel that loads each pass's next quad before stepping its own
+    (lpsim_cuda.optim.LOAD_AHEAD), on a one-block grid so that each thread makes three or
+    four passes (its last loads nothing ahead), with a tail and NaN, inf and huge gradients
+    (quads the straight path declines): the CPU kernel's codes and counters."""
+    monkeypatch.setattr(cuda_optim, "LOAD_AHEAD", True)
+    monkeypatch.setattr(launch, "GRID_LIMIT", 1)
+    n = 4 * launch.THREADS * 3 + 37
+    arrays, kargs, setup = inputs(cls, dtype, kw, n, 0, specials=(
+        float("nan"), float("inf"), -3e38, 1e-40))
+    host = [a.copy() for a in arrays]
+    counts_cpu = cpu.step(*host, *kargs, setup)
+    device = [cuda.to_device(a) for a in arrays]
+    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
+    step_arrays(*device, *kargs, setup, counts)
+    for want, got in zip(host, device):
+        np.testing.assert_array_equal(got.copy_to_host(), want)
+    np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
+    assert any(key[6] and key[7] for key in cuda_optim.KERNELS)     # wide, loading ahead
 
 
 def test_aligned_parameters_take_the_wide_kernel():
