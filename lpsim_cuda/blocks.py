@@ -217,6 +217,16 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
                                  tensor_scale, stats)
     if done is not None:
         return done
+    if (out is None and launch.is_torch(x) and x.ndim > 1 and x.is_cuda
+            and axis not in (-1, x.ndim - 1)):
+        # blocked along another axis: the same kernels on a copy with that axis last (the
+        # CPU's blocks and random counters follow that layout's C order), moved back as a
+        # view, as the general kernel's result is
+        moved = x.movedim(axis, -1).contiguous()
+        done = block_groups.quantize(moved, bfmt, rounding, -1, seed, stream, sr_bits, None,
+                                     offset, tensor_scale, stats)
+        if done is not None:
+            return done.movedim(-1, axis)
     if launch.is_torch(x) and arrays.half_kind(x.dtype):
         x = arrays.widened(x)                # the general kernel reads float32 (exact)
     outb = None

@@ -421,6 +421,34 @@ def test_torch_route_refuses_what_the_general_path_refuses(monkeypatch):
         lpsim.quantize(t, "mxfp8_e4m3", "stochastic", seed=1, out=torch.empty(3, device="cuda"))
 
 
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("fmt, rounding, kw", [("mxfp8_e4m3", "stochastic", {"seed": 4}),
+                                               ("nvfp4", "nearest", {}),
+                                               ("mxfp4", "nearest", {"stats": True})])
+def test_torch_tensors_blocked_along_another_axis_take_these_kernels(fmt, rounding, kw,
+                                                                     launches):
+    """A torch tensor blocked along an axis that is not its last goes through these
+    kernels on a copy with that axis last (not the general kernel, which waits for the
+    tensor's stream): the CPU's bits, counters and shape, for a 3-D tensor and a
+    channels_last 4-D one."""
+    import torch
+    cases = [(data((64, 3, 40), seed=5), 0), (data((2, 32, 5, 3), seed=6), 1)]
+    for x, axis in cases:
+        t = torch.from_numpy(x).cuda()
+        if x.ndim == 4:
+            t = t.to(memory_format=torch.channels_last)
+        want_stats, got_stats = BlockStats(), BlockStats()
+        extra = {k: v for k, v in kw.items() if k != "stats"}
+        want = lpsim.quantize(x, fmt, rounding, axis=axis,
+                              stats=want_stats if "stats" in kw else None, **extra)
+        got = lpsim.quantize(t, fmt, rounding, axis=axis,
+                             stats=got_stats if "stats" in kw else None, **extra)
+        assert got.shape == t.shape
+        assert np.array_equal(got.cpu().numpy().view(np.int32), want.view(np.int32))
+        assert got_stats == want_stats
+    assert len(launches) == len(cases)
+
+
 def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     """The raw route of NVFP4 with a found tensor scale compiles each of its three kernels
     for the argument types the numba path launches them with (the scale kernel's divisor is
