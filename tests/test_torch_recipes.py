@@ -280,6 +280,9 @@ def test_a_layer_draws_its_rht_signs_a_window_of_steps_at_once(monkeypatch):
     assert np.array_equal(layer.rht_signs(16, t.device).numpy(), real(6, 3, 5, 16))
     assert np.array_equal(real(6, 3, 5, 16, 3)[1:], np.stack([real(6, 3, k, 16)
                                                              for k in (6, 7)]))
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match=f"steps={bad!r}"):
+            real(6, 3, 5, 16, bad)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])

@@ -225,7 +225,11 @@ def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None
     """The random signs (+-1) of a layer's RHT at a step: the top bits of Philox words
     (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1).  ``steps``: the
     signs of that many steps from ``step`` on, one step's a row (one draw)."""
-    rows = 1 if steps is None else steps
+    if steps is not None and (isinstance(steps, (bool, np.bool_))
+                              or not isinstance(steps, (int, np.integer)) or steps < 1):
+        raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
+                         "integer >= 1")
+    rows = 1 if steps is None else int(steps)
     words = random_words(n * rows, 4, seed, RHT_STREAM + layer, step * n)
     signs = np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
     return signs if steps is None else signs.reshape(rows, n)
