@@ -325,16 +325,29 @@ def _is_cuda_array(x) -> bool:
                                               or "numba" in module and "cuda" in module)
 
 
+def _plain_cuda(x, out) -> bool:
+    """Whether lpsim_cuda.blocks takes the call as it is: a CUDA array (CuPy, numba), or a
+    CUDA torch tensor that autograd does not follow, not a lazily negated view, without
+    ``out``; other torch tensors go through lpsim.tensors' rules (straight-through autograd,
+    ``out=``), which hand lpsim_cuda a plain tensor.  (A tensor that requires grad raises
+    on ``__cuda_array_interface__``, so torch tensors are not asked for it.)"""
+    if _is_torch(x):
+        return (getattr(x, "is_cuda", False) is True and not x.requires_grad
+                and not x.is_neg() and out is None)
+    return _is_cuda_array(x)
+
+
 def _quantize_blocks(x, given, bfmt, rounding, axis, seed, stream, sr_bits, stats, out,
                      offset):
     """A block format (MX, NVFP4): CUDA arrays in lpsim_cuda.blocks, torch tensors through
     the torch tensor backend (either kernel), everything else in lpsim.blocks."""
-    if _is_cuda_array(x) or _is_torch(x) or _is_torch(out):
+    plain = _plain_cuda(x, out)
+    if plain or _is_torch(x) or _is_torch(out):
         check_stats(stats, blocks.STATS_ACCEPTED)
     else:
         return blocks.quantize(x, given, rounding, axis=axis, seed=seed, stream=stream,
                                sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-    if _is_cuda_array(x):
+    if plain:
         import lpsim_cuda.blocks
         return lpsim_cuda.blocks.quantize(x, bfmt, rounding, axis=axis, seed=seed,
                                           stream=stream, sr_bits=sr_bits, stats=stats,

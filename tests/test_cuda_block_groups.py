@@ -449,6 +449,29 @@ def test_torch_tensors_blocked_along_another_axis_take_these_kernels(fmt, roundi
     assert len(launches) == len(cases)
 
 
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_torch_block_calls_follow_the_torch_rules_on_a_gpu():
+    """A CUDA tensor that requires grad (a parameter: its array interface raises), a lazily
+    negated view and ``out=`` go through lpsim.quantize's torch rules as on the CPU: the
+    straight-through gradient, the negated values, out written; the CPU's bits each."""
+    import torch
+    x = data((4, 64), seed=9)
+    want = lpsim.quantize(x, "mxfp8_e4m3")
+    p = torch.nn.Parameter(torch.from_numpy(x).cuda())
+    y = lpsim.quantize(p, "mxfp8_e4m3")
+    assert y.requires_grad
+    assert np.array_equal(y.detach().cpu().numpy().view(np.int32), want.view(np.int32))
+    y.sum().backward()
+    assert torch.equal(p.grad, torch.ones_like(p))
+    negated = torch._neg_view(torch.from_numpy(x).cuda())
+    got = lpsim.quantize(negated, "mxfp8_e4m3")
+    assert np.array_equal(got.cpu().numpy().view(np.int32),
+                          lpsim.quantize(-x, "mxfp8_e4m3").view(np.int32))
+    out = torch.empty(4, 64, device="cuda")
+    assert lpsim.quantize(torch.from_numpy(x).cuda(), "mxfp8_e4m3", out=out) is out
+    assert np.array_equal(out.cpu().numpy().view(np.int32), want.view(np.int32))
+
+
 def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     """The raw route of NVFP4 with a found tensor scale compiles each of its three kernels
     for the argument types the numba path launches them with (the scale kernel's divisor is

@@ -213,13 +213,16 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     check_stats(stats, STATS_ACCEPTED)
     given, bfmt = bfmt, parse_block_format(bfmt)
     module = type(x).__module__
-    if not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
-                                          or "numba" in module and "cuda" in module):
+    torch_tensor = module.startswith("torch")
+    # a torch tensor is asked is_cuda: its array interface raises where it requires grad
+    on_gpu = (getattr(x, "is_cuda", False) is True if torch_tensor else
+              hasattr(x, "__cuda_array_interface__") or ("numba" in module and "cuda" in module))
+    if not isinstance(x, np.ndarray) and on_gpu:
         # the CPU backend: lpsim.quantize dispatches CUDA arrays to lpsim_cuda.blocks
         raise TypeError(f"lpsim.blocks.quantize rounds on the CPU, not a {type(x).__name__} "
                         "on a GPU; accepted there: lpsim.quantize(x, fmt, axis=...), or "
                         "lpsim_cuda.blocks.quantize(x, fmt, tensor_scale=...)")
-    if module.startswith("torch") or type(out).__module__.startswith("torch"):
+    if torch_tensor or type(out).__module__.startswith("torch"):
         # lpsim.quantize's torch rules (lpsim.tensors): dtypes, autograd, out=
         from ..tensors import quantize_tensor
 
