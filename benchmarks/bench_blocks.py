@@ -261,6 +261,14 @@ def cuda_rows(log2n: int, repeats: int):
             ta = n / median_seconds(lambda: run(t), repeats, sync) / 1e6
             rows.append(dict(case="torchao cast + dequantize", format=name, mode=mode,
                              melems=ta, vs_copy=ta / copy, ratio=ours / ta, peer="torchao"))
+    # NVFP4 at a given tensor scale: one pass over the data, where a found scale takes two
+    # (an amax pass first: 12 bytes an element moved, so at most 2/3 of a copy's speed)
+    import lpsim_cuda.blocks
+    given = n / median_seconds(lambda: lpsim_cuda.blocks.quantize(t, "nvfp4", "nearest",
+                                                                  tensor_scale=0.25),
+                               repeats, sync) / 1e6
+    rows.append(dict(case="lpsim_cuda.blocks, tensor scale given", format="nvfp4",
+                     mode="nearest", melems=given, vs_copy=given / copy))
     # a bfloat16 activation's MXFP8 fake-quantize: lpsim reads its codes, torchao casts it
     tb = t.to(torch.bfloat16)
     ours = n / median_seconds(lambda: lpsim.quantize(tb, "mxfp8_e4m3", "nearest"), repeats,

@@ -114,6 +114,9 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
         out["adamw_bf16_sr_of_bound"] = sr.get("of bandwidth bound")
         ao = o["rows"].get("torchao bf16 SR", {})
         out["adamw_bf16_sr_vs_torchao"] = _ratio(ao.get("seconds"), sr.get("seconds"))
+        # > 1: the kernel that loads its next quad ahead steps faster (lpsim_cuda.optim)
+        ahead = o["rows"].get("lpsim bf16 SR (fused, next quad loaded ahead)", {})
+        out["adamw_bf16_sr_ahead_speedup"] = _ratio(sr.get("seconds"), ahead.get("seconds"))
     b = tables.get("blocks-gpu")
     if b:
         rows = b["rows"]
@@ -123,6 +126,8 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
             key = fmt.split("_")[0]
             out[f"{key}_nearest_vs_copy"] = mine and mine.get("vs_copy")
             out[f"{key}_vs_torchao"] = mine and peer and _ratio(mine["melems"], peer["melems"])
+        given = _row(rows, case="lpsim_cuda.blocks, tensor scale given", format="nvfp4")
+        out["nvfp4_given_scale_vs_copy"] = given and given.get("vs_copy")
         mine = _row(rows, case="lpsim.quantize (lpsim_cuda), bfloat16 in")
         peer = _row(rows, case="torchao cast + dequantize, bfloat16 in")
         out["mxfp8_of_bf16_vs_torchao"] = mine and peer and _ratio(mine["melems"],

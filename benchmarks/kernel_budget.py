@@ -164,10 +164,12 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
     return build
 
 
-def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0):
+def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0,
+                  half: int = 0):
     """lpsim_cuda.block_groups's float32 kernel for block format ``name`` and ``rounding``
     (``count``: the kernel that adds the call's block counters; ``block``: blocks of that
-    many elements, a 2-D tile's, with a per-tensor scale found on the device)."""
+    many elements, a 2-D tile's, with a per-tensor scale found on the device; ``half``: the
+    kernel reading bfloat16 or float16 codes, lpsim.storage's kind)."""
     def build():
         import dataclasses
         import importlib
@@ -182,9 +184,10 @@ def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0)
             bfmt = dataclasses.replace(bfmt, block=block)
         request = plan(bfmt.saturating_element, rounding, np.float32, seed=1)
         kernel = G.kernel(bfmt, request.mode, request.k, request.params.W,
-                          bool(block and bfmt.tensor_scale), 0, count)
+                          bool(block and bfmt.tensor_scale), half, count)
         f32, i32 = types.float32[::1], types.int32[::1]
-        return kernel.py_func, (f32, i32, f32, types.int64,
+        bits = types.int16[::1] if half else i32
+        return kernel.py_func, (bits if half else f32, bits, f32, types.int64,
                                 numba.typeof(block_params(bfmt, 1.0)), types.int64,
                                 types.int64, types.int64, types.int64, types.float64[::1],
                                 types.int64[::1])
@@ -317,6 +320,9 @@ CASES = [
     # and reads them twice; the tensor scale found on the device
     Case("blocks groups nvfp4 16x16 nearest", "blocks", False,
          _block_groups("nvfp4", "nearest", block=256), elements=8),
+    # a bfloat16 tensor's codes read directly (one 8-byte load of four), float32 out
+    Case("blocks groups mxfp8_e4m3 nearest bf16-in", "packed", False,
+         _block_groups("mxfp8_e4m3", "nearest", half=1), elements=4),
     Case("blocks groups mxfp4 stochastic", "blocks", False,
          _block_groups("mxfp4", "stochastic"), elements=4),
     # the counting variant (lpsim.quantize with stats, simulated training's telemetry)

@@ -770,4 +770,4 @@ def _flat(a):
 
 
 __all__ = ["BlockRoute", "ScaledBlockRoute", "eligible", "kernel", "lanes_of", "launch_flat",
-           "quantize", "torch_call"]
+           "layout_of", "quantize", "torch_call"]
