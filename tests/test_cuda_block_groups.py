@@ -234,6 +234,20 @@ def test_tile_sized_blocks_equal_the_cpu(name, rounding, launches):
     assert len(launches) == 3
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp4", "nvfp4 16x16", "mxfp8 32x32"])
+def test_a_small_grid_makes_each_lane_take_many_passes(fmt, launches, monkeypatch):
+    """A one-block grid: each lane rounds several passes' quads (MXFP8's kernel loads the
+    next pass's quad before rounding this one; tiles take a warp a block), the CPU's bits,
+    nearest and stochastic."""
+    from lpsim_cuda import launch
+    monkeypatch.setattr(launch, "GRID_LIMIT", 1)
+    bfmt = TILES.get(fmt) or PRESETS[fmt]
+    x = data((6, 2048), seed=12)
+    same_as_cpu(x, bfmt, "nearest")
+    same_as_cpu(x, bfmt, "stochastic", seed=8)
+    assert len(launches) == 2
+
+
 @pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
 @pytest.mark.parametrize("rounding", ["up", "odd"])
 def test_scale_rules_and_modes(rule, rounding, launches):
