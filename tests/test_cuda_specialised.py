@@ -320,7 +320,8 @@ def test_torch_16_bit_tensors_equal_the_cpu_on_every_path():
                          hex(np.uint32(expected[i]))) for i in bad[:4]])
             shifted = lpsim_cuda.quantize(t[1:], fmt, rounding, **kw)   # 2 bytes off: general
             want = lpsim.quantize(t[1:].float().cpu().numpy(), fmt, rounding, **kw)
-            assert np.array_equal(shifted.cpu().numpy().view(np.int32), want.view(np.int32))
+            _same_bits(shifted.cpu().numpy().view(np.int32), want.view(np.int32),
+                       t[1:].float().cpu().numpy(), (name, fmt, rounding, "shifted"))
         key = ("e4m3fn", "nearest", None, type(None), None, 0, half)
         assert specialised._ROUTES[key] is not None, specialised.ROUTE_ERRORS
         finite = torch.where(x.isfinite(), x, torch.zeros_like(x)).cuda()
@@ -328,11 +329,20 @@ def test_torch_16_bit_tensors_equal_the_cpu_on_every_path():
         assert packed.dtype == dtype
         codes = pack(lpsim.quantize(finite.float().cpu().numpy(), "e4m3fn", "stochastic",
                                     seed=2), name, "e4m3fn")
-        assert np.array_equal(packed.view(torch.int16).cpu().numpy(), codes)
+        _same_bits(packed.view(torch.int16).cpu().numpy(), codes,
+                   finite.float().cpu().numpy(), (name, "e4m3fn", "stochastic", "packed"))
         want, got = lpsim.RoundingStats(), lpsim.RoundingStats()
         lpsim.quantize(values, "e4m3fn", stats=want)
         lpsim.quantize(t[:4099], "e4m3fn", stats=got)
-        assert got == want
+        assert got == want, (name, got, want)
+
+
+def _same_bits(got, want, values, case):
+    """got == want elementwise, else the case and its first differing elements as bits."""
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, (case, bad.size, [
+        (int(i), hex(values.view(np.uint32)[i]), hex(int(got[i]) & 0xFFFFFFFF),
+         hex(int(want[i]) & 0xFFFFFFFF)) for i in bad[:4]])
 
 
 @pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
