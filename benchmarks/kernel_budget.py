@@ -173,10 +173,9 @@ def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0,
     def build():
         import dataclasses
         import importlib
-        import numba
         import numpy as np
         from numba.core import types
-        from lpsim.blocks import block_params, parse_block_format
+        from lpsim.blocks import parse_block_format
         from lpsim.quantize import plan
         G = importlib.import_module("lpsim_cuda.block_groups")
         bfmt = parse_block_format(name)
@@ -187,10 +186,9 @@ def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0,
                           bool(block and bfmt.tensor_scale), half, count)
         f32, i32 = types.float32[::1], types.int32[::1]
         bits = types.int16[::1] if half else i32
-        return kernel.py_func, (bits if half else f32, bits, f32, types.int64,
-                                numba.typeof(block_params(bfmt, 1.0)), types.int64,
-                                types.int64, types.int64, types.int64, types.float64[::1],
-                                types.int64[::1])
+        return kernel.py_func, (bits, f32, types.int64, types.float64, types.float64,
+                                types.int64, types.int64, types.int64, types.int64,
+                                types.float64[::1], types.int64[::1])
     return build
 
 

@@ -250,11 +250,11 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # a lane, 2 instructions an element) where ``ahead`` (:func:`kernel` says where)
     PREFETCH = ahead and POW2_WORDS and mode == NEAREST and not count and quads == 1
 
-    def kernel(x, xb, out, n, bp, seed_lo, seed_hi, stream, block0, ts, counts):
+    def kernel(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
         bits; with HALF, ``xb`` holds bfloat16 or float16 codes, widened exactly, and ``x``
         is not read) in blocks of 4 * LANES * QUADS consecutive elements into ``out``."""
-        tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (bp.pts, bp.pts_inv)
+        tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (pts, pts_inv)
         bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
                          NONFINITE_NAN, tensor, tensor_inv, F32, NEAR32, SNEAR32)
         t = cuda.grid(1)
@@ -478,13 +478,13 @@ def eligible(bfmt, length: int, n: int, x_ptr: int, out_ptr: int, mode: int,
     return mode < STOCHASTIC or offset % 4 == 0
 
 
-def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: int = 0,
+def launch_flat(bfmt, request, pts: float, xb, outf, n: int, ts=None, half: int = 0,
                 counts=None):
-    """Fake-quantize the flat float32 device array ``xf`` (``xb`` its int32 view) into
-    ``outf`` on the default stream, as the general block kernel does (:mod:`lpsim_cuda.blocks`
-    launches there); ``ts``: the per-tensor scale as a device array
+    """Fake-quantize the n float32 values whose bits are the flat int32 device array ``xb``
+    into ``outf`` on the default stream, as the general block kernel does
+    (:mod:`lpsim_cuda.blocks` launches there); ``ts``: the per-tensor scale as a device array
     (:func:`device_tensor_scale`), which then takes the place of ``pts``.  ``half``: ``xb``
-    holds bfloat16 or float16 codes (lpsim.storage's kinds; ``xf`` is then not read).
+    holds bfloat16 or float16 codes (lpsim.storage's kinds).
     ``counts``: a device int64 array of the nine BLOCK_COUNTERS the counting kernel adds
     the call's into, then the two clip bounds it reads (None: the kernel without counters;
     :func:`lpsim_cuda.counters.launch_block_counts`)."""
@@ -496,19 +496,21 @@ def launch_flat(bfmt, request, pts: float, xf, xb, outf, n: int, ts=None, half: 
     if counts is None:
         counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
     blocks = launch.grid_size(-(-n // 4), launch.current_device())
-    launch.configured(kern, blocks)(xf, xb, outf, n, bp, request.seed_lo, request.seed_hi,
-                                    request.stream, request.offset // 4, ts, counts)
+    launch.configured(kern, blocks)(xb, outf, n, bp.pts, bp.pts_inv, request.seed_lo,
+                                    request.seed_hi, request.stream, request.offset // 4, ts,
+                                    counts)
 
 
 # --- the cached route of torch tensors (lpsim_cuda.specialised's, for these kernels) ---------
 
-def _signature(bp):
-    """numba's argument types of the float32 block kernels for BlockParams ``bp``."""
-    import numba
+def _signature():
+    """numba's argument types of the float32 block kernels: the bits, the result, n, the
+    per-tensor scale and its reciprocal, the keys, the device scale and the counters (35
+    flat launch arguments: each costs host time, about 0.45 µs on an H200)."""
     from numba.core import types
-    f32 = types.float32[::1]
-    return (f32, types.int32[::1], f32, types.int64, numba.typeof(bp), types.int64,
-            types.int64, types.int64, types.int64, types.float64[::1], types.int64[::1])
+    return (types.int32[::1], types.float32[::1], types.int64, types.float64, types.float64,
+            types.int64, types.int64, types.int64, types.int64, types.float64[::1],
+            types.int64[::1])
 
 
 class BlockRoute(specialised.Route):
@@ -517,30 +519,26 @@ class BlockRoute(specialised.Route):
     the flat arguments numba would build, checked once against numba's own."""
 
     def __init__(self, kern, mode: int, bp, bfmt, ts=None):
-        super().__init__(kern, mode, 4, _signature(bp))
-        self.bp, self.bfmt = bp, bfmt
+        super().__init__(kern, mode, 4, _signature())
+        self.scale, self.bfmt = (bp.pts, bp.pts_inv), bfmt
         # the tensor scale a device_pts kernel reads (ScaledBlockRoute's), else unread
         self.ts = launch.placeholder((2,), np.float64) if ts is None else ts
         self.counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
         array = specialised._array_arguments
-        return (array(x_ptr, n) + array(x_ptr, n) + array(out_ptr, n)
-                + specialised._scalars(n) + self.bp_flat + specialised._scalars(*keys)
-                + self.ts_flat + self.counts_flat)
+        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n)
+                + self.scale_flat + specialised._scalars(*keys) + self.tail_flat)
 
-    def check(self, xf, xb, outf, n, keys, stream) -> bool:
+    def check(self, xb, outf, n, keys, stream) -> bool:
         """Whether the route's flat arguments are numba's own for the same launch."""
-        flat, keep = [], []
-        self.compiled._prepare_args(self.compiled.argument_types[4], self.bp, stream, keep,
-                                    flat)
-        self.bp_flat = flat
-        self.ts_flat = specialised._array_arguments(launch.address(self.ts), 2, 8)
-        self.counts_flat = specialised._array_arguments(launch.address(self.counts),
-                                                        len(BLOCK_COUNTERS), 8)
-        mine = self.arguments(launch.address(xf), launch.address(outf), n, keys)
+        array = specialised._array_arguments
+        self.scale_flat = [ctypes.c_double(v) for v in self.scale]
+        self.tail_flat = (array(launch.address(self.ts), 2, 8)
+                          + array(launch.address(self.counts), len(BLOCK_COUNTERS), 8))
+        mine = self.arguments(launch.address(xb), launch.address(outf), n, keys)
         return specialised._same(mine, specialised._numba_arguments(
-            self.compiled, (xf, xb, outf, n, self.bp, *keys, self.ts, self.counts), stream))
+            self.compiled, (xb, outf, n, *self.scale, *keys, self.ts, self.counts), stream))
 
 
 #: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
@@ -570,7 +568,7 @@ class ScaledBlockRoute:
         self.scale = specialised.Route(tensor_amax.tensor_scale_kernel, mode, 4, tuple(
             numba.typeof(v) for v in (self.amax_array, *self.scalars, self.ts)))
 
-    def check(self, xf, xb, outf, n, keys, stream) -> bool:
+    def check(self, xb, outf, n, keys, stream) -> bool:
         """Whether the three launches' kernels are those numba's dispatch picks for the same
         call and their flat arguments numba's own."""
         import numba
@@ -584,11 +582,11 @@ class ScaledBlockRoute:
                            + array(launch.address(self.ts), 2, 8))
         amax_args = (xb, self.amax_array)
         scale_args = (self.amax_array, *self.scalars, self.ts)
-        block_args = (xf, xb, outf, n, self.block.bp, *keys, self.ts, self.block.counts)
+        block_args = (xb, outf, n, *self.block.scale, *keys, self.ts, self.block.counts)
         typed = all(tuple(map(numba.typeof, args)) == tuple(route.compiled.argument_types)
                     for route, args in ((self.amax, amax_args), (self.scale, scale_args),
                                         (self.block, block_args)))
-        return (typed and self.block.check(xf, xb, outf, n, keys, stream)
+        return (typed and self.block.check(xb, outf, n, keys, stream)
                 and specialised._same(array(launch.address(xb), n) + self.amax_flat,
                                       specialised._numba_arguments(self.amax.compiled,
                                                                    amax_args, stream))
@@ -604,14 +602,14 @@ class ScaledBlockRoute:
             self.block(x_ptr, out_ptr, n, keys, stream, blocks)
 
 
-def _remember(given, rounding, sr_bits, device, kern, mode, bp, xf, xb, outf, n,
-              keys, route_class=BlockRoute) -> None:
+def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, keys,
+              route_class=BlockRoute) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
     scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), build
     and check its request's route, keyed on the format as the caller gave it."""
     def build():
         route = route_class(kern, mode, bp, parse_block_format(given))
-        return route, route.check(xf, xb, outf, n, keys, 0)
+        return route, route.check(xb, outf, n, keys, 0)
     specialised.keep_route(_ROUTES, ROUTE_ERRORS, (given, rounding, sr_bits, type(sr_bits),
                                                    device), build)
 
@@ -707,34 +705,33 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                     checked_tensor_scale(tensor_scale, bfmt), found))
         if half:
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
-                        if bfmt.tensor_scale else 1.0, xb, xb, outf, n, half=half,
+                        if bfmt.tensor_scale else 1.0, xb, outf, n, half=half,
                         counts=counts)
             return _counted(result, stats, n, bfmt)
         pts = 1.0
         route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
+        xb = xf.view(np.int32)
         if found:
-            xb = xf.view(np.int32)
             with ENQUEUE:                                  # nothing comes back to the host
-                launch_flat(bfmt, request, pts, xf, xb, outf, n,
-                            device_tensor_scale(xf, bfmt), counts=counts)
+                launch_flat(bfmt, request, pts, xb, outf, n, device_tensor_scale(xf, bfmt),
+                            counts=counts)
             if stats is not None:
                 return _counted(result, stats, n, bfmt)
             if launch.is_torch(x):
                 _remember(given, rounding, sr_bits, x.device.index,
                           kernel(bfmt, request.mode, request.k, request.params.W, True),
-                          request.mode, block_params(bfmt, pts), xf, xb, outf, n, route_keys,
+                          request.mode, block_params(bfmt, pts), xb, outf, n, route_keys,
                           ScaledBlockRoute)
             return result
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
-        xb = xf.view(np.int32)
-        launch_flat(bfmt, request, pts, xf, xb, outf, n, counts=counts)
+        launch_flat(bfmt, request, pts, xb, outf, n, counts=counts)
         if stats is not None:
             return _counted(result, stats, n, bfmt)
         if launch.is_torch(x) and not bfmt.tensor_scale:
             _remember(given, rounding, sr_bits, x.device.index,
                       kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
-                      block_params(bfmt, pts), xf, xb, outf, n, route_keys)
+                      block_params(bfmt, pts), xb, outf, n, route_keys)
     return result
 
 

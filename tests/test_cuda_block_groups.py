@@ -342,7 +342,7 @@ def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, fmt, 
     out = cuda.device_array(x.size, np.float32)
     xb = cuda.to_device(codes)
     assert block_groups.eligible(bfmt, 256, 256, 8, 1024, request.mode, 0, 2)
-    block_groups.launch_flat(bfmt, request, 0.5 if bfmt.tensor_scale else 1.0, xb, xb, out,
+    block_groups.launch_flat(bfmt, request, 0.5 if bfmt.tensor_scale else 1.0, xb, out,
                              x.size, half=half)
     got = out.copy_to_host()
     assert np.array_equal(got.view(np.int32), expected.view(np.int32)), fmt
@@ -501,9 +501,9 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     class Recorder:
         def __init__(self, kern, mode, out_bytes, signature=None, in_bytes=4):
             compiled[kern] = tuple(signature)
-    class BlockRecorder:                   # BlockRoute compiles block_groups._signature(bp)
+    class BlockRecorder:                   # BlockRoute compiles block_groups._signature()
         def __init__(self, kern, mode, bp, bfmt, ts=None):
-            compiled[kern] = tuple(block_groups._signature(bp))
+            compiled[kern] = tuple(block_groups._signature())
     monkeypatch.setattr(specialised, "Route", Recorder)
     monkeypatch.setattr(block_groups, "BlockRoute", BlockRecorder)
     amax, ts = np.zeros(1, np.int64), np.zeros(2, np.float64)
@@ -518,7 +518,7 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
         tensor_amax.amax32_kernel: (xb, amax),
         tensor_amax.tensor_scale_kernel: (amax, bfmt.tensor_scale_divisor,
                                           min_tensor_scale(bfmt), ts),
-        kern: (xb.view(np.float32), xb, xb.view(np.float32), 16, bp, 1, 2, 3, 4, ts,
+        kern: (xb, xb.view(np.float32), 16, bp.pts, bp.pts_inv, 1, 2, 3, 4, ts,
                np.zeros(11, np.int64)),
     }
     for k, args in launched.items():
