@@ -182,13 +182,11 @@ def _block_groups(name: str, rounding: str, count: bool = False, block: int = 0,
         if block:
             bfmt = dataclasses.replace(bfmt, block=block)
         request = plan(bfmt.saturating_element, rounding, np.float32, seed=1)
-        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W,
-                          bool(block and bfmt.tensor_scale), half, count)
-        f32, i32 = types.float32[::1], types.int32[::1]
-        bits = types.int16[::1] if half else i32
-        return kernel.py_func, (bits, f32, types.int64, types.float64, types.float64,
-                                types.int64, types.int64, types.int64, types.int64,
-                                types.float64[::1], types.int64[::1])
+        device_pts = bool(block and bfmt.tensor_scale)
+        kernel = G.kernel(bfmt, request.mode, request.k, request.params.W, device_pts, half,
+                          count)
+        bits = types.int16[::1] if half else types.int32[::1]
+        return kernel.py_func, (bits,) + G._signature(count or device_pts)[1:]
     return build
 
 

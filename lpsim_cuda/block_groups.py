@@ -250,10 +250,10 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # a lane, 2 instructions an element) where ``ahead`` (:func:`kernel` says where)
     PREFETCH = ahead and POW2_WORDS and mode == NEAREST and not count and quads == 1
 
-    def kernel(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
-        """Fake-quantize the n float32 values of ``x`` (``xb``: the same memory as int32
-        bits; with HALF, ``xb`` holds bfloat16 or float16 codes, widened exactly, and ``x``
-        is not read) in blocks of 4 * LANES * QUADS consecutive elements into ``out``."""
+    def blocks(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
+        """Fake-quantize the n float32 values whose bits are ``xb`` (with HALF, bfloat16 or
+        float16 codes, widened exactly) in blocks of 4 * LANES * QUADS consecutive elements
+        into ``out``."""
         tensor, tensor_inv = (ts[0], ts[1]) if DEVICE_PTS else (pts, pts_inv)
         bp = BlockParams(BLOCK, RULE, POW2, EMAX_E, M_E, MAX_E, SMIN_EXP, SMAX_EXP, SMIN, SMAX,
                          NONFINITE_NAN, tensor, tensor_inv, F32, NEAR32, SNEAR32)
@@ -433,6 +433,16 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
             g, nz = np.int64(f64), np.int64(q64 != 0)
         return np.float32(v), g, nz
 
+    step = cuda.jit(device=True)(blocks)
+    if DEVICE_PTS or COUNT:
+        def kernel(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
+            step(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts)
+    else:
+        # neither a scale on the device nor counters: two arrays (14 launch arguments) fewer;
+        # the stand-ins are never read, so they take no memory
+        def kernel(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0):
+            step(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0,
+                 cuda.local.array(2, np.float64), cuda.local.array(1, np.int64))
     return cuda.jit(kernel)
 
 
@@ -491,26 +501,28 @@ def launch_flat(bfmt, request, pts: float, xb, outf, n: int, ts=None, half: int 
     kern = kernel(bfmt, request.mode, request.k, request.params.W, ts is not None, half,
                   counts is not None)
     bp = block_params(bfmt, pts)
-    if ts is None:
-        ts = launch.placeholder((2,), np.float64)
-    if counts is None:
-        counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
+    arrays_ = ()
+    if ts is not None or counts is not None:          # the kernel that takes them
+        arrays_ = (launch.placeholder((2,), np.float64) if ts is None else ts,
+                   launch.placeholder((len(BLOCK_COUNTERS),), np.int64) if counts is None
+                   else counts)
     blocks = launch.grid_size(-(-n // 4), launch.current_device())
     launch.configured(kern, blocks)(xb, outf, n, bp.pts, bp.pts_inv, request.seed_lo,
-                                    request.seed_hi, request.stream, request.offset // 4, ts,
-                                    counts)
+                                    request.seed_hi, request.stream, request.offset // 4,
+                                    *arrays_)
 
 
 # --- the cached route of torch tensors (lpsim_cuda.specialised's, for these kernels) ---------
 
-def _signature():
+def _signature(tail: bool = False):
     """numba's argument types of the float32 block kernels: the bits, the result, n, the
-    per-tensor scale and its reciprocal, the keys, the device scale and the counters (35
-    flat launch arguments: each costs host time, about 0.45 µs on an H200)."""
+    per-tensor scale and its reciprocal, the keys, and (``tail``: a kernel that reads a
+    scale on the device or counts) the device scale and the counters.  21 flat launch
+    arguments, 35 with the tail: each costs host time, about 0.45 µs on an H200."""
     from numba.core import types
-    return (types.int32[::1], types.float32[::1], types.int64, types.float64, types.float64,
-            types.int64, types.int64, types.int64, types.int64, types.float64[::1],
-            types.int64[::1])
+    head = (types.int32[::1], types.float32[::1], types.int64, types.float64, types.float64,
+            types.int64, types.int64, types.int64, types.int64)
+    return head + (types.float64[::1], types.int64[::1]) if tail else head
 
 
 class BlockRoute(specialised.Route):
@@ -519,11 +531,12 @@ class BlockRoute(specialised.Route):
     the flat arguments numba would build, checked once against numba's own."""
 
     def __init__(self, kern, mode: int, bp, bfmt, ts=None):
-        super().__init__(kern, mode, 4, _signature())
+        super().__init__(kern, mode, 4, _signature(ts is not None))
         self.scale, self.bfmt = (bp.pts, bp.pts_inv), bfmt
-        # the tensor scale a device_pts kernel reads (ScaledBlockRoute's), else unread
-        self.ts = launch.placeholder((2,), np.float64) if ts is None else ts
-        self.counts = launch.placeholder((len(BLOCK_COUNTERS),), np.int64)
+        # the tensor scale a device_pts kernel reads (ScaledBlockRoute's) and the counters it
+        # takes too (unwritten: routes are uncounted); a plain kernel takes neither
+        self.tail = () if ts is None else (ts, launch.placeholder((len(BLOCK_COUNTERS),),
+                                                                  np.int64))
 
     def arguments(self, x_ptr, out_ptr, n, keys) -> list:
         array = specialised._array_arguments
@@ -534,11 +547,10 @@ class BlockRoute(specialised.Route):
         """Whether the route's flat arguments are numba's own for the same launch."""
         array = specialised._array_arguments
         self.scale_flat = [ctypes.c_double(v) for v in self.scale]
-        self.tail_flat = (array(launch.address(self.ts), 2, 8)
-                          + array(launch.address(self.counts), len(BLOCK_COUNTERS), 8))
+        self.tail_flat = [v for a in self.tail for v in array(launch.address(a), a.size, 8)]
         mine = self.arguments(launch.address(xb), launch.address(outf), n, keys)
         return specialised._same(mine, specialised._numba_arguments(
-            self.compiled, (xb, outf, n, *self.scale, *keys, self.ts, self.counts), stream))
+            self.compiled, (xb, outf, n, *self.scale, *keys, *self.tail), stream))
 
 
 #: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
@@ -582,7 +594,7 @@ class ScaledBlockRoute:
                            + array(launch.address(self.ts), 2, 8))
         amax_args = (xb, self.amax_array)
         scale_args = (self.amax_array, *self.scalars, self.ts)
-        block_args = (xb, outf, n, *self.block.scale, *keys, self.ts, self.block.counts)
+        block_args = (xb, outf, n, *self.block.scale, *keys, *self.block.tail)
         typed = all(tuple(map(numba.typeof, args)) == tuple(route.compiled.argument_types)
                     for route, args in ((self.amax, amax_args), (self.scale, scale_args),
                                         (self.block, block_args)))

@@ -501,9 +501,9 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     class Recorder:
         def __init__(self, kern, mode, out_bytes, signature=None, in_bytes=4):
             compiled[kern] = tuple(signature)
-    class BlockRecorder:                   # BlockRoute compiles block_groups._signature()
+    class BlockRecorder:                   # BlockRoute compiles block_groups._signature
         def __init__(self, kern, mode, bp, bfmt, ts=None):
-            compiled[kern] = tuple(block_groups._signature())
+            compiled[kern] = tuple(block_groups._signature(ts is not None))
     monkeypatch.setattr(specialised, "Route", Recorder)
     monkeypatch.setattr(block_groups, "BlockRoute", BlockRecorder)
     amax, ts = np.zeros(1, np.int64), np.zeros(2, np.float64)
