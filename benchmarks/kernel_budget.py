@@ -159,7 +159,7 @@ def _specialised(name: str, rounding: str, storage: str | None = None, count: bo
         width = 4 if sp.width == 0 else sp.width // 8
         kernel = S.kernel(fmt, rounding, k, sp, count, half)
         return (kernel.py_func,
-                normalize_signature(S.kernel_signature(width, 2 if half else 4))[0],
+                normalize_signature(S.kernel_signature(width, 2 if half else 4, count))[0],
                 kernel.targetoptions.get("launch_bounds"))
     return build
 

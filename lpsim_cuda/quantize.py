@@ -146,10 +146,10 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                 keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
                 kernel = specialised.kernel(fmt, rounding, request.k, sp, count, src.half)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
-                                          src.bits, outb, n, *keys, buffer)
+                                          src.bits, outb, n, *keys, buffer if count else None)
                 if launch.is_torch(x) and not count:
                     specialised.remember(key, rounding, sr_bits, storage, src, outb, kernel,
-                                         keys, buffer)
+                                         keys)
                 return result
         if src.half:        # the general kernel reads float32: the codes widened (exact)
             src = arrays.source(arrays.widened(x))

@@ -166,7 +166,7 @@ def run_codes(codes, half, fmt, rounding, seed=5, storage=None, stats=None):
     kernel = specialised.kernel(f, rounding, request.k, sp, stats is not None, half)
     specialised.launch_arrays(kernel, specialised.grid(n, 0), 0, cuda.to_device(codes), out, n,
                               request.seed_lo, request.seed_hi, request.stream,
-                              request.offset // 4, counts)
+                              request.offset // 4, counts if stats is not None else None)
     return out.copy_to_host(), counts.copy_to_host()
 
 
