@@ -8,9 +8,10 @@ its parent timed on the same machine in the same call.
 
 Each round runs one process per tree (old first, then new) and each process times: the host
 wall-clock of a call on a 1-element tensor (nearest and SR, with torch's ``add_`` as the
-machine's own yardstick), bf16 nearest/SR and e4m3fn SR quantize of 2**26 float32 (CUDA
-events, with the device copy), and a bf16 SR AdamW step at 2**25 parameters beside torch's
-fused FP32 AdamW.  It prints each figure's median over the rounds and new / old.
+machine's own yardstick) and of a block call (MXFP8, NVFP4), bf16 nearest/SR and e4m3fn SR
+quantize of 2**26 float32 (CUDA events, with the device copy), MXFP8/MXFP4/NVFP4 nearest of
+the same elements and MXFP8 of their bfloat16 copy (in float32 GB/s), and a bf16 SR AdamW
+step at 2**25 parameters beside torch's fused FP32 AdamW.  It prints each figure's median over the rounds and new / old.
 """
 
 import argparse
@@ -30,6 +31,7 @@ def child(log2n: int, params: int) -> dict:
     """One tree's figures (run with that tree first on sys.path)."""
     import torch
 
+    import lpsim
     import lpsim_cuda
     from lpsim.optim import AdamW
     from bench_quantize_gpu import wall_time
@@ -52,7 +54,18 @@ def child(log2n: int, params: int) -> dict:
     for fmt, rounding in (("bf16", "nearest"), ("bf16", "stochastic"), ("e4m3fn", "stochastic")):
         out[f"{fmt} {rounding} GB/s"] = gbs / event_ms(
             lambda: lpsim_cuda.quantize(x, fmt, rounding, seed=1, out=y))
-    del x, y
+    # block formats: a call's host time on one or two blocks, and 2**log2n elements (rows of
+    # 4096), float32 and a bfloat16 tensor's codes
+    block = torch.randn(1, 32, device="cuda")
+    for fmt in ("mxfp8_e4m3", "nvfp4"):
+        out[f"host {fmt} us"] = 1e6 * wall_time(
+            lambda: lpsim.quantize(block, fmt, "nearest", out=block), 1000, 3)
+    rows = x.view(-1, 4096)
+    for fmt in ("mxfp8_e4m3", "mxfp4", "nvfp4"):
+        out[f"{fmt} nearest GB/s"] = gbs / event_ms(lambda: lpsim.quantize(rows, fmt))
+    half = rows.to(torch.bfloat16)
+    out["mxfp8 of bf16 GB/s"] = gbs / event_ms(lambda: lpsim.quantize(half, "mxfp8_e4m3"))
+    del x, y, rows, half
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def param(dtype):
