@@ -63,10 +63,9 @@ def inputs(cls, dtype, kw, n, offset, t=3, specials=()):
     return [a.copy() for a in arrays], kargs, setup
 
 
-@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
-@pytest.mark.parametrize("n,offset", [(37, 0), (29, 6)])
-def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
-    arrays, kargs, setup = inputs(cls, dtype, kw, n, offset)
+def stepped_as_cpu(arrays, kargs, setup):
+    """Step copies of ``arrays`` with the CPU kernel and on the device; assert the codes
+    and counters equal; return (the CPU's arrays, its counters)."""
     host = [a.copy() for a in arrays]
     counts_cpu = cpu.step(*host, *kargs, setup)
     device = [cuda.to_device(a) for a in arrays]
@@ -75,6 +74,13 @@ def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
     for want, got in zip(host, device):
         np.testing.assert_array_equal(got.copy_to_host(), want)
     np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
+    return host, counts_cpu
+
+
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+@pytest.mark.parametrize("n,offset", [(37, 0), (29, 6)])
+def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
+    _, counts_cpu = stepped_as_cpu(*inputs(cls, dtype, kw, n, offset))
     assert counts_cpu[0] > 0                   # the step did round something
 
 
@@ -87,16 +93,8 @@ def test_the_wide_kernel_loading_ahead_equals_the_cpu_kernel(cls, dtype, kw, mon
     monkeypatch.setattr(cuda_optim, "LOAD_AHEAD", True)
     monkeypatch.setattr(launch, "GRID_LIMIT", 1)
     n = 4 * launch.THREADS * 3 + 37
-    arrays, kargs, setup = inputs(cls, dtype, kw, n, 0, specials=(
-        float("nan"), float("inf"), -3e38, 1e-40))
-    host = [a.copy() for a in arrays]
-    counts_cpu = cpu.step(*host, *kargs, setup)
-    device = [cuda.to_device(a) for a in arrays]
-    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
-    step_arrays(*device, *kargs, setup, counts)
-    for want, got in zip(host, device):
-        np.testing.assert_array_equal(got.copy_to_host(), want)
-    np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
+    stepped_as_cpu(*inputs(cls, dtype, kw, n, 0, specials=(float("nan"), float("inf"),
+                                                           -3e38, 1e-40)))
     assert any(key[6] and key[7] for key in cuda_optim.KERNELS)     # wide, loading ahead
 
 
@@ -117,18 +115,11 @@ def test_cuda_kernel_stores_the_cpu_kernels_nans(cls, dtype, kw):
     arithmetic makes one canonical NaN, a CPU's keeps an operand's; both store QUIET_NAN)."""
     arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0, specials=(
         float("nan"), float("inf"), float("-inf"), -float("nan"), 3e38, -3e38))
-    host = [a.copy() for a in arrays]
-    counts_cpu = cpu.step(*host, *kargs, setup)
-    device = [cuda.to_device(a) for a in arrays]
-    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
-    step_arrays(*device, *kargs, setup, counts)
-    np.testing.assert_array_equal(counts.copy_to_host(), counts_cpu)
+    host, _ = stepped_as_cpu(arrays, kargs, setup)
     w = host[0]
     w = w.view(np.float16) if setup.kinds[0] == core.STORE_F16 else \
         (w.astype(np.int32) << (16 if w.itemsize == 2 else 0)).view(np.float32)
     assert np.isnan(w[[3, 6]]).all() and not np.isnan(w[7:]).any()
-    for want, got in zip(host, device):
-        np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_rebind_compiles_the_same_source_with_another_product():
