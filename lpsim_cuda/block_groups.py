@@ -48,7 +48,6 @@ from lpsim.word32 import as_int64, bits_float32, like, word
 from . import arrays, counters, launch, specialised, tensor_amax, vector
 from .counters import add_warp_counts
 from .launch import FULL_MASK, SIMULATOR
-from .specialised import source_bits
 from .tensor_amax import ENQUEUE, INF32, device_tensor_scale, finite32
 
 
