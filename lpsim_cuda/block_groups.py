@@ -51,7 +51,6 @@ from .launch import FULL_MASK, SIMULATOR
 from .tensor_amax import ENQUEUE, INF32, device_tensor_scale, finite32
 
 
-
 @cuda.jit(device=True)
 def _int32(w):
     """The 32-bit word (or integer) ``w`` as an int32 (a shuffle's operand)."""
