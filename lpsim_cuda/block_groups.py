@@ -208,12 +208,12 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     block's amax, then reads each again (from the cache) to round it.
 
     ``fixed``: the format's BlockParams (any per-tensor scale), compiled in as constants
-    but for the per-tensor scale and its reciprocal, which come from the argument ``bp``
+    but for the per-tensor scale and its reciprocal, the arguments ``pts`` and ``pts_inv``
     (or ``ts``): the branches a format never takes (other scale rules, float64 reciprocals
     and scales) are then not in its kernel at all.
 
     ``device_pts``: the per-tensor scale and its reciprocal are read from the device array
-    ``ts`` (:func:`device_tensor_scale`) instead of ``bp``, so a call that finds NVFP4's
+    ``ts`` (:func:`device_tensor_scale`) instead, so a call that finds NVFP4's
     scale on the device never waits for the host.
     With ``p32`` (the element's float32 Params, where :func:`lpsim.blocks.words_exact`
     holds) the elements of a block without NaN or inf take the CPU word kernel's float32
