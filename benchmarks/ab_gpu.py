@@ -11,7 +11,8 @@ wall-clock of a call on a 1-element tensor (nearest and SR, with torch's ``add_`
 machine's own yardstick) and of a block call (MXFP8, NVFP4), bf16 nearest/SR and e4m3fn SR
 quantize of 2**26 float32 (CUDA events, with the device copy), MXFP8/MXFP4/NVFP4 nearest of
 the same elements and MXFP8 of their bfloat16 copy (in float32 GB/s), and a bf16 SR AdamW
-step at 2**25 parameters beside torch's fused FP32 AdamW.  It prints each figure's median over the rounds and new / old.
+step at 2**25 parameters beside torch's fused FP32 AdamW.  It prints each figure's median
+over the rounds and new / old.
 """
 
 import argparse
