@@ -123,10 +123,7 @@ with mock.patch.object(dispatcher, "get_current_device",
     nv = parse_block_format("nvfp4")
     request = plan(nv.saturating_element, "nearest", np.float32, seed=1)
     kern = G.kernel(nv, request.mode, request.k, request.params.W, True)
-    f32 = numba.float32[::1]
-    signature = (f32, numba.int32[::1], f32, numba.int64, numba.typeof(block_params(nv, 1.0)),
-                 numba.int64, numba.int64, numba.int64, numba.int64, numba.float64[::1],
-                 numba.int64[::1])
+    signature = G._signature(True)       # the device scale and counters' arrays too
     ptx, _ = cuda.compile_ptx(kern.py_func, signature, cc=(9, 0))
     print("amax groups with the scale on the device ok", len(ptx))
     report("blocks groups nvfp4 device scale", ptx)
@@ -134,10 +131,24 @@ with mock.patch.object(dispatcher, "get_current_device",
         bf = parse_block_format(name)
         request = plan(bf.saturating_element, rounding, np.float32, seed=1)
         kern = G.kernel(bf, request.mode, request.k, request.params.W, False, 0, True)
-        ptx, _ = cuda.compile_ptx(kern.py_func, signature[:4] + (
-            numba.typeof(block_params(bf, 1.0)),) + signature[5:], cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(kern.py_func, signature, cc=(9, 0))
         assert "shfl.sync" in ptx and "atom.global.add" in ptx, name
         print("counted groups", name, "ok", len(ptx))
+    # NVFP4's 16 x 16 weight tiles (a warp a block, two quads a lane, the scale found on the
+    # device) and MXFP8 reading bfloat16 codes (without the device scale and counters)
+    import dataclasses
+    tile = dataclasses.replace(nv, block=256)
+    kern = G.kernel(tile, request.mode, request.k, request.params.W, True)
+    ptx, _ = cuda.compile_ptx(kern.py_func, signature, cc=(9, 0))
+    assert "shfl.sync" in ptx, "tiles"
+    print("tile groups ok", len(ptx))
+    mx = parse_block_format("mxfp8_e4m3")
+    request = plan(mx.saturating_element, "nearest", np.float32, seed=1)
+    kern = G.kernel(mx, request.mode, request.k, request.params.W, False, 1)
+    ptx, _ = cuda.compile_ptx(kern.py_func, (numba.int16[::1],) + G._signature()[1:],
+                              cc=(9, 0))
+    assert "ld.global.v4.u16" in ptx, "bf16 codes: four in one 8-byte load"
+    print("bf16 groups ok", len(ptx))
 """
 
 
@@ -216,6 +227,7 @@ def test_block_kernel_compiles_for_sm90():
     assert len([x for x in lines if " ok " in x and " fma " in x]) == 6, lines
     assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 5, lines
     assert len([x for x in lines if x.startswith("counted groups")]) == 2, lines
+    assert "tile groups ok" in "\n".join(lines) and "bf16 groups ok" in "\n".join(lines)
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
     assert all(x.endswith("fma 0") for x in lines if " fma " in x), lines
 
