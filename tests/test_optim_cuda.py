@@ -87,12 +87,12 @@ def test_cuda_kernel_equals_cpu_kernel(cls, dtype, kw, n, offset):
 @pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
 def test_the_wide_kernel_loading_ahead_equals_the_cpu_kernel(cls, dtype, kw, monkeypatch):
     """The wide kernel that loads each pass's next quad before stepping its own
-    (lpsim_cuda.optim.LOAD_AHEAD), on a one-block grid so that each thread makes three or
-    four passes (its last loads nothing ahead), with a tail and NaN, inf and huge gradients
+    (lpsim_cuda.optim.LOAD_AHEAD), on a one-block grid so that each thread makes two or
+    three passes (its last loads nothing ahead), with a tail and NaN, inf and huge gradients
     (quads the straight path declines): the CPU kernel's codes and counters."""
     monkeypatch.setattr(cuda_optim, "LOAD_AHEAD", True)
     monkeypatch.setattr(launch, "GRID_LIMIT", 1)
-    n = 4 * launch.THREADS * 3 + 37
+    n = 4 * launch.THREADS * 2 + 37
     stepped_as_cpu(*inputs(cls, dtype, kw, n, 0, specials=(float("nan"), float("inf"),
                                                            -3e38, 1e-40)))
     assert any(key[6] and key[7] for key in cuda_optim.KERNELS)     # wide, loading ahead
