@@ -20,6 +20,7 @@ import numpy as np
 
 from .formats import Format, fp
 from .request import as_container_array, check_out as _check_out, check_scalar_out
+from .request import is_cuda_array
 from .stats import check_stats
 
 
@@ -167,8 +168,7 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         if stats is not None:
             stats.add(x.numel(), counts)
         return y
-    if not hasattr(x, "__cuda_array_interface__") and not type(x).__module__.startswith(
-            "numba.cuda"):
+    if not is_cuda_array(x):
         # array-likes and other dtypes in their container, as lpsim.quantize converts them
         x = as_container_array(x)
         if out is not None:

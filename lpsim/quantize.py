@@ -33,6 +33,7 @@ from .philox import MASK32, WORD_BITS, split_key
 from .request import F32 as _F32, F64 as _F64, MAX_COUNTER, Plan, as_container_array, keys, plan
 from .request import check_dtype, check_offset, check_scalar_out, check_sr_bits
 from .request import check_out as _check_out, container as _container, is_torch as _is_torch
+from .request import is_cuda_array as _is_cuda_array
 from .request import exact_in_float64 as _exact_in_float64, signed as _signed
 from .rounding import NEAREST, STOCHASTIC, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats, check_stats
@@ -270,7 +271,7 @@ def _quantize_any(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset, g
         from .tensors import quantize_tensor
         return quantize_tensor(x, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                                stats=stats, out=out, offset=offset, round_with=round_container)
-    if hasattr(x, "__cuda_array_interface__") or type(x).__module__.startswith("numba.cuda"):
+    if _is_cuda_array(x):
         import lpsim_cuda
         return lpsim_cuda.quantize(x, fmt, rounding, seed=seed, stream=stream,
                                    sr_bits=sr_bits, stats=stats, out=out, offset=offset)
@@ -317,24 +318,14 @@ def round_container(src, fmt, rounding, *, out=None, **kwargs):
 round_container.reads_halves = True
 
 
-def _is_cuda_array(x) -> bool:
-    """A CUDA array lpsim_cuda takes: CUDA-array-interface objects (CUDA torch tensors,
-    CuPy) and numba device arrays."""
-    module = type(x).__module__
-    return not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
-                                              or "numba" in module and "cuda" in module)
-
-
 def _plain_cuda(x, out) -> bool:
     """Whether lpsim_cuda.blocks takes the call as it is: a CUDA array (CuPy, numba), or a
     CUDA torch tensor that autograd does not follow, not a lazily negated view, without
     ``out``; other torch tensors go through lpsim.tensors' rules (straight-through autograd,
-    ``out=``), which hand lpsim_cuda a plain tensor.  (A tensor that requires grad raises
-    on ``__cuda_array_interface__``, so torch tensors are not asked for it.)"""
-    if _is_torch(x):
-        return (getattr(x, "is_cuda", False) is True and not x.requires_grad
-                and not x.is_neg() and out is None)
-    return _is_cuda_array(x)
+    ``out=``), which hand lpsim_cuda a plain tensor."""
+    if not _is_cuda_array(x):
+        return False
+    return not _is_torch(x) or (not x.requires_grad and not x.is_neg() and out is None)
 
 
 def _quantize_blocks(x, given, bfmt, rounding, axis, seed, stream, sr_bits, stats, out,

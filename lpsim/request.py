@@ -15,6 +15,7 @@ This module dispatches nothing and imports no backend: it sits below all of them
 from __future__ import annotations
 
 import secrets
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -119,6 +120,18 @@ def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0,
 
 def is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+def is_cuda_array(x) -> bool:
+    """Whether ``x`` lives on a GPU, as lpsim_cuda takes it: a CUDA torch tensor (asked
+    ``is_cuda``: its array interface raises for one that requires grad, which ``hasattr``
+    does not catch), a CUDA-array-interface object (CuPy) or a numba device array."""
+    module = type(x).__module__
+    torch = sys.modules.get("torch")           # a tensor means torch is imported already
+    if module.startswith("torch") or torch is not None and isinstance(x, torch.Tensor):
+        return getattr(x, "is_cuda", False) is True
+    return not isinstance(x, np.ndarray) and (hasattr(x, "__cuda_array_interface__")
+                                              or "numba" in module and "cuda" in module)
 
 
 def check_out(out, x):

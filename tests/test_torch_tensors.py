@@ -244,3 +244,22 @@ def test_numpy_out_views_follow_numpy():
     want = lpsim.quantize(a[:-1].copy(), "bf16", "up")
     lpsim.quantize(a[:-1], "bf16", "up", out=a[1:])
     assert np.array_equal(a[1:], want)
+
+
+def test_a_tensor_is_asked_is_cuda_not_its_array_interface():
+    """lpsim.request.is_cuda_array asks a torch tensor is_cuda: a CUDA tensor that requires
+    grad raises RuntimeError from __cuda_array_interface__, which hasattr lets through
+    (stood in for here by a subclass); numpy arrays and CPU tensors are not CUDA arrays."""
+    from lpsim.request import is_cuda_array
+
+    class Parameterlike(torch.Tensor):
+        is_cuda = True
+
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that "
+                               "requires grad")
+
+    assert is_cuda_array(torch.zeros(2).as_subclass(Parameterlike))
+    assert not is_cuda_array(torch.zeros(2, requires_grad=True))
+    assert not is_cuda_array(np.zeros(2)) and not is_cuda_array(3.0)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cpu import CHUNK
-from ..request import MAX_COUNTER, keys
+from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
 from ..rounding import Params, kernel_params
 from ..stats import check_stats
 from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_scale
@@ -212,12 +212,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
             return done
     check_stats(stats, STATS_ACCEPTED)
     given, bfmt = bfmt, parse_block_format(bfmt)
-    module = type(x).__module__
-    torch_tensor = module.startswith("torch")
-    # a torch tensor is asked is_cuda: its array interface raises where it requires grad
-    on_gpu = (getattr(x, "is_cuda", False) is True if torch_tensor else
-              hasattr(x, "__cuda_array_interface__") or ("numba" in module and "cuda" in module))
-    if not isinstance(x, np.ndarray) and on_gpu:
+    torch_tensor = is_torch(x)
+    if is_cuda_array(x):
         # the CPU backend: lpsim.quantize dispatches CUDA arrays to lpsim_cuda.blocks
         raise TypeError(f"lpsim.blocks.quantize rounds on the CPU, not a {type(x).__name__} "
                         "on a GPU; accepted there: lpsim.quantize(x, fmt, axis=...), or "
