@@ -251,6 +251,28 @@ def test_blas_path_bf16_fp32_is_within_the_bound_and_agrees_with_torch():
     assert ops.input_cast_factor(K, 2.0 ** -8, 2.0 ** -24) == 2 * 2.0 ** -8 + gam
 
 
+def test_blas_path_of_torch_tensors_is_torch_matmul_bit_for_bit():
+    """Tensors on the BLAS path are multiplied by torch.matmul (torch's own threads: numpy's
+    BLAS between torch operations shares the cores with torch's spinning pool): equal to it
+    bit for bit, transposed views and a bf16 in_fmt included.  K = 4096 sums with
+    cancellation, where BLAS libraries' orders differ in the last bits."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(64, 4096, generator=g)
+    b = torch.randn(48, 4096, generator=g).t()          # column-major, as a layer's weight
+    assert torch.equal(ops.matmul(a, b), torch.matmul(a, b))
+    ab, bb = (lpsim.quantize(t.contiguous(), "bf16") for t in (a, b))
+    got = ops.matmul(a, b, model="bf16-fp32")
+    assert isinstance(got, torch.Tensor) and torch.equal(got, torch.matmul(ab, bb))
+    wide = ops.matmul(a.double(), b.double())
+    assert wide.dtype == torch.float64 and torch.equal(wide, torch.matmul(a.double(),
+                                                                          b.double()))
+    # a numpy array beside a tensor: read-only and reversed arrays are copied, not refused
+    r = b.numpy()[::-1].copy()[::-1]
+    r.setflags(write=False)
+    assert torch.equal(ops.matmul(a, r), torch.matmul(a, torch.from_numpy(r.copy())))
+
+
 def test_models_and_overrides():
     assert set(ops.MODELS) >= {"bf16-fp32", "fp16-fp32", "fp16-fp16", "tf32", "fp32"}
     m = ops.MODELS["fp16-fp16"]

@@ -15,9 +15,10 @@ accumulator rounds to ``acc_fmt`` after every step, and the result is rounded on
   operand is a single term adds its exact product (an FMA); other leaves are fl(a_t b_t).
 * ``None`` (default): any order.  When the accumulator is exactly what BLAS computes
   (acc_fmt fp32 with in_fmt fitting float32, or acc_fmt fp64) with nearest rounding, numpy's
-  matmul runs (float32/float64 BLAS: FMA or not, blocked in an order BLAS does not document,
-  so only the bound gamma_K(u_acc)|A||B| holds, not a particular sequence of roundings);
-  otherwise "sequential".
+  matmul runs, or torch.matmul where :func:`matmul` is given torch tensors (float32/float64
+  BLAS: FMA or not, blocked in an order BLAS does not document, so only the bound
+  gamma_K(u_acc)|A||B| holds, not a particular sequence of roundings); otherwise
+  "sequential".
 
 Random words (stochastic acc_rounding or out_rounding): every rounding has a slot s in
 0 .. 2K-1 of its output element o (C order over the broadcast output, 1-D operands promoted
@@ -205,8 +206,23 @@ _ndarray = np.ndarray
 _CONTAINER_DTYPES = (np.dtype(np.float32), _F64)
 
 
-def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
-    """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product."""
+def _torch_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``torch.matmul`` of two float32 or float64 arrays (views where torch can take them):
+    the BLAS of torch's own thread pool, so a product between torch operations on the CPU
+    does not share the cores with the threads torch's pool keeps spinning after them (which
+    made numpy's BLAS there several times slower)."""
+    import torch
+
+    def tensor(x):
+        if x.flags.writeable and min(x.strides, default=0) >= 0:
+            return torch.from_numpy(x)
+        return torch.from_numpy(np.array(x))      # read-only or reversed: a copy
+    return torch.matmul(tensor(a), tensor(b)).numpy()
+
+
+def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op, torch_blas=False):
+    """a (…, M, K), b (…, K, N) already rounded to in_fmt; the simulated product.
+    torch_blas: the BLAS path multiplies with torch.matmul (the operands were tensors)."""
     a2, b2, batch = _promote(a, b, op)
     dtype = a2.dtype if a2.dtype is b2.dtype else np.result_type(a2, b2)
     setup = _setup(m, dtype, a.dtype == b.dtype, op)
@@ -219,7 +235,8 @@ def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op):
 
     if setup.blas:
         work = np.float32 if m.acc_fmt == PRESETS["fp32"] else np.float64
-        c = np.matmul(a2.astype(work, copy=False), b2.astype(work, copy=False))
+        a2, b2 = a2.astype(work, copy=False), b2.astype(work, copy=False)
+        c = _torch_matmul(a2, b2) if torch_blas else np.matmul(a2, b2)
         if m.out_fmt == container_format(work):   # every mode: c is already a work value
             if stats is not None:       # rounding a container value to itself: exact
                 stats.add(c.size, [0] * 6)
@@ -413,7 +430,8 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     if block is None:
         a, b = round_inputs((a, b), m.in_fmt, ("a", "b"), op, stats)
     try:
-        result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op)
+        result = _run(a, b, m, seed=seed, stream=stream, stats=stats, op=op,
+                      torch_blas=like_torch)
     except ValueError as error:
         if block is None or "too wide for the per-step simulation" not in str(error):
             raise
