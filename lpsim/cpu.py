@@ -5,7 +5,8 @@ The per-element decision is :func:`lpsim.rounding.round_fast` (vectorised common
 For float32 containers the fast pass, its counts and its random words are 32-bit words
 (:mod:`lpsim.word32`: eight AVX2 lanes where numba's int64 arithmetic has four).
 This module only walks an array: chunks of :data:`CHUNK` elements whose random words stay in
-cache, tasks of :data:`TASK` chunks, and a thread pool for arrays large enough to pay for it.
+cache, tasks of :data:`TASK` chunks, and lpsim's thread pool (:mod:`lpsim.pool`) for arrays
+large enough to pay for it.
 Float32 rounding to nearest without counters has a kernel of its own
 (:func:`round_nearest32`: :func:`lpsim.rounding.nearest32`, one float32 add per element).
 
@@ -28,19 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import config as numba_config
-from numba import get_num_threads, njit, typeof, types
-from numba.np.ufunc import parallel as _numba_parallel
+from numba import njit, typeof, types
 from numba.core.imputils import impl_ret_borrowed
 from numba.extending import intrinsic, overload, register_jitable
 
 from .philox import MASK32, philox4x32
+from .pool import deal, pieces, threads
 from .rounding import (MODES, NEAREST, STOCHASTIC, Params, nearest32, nearest32_consts,
                        nearest32_step, nearest32_top, nearest32_words, nearest_bf16, round_bits,
                        round_fast, round_fast_sub)
@@ -626,33 +624,14 @@ def ntasks(n: int, offset: int) -> int:
     return (nchunks + TASK - 1) // TASK
 
 
-def threads() -> int:
-    """The threads lpsim's own pool may use: ``numba.get_num_threads()`` once numba's threading
-    layer runs (``numba.set_num_threads`` starts it), else NUMBA_NUM_THREADS.
-
-    Why not always ask numba: asking starts its threading layer, and its OpenMP layer sets
-    the OpenMP thread count that torch shares, so a 1-thread torch would run its next ops on
-    every core, with other results for bf16 products; lpsim's kernels run on its own pool.
-    """
-    if _numba_parallel._is_initialized:
-        return get_num_threads()
-    return numba_config.NUMBA_NUM_THREADS
-
-
-@functools.cache
-def thread_pool(workers, pid):
-    # keyed by process id too: a forked child does not inherit the parent's threads
-    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
-
-
 def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts, kernel=None) -> int:
     """Round the 1-D C-contiguous writable float array ``x`` into ``out`` (same dtype and
     size, or ``x``), adding to ``counts``; returns the kernel's status (0 or OVERLAP).
 
-    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones are
-    split into one contiguous range per thread of :func:`threads` (at least
-    PARALLEL_GRAIN elements each), the calling thread taking the first (the bits do not
-    depend on the split: the random words are counter-based).  ``kernel``: another entry
+    Arrays of fewer than SERIAL_BELOW elements run in the calling thread; larger ones on
+    up to one thread per PARALLEL_GRAIN elements, taking ranges of tasks as they finish
+    (:func:`lpsim.pool.deal`; the bits do not depend on the split: the random words are
+    counter-based).  ``kernel``: another entry
     point of the same arguments (default: ``mode``'s for x's dtype).
     """
     n = x.size
@@ -666,14 +645,10 @@ def run(x, out, mode, pv, k, seed_lo, seed_hi, stream, offset, counts, kernel=No
     xa, oa = x.__array_interface__["data"][0], out.__array_interface__["data"][0]
     if xa != oa and xa < oa + x.nbytes and oa < xa + x.nbytes:
         return OVERLAP
-    # one contiguous range per thread; the calling thread rounds the first one itself
-    bounds = [tasks * w // workers for w in range(workers + 1)]
-    pool = thread_pool(workers - 1, os.getpid())
-    pieces = [np.zeros(NCOUNTS, np.int64) for _ in range(workers)]
-    futures = [pool.submit(kernel, x, out, pv, k, seed_lo, seed_hi, stream, offset,
-                           bounds[w], bounds[w + 1], pieces[w]) for w in range(1, workers)]
-    kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, bounds[0], bounds[1], pieces[0])
-    for future in futures:
-        future.result()
-    counts += sum(pieces)
+
+    def rounded(t0, t1):
+        piece = np.zeros(NCOUNTS, np.int64)
+        kernel(x, out, pv, k, seed_lo, seed_hi, stream, offset, t0, t1, piece)
+        return piece
+    counts += sum(deal(rounded, pieces(tasks, workers), workers))
     return 0

@@ -10,6 +10,7 @@ from numba import njit
 import lpsim
 from lpsim import blocks
 from lpsim.blocks import BLOCK_COUNTERS, BlockStats
+from lpsim.pool import PIECES
 from lpsim.rounding import MODES, kernel_params
 
 from test_blocks import same
@@ -138,7 +139,8 @@ def test_shapes_axes_and_threads_equal_the_counted_kernel(bfmt, monkeypatch):
             assert_counted_words_equal(x, bfmt, rounding, axis=0, **kw)
     x = special_data(64, 256, seed=9, block=32)
     got = blocks.quantize_blocks(x, bfmt, want_elements=False, want_counts="totals")
-    assert got.counts.shape == (3, 1, len(BLOCK_COUNTERS))     # a row per thread range
+    # a row per range: PIECES ranges per thread
+    assert got.counts.shape == (3 * PIECES, 1, len(BLOCK_COUNTERS))
 
 
 def test_large_calls_equal_the_counted_kernel(monkeypatch):

@@ -10,6 +10,7 @@ import torch
 
 from lpsim.optim import SGD, AdamW, multi
 from lpsim.optim.cpu import CHUNK
+from lpsim.pool import PIECES
 
 BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 #: 1 element, a matrix, more than one chunk, a chunk and a bit, odd small
@@ -163,7 +164,11 @@ def test_offsets_and_threads(dtype, monkeypatch):
                  10 * i + 1, 10 * i + 2, 10 * i + 3)
                 for i, ((w, g, m, v), n, off) in enumerate(zip(many, sizes, offsets))]
         table = multi.Table(rows, setup, workers)
-        assert len(table.bounds) == workers + 1
+        # PIECES ranges per thread (one range for one thread), pulled by the threads
+        assert table.workers == workers
+        # (cuts that fall in one work unit are one)
+        assert table.bounds == [0, table.total] if workers == 1 else \
+            workers < len(table.bounds) - 1 <= workers * PIECES
         counts = table.step(hp, ints, seed, 0)
         assert np.array_equal(counts, expect)
         for a, b in zip(one, many):

@@ -11,13 +11,13 @@ at least :func:`min_tensor_scale`; :func:`checked_tensor_scale` takes a given on
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import as_bits, entry_point, thread_pool, threads
+from ..cpu import as_bits, entry_point
+from ..pool import deal, pieces, threads
 from ..word32 import as_int64, word
 from .decisions import _reciprocal_finite, bits_value
 from .formats import BlockFormat, parse_block_format
@@ -105,16 +105,10 @@ def tensor_amax(flat: np.ndarray) -> float:
 
 def _threaded_max(units: int, elements: int, run) -> float:
     """The largest float(run(lo, hi)) over contiguous ranges of ``units`` (blocks or
-    elements; ``elements`` in all): one range per thread of lpsim's pool from 2 * AMAX_GRAIN
-    elements, the calling thread taking the first."""
-    workers = min(threads(), elements // AMAX_GRAIN)
-    if workers <= 1:
-        return float(run(0, units))
-    bounds = [units * w // workers for w in range(workers + 1)]
-    pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(run, bounds[w], bounds[w + 1]) for w in range(1, workers)]
-    first = float(run(0, bounds[1]))
-    return max([first] + [float(future.result()) for future in futures])
+    elements; ``elements`` in all): ranges dealt out to lpsim's pool (:func:`lpsim.pool.deal`)
+    from 2 * AMAX_GRAIN elements, else one call in the calling thread."""
+    workers = max(1, min(threads(), elements // AMAX_GRAIN))
+    return max(float(m) for m in deal(run, pieces(units, workers), workers))
 
 
 @register_jitable(forceinline=True)

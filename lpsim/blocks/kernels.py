@@ -14,14 +14,13 @@ splits its blocks over lpsim's threads (PARALLEL_GRAIN, SERIAL_BELOW).
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import (CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable,
-                   thread_pool, threads, word_buffer)
+from ..cpu import CHUNK, _constant, as_bits, draw_words, entry_point, literal_jitable, word_buffer
+from ..pool import deal, pieces, threads
 from ..rounding import MODES, STOCHASTIC, fast_sub_ok, kernel_params
 from ..word32 import as_int64, word
 from .amax import NO_AMAXES, _finite_amax
@@ -359,17 +358,7 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
 
 def run_kernel(kernel, head, args, nblocks: int, n: int) -> list:
     """kernel(*head, t0, t1, *args) over blocks 0 .. nblocks-1 of n elements: in the calling
-    thread below SERIAL_BELOW, else one contiguous range of blocks per thread; returns what
-    each range's call returned, in order."""
+    thread below SERIAL_BELOW, else ranges of blocks dealt out to lpsim's pool
+    (:func:`lpsim.pool.deal`); returns what each range's call returned, in order."""
     workers = min(threads(), nblocks, n // PARALLEL_GRAIN) if n >= SERIAL_BELOW else 1
-    if workers <= 1:
-        return [kernel(*head, 0, nblocks, *args)]
-    bounds = [nblocks * w // workers for w in range(workers + 1)]
-    pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(kernel, *head, bounds[w], bounds[w + 1], *args)
-               for w in range(1, workers)]
-    first = kernel(*head, bounds[0], bounds[1], *args)
-    return [first] + [future.result() for future in futures]
-
-
-
+    return deal(lambda t0, t1: kernel(*head, t0, t1, *args), pieces(nblocks, workers), workers)

@@ -20,13 +20,13 @@ counter o*2K + s, i.e. word (o*2K + s) % 4 of philox(((o*2K + s) // 4, stream), 
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 from numba import njit, types
 from numba.extending import overload, register_jitable
 
-from ..cpu import first_call, literal_jitable, params_of, thread_pool
+from ..cpu import first_call, literal_jitable, params_of
+from ..pool import deal, pieces
 from ..philox import block_words, lane_word
 from ..rounding import DOWN, MODES, NEAREST, STOCHASTIC, round_bits, round_fast
 from ..exact import f2i, i2f, step_sum_to_odd
@@ -528,8 +528,8 @@ def gemm_kernel(order: int, mode: int, omode: int):
 def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
     """kernel(*args, lo, hi, counts) over items 0 .. nitems-1; returns the NCOUNTS counters.
 
-    Small problems run in the calling thread; larger ones are dealt out to the thread pool
-    of :mod:`lpsim.cpu` in a few ranges per thread (the results do not depend on the split).
+    Small problems run in the calling thread; larger ones are dealt out to lpsim's thread
+    pool in ranges (:func:`lpsim.pool.deal`; the results do not depend on the split).
     """
     counts = np.zeros(NCOUNTS, np.int64)
     if kernel is gemm:
@@ -539,13 +539,9 @@ def run(kernel, nitems: int, steps_per_item: int, threads: int, *args):
             kernel(*args, 0, nitems, counts)
         return counts
 
-    pieces = min(nitems, 4 * threads)
-    bounds = [nitems * g // pieces for g in range(pieces + 1)]
-    partial = [np.zeros(NCOUNTS, np.int64) for _ in range(pieces)]
-    pool = thread_pool(threads, os.getpid())
+    def run_range(lo, hi):
+        c = np.zeros(NCOUNTS, np.int64)
+        kernel(*args, lo, hi, c)
+        return c
     with first_call(kernel, f"lpsim.ops' {kernel.__name__} kernel"):
-        futures = [pool.submit(kernel, *args, lo, hi, c)
-                   for lo, hi, c in zip(bounds[:-1], bounds[1:], partial) if hi > lo]
-        for future in futures:
-            future.result()
-    return counts + sum(partial)
+        return counts + sum(deal(run_range, pieces(nitems, threads), threads))

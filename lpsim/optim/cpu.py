@@ -17,15 +17,14 @@ the split (counter-based random words).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 from numba import njit
 from numba.extending import register_jitable
 
 from lpsim.cpu import (GROUP, as_bits, bf16_step, entry_point, fast_pass, fill_words,
-                       nearest32_consts, nearest32_rest, slow_pass, thread_pool, threads)
+                       nearest32_consts, nearest32_rest, slow_pass)
+from lpsim.pool import deal, pieces, threads
 from lpsim.rounding import NEAREST, STOCHASTIC
 from lpsim.word32 import as_int64, bits_float32, float32_bits, like, word
 
@@ -359,8 +358,6 @@ def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.nda
     workers = 1 if n < 2 * PARALLEL_GRAIN else min(threads(), n // PARALLEL_GRAIN)
     if workers <= 1:
         return _entry(kernel, args + (first, last))(*args, first, last)
-    bounds = np.linspace(first, last, 4 * workers + 1).astype(np.int64)
-    pool = thread_pool(workers, os.getpid())
-    pieces = [pool.submit(kernel, *args, int(a), int(b))
-              for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-    return sum(piece.result() for piece in pieces)
+    entry = _entry(kernel, args + (first, last))
+    bounds = [first + b for b in pieces(last - first, workers)]
+    return sum(deal(lambda a, b: entry(*args, a, b), bounds, workers))

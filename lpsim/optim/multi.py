@@ -16,13 +16,13 @@ numbered across the table; large sets are dealt out to numba's thread count by u
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from lpsim.cpu import params_of, thread_pool
+from lpsim.cpu import params_of
+from lpsim.pool import PIECES, deal
 
 from .cpu import CHUNK, _entry, run_chunks, run_quads, scratch
 from .step import NCOUNTS, STORE_F16
@@ -115,7 +115,8 @@ class Table:
         wkind, gkind, skind = setup.kinds
         self.protos = tuple(np.zeros(1, np.int32 if kind == 0 else np.int16)
                             for kind in (wkind, gkind, skind, skind, skind, 1))
-        self.bounds = self._split(per, min(workers, self.elements // GRAIN, self.total))
+        self.workers = max(1, min(workers, self.elements // GRAIN, self.total))
+        self.bounds = self._split(per, self.workers * PIECES if self.workers > 1 else 1)
 
     def _split(self, per, workers):
         """Unit boundaries of ``workers`` contiguous ranges of about equal element counts."""
@@ -140,13 +141,4 @@ class Table:
         kernel = self.kernel
         if kernel is None:
             kernel = self.kernel = _entry(_optim_step_multi, args + (0, self.total))
-        bounds = self.bounds
-        if len(bounds) == 2:
-            return kernel(*args, 0, self.total)
-        # one contiguous unit range per thread; the calling thread steps the first itself
-        pool = thread_pool(len(bounds) - 2, os.getpid())
-        futures = [pool.submit(kernel, *args, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
-        counts = kernel(*args, bounds[0], bounds[1])
-        for future in futures:
-            counts = counts + future.result()
-        return counts
+        return sum(deal(lambda a, b: kernel(*args, a, b), self.bounds, self.workers))

@@ -1,0 +1,71 @@
+"""lpsim.pool: the ranges of a threaded call are pulled by the threads, cover the work once,
+come back in order, and a slow thread does not hold the others' work."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from lpsim.pool import PIECES, deal, pieces
+
+
+@pytest.mark.parametrize("units,workers", [(0, 1), (1, 4), (5, 2), (7, 3), (1000, 2),
+                                           (10**6 + 3, 8)])
+def test_pieces_cover_the_units_once_in_order(units, workers):
+    bounds = pieces(units, workers)
+    assert bounds[0] == 0 and bounds[-1] == units
+    assert all(a <= b for a, b in zip(bounds, bounds[1:]))
+    assert len(bounds) - 1 == max(1, min(units, workers * PIECES if workers > 1 else 1))
+
+
+def test_deal_returns_each_range_once_in_order():
+    bounds = pieces(1000, 3)
+    seen = []
+    got = deal(lambda a, b: (seen.append((a, b)), np.arange(a, b).sum())[1], bounds, 3)
+    assert sorted(seen) == list(zip(bounds, bounds[1:]))
+    assert got == [np.arange(a, b).sum() for a, b in zip(bounds, bounds[1:])]
+    assert sum(got) == np.arange(1000).sum()
+
+
+def test_a_held_thread_does_not_hold_the_other_ranges():
+    """The thread that takes the first range waits until every other range is done: with
+    one fixed range per thread it would hold half of them and wait for ever (10 s here)."""
+    bounds = pieces(64, 2)
+    rest_done, done = threading.Event(), []
+
+    def run(a, b):
+        if a == 0:
+            assert rest_done.wait(10), "the other ranges waited for the held thread"
+        else:
+            done.append(a)
+            if len(done) == len(bounds) - 2:
+                rest_done.set()
+        return a
+    assert deal(run, bounds, 2) == bounds[:-1]
+
+
+def test_an_error_in_a_range_is_raised_once_the_started_ranges_finish():
+    """Nothing of the call runs after it raised (the caller may free what the ranges
+    write); the ranges not yet started are dropped."""
+    started, finished = [], []
+
+    def run(a, b):
+        started.append(a)
+        if a == 8:
+            raise ValueError("range 8")
+        threading.Event().wait(0.001)
+        finished.append(a)
+        return a
+    for _ in range(20):
+        started.clear(), finished.clear()
+        with pytest.raises(ValueError, match="range 8"):
+            deal(run, list(range(0, 65, 8)), 2)
+        assert 8 in started and sorted(started) == sorted(finished + [8])
+
+
+def test_a_call_from_a_pool_thread_finishes():
+    """A range that deals out work of its own (the pool's one thread busy with it) runs that
+    work itself instead of waiting for the pool."""
+    inner = lambda a, b: deal(lambda c, d: d - c, pieces(b - a, 2), 2)
+    got = deal(lambda a, b: sum(inner(a, b)), pieces(100, 2), 2)
+    assert sum(got) == 100
