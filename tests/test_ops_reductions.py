@@ -273,6 +273,19 @@ def test_blas_path_of_torch_tensors_is_torch_matmul_bit_for_bit():
     assert torch.equal(ops.matmul(a, r), torch.matmul(a, torch.from_numpy(r.copy())))
 
 
+def test_torch_results_have_torch_shapes():
+    """1-D tensors give a 0-d tensor, as torch.dot / torch.sum / torch.matmul do (numpy's
+    ascontiguousarray made it 1-d), on the BLAS and the per-step paths."""
+    torch = pytest.importorskip("torch")
+    a, b = torch.arange(1.0, 5.0), torch.arange(2.0, 6.0)
+    for got, want in ((ops.matmul(a, b), torch.matmul(a, b)), (ops.dot(a, b), torch.dot(a, b)),
+                      (ops.sum(a), torch.sum(a)),
+                      (ops.dot(a, b, acc_fmt="bf16", order="sequential"), torch.dot(a, b)),
+                      (ops.matmul(a, b, model="bf16-fp32"), torch.matmul(a, b))):
+        assert isinstance(got, torch.Tensor) and got.shape == () and torch.equal(got, want)
+    assert ops.sum(torch.ones(2, 3), axis=1).shape == (2,)
+
+
 def test_models_and_overrides():
     assert set(ops.MODELS) >= {"bf16-fp32", "fp16-fp32", "fp16-fp16", "tf32", "fp32"}
     m = ops.MODELS["fp16-fp16"]

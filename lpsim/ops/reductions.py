@@ -377,7 +377,10 @@ def _finish(result, like_torch, out, op):
     conventions (``out=``, 0-d results as numpy scalars)."""
     if like_torch and out is None:
         import torch
-        return torch.from_numpy(np.ascontiguousarray(result))
+        result = np.asarray(result)     # 0-d stays 0-d (np.ascontiguousarray makes it 1-d)
+        if not (result.flags.c_contiguous and result.flags.writeable):
+            result = result.copy()
+        return torch.from_numpy(result)
     return deliver(result, out, op)
 
 
