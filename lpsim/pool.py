@@ -4,12 +4,14 @@ Every threaded CPU kernel of lpsim (rounding, block formats, amaxes, simulated G
 optimizers) runs a compiled function over ranges of its work units (chunks, blocks, output
 items) on this pool, the calling thread taking part.  The ranges are pulled, not assigned:
 the work is cut into :data:`PIECES` ranges per thread and each thread takes the next one as
-it finishes one.  A thread that shares its core with another busy thread (the OpenMP
-threads torch keeps spinning for milliseconds after each of its operations, another
-process) then takes fewer pieces, where one fixed range per thread made the whole call
-wait for the slowest: on two cores after a torch operation, NVFP4 stochastic rounding of
-2M elements took 9.6 ms in fixed halves and 4.2 ms alone.  Results do not depend on the
-split: lpsim's random words are counter-based and counters are summed.
+it finishes one, so a thread slowed by another busy thread on its core (the OpenMP threads
+torch keeps spinning for milliseconds after each of its operations, another process) takes
+fewer of them instead of making the call wait for its fixed share.  On the 2-core VM of
+``benchmarks/bench_mixed.py`` this made no measurable difference (NVFP4 stochastic rounding
+of 2M elements right after a torch operation took as long either way); what it does give is
+one way of dealing out work for every kernel, and calls that finish when made from a pool
+thread.  Results do not depend on the split: lpsim's random words are counter-based and
+counters are summed.
 """
 
 from __future__ import annotations

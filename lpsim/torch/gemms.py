@@ -39,7 +39,6 @@ from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..philox import random_words
 from ..quantize import quantize as lp_quantize
-from ..transpose import transposed
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
@@ -165,7 +164,7 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
             # blocks down the columns: the transpose's rows, the same blocks and random
             # counters (C order of the blocked layout); torch's transposing copy is the
             # fastest here, and the result goes back as a view, which the GEMM reads as is
-            q, kept = blocked(_transposed(t), fmt)
+            q, kept = blocked(t.t().contiguous(), fmt)
             return q.t(), kept and Parts(kept.elements, kept.scales, (1, fmt.block),
                                          kept.tensor_scale).t()
         if not keep:
@@ -186,15 +185,6 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
     kept = keep and Parts(_float64(q), None, (1, 1),
                           float(np.float32(1.0) / np.float32(s))) or None
     return q.div_(s), kept
-
-
-def _transposed(t: torch.Tensor) -> torch.Tensor:
-    """``t.t().contiguous()`` of a 2-D tensor: lpsim's threaded copy for a contiguous float
-    tensor on the CPU (:mod:`lpsim.transpose`; torch's strided copy is slower there)."""
-    if t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) \
-            and t.is_contiguous():
-        return torch.from_numpy(transposed(t.detach().numpy()))
-    return t.t().contiguous()
 
 
 def _float64(q: torch.Tensor) -> np.ndarray:
@@ -354,7 +344,7 @@ class _LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             # K is the tokens: the transposes hold them along the last axis, where the RHT
             # runs and the blocks lie (the same blocks and counters as along axis 0)
-            dy_t, x_t = _transposed(dy), _transposed(x.detach().to(dy.dtype))
+            dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()
             if r.rht is not None:
                 signs = layer.rht_signs(r.rht, dy.device)
                 dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
