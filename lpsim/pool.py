@@ -7,7 +7,7 @@ the work is cut into :data:`PIECES` ranges per thread and each thread takes the 
 it finishes one, so a thread slowed by another busy thread on its core (the OpenMP threads
 torch keeps spinning for milliseconds after each of its operations, another process) takes
 fewer of them instead of making the call wait for its fixed share: NVFP4 stochastic
-rounding of 2M elements right after a torch operation took 0.77 to 1.03 (median 0.84) of
+rounding of 2M elements right after a torch operation took 0.77 to 1.03 (median 0.85) of
 the time of one fixed range a thread, in six runs of ``benchmarks/bench_mixed.py`` on a
 2-core VM.  It is also one way of dealing out work for every kernel, and a call made from
 a pool thread finishes.  Results do not depend on the split: lpsim's random words are counter-based and
