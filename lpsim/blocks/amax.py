@@ -92,7 +92,7 @@ def _amax_entry(dtype: np.dtype):
 
 def tensor_amax(flat: np.ndarray) -> float:
     """:func:`finite_amax` of a flat array, over lpsim's threads from 2 * AMAX_GRAIN elements
-    (one contiguous range each, the calling thread taking the first): NVFP4's per-tensor
+    (contiguous ranges the threads pull, :func:`lpsim.pool.deal`): NVFP4's per-tensor
     pass reads the whole tensor once more before the blocks are rounded."""
     if not isinstance(flat, np.ndarray) or flat.dtype not in (np.float32, np.float64) \
             or flat.ndim != 1:

@@ -327,12 +327,12 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
     """Quantize every block of the 2-D ``x2`` with the kernel of ``request.mode``; returns
     the counters' rows: ``counts`` (each block's row, zeros on entry), or with
     ``want_counts="totals"`` where the word kernel runs, a (ranges, 1, 9) array of each
-    thread range's sums (``counts`` unused: a row per block costs a pass over memory as
+    range's sums (``counts`` unused: a row per block costs a pass over memory as
     large as the data's, in writing and again in summing).
 
-    Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays are
-    split into one contiguous range of blocks per thread (at least PARALLEL_GRAIN elements
-    each) on lpsim.cpu's thread pool, the calling thread taking the first.  Each block (or
+    Fewer than SERIAL_BELOW elements run in the calling thread; larger arrays on up to one
+    thread per PARALLEL_GRAIN elements, which pull contiguous ranges of blocks
+    (:func:`lpsim.pool.deal`).  Each block (or
     range) writes its own counters, so no thread adds into another's.  Without element
     values, float32 arrays of a format that :func:`words_exact` admits take the word
     kernel, counted or not (:func:`takes_words`; q2 unused; ``bam``: the blocks' largest

@@ -20,7 +20,6 @@ counter o*2K + s, i.e. word (o*2K + s) % 4 of philox(((o*2K + s) // 4, stream), 
 
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit, types
 from numba.extending import overload, register_jitable

@@ -16,7 +16,6 @@ numbered across the table; large sets are dealt out to numba's thread count by u
 
 from __future__ import annotations
 
-
 import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
