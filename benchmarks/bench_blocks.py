@@ -26,7 +26,6 @@ import contextlib
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -43,6 +42,7 @@ TARGETS = {"copy": 0.5, "gfloat": 20.0}
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+from timing import revision  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -85,18 +85,6 @@ def paired(fn, reference, repeats: int) -> tuple[float, float, float]:
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
     return float(np.median(walls)), float(np.median(cpus)), float(np.median(refs))
-
-
-def revision() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "lpsim",
-                                "lpsim_cuda"], capture_output=True, text=True).stdout.strip()
-        return rev + (" + local changes" if dirty else "")
-    except OSError:
-        return "unknown"
 
 
 def machine(device: str) -> str:

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -36,7 +35,7 @@ sys.path.insert(0, HERE)
 import lpsim  # noqa: E402
 from lpsim import pool  # noqa: E402
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
-from timing import cpu_model, per_call_rounds  # noqa: E402
+from timing import cpu_model, per_call_rounds, revision  # noqa: E402
 
 
 def with_pieces(n, fn):
@@ -76,8 +75,7 @@ def main(argv=None):
         calls[name + " | after add"] = (lambda fn: lambda: (y.add_(1), fn()))(fn)
     seconds = per_call_rounds(calls, budget=1.0, rounds=args.rounds)
     add = seconds["torch add alone"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=HERE).stdout.strip()
+    commit = revision()
     print(f"# bench_mixed: {cpu_model()} ({os.cpu_count()} CPUs, torch {torch.__version__} "
           f"{torch.get_num_threads()} threads, lpsim {lpsim_threads()} threads), "
           f"{datetime.date.today()}, lpsim {commit}")

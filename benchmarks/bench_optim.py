@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
 
 #: timed steps of each case per round (after one untimed step)
 TIMED = 2
@@ -43,6 +43,7 @@ TARGETS = {"cpu": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.5)],
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+from timing import revision  # noqa: E402
 
 
 def sync(device):
@@ -230,11 +231,7 @@ def main(argv=None):
             row["of bandwidth bound"] = 14 * n / bandwidth / row["seconds"]
     device = (torch.cuda.get_device_name() if args.device == "cuda"
               else platform.processor() or platform.machine())
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(__file__)).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = revision()
     head = [f"# lpsim.optim AdamW step, {datetime.datetime.now().isoformat(timespec='seconds')}, "
             f"{args.device} ({device}), {os.cpu_count()} cores, torch threads "
             f"{torch.get_num_threads()}, lpsim (numba) threads {lpsim_threads()}",

@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -83,29 +82,19 @@ def machine() -> dict:
     import ml_dtypes
     import numba
     import torch
-    from timing import cpu_model
+    from timing import cpu_model, revision
     model = cpu_model()
     try:
         qtorch_version = __import__("importlib.metadata").metadata.version("qtorch")
     except Exception:
         qtorch_version = "absent"
-    try:
-        revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                  text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                                  check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True,
-                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        revision += " + local changes" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        revision = "unknown"
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "cpu": model, "cores": os.cpu_count(), "numba_threads": lpsim_threads(),
         "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
         "python": platform.python_version(), "numpy": np.__version__,
         "numba": numba.__version__, "torch": torch.__version__,
-        "ml_dtypes": ml_dtypes.__version__, "qtorch": qtorch_version, "lpsim": revision,
+        "ml_dtypes": ml_dtypes.__version__, "qtorch": qtorch_version, "lpsim": revision(),
     }
 
 

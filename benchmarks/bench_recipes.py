@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -47,7 +46,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import lpsim  # noqa: E402
 from lpsim.torch import simulate  # noqa: E402
 from train_lm import ByteLM  # noqa: E402
-from timing import cpu_model  # noqa: E402
+from timing import cpu_model, revision  # noqa: E402
 
 PRESETS = ["bf16", "fp8_current", "mxfp8", "mxfp4", "nvfp4"]
 #: (case, least ratio to the BF16 step) per device
@@ -138,8 +137,7 @@ def main(argv=None):
     ms = {case: 1e3 * float(np.median(t)) for case, t in times.items()}
     base = ms["bf16 autocast"]
     device = torch.cuda.get_device_name() if args.device == "cuda" else cpu_model()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=HERE).stdout.strip()
+    commit = revision()
     print(f"# bench_recipes: device {device} ({os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads), "
           f"{datetime.date.today()}, commit {commit}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
 import time
 
 import numpy as np
@@ -16,6 +18,20 @@ def cpu_model() -> str:
                         if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+def revision() -> str:
+    """lpsim's short commit, with " + local changes" when lpsim or lpsim_cuda differ from it
+    ("unknown" without git): what a results header names as the code it timed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../lpsim",
+                                "../lpsim_cuda"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (rev or "unknown") + (" + local changes" if dirty else "")
 
 
 def per_call_rounds(calls: dict, *, budget: float = 0.2, rounds: int = 5) -> dict:
