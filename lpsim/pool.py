@@ -48,10 +48,20 @@ def thread_pool(workers, pid):
     return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
 
 
+def ranges(workers: int) -> int:
+    """How many ranges the work of ``workers`` threads is cut into: PIECES a thread, one
+    for one thread."""
+    return workers * PIECES if workers > 1 else 1
+
+
 def pieces(units: int, workers: int) -> list[int]:
-    """The boundaries of ``min(units, workers * PIECES)`` contiguous ranges of about equal
-    size covering units 0 .. units-1 (one range for one worker)."""
-    count = max(1, min(units, workers * PIECES if workers > 1 else 1))
+    """The boundaries of ``min(units, ranges(workers))`` contiguous ranges of about equal
+    size covering units 0 .. units-1 (a numpy integer taken as a Python int, whose products
+    do not wrap)."""
+    units = int(units)
+    if units < 0:
+        raise ValueError(f"units={units} is not accepted; accepted: an integer >= 0")
+    count = max(1, min(units, ranges(workers)))
     return [units * p // count for p in range(count + 1)]
 
 

@@ -18,6 +18,15 @@ def test_pieces_cover_the_units_once_in_order(units, workers):
     assert len(bounds) - 1 == max(1, min(units, workers * PIECES if workers > 1 else 1))
 
 
+def test_pieces_of_numpy_and_huge_counts_do_not_wrap():
+    huge = np.int64(2**62)
+    bounds = pieces(huge, 2)
+    assert bounds[-1] == 2**62 and all(type(b) is int for b in bounds)
+    assert all(0 < b - a for a, b in zip(bounds, bounds[1:]))
+    with pytest.raises(ValueError, match="units=-1"):
+        pieces(-1, 2)
+
+
 def test_deal_returns_each_range_once_in_order():
     bounds = pieces(1000, 3)
     seen = []

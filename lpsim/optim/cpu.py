@@ -356,8 +356,8 @@ def step(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup) -> np.nda
         args = (wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup.pw, setup.pc,
                 setup.ps, tuple(setup.sp16))
     workers = 1 if n < 2 * PARALLEL_GRAIN else min(threads(), n // PARALLEL_GRAIN)
-    if workers <= 1:
-        return _entry(kernel, args + (first, last))(*args, first, last)
     entry = _entry(kernel, args + (first, last))
+    if workers <= 1:
+        return entry(*args, first, last)
     bounds = [first + b for b in pieces(last - first, workers)]
     return sum(deal(lambda a, b: entry(*args, a, b), bounds, workers))

@@ -21,7 +21,7 @@ from numba import carray, njit, types
 from numba.extending import intrinsic
 
 from lpsim.cpu import params_of
-from lpsim.pool import PIECES, deal
+from lpsim.pool import deal, ranges
 
 from .cpu import CHUNK, _entry, run_chunks, run_quads, scratch
 from .step import NCOUNTS, STORE_F16
@@ -115,7 +115,7 @@ class Table:
         self.protos = tuple(np.zeros(1, np.int32 if kind == 0 else np.int16)
                             for kind in (wkind, gkind, skind, skind, skind, 1))
         self.workers = max(1, min(workers, self.elements // GRAIN, self.total))
-        self.bounds = self._split(per, self.workers * PIECES if self.workers > 1 else 1)
+        self.bounds = self._split(per, ranges(self.workers))
 
     def _split(self, per, workers):
         """Unit boundaries of ``workers`` contiguous ranges of about equal element counts."""
