@@ -1,7 +1,9 @@
 """Optimizer step throughput: lpsim.optim AdamW against torch.optim.AdamW and torchao.
 
 One parameter of n elements (10**7 on the CPU, 10**8 on a GPU), or with ``--shapes small-lm``
-the 30 small tensors of examples/train_lm.py's model; one AdamW step per call, timed in
+the 30 small tensors of examples/train_lm.py's model, or with ``--shapes gpt2`` the 148
+tensors of GPT-2 small (124 million parameters: where one launch per tensor costs more than
+the step on a GPU); one AdamW step per call, timed in
 rounds (every case in each round, after an untimed step, so that drift in the machine's speed
 weighs on all alike), medians reported; prints parameters per second, bytes per parameter
 (weights + optimizer state) and the ratio to torch's foreach and fused FP32 AdamW, measured
@@ -11,7 +13,8 @@ by torch.compile on first use).  On a GPU it also measures the copy bandwidth an
 each step against the bound of 14 bytes per parameter (bf16 weight, gradient, two moments
 read; weight and moments written) moved at that bandwidth.
 
-    python benchmarks/bench_optim.py [--device cpu|cuda] [--n N | --shapes small-lm] [--repeats 5]
+    python benchmarks/bench_optim.py [--device cpu|cuda] [--n N | --shapes small-lm|gpt2]
+                                     [--repeats 5]
                                      [--no-torchao] [--json out.json]
 """
 
@@ -37,7 +40,8 @@ TIMED = 2
 TARGETS = {"cpu": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.5)],
            "cpu small-lm": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.0)],
            "cuda": [("lpsim bf16 SR (fused)", "torch fused fp32", 1.8),
-                    ("lpsim bf16 SR (fused)", "torchao bf16 SR", 1.0)]}
+                    ("lpsim bf16 SR (fused)", "torchao bf16 SR", 1.0)],
+           "cuda gpt2": [("lpsim bf16 SR (fused)", "torch fused fp32", 1.8)]}
 
 
 # lpsim's threads, read without starting numba's threading layer (which would set the
@@ -69,6 +73,15 @@ def lm_shapes(d=64, layers=2, context=64, vocab=256):
     block = [(d,), (d,), (d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (4 * d, d), (4 * d,),
              (d, 4 * d), (d,)]
     return [(vocab, d), (context, d)] + block * layers + [(d,), (d,), (vocab, d), (vocab,)]
+
+
+def gpt2_shapes(d=768, layers=12, context=1024, vocab=50257):
+    """The parameter shapes of GPT-2 small (148 tensors, 124,439,808 parameters; the output
+    layer shares the token embedding): a model as a GPU trains it, many tensors of all
+    sizes."""
+    block = [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,),
+             (4 * d, d), (d,)]
+    return [(vocab, d), (context, d)] + block * layers + [(d,), (d,)]
 
 
 def cases(shapes, device, torchao):
@@ -169,9 +182,10 @@ def main(argv=None):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--n", type=int, default=None,
                         help="elements of the one parameter (default 10**7 cpu, 10**8 cuda)")
-    parser.add_argument("--shapes", choices=("one", "small-lm"), default="one",
-                        help="one parameter of --n elements, or the 30 tensors of "
-                        "examples/train_lm.py's model (per-tensor overhead)")
+    parser.add_argument("--shapes", choices=("one", "small-lm", "gpt2"), default="one",
+                        help="one parameter of --n elements, the 30 tensors of "
+                        "examples/train_lm.py's model, or the 148 of GPT-2 small "
+                        "(per-tensor overhead)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per case (median)")
     parser.add_argument("--no-torchao", action="store_true",
                         help="leave out torchao's bf16 SR AdamW")
@@ -187,6 +201,8 @@ def main(argv=None):
         numba.set_num_threads(args.threads)
     if args.shapes == "small-lm":
         shapes = lm_shapes()
+    elif args.shapes == "gpt2":
+        shapes = gpt2_shapes()
     else:
         shapes = [(args.n or (10 ** 7 if args.device == "cpu" else 10 ** 8),)]
     n = sum(int(np.prod(shape)) for shape in shapes)

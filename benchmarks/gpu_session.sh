@@ -2,7 +2,7 @@
 # Every real-GPU test and GPU benchmark in one or two commands, for a lent GPU machine.
 #
 #   bash benchmarks/gpu_session.sh tests   # LPSIM_TEST_GPU=1 pytest over every file that touches CUDA
-#   bash benchmarks/gpu_session.sh bench   # bench_quantize_gpu, bench_optim, bench_blocks
+#   bash benchmarks/gpu_session.sh bench   # bench_quantize_gpu, bench_optim (one tensor, GPT-2's), bench_blocks
 #   bash benchmarks/gpu_session.sh casgd   # bench_casgd with its roofline plot
 #   bash benchmarks/gpu_session.sh profile # profile_cuda: host overhead, kernel resources, variants
 #   bash benchmarks/gpu_session.sh probe   # probe_tensor_cores: what torch._scaled_mm returns
@@ -102,6 +102,8 @@ bench)
       R=$1
       python3 benchmarks/bench_quantize_gpu.py --json "$R/quantize-gpu.json" 2>&1
       python3 benchmarks/bench_optim.py --device cuda --json "$R/optim-gpu.json" 2>&1
+      python3 benchmarks/bench_optim.py --device cuda --shapes gpt2 --no-torchao --repeats 3 \
+          --json "$R/optim-gpt2-gpu.json" 2>&1
       python3 benchmarks/bench_blocks.py --device cuda --json "$R/blocks-gpu.json" 2>&1
       python3 benchmarks/bench_blocks.py --scaled-mm 2>&1' _ "$R" | tee "$R/bench.log"
     ;;

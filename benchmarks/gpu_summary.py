@@ -15,7 +15,7 @@ import pathlib
 import re
 import xml.etree.ElementTree as ElementTree
 
-TABLES = ("quantize-gpu", "optim-gpu", "blocks-gpu", "casgd-gpu")
+TABLES = ("quantize-gpu", "optim-gpu", "optim-gpt2-gpu", "blocks-gpu", "casgd-gpu")
 
 
 def stages(work: pathlib.Path) -> list[dict]:
@@ -117,6 +117,13 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
         # > 1: the kernel that loads its next quad ahead steps faster (lpsim_cuda.optim)
         ahead = o["rows"].get("lpsim bf16 SR (fused, next quad loaded ahead)", {})
         out["adamw_bf16_sr_ahead_speedup"] = _ratio(sr.get("seconds"), ahead.get("seconds"))
+    o = tables.get("optim-gpt2-gpu")
+    if o:       # GPT-2 small's 148 tensors: one launch per set against one per tensor
+        sr = o["rows"].get("lpsim bf16 SR (fused)", {})
+        out["adamw_gpt2_bf16_sr_vs_torch_fused"] = sr.get("vs torch fused fp32")
+        out["adamw_gpt2_bf16_sr_of_bound"] = sr.get("of bandwidth bound")
+        alone = o["rows"].get("lpsim bf16 SR (fused, per tensor)", {})
+        out["adamw_gpt2_set_vs_per_tensor"] = _ratio(alone.get("seconds"), sr.get("seconds"))
     b = tables.get("blocks-gpu")
     if b:
         rows = b["rows"]

@@ -98,7 +98,9 @@ class Case:
     loads: which global loads (of those inside loops) the measured loop must hold: "all";
     for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
     whose own or enclosing body draws Philox words) or "plain" (the others); "wide" (loads
-    of 8 bytes or more: a kernel whose element-wise fallback has loops of its own).
+    of 8 bytes or more: a kernel whose element-wise fallback has loops of its own);
+    "stores" (the loop holding every store of 8 bytes or more: a kernel that also loads
+    8-byte words of a table in loops around and beside the measured one).
     cold_loops: loops nested in the measured one are a fallback the hot path skips (the
     optimizer's quads that leave the straight path); their instructions are not counted.
     outer: elements per pass of the loop enclosing the measured one, which share that
@@ -213,6 +215,10 @@ def _optim(cls: str, dtype: str, wide: bool = False, ahead: bool = False, **kw):
         finally:
             O.LOAD_AHEAD = saved
         args = O.kernel_arguments(arrays, hp, keys, offset, np.zeros(7, np.int64))
+        if wide == "set":           # a set's table, the element types, hp, seed, keys, ...
+            table = np.zeros((3, O.COLUMNS), np.int64)
+            args = (table, arrays[0], arrays[1], arrays[2], arrays[5], hp, keys[:3],
+                    args[-3], np.zeros(7, np.int64), 1, O.TILE_PASSES)
         return (kernel.py_func, tuple(numba.typeof(a) for a in args),
                 kernel.targetoptions.get("launch_bounds"))
     return build
@@ -293,6 +299,13 @@ CASES = [
     Case("optim AdamW bf16 stochastic", "optim", True,
          _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
+    # a set's one launch (lpsim_cuda.optim.Table): a pass steps one quad of the tensor its
+    # tile found in the table; the tile's own work (the search, a loop of log2(tensors)
+    # passes counted once, and reading the row) is shared by its TILE_PASSES quads
+    Case("optim AdamW bf16 stochastic set", "optim", False,
+         _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic",
+                state_rounding="stochastic"), elements=4, loads="stores", cold_loops=True,
+         outer=16),
     Case("optim AdamW bf16 stochastic ahead", "optim", False,
          _optim("AdamW", "bfloat16", wide=True, ahead=True, update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
@@ -459,6 +472,9 @@ def measure(sass: str, case: Case) -> dict:
 
     if case.loads == "wide":
         loads = [i for i in loads if width(code[i][0]) >= 64]
+    elif case.loads == "stores":
+        loads = [i for i, (op, _) in enumerate(code) if op.startswith("STG")
+                 and width(op) >= 64 and any(_inside(lp, i) for lp in found)]
     elif case.loads != "all":
         loads = [i for i in loads if draws(i) == (case.loads == "philox")]
     holding = [lp for lp in found if loads and all(_inside(lp, i) for i in loads)]
@@ -597,7 +613,7 @@ def stub_cold_paths() -> None:
                       sp16, counts):
         counts[0] += 1
 
-    importlib.import_module("lpsim_cuda.optim")._declined_quad = declined_quad
+    importlib.import_module("lpsim_cuda.optim")._general_quad = declined_quad
 
 
 def _straight_rows(argv: list[str]):

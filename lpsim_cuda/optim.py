@@ -14,6 +14,14 @@ is stepped again from its untouched codes by step_quad.  One element per access,
 stores between the next element's loads, left a thread's memory accesses in series: the
 step ran at 0.24 of the bandwidth bound on an H100 (benchmarks/results/gpu-summary.json).
 
+A *set* (the tensors of one param group that share dtypes and step count, as
+:mod:`lpsim.optim.multi` groups them on the CPU) is stepped by one launch (:class:`Table`): a
+device table holds each tensor's addresses, size and streams, the grid-stride loop runs over
+tiles of THREADS quads numbered across the set, and each tile finds its tensor by a binary
+search of the table, then steps its quads with the same functions as the per-tensor kernels.
+A launch through numba costs tens of microseconds of host time, so a model of a few hundred
+tensors spent milliseconds a step launching before.
+
 numba.cuda contracts ``a*b + c`` into an FMA (NVVM's default), which rounds once where the
 CPU rounds twice; so on a real GPU the step's products (:func:`lpsim.optim.step.fmul`) are
 rebound to ``fmul_rn`` (:func:`rebind`), one source compiled with another primitive.  The
@@ -22,6 +30,7 @@ simulator runs the Python source as it is.
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -72,9 +81,10 @@ else:                                                      # pragma: no cover (G
 
     _rebound = rebind(core, {"fmul": _fmul_rn})
     _step_quad, _step_codes = _rebound["step_quad"], _rebound["step_codes"]
-#: the wide kernel's fallback for a quad a lane declines (its own name: the kernel budget's
-#: straight count stubs it, benchmarks/kernel_budget.py)
-_declined_quad = _step_quad
+#: the general step of a quad the wide path does not take: one of its lanes declined, it is
+#: a tensor's partial last quad, or a set's tensor that is not aligned (its own name: the
+#: kernel budget's straight count stubs it, benchmarks/kernel_budget.py)
+_general_quad = _step_quad
 
 
 @register_jitable
@@ -114,8 +124,8 @@ def _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds, hp, in
                       pw, pc, ps, sp16, counts):
     """Local elements 4j .. 4j+3 (offset a multiple of 4) from their ``codes``
     (:func:`_quad_codes`), every array written by one wide store, the four lanes by the
-    straight path; where a lane declines, the quad by step_quad from its codes in memory,
-    which nothing has written yet."""
+    straight path; whether it stored them.  Where a lane declines, nothing is written and
+    the caller steps the quad by :data:`_general_quad` from its codes in memory."""
     algo, update, wmode, smode = ints[0], ints[1], ints[2], ints[4]
     stream_w, stream_m, stream_v = keys[2], keys[3], keys[4]
     q = (offset >> 2) + j
@@ -145,9 +155,8 @@ def _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds, hp, in
             vector.store4(rb, j, a0[4], a1[4], a2[4], a3[4])
         counts[0] += (a0[5] & 1) + (a1[5] & 1) + (a2[5] & 1) + (a3[5] & 1)
         counts[6] += a0[6] + a1[6] + a2[6] + a3[6]
-    else:
-        _declined_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
-                       sp16, counts)
+        return True
+    return False
 
 
 @register_jitable
@@ -157,7 +166,7 @@ def _step_all(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, pw, pc, ps,
     n = wb.size
     first = offset // 4
     nquads = (offset + n + 3) // 4 - first
-    local = cuda.local.array(NCOUNTS, np.int64)
+    local = cuda.local.array(NCOUNTS, np.int32)
     for f in range(NCOUNTS):
         local[f] = 0
     j = cuda.grid(1)
@@ -184,7 +193,7 @@ def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, offset, pw,
     so its loads are in flight while the step computes."""
     n = wb.size
     full = n >> 2
-    local = cuda.local.array(NCOUNTS, np.int64)
+    local = cuda.local.array(NCOUNTS, np.int32)
     for f in range(NCOUNTS):
         local[f] = 0
     j = cuda.grid(1)
@@ -201,12 +210,79 @@ def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, offset, pw,
                 codes = _quad_codes(j + stride, wb, gb, mb, vb, cb, rb, hp, ints)
         else:
             now = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
-        _step_quad_vector(j, n, offset, now, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys,
-                          ks, pw, pc, ps, sp16, local)
+        if not _step_quad_vector(j, n, offset, now, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
+                                 keys, ks, pw, pc, ps, sp16, local):
+            _general_quad((offset >> 2) + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp,
+                          ints, keys, pw, pc, ps, sp16, local)
         j += stride
     if cuda.grid(1) == 0 and (n & 3) != 0:
         _step_quad((offset >> 2) + full, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
                    keys, pw, pc, ps, sp16, local)
+    _add_counts(counts, local)
+
+
+#: the set table's columns: lpsim.optim.multi.Table's row (addresses of weight, gradient and
+#: states, element count, global offset, the three streams at step 0), then the tensor's
+#: quads, its first tile and whether its whole quads take the wide path (see Table)
+W, G, M, V, C, R, N, OFFSET, SW, SM, SV, QUADS, FIRST, WIDE = range(14)
+COLUMNS = 14
+#: passes a thread makes over a tile of a set (a tile: TILE_PASSES x THREADS quads of one
+#: tensor), so that the search of the table and the reading of a row serve several quads
+TILE_PASSES = 4
+
+
+@register_jitable
+def _row_of(table, tile):
+    """The table row whose tiles hold ``tile``: the last one whose FIRST is <= tile (a row
+    of no tiles shares its FIRST with the next row, which is found instead)."""
+    lo = 0
+    hi = table.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if table[mid, FIRST] <= tile:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@register_jitable
+def _step_rows(table, pw_, pg_, ps_, pr_, kinds, hp, ints, seed, ks, pw, pc, ps, sp16, counts,
+               tiles, passes):
+    """Every tile of a set's table in a grid-stride loop over the blocks: thread t of a
+    block steps quads t, t + THREADS, ... (``passes`` of them) of its tile's tensor, whole
+    quads of an aligned tensor (WIDE) by :func:`_step_quad_vector`, others (the last,
+    partial quad; every quad of a tensor that is not aligned) by step_quad.  ``seed``:
+    (seed_lo, seed_hi, the step's stream shift); ``pw_`` .. ``pr_``: arrays of the weight,
+    gradient, state and remainder element types (the table's addresses are read as those).
+    ``passes`` is an argument, not a constant, so that the pass loop is not unrolled."""
+    local = cuda.local.array(NCOUNTS, np.int32)
+    for f in range(NCOUNTS):
+        local[f] = 0
+    tile = cuda.blockIdx.x
+    while tile < tiles:
+        i = _row_of(table, tile)
+        n, offset, quads = table[i, N], table[i, OFFSET], table[i, QUADS]
+        full = (n >> 2) if table[i, WIDE] != 0 else 0
+        wb, gb = vector.pointer(table[i, W], pw_), vector.pointer(table[i, G], pg_)
+        mb, vb = vector.pointer(table[i, M], ps_), vector.pointer(table[i, V], ps_)
+        cb, rb = vector.pointer(table[i, C], ps_), vector.pointer(table[i, R], pr_)
+        keys = (seed[0], seed[1], table[i, SW] + seed[2], table[i, SM] + seed[2],
+                table[i, SV] + seed[2])
+        j = (tile - table[i, FIRST]) * (passes * THREADS) + cuda.threadIdx.x
+        for _ in range(passes):
+            if j >= quads:
+                break
+            done = False
+            if j < full:
+                codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
+                done = _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds,
+                                         hp, ints, keys, ks, pw, pc, ps, sp16, local)
+            if not done:
+                _general_quad((offset >> 2) + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp,
+                              ints, keys, pw, pc, ps, sp16, local)
+            j += THREADS
+        tile += cuda.gridDim.x
     _add_counts(counts, local)
 
 
@@ -218,10 +294,14 @@ def _make_kernel(kinds, ints, pw, pc, ps, sp16, wide=False):
     hyperparameters, keys (and the seed's round keys, ``ks``) and offset stay arguments:
     they change from step to step.
     ``wide``: the aligned kernel (:func:`_step_vectors`), which a call takes where
-    :func:`aligned` holds."""
+    :func:`aligned` holds; "set": the kernel of a set's table (:func:`_step_rows`)."""
     KINDS, INTS, PW, PC, PS, SP16, AHEAD = kinds, ints, pw, pc, ps, sp16, LOAD_AHEAD
 
-    if wide:
+    if wide == "set":
+        def kernel(table, pw_, pg_, ps_, pr_, hp, seed, ks, counts, tiles, passes):
+            _step_rows(table, pw_, pg_, ps_, pr_, KINDS, hp, INTS, seed, ks, PW, PC, PS, SP16,
+                       counts, tiles, passes)
+    elif wide:
         def kernel(wb, gb, mb, vb, cb, rb, hp, keys, ks, offset, counts):
             _step_vectors(wb, gb, mb, vb, cb, rb, KINDS, hp, INTS, keys, ks, offset, PW, PC,
                           PS, SP16, counts, AHEAD)
@@ -264,7 +344,7 @@ def step_arrays(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, offset, setup, co
         return
     wide = aligned(offset, (wb, gb, mb, vb, cb, rb))
     nquads = max(n // 4, 1) if wide else (offset + n + 3) // 4 - offset // 4
-    grid = launch.grid_size(nquads, launch.current_device())
+    grid = launch.grid_size(nquads, launch.current_device(), BLOCKS_PER_SM)
     kinds, ints, sp16 = tuple(kinds), tuple(ints), tuple(setup.sp16)
     kernel = optim_kernel(kinds, ints, setup.pw, setup.pc, setup.ps, sp16, wide)
     kernel[grid, THREADS, stream](*kernel_arguments((wb, gb, mb, vb, cb, rb), hp, keys, offset,
@@ -289,3 +369,91 @@ def step(param, grad, m, v, c, r, kargs, setup, counts):                # pragma
                  for t, dt in ((param, None), (grad, None), (m, sdtype), (v, sdtype),
                                (c, sdtype), (r, np.int16))]
         step_arrays(*views, *kargs, setup, counts, stream)
+
+
+class Table:
+    """A set's device table: one launch steps every tensor of it (:func:`_step_rows`).
+
+    ``rows``: lpsim.optim.multi.Table's rows, (weight, gradient, m, v, Kahan, remainder
+    addresses (0: absent), element count, global offset, the three streams at step 0) per
+    tensor; ``setup``: the set's lpsim.optim.setup.Setup; ``device``: the torch device of
+    its tensors (the table then goes up through pinned memory on torch's stream), or None
+    for numba device arrays (whose addresses come from :func:`lpsim_cuda.vector.address_of`).
+    A step refreshes the gradients' addresses (:meth:`refresh`) and uploads the table with
+    them; the host never waits for the device.
+    """
+
+    def __init__(self, rows, setup, device=None):
+        with self._on_device(device):
+            self._build(rows, setup, device)
+
+    @staticmethod
+    def _on_device(device):
+        """A context that makes ``device`` (a torch device, or None) current."""
+        if device is None:
+            return contextlib.nullcontext()
+        import torch                                        # pragma: no cover (GPU only)
+        return torch.cuda.device(device)
+
+    def _build(self, rows, setup, device):
+        self.setup, self.device = setup, device
+        self.host = np.zeros((len(rows), COLUMNS), np.int64)
+        self.host[:, :QUADS] = rows
+        bits = [np.int32 if kind == core.STORE_F32 else np.int16 for kind in setup.kinds]
+        self.protos = tuple(launch.placeholder((4,), dt) for dt in (*bits, np.int16))
+        self.sizes = np.array([np.dtype(dt).itemsize for dt in (*bits, bits[2], bits[2],
+                                                                 np.int16)], np.int64)
+        for column in (M, V, C, R):             # an absent state: a placeholder never read
+            proto = self.protos[3 if column == R else 2]
+            self.host[self.host[:, column] == 0, column] = vector.address_of(proto)
+        n, offset = self.host[:, N], self.host[:, OFFSET]
+        self.host[:, QUADS] = quads = (offset + n + 3) // 4 - offset // 4
+        tiles = -(-quads // (TILE_PASSES * THREADS))
+        self.host[:, FIRST] = np.cumsum(tiles) - tiles
+        self.tiles = int(tiles.sum())
+        self.elements = int(n.sum())
+        self._keys = (None, None)
+        self._held = None
+
+    def refresh(self, grads) -> None:
+        """Set the gradients' addresses (torch tensors or numba device arrays), and with them
+        which tensors take the wide path: every array aligned to four of its elements."""
+        self.host[:, G] = [g.data_ptr() if launch.is_torch(g) else vector.address_of(g)
+                           for g in grads]
+        aligned = (self.host[:, OFFSET] % 4 == 0) & np.all(
+            self.host[:, W:R + 1] % (4 * self.sizes) == 0, axis=1)
+        self.host[:, WIDE] = aligned
+
+    def step(self, hp, ints, seed, step: int, counts, stream=0) -> None:
+        """Launch the step of the set at step count ``step`` (hyperparameters ``hp``, the
+        per-tensor kernel's ``ints``, ``seed`` = (lo, hi)); counters are added into the
+        device array ``counts``.  Torch tensors' sets launch on torch's current stream of
+        their device, others on ``stream``."""
+        if self.tiles == 0:
+            return
+        with self._on_device(self.device):
+            if self.device is not None:                     # pragma: no cover (GPU only)
+                stream = launch.torch_stream(self.device)
+            self._launch(hp, ints, seed, step, counts, stream)
+
+    def _launch(self, hp, ints, seed, step, counts, stream):
+        setup = self.setup
+        kernel = optim_kernel(tuple(setup.kinds), tuple(ints), setup.pw, setup.pc, setup.ps,
+                              tuple(setup.sp16), "set")
+        if self._keys[0] != tuple(seed):
+            self._keys = (tuple(seed), round_keys(*seed))
+        grid = launch.grid_size(self.tiles * THREADS, launch.current_device(), BLOCKS_PER_SM)
+        kernel[grid, THREADS, stream](self._upload(stream), *self.protos, hp,
+                                      (seed[0], seed[1], int(step) << 24), self._keys[1],
+                                      counts, self.tiles, TILE_PASSES)
+
+    def _upload(self, stream):
+        """The table on the device, copied on the launch's stream."""
+        if self.device is None:
+            return cuda.to_device(self.host, stream=stream)
+        import torch                                        # pragma: no cover (GPU only)
+        held = self._held = torch.from_numpy(self.host).pin_memory().to(self.device,
+                                                                          non_blocking=True)
+        desc = {"shape": self.host.shape, "strides": None, "data": (held.data_ptr(), False),
+                "typestr": self.host.dtype.str, "version": 2}
+        return cuda.from_cuda_array_interface(desc, owner=held, sync=False)

@@ -10,13 +10,35 @@ type, as an array store casts them) as one 16-, 8- or 4-byte store (packed stora
 bfloat16 or float8 codes out); both assume the data is aligned to the access's width, which
 the caller checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they are plain
 Python over the four elements (same values, no alignment rule to break).
+
+Both also take a pointer made by ``pointer(address, proto)``: the int64 device ``address`` seen
+as elements of ``proto``'s type (indexed as an array: ``p[i]``), which is how one launch reaches
+many tensors through a table of their addresses (:class:`lpsim_cuda.optim.Table`).  The
+simulator has no addresses: :func:`address_of` records each array whose address it hands out,
+and ``pointer`` gives that array back.
 """
 
 from __future__ import annotations
 
-from .launch import SIMULATOR
+from .launch import SIMULATOR, address
+
+#: the simulator's arrays by the address address_of gave out (pointer's lookup)
+_SIMULATED: dict = {}
+
+
+def address_of(array) -> int:
+    """The device address of a numba device array's data, for a table that ``pointer``
+    reads (under the simulator, the array is recorded so that ``pointer`` finds it)."""
+    found = address(array)
+    if SIMULATOR:
+        _SIMULATED[found] = array
+    return found
+
 
 if SIMULATOR:
+    def pointer(where, proto):
+        return _SIMULATED[int(where)]
+
     def load4(a, j):
         i = 4 * j
         return a[i], a[i + 1], a[i + 2], a[i + 3]
@@ -36,14 +58,37 @@ else:
                types.int8: ir.IntType(8), types.float32: ir.FloatType()}
 
     def _address(context, builder, aryty, ary, index, indexty, vector):
-        """A pointer of type ``vector*`` to element 4 * index of the array ``ary``."""
-        data = context.make_array(aryty)(context, builder, ary).data
+        """A pointer of type ``vector*`` to element 4 * index of the array (or pointer)
+        ``ary``."""
+        if isinstance(aryty, types.CPointer):
+            data = ary
+        else:
+            data = context.make_array(aryty)(context, builder, ary).data
         j = context.cast(builder, index, indexty, types.intp)
         first = builder.mul(j, ir.Constant(ir.IntType(64), 4))
         return builder.bitcast(builder.gep(data, [first]), vector.as_pointer())
 
     def _flat(a, element_types) -> bool:
-        return isinstance(a, types.Array) and a.dtype in element_types and a.ndim == 1
+        """A 1-D array, or a pointer, of one of ``element_types``."""
+        return (isinstance(a, types.CPointer) or (isinstance(a, types.Array) and a.ndim == 1)) \
+            and a.dtype in element_types
+
+    @intrinsic
+    def pointer(typingctx, address, proto):
+        """``address`` (an integer) as a pointer to elements of the array ``proto``'s type."""
+        if not (isinstance(address, types.Integer) and isinstance(proto, types.Array)):
+            return None
+        ptr = types.CPointer(proto.dtype)
+
+        def codegen(context, builder, signature, args):
+            # made in the global address space and cast to a generic pointer (numba's), so
+            # that NVVM sees where it points and loads and stores through it are global ones
+            # (LDG, STG) rather than generic ones, which must find their space at run time
+            value = context.cast(builder, args[0], signature.args[0], types.int64)
+            element = context.get_value_type(proto.dtype)
+            held = builder.inttoptr(value, element.as_pointer(addrspace=1))
+            return builder.addrspacecast(held, element.as_pointer())
+        return ptr(address, proto), codegen
 
     @intrinsic
     def load4(typingctx, a, j):

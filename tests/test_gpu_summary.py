@@ -44,3 +44,19 @@ def test_a_log_without_outcomes_gives_no_counts(tmp_path):
     (tmp_path / "tests.log").write_text("bringing up nodes...\n......F.. [100%]\n")
     assert gpu_summary.tests(tmp_path) is None
     assert gpu_summary.tests(tmp_path / "absent") is None
+
+
+def test_the_optimizer_figures_come_from_both_tables():
+    """One tensor of 10**8 and GPT-2 small's 148 tensors: each figure from its own table
+    (one launch per set against one per tensor: the per-tensor time over the set's)."""
+    one = {"rows": {"lpsim bf16 SR (fused)": {"vs torch fused fp32": 0.5, "seconds": 2.0,
+                                              "of bandwidth bound": 0.25},
+                    "torchao bf16 SR": {"seconds": 1.0}}}
+    gpt2 = {"rows": {"lpsim bf16 SR (fused)": {"vs torch fused fp32": 1.2, "seconds": 3.0,
+                                               "of bandwidth bound": 0.6},
+                     "lpsim bf16 SR (fused, per tensor)": {"seconds": 12.0}}}
+    got = gpu_summary.headline({"optim-gpu": one, "optim-gpt2-gpu": gpt2}, None)
+    assert (got["adamw_bf16_sr_vs_torch_fused"], got["adamw_bf16_sr_vs_torchao"]) == (0.5, 0.5)
+    assert (got["adamw_gpt2_bf16_sr_vs_torch_fused"], got["adamw_gpt2_bf16_sr_of_bound"],
+            got["adamw_gpt2_set_vs_per_tensor"]) == (1.2, 0.6, 4.0)
+    assert "adamw_gpt2_set_vs_per_tensor" not in gpu_summary.headline({"optim-gpu": one}, None)

@@ -18,7 +18,7 @@ from lpsim.optim import step as core
 from lpsim.optim.setup import resolve
 from lpsim.philox import split_key
 import lpsim_cuda.optim as cuda_optim
-from lpsim_cuda import launch
+from lpsim_cuda import launch, vector
 from lpsim_cuda.optim import aligned, rebind, step_arrays
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
@@ -194,3 +194,99 @@ def test_step_with_its_configuration_as_constants_equals_the_cpu_kernel(cls, dty
     for want, got in zip(host, arrays):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(counts, counts_cpu)
+
+
+def _set_of(cls, dtype, kw, sizes, t, unaligned=()):
+    """Per-tensor kernel arguments of tensors of ``sizes`` (positions 0, 1, ... of one
+    optimizer) and a lpsim_cuda.optim.Table over device copies of them; the tensors at
+    ``unaligned`` positions start one element into their buffers.  (table, device arrays,
+    host arrays, kargs of each, setup)."""
+    rows, device, host, kargs_all = [], [], [], []
+    for index, n in enumerate(sizes):
+        arrays, kargs, setup = inputs(cls, dtype, kw, max(n, 1), 0, t=t,
+                                      specials=(float("nan"), 3e38) if index == 1 else ())
+        arrays = [a[:n] if a.size > 1 else a for a in arrays]
+        kinds, hp, ints, ks, offset = kargs
+        kargs = (kinds, hp, ints, ks[:2] + tuple(keys.stream(t, index, s) for s in range(3)),
+                 offset)
+        skip = int(index in unaligned)
+        views = [cuda.to_device(np.concatenate([a[:skip], a]))[skip:] for a in arrays]
+        present = [v.size == n and n > 0 for v in views]
+        rows.append((*(vector.address_of(v) if ok else 0 for v, ok in zip(views, present)),
+                     n, 0, *(keys.stream(0, index, s) for s in range(3))))
+        device.append(views)
+        host.append(arrays)
+        kargs_all.append(kargs)
+    return cuda_optim.Table(rows, setup), device, host, kargs_all, setup
+
+
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_a_set_in_one_launch_equals_each_tensor_on_the_cpu(cls, dtype, kw, monkeypatch):
+    """One launch over a set's table (lpsim_cuda.optim.Table): tensors of no, 1, 7 and 1303
+    elements (several tiles; a one-block grid makes the grid-stride loop take each in turn),
+    one holding NaN and huge gradients (quads the straight path declines) and one that starts
+    off a four-element boundary (the general path) equal the CPU kernel tensor by tensor,
+    counters included, each with its own position's streams."""
+    monkeypatch.setattr(launch, "GRID_LIMIT", 1)
+    sizes = [37, 1303, 0, 7, 130, 1, 0]
+    t = 4
+    table, device, host, kargs, setup = _set_of(cls, dtype, kw, sizes, t, unaligned=(4,))
+    table.refresh([views[1] for views in device])
+    assert table.host[:, cuda_optim.WIDE].tolist() == [1, 1, 1, 1, 0, 1, 1]
+    assert table.tiles >= 4 and table.elements == sum(sizes)
+    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
+    kinds, hp, ints, seed, _ = kargs[0]
+    table.step(hp, ints, seed[:2], t, counts)
+    want = np.zeros(core.NCOUNTS, np.int64)
+    for views, arrays, args, n in zip(device, host, kargs, sizes):
+        mine = [a.copy() for a in arrays]
+        if n:
+            want += cpu.step(*mine, *args, setup)
+        for expected, got in zip(mine, views):
+            np.testing.assert_array_equal(got.copy_to_host(), expected)
+    np.testing.assert_array_equal(counts.copy_to_host(), want)
+    assert want[0] > 0
+
+
+def test_the_table_search_finds_each_tiles_tensor():
+    """_row_of: the row whose tiles hold a tile, past rows of no tiles."""
+    table = np.zeros((5, cuda_optim.COLUMNS), np.int64)
+    table[:, cuda_optim.FIRST] = [0, 2, 2, 3, 3]       # rows 1 and 3 have no tiles
+    search = njit(cuda_optim._row_of)
+    assert [search(table, tile) for tile in range(6)] == [0, 0, 2, 4, 4, 4]
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU: run with LPSIM_TEST_GPU=1 on a CUDA machine")
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
+    """torch CUDA parameters of many sizes (one launch per set, foreach=True) == one launch
+    per tensor (foreach=False) == the CPU, over 3 steps, counters included; one parameter
+    is a view that starts off a four-element boundary, and the last step's gradients
+    are new tensors (the table's gradient addresses change)."""
+    gen = torch.Generator().manual_seed(1)
+    sizes = [(3, 5), (2 ** 18 + 3,), (1,), (64, 33), (0,), (1000,)]
+    base = [torch.randn(s, generator=gen).to(dtype) for s in sizes]
+    grads = [[torch.randn(s, generator=gen).to(dtype) for s in sizes] for _ in range(3)]
+    out = []
+    for device, foreach in (("cpu", True), ("cuda", False), ("cuda", True)):
+        flat = torch.zeros(1001, dtype=dtype, device=device)
+        params = [torch.nn.Parameter(b.clone().to(device)) for b in base]
+        params[5] = torch.nn.Parameter(flat[1:])            # off a four-element boundary
+        params[5].data.copy_(base[5])
+        opt = cls(params, lr=0.01, seed=5, foreach=foreach, **kw)
+        for step in grads:
+            for p, g in zip(params, step):
+                p.grad = g.to(device)
+            opt.step()
+        out.append(([p.detach().cpu() for p in params], opt.update_stats.as_dict(),
+                     opt.cancelled_updates,
+                     [{k: v.cpu() for k, v in opt.state[p].items() if torch.is_tensor(v)}
+                      for p in params]))
+    for got in out[1:]:
+        for a, b in zip(out[0][0], got[0]):
+            assert torch.equal(a.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                               b.view(torch.int16 if dtype != torch.float32 else torch.int32))
+        assert got[1:3] == out[0][1:3]
+        for sa, sb in zip(out[0][3], got[3]):
+            for key in sa:
+                assert torch.equal(sa[key], sb[key]), key

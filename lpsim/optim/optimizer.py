@@ -7,8 +7,6 @@ The class validates and holds hyperparameters and state; the math of a step live
 
 from __future__ import annotations
 
-import math
-import numbers
 import operator
 from itertools import chain
 import secrets
@@ -17,101 +15,16 @@ import numpy as np
 import torch
 from lpsim.cpu import threads
 
-from lpsim.formats import parse_format
 from lpsim.philox import split_key
 from lpsim.stats import RoundingStats
 
 from . import cpu, keys, multi, reference
-from .setup import STATE_ROUNDINGS, STORAGE, Setup, resolve
-from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD, UPDATES
+from .options import OPTIONS, check_number, check_options
+from .setup import STORAGE, Setup, resolve
+from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD
 
-IMPLEMENTATIONS = ("fused", "reference")
 #: tensor types the multi-tensor route takes (others, e.g. DTensor, are stepped one by one)
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
-
-
-def _check_number(name, value, low=0.0, high=None, open_high=False):
-    """A real hyperparameter (Python or numpy scalar, or a 1-element real tensor as torch.optim
-    takes for lr; not a bool) in range."""
-    if torch.is_tensor(value):
-        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
-            raise (ValueError if value.numel() != 1 else TypeError)(
-                f"{name}={value!r} must be a real number or a 1-element real tensor")
-        value = value.item()
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
-            math.isnan(value):
-        raise TypeError(f"{name}={value!r} must be a real number")
-    if value < low or (high is not None and (value >= high if open_high else value > high)):
-        bound = f"< {high}" if open_high else f"<= {high}"
-        raise ValueError(f"{name}={value!r} is out of range; accepted: {low} <= {name}"
-                         + (f" {bound}" if high is not None else ""))
-
-
-#: torch.optim's flags lpsim takes (at these values; ``maximize`` either way): a config
-#: written for torch.optim keeps them, and its state dict's groups carry them
-TORCH_FLAGS = {"maximize": (False, True), "amsgrad": (False,), "capturable": (False,),
-               "differentiable": (False,), "fused": (None, False, True)}
-_WHY = {"amsgrad": "lpsim's AdamW keeps no running maximum of the second moment",
-        "capturable": "lpsim's steps keep their step counts on the host (no CUDA graphs)",
-        "differentiable": "lpsim's kernels do not record autograd through the step"}
-
-
-def check_flags(group: dict) -> None:
-    """A TypeError for a torch.optim flag of the wrong type, a ValueError for one set to what
-    lpsim cannot do, naming it (flags absent from a group keep torch's defaults)."""
-    for name, accepted in TORCH_FLAGS.items():
-        if name not in group:
-            continue
-        value = group[name]
-        if not (isinstance(value, bool) or (value is None and None in accepted)):
-            raise TypeError(f"{name}={value!r} is not a bool; accepted: "
-                            + ", ".join(map(repr, accepted)))
-        if value not in accepted:
-            raise ValueError(f"{name}={value!r}: {_WHY[name]}; accepted: "
-                             + ", ".join(map(repr, accepted)))
-    if group.get("fused") and group["implementation"] == "reference":
-        raise ValueError("fused=True with implementation='reference'; accepted: fused=None or "
-                         "False with the reference, or implementation='fused'")
-
-
-#: the options of a param group lpsim reads at every step
-OPTIONS = ("update_rounding", "weight_format", "state_format", "state_rounding", "sr_bits",
-           "seed", "implementation", "foreach")
-
-
-def check_options(group: dict) -> None:
-    """A clear error for an lpsim option of a param group that is not accepted: at
-    construction, in add_param_group and at every step (param_groups are plain dicts a user
-    or a loaded state dict may change)."""
-    missing = [name for name in OPTIONS if name not in group]
-    if missing:
-        raise ValueError(f"a param group has no {missing[0]!r}; lpsim's options ("
-                         f"{', '.join(OPTIONS)}) must be in every group")
-    update_rounding, state_rounding, implementation, foreach, sr_bits = (
-        group["update_rounding"], group["state_rounding"], group["implementation"],
-        group["foreach"], group["sr_bits"])
-    if update_rounding not in UPDATES:
-        raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
-                         f"{', '.join(UPDATES)}")
-    if state_rounding not in STATE_ROUNDINGS:
-        raise ValueError(f"unknown state_rounding {state_rounding!r}; accepted: "
-                         f"{', '.join(STATE_ROUNDINGS)}")
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown implementation {implementation!r}; accepted: "
-                         f"{', '.join(IMPLEMENTATIONS)}")
-    for name in ("weight_format", "state_format"):
-        if group[name] is not None:
-            parse_format(group[name])          # a clear error now, not in a kernel
-    if not (foreach is None or isinstance(foreach, bool)):
-        raise TypeError(f"foreach={foreach!r} is not a bool; accepted: None (True), True or "
-                        "False")
-    if sr_bits is not None:
-        if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
-            raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
-        if not 1 <= sr_bits <= 32:
-            raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
-    split_key(group["seed"], "seed")
-    check_flags(group)
 
 
 _ABSENT = object()
@@ -130,10 +43,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     stochastic decision (1..32; default 32, every random word's bits).  seed: the
     Philox key (default: fresh from ``secrets``), see :mod:`lpsim.optim.keys`.
     implementation: "fused" (numba CPU kernel, lpsim_cuda for CUDA tensors) or "reference".
-    foreach: with "fused", step a group's CPU tensors that share dtypes and step count with
-    one multi-tensor kernel call (True, the default: :mod:`lpsim.optim.multi`) or one call
-    per tensor (False); the bits are the same.  CUDA tensors and DTensors are stepped one by
-    one (one launch per tensor); parameters are not gathered into flat buffers.
+    foreach: with "fused", step a group's tensors that share a device, dtypes and step count
+    with one multi-tensor kernel call (True, the default: :mod:`lpsim.optim.multi` on the
+    CPU, one launch over a table of their addresses on a GPU: lpsim_cuda.optim.Table) or
+    one call per tensor (False); the bits are the same.  DTensors are stepped one by one;
+    parameters are not gathered into flat buffers.
 
     Options and states are checked at every step: a param group's lpsim options as at
     construction (param_groups are plain dicts), and each state tensor against its parameter
@@ -440,19 +354,24 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     def _plan_group(self, group, base, singles) -> list:
         """Check a group's parameters for the multi-tensor route, changing nothing: the sets
         (tensors of one dtype pair, Setup and step count), each with its cached table where
-        every tensor it points to is as it was; others (CUDA, meta, DTensor, non-contiguous
-        parameters, or a check that fails, to raise its error) go to ``singles``."""
-        sets = {}       # (id of Setup, step count) -> [Setup, t, positions, params, grads, states]
+        every tensor it points to is as it was; others (meta, DTensor, non-contiguous
+        parameters, a gradient on another device, or a check that fails, to raise its error)
+        go to ``singles``."""
+        sets = {}       # (id of Setup, step count, device) -> [Setup, t, positions, params,
+        #                 grads, states]
         state = self.state
         resolved = {}
-        last = (None, 0)
+        last = (None, 0, -1)
         entry = None
         for j, p in enumerate(group["params"]):
             g = p.grad
             if g is None:
                 continue
-            if (type(p) not in _PLAIN or type(g) is not torch.Tensor or not p.is_cpu
-                    or not g.is_cpu or g.layout is not torch.strided or not p.is_contiguous()
+            device = p.get_device()             # -1: the CPU
+            if (type(p) not in _PLAIN or type(g) is not torch.Tensor
+                    or not (p.is_cpu or p.is_cuda) or g.get_device() != device
+                    or g.is_cpu != p.is_cpu or g.layout is not torch.strided
+                    or not p.is_contiguous()
                     or g.numel() != p.numel()):
                 singles.append(self._prepare(p, base + j, group))
                 continue
@@ -468,11 +387,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 t = step + 1
             else:                       # no state yet, or a step count that is not an int
                 t = self._check_states(st or {}, p, group, setup, base + j) + 1
-            if last[0] is not setup or last[1] != t:        # a set other than the last one's
-                last = (setup, t)
-                entry = sets.get((id(setup), t))
+            if last[0] is not setup or last[1] != t or last[2] != device:   # another set
+                last = (setup, t, device)
+                entry = sets.get((id(setup), t, device))
                 if entry is None:
-                    entry = sets[id(setup), t] = [setup, t, [], [], [], []]
+                    entry = sets[id(setup), t, device] = [setup, t, [], [], [], []]
             entry[2].append(j)
             entry[3].append(p)
             entry[4].append(g)
@@ -532,7 +451,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             hp = hyper[t] = self._hyper(group, t)
         ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
                 int(bool(group.get("nesterov", False))), int(t == 1))
-        counts = table.step(hp, ints, split_key(group["seed"], "seed"), t)
+        seed = split_key(group["seed"], "seed")
+        if params[0].is_cuda:                                 # pragma: no cover (GPU only)
+            table.step(hp, ints, seed, t, self._device_counts(params[0]))
+            self._stats.add(table.elements, [0] * 6)
+            return
+        counts = table.step(hp, ints, seed, t)
         self._stats.counts[0] += table.elements
         self._stats.counts[1:] += counts[:6]
         self._cancelled += int(counts[6])
@@ -555,7 +479,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                                     "remainder")]
             rows.append((p.data_ptr(), 0, *address, p.numel(), 0,
                          *(keys.stream(0, base + j, slot) for slot in range(3))))
-        table = multi.Table(rows, setup, threads())
+        if params[0].is_cuda:                                 # pragma: no cover (GPU only)
+            from lpsim_cuda.optim import Table
+            table = Table(rows, setup, params[0].device)
+        else:
+            table = multi.Table(rows, setup, threads())
         # the tensors are kept with their table, so their ids stay theirs, and so are their
         # storages: a state whose .data is swapped keeps the memory the table points to
         storages = [t.untyped_storage() for t in (*params, *held)]
@@ -671,15 +599,18 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
             local.copy_(w)
 
     def _step_cuda(self, w, grad, m, v, c, r, kargs, setup):       # pragma: no cover (GPU)
-        from numba import cuda
-
         from lpsim_cuda.optim import step as cuda_step
+        cuda_step(w, grad, m, v, c, r, kargs, setup, self._device_counts(w))
+        self._stats.add(w.numel(), [0] * 6)
+
+    def _device_counts(self, w):                                 # pragma: no cover (GPU)
+        """The NCOUNTS counters on ``w``'s CUDA device, added to by its kernels."""
         device = w.device.index
         if device not in self._gpu_counts:
+            from numba import cuda
             with cuda.gpus[device]:
                 self._gpu_counts[device] = cuda.to_device(np.zeros(NCOUNTS, np.int64))
-        cuda_step(w, grad, m, v, c, r, kargs, setup, self._gpu_counts[device])
-        self._stats.add(w.numel(), [0] * 6)
+        return self._gpu_counts[device]
 
 
 _PTR, _SHAPE = torch.Tensor.data_ptr, operator.attrgetter("shape")
@@ -731,12 +662,12 @@ class AdamW(LowPrecisionOptimizer):
     @staticmethod
     def _check_hyper(group) -> None:
         for name in ("lr", "eps", "weight_decay"):
-            _check_number(name, group[name])
+            check_number(name, group[name])
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas={betas!r} must be a pair (beta1, beta2)")
         for i, beta in enumerate(betas):
-            _check_number(f"betas[{i}]", beta, 0.0, 1.0, open_high=True)
+            check_number(f"betas[{i}]", beta, 0.0, 1.0, open_high=True)
 
     def _state_names(self, group):
         return ("exp_avg", "exp_avg_sq")
@@ -770,9 +701,9 @@ class SGD(LowPrecisionOptimizer):
     @staticmethod
     def _check_hyper(group) -> None:
         for name in ("lr", "momentum", "weight_decay"):
-            _check_number(name, group[name])
+            check_number(name, group[name])
         momentum, dampening = group["momentum"], group["dampening"]
-        _check_number("dampening", dampening, 0.0, 1.0)
+        check_number("dampening", dampening, 0.0, 1.0)
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
             raise ValueError(f"nesterov=True needs momentum > 0 and dampening = 0, got "
                              f"momentum={momentum}, dampening={dampening}")

@@ -1,0 +1,106 @@
+"""What a param group of lpsim.optim may hold: its lpsim options and torch.optim's flags.
+
+Why here: param groups are plain dicts that a user, a scheduler or a loaded state dict may
+change, so the optimizer checks them at construction, in add_param_group and at every step;
+each check names the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from lpsim.formats import parse_format
+from lpsim.philox import split_key
+
+from .setup import STATE_ROUNDINGS
+from .step import UPDATES
+
+IMPLEMENTATIONS = ("fused", "reference")
+
+
+def check_number(name, value, low=0.0, high=None, open_high=False):
+    """A real hyperparameter (Python or numpy scalar, or a 1-element real tensor as torch.optim
+    takes for lr; not a bool) in range."""
+    if torch.is_tensor(value):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise (ValueError if value.numel() != 1 else TypeError)(
+                f"{name}={value!r} must be a real number or a 1-element real tensor")
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
+            math.isnan(value):
+        raise TypeError(f"{name}={value!r} must be a real number")
+    if value < low or (high is not None and (value >= high if open_high else value > high)):
+        bound = f"< {high}" if open_high else f"<= {high}"
+        raise ValueError(f"{name}={value!r} is out of range; accepted: {low} <= {name}"
+                         + (f" {bound}" if high is not None else ""))
+
+
+#: torch.optim's flags lpsim takes (at these values; ``maximize`` either way): a config
+#: written for torch.optim keeps them, and its state dict's groups carry them
+TORCH_FLAGS = {"maximize": (False, True), "amsgrad": (False,), "capturable": (False,),
+               "differentiable": (False,), "fused": (None, False, True)}
+_WHY = {"amsgrad": "lpsim's AdamW keeps no running maximum of the second moment",
+        "capturable": "lpsim's steps keep their step counts on the host (no CUDA graphs)",
+        "differentiable": "lpsim's kernels do not record autograd through the step"}
+
+
+def check_flags(group: dict) -> None:
+    """A TypeError for a torch.optim flag of the wrong type, a ValueError for one set to what
+    lpsim cannot do, naming it (flags absent from a group keep torch's defaults)."""
+    for name, accepted in TORCH_FLAGS.items():
+        if name not in group:
+            continue
+        value = group[name]
+        if not (isinstance(value, bool) or (value is None and None in accepted)):
+            raise TypeError(f"{name}={value!r} is not a bool; accepted: "
+                            + ", ".join(map(repr, accepted)))
+        if value not in accepted:
+            raise ValueError(f"{name}={value!r}: {_WHY[name]}; accepted: "
+                             + ", ".join(map(repr, accepted)))
+    if group.get("fused") and group["implementation"] == "reference":
+        raise ValueError("fused=True with implementation='reference'; accepted: fused=None or "
+                         "False with the reference, or implementation='fused'")
+
+
+#: the options of a param group lpsim reads at every step
+OPTIONS = ("update_rounding", "weight_format", "state_format", "state_rounding", "sr_bits",
+           "seed", "implementation", "foreach")
+
+
+def check_options(group: dict) -> None:
+    """A clear error for an lpsim option of a param group that is not accepted: at
+    construction, in add_param_group and at every step (param_groups are plain dicts a user
+    or a loaded state dict may change)."""
+    missing = [name for name in OPTIONS if name not in group]
+    if missing:
+        raise ValueError(f"a param group has no {missing[0]!r}; lpsim's options ("
+                         f"{', '.join(OPTIONS)}) must be in every group")
+    update_rounding, state_rounding, implementation, foreach, sr_bits = (
+        group["update_rounding"], group["state_rounding"], group["implementation"],
+        group["foreach"], group["sr_bits"])
+    if update_rounding not in UPDATES:
+        raise ValueError(f"unknown update_rounding {update_rounding!r}; accepted: "
+                         f"{', '.join(UPDATES)}")
+    if state_rounding not in STATE_ROUNDINGS:
+        raise ValueError(f"unknown state_rounding {state_rounding!r}; accepted: "
+                         f"{', '.join(STATE_ROUNDINGS)}")
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {implementation!r}; accepted: "
+                         f"{', '.join(IMPLEMENTATIONS)}")
+    for name in ("weight_format", "state_format"):
+        if group[name] is not None:
+            parse_format(group[name])          # a clear error now, not in a kernel
+    if not (foreach is None or isinstance(foreach, bool)):
+        raise TypeError(f"foreach={foreach!r} is not a bool; accepted: None (True), True or "
+                        "False")
+    if sr_bits is not None:
+        if isinstance(sr_bits, bool) or not isinstance(sr_bits, (int, np.integer)):
+            raise TypeError(f"sr_bits={sr_bits!r} is not an integer; accepted: 1..32 or None")
+        if not 1 <= sr_bits <= 32:
+            raise ValueError(f"sr_bits={sr_bits!r} is out of range; accepted: 1..32 or None")
+    split_key(group["seed"], "seed")
+    check_flags(group)
