@@ -131,7 +131,28 @@ def cases(shapes, device, torchao):
             lpsim_adamw(torch.bfloat16, update_rounding="stochastic"), 6)
         out["lpsim bf16 SR (fused, next quad loaded ahead)"] = lambda: _ahead(
             lpsim_adamw(torch.bfloat16, update_rounding="stochastic"))
+        out["lpsim bf16 SR (fused, two-wave grid)"] = lambda: _two_waves(
+            lpsim_adamw(torch.bfloat16, update_rounding="stochastic"))
     return out
+
+
+def _two_waves(made):
+    """A case whose kernels run the grid the optimizer had before its one-wave grid: 8
+    blocks an SM (lpsim_cuda.launch.BLOCKS_PER_SM), of which 5 reside at once (the launch
+    bounds), so the rest run as a second wave: does one wave step faster?"""
+    from numba import cuda
+    from lpsim_cuda import launch
+    step, nbytes = made
+    blocks = launch.BLOCKS_PER_SM * cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+    def run():
+        saved = launch.GRID_LIMIT
+        launch.GRID_LIMIT = blocks
+        try:
+            step()
+        finally:
+            launch.GRID_LIMIT = saved
+    return run, nbytes
 
 
 def _ahead(made):

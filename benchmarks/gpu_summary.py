@@ -117,6 +117,9 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
         # > 1: the kernel that loads its next quad ahead steps faster (lpsim_cuda.optim)
         ahead = o["rows"].get("lpsim bf16 SR (fused, next quad loaded ahead)", {})
         out["adamw_bf16_sr_ahead_speedup"] = _ratio(sr.get("seconds"), ahead.get("seconds"))
+        # > 1: the one-wave grid steps faster than the two-wave grid it replaced
+        waves = o["rows"].get("lpsim bf16 SR (fused, two-wave grid)", {})
+        out["adamw_bf16_sr_one_wave_speedup"] = _ratio(waves.get("seconds"), sr.get("seconds"))
     o = tables.get("optim-gpt2-gpu")
     if o:       # GPT-2 small's 148 tensors: one launch per set against one per tensor
         sr = o["rows"].get("lpsim bf16 SR (fused)", {})
