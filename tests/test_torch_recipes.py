@@ -21,6 +21,7 @@ from torch import nn  # noqa: E402
 
 from lpsim.blocks import BlockFormat, BlockStats, block  # noqa: E402
 from lpsim.ops import HARDWARE_MODELS  # noqa: E402
+from lpsim.ops.instruction_models import InstructionModel  # noqa: E402
 from lpsim.philox import random_words  # noqa: E402
 from lpsim.torch import (PRESETS, Gemm, Operand, Recipe, SimulatedLinear, report,  # noqa: E402
                          simulate)
@@ -66,15 +67,18 @@ def hand_rht(t, step, n, layer=0):
     return torch.matmul(tt.reshape(-1, n), m.t()).reshape(tt.shape).t()
 
 
-def product(a, b, gemm, b_rows=False):
+def product(a, b, gemm, b_rows=False, natural=False):
     """a @ b with the operands laid out as the layer passes them: a row-major, b
     column-major (the transpose of a row-major K-major matrix), or row-major with b_rows
     (the layer's weight in dgrad, quantized as it is stored, where it is not in blocks
-    along the columns).  BLAS sums each output in an order that depends on the layouts: a
-    difference far below the output's rounding, but one that a sum with cancellation shows."""
+    along the columns), or as they come with ``natural`` (the CPU's wgrad of element formats
+    without an RHT: dy's quantized transpose as a view, x row-major).  BLAS sums each output in an order
+    that depends on the layouts: a difference far below the output's rounding, but one
+    that a sum with cancellation shows."""
     device = a.device
-    a = a.contiguous()
-    b = b.contiguous() if b_rows else b.t().contiguous().t()
+    if not natural:
+        a = a.contiguous()
+        b = b.contiguous() if b_rows else b.t().contiguous().t()
     if device.type == "cuda" and gemm.accumulate is None:
         # cuBLAS too picks its summation order by the layouts (the wgrad of fp8_current
         # differed in its last bits on an H200 when a came column-major)
@@ -123,8 +127,12 @@ class Hand:
         if r.rht:
             dyw = hand_rht(dyw, self.step, r.rht, self.layer)
             xw = hand_rht(xw, self.step, r.rht, self.layer)
+        # the CPU's wgrad of element formats: quantized as they lie, no transposing copies
+        natural = dy.device.type == "cpu" and not r.rht and not isinstance(
+            r.wgrad.accumulate, InstructionModel) and not any(
+                isinstance(op.fmt, BlockFormat) for op in (r.wgrad.a, r.wgrad.b))
         dw = out(product(self.q(dyw, "wgrad", "dy", 0).t(), self.q(xw, "wgrad", "x", 0),
-                     r.wgrad), r.wgrad)
+                     r.wgrad, natural=natural), r.wgrad)
         self.step += 1
         return dx, dw, dy.sum(0)
 

@@ -18,6 +18,7 @@ from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
 from ..rounding import Params, kernel_params
 from ..stats import check_stats
 from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_scale
+from .columns import run_columns, takes_columns
 from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
@@ -83,10 +84,19 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     request = plan(bfmt.saturating_element, rounding, x.dtype, seed=seed, stream=stream,
                    sr_bits=sr_bits, offset=offset, size=x.size)
     axis = check_axis(axis, x.ndim)
-    x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     if want_counts not in (True, False, "totals"):
         raise ValueError(f"want_counts={want_counts!r} is not accepted; accepted: True, False "
                          "or 'totals'")
+    if takes_columns(x, axis, block_params(bfmt), bfmt.tensor_scale, want_elements,
+                     want_counts):
+        # down the columns of a 2-D array: strips in cache, no transposing copy
+        values = np.empty_like(x)
+        s2 = np.empty((x.shape[1], -(-x.shape[0] // bfmt.block)), np.float64)
+        run_columns(x, values, s2, request, _element_params(bfmt.saturating_element, 32),
+                    element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
+                    block_params(bfmt, 1.0))
+        return Blocked(values, None, s2, 1.0, None)
+    x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     want_counts = want_counts or want_elements
     words = takes_words(x2, block_params(bfmt), want_elements, want_counts)
     pts, bam = 1.0, NO_AMAXES

@@ -341,7 +341,16 @@ class _LinearFunction(torch.autograd.Function):
             wq, wp = (wq_shared, ctx.w_parts) if wq_shared is not None else \
                 layer.operand(weight, "dgrad", "w", 0, keep["dgrad"])
             dx = gemm(dyq, wq, r.dgrad, parts=(dyp, wp)).to(x.dtype)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and r.rht is None and not keep["wgrad"] \
+                and dy.device.type == "cpu":
+            # K is the tokens, dy's and x's first axis: on the CPU each is quantized as it
+            # lies and the GEMM reads dy's transpose as a view, so an element format makes
+            # no transposing copy (blocks down the columns still make theirs, in
+            # _quantized: torch's copy and the row kernel beat lpsim.blocks.columns there)
+            dyq, _ = layer.operand(dy, "wgrad", "dy", 0, False)
+            xq, _ = layer.operand(x.detach().to(dy.dtype), "wgrad", "x", 0, False)
+            dw = gemm(dyq.t(), xq, r.wgrad).to(weight.dtype)
+        elif ctx.needs_input_grad[1]:
             # K is the tokens: the transposes hold them along the last axis, where the RHT
             # runs and the blocks lie (the same blocks and counters as along axis 0)
             dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()

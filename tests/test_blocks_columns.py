@@ -1,0 +1,85 @@
+"""lpsim.blocks.columns: blocks down the columns of a 2-D float32 array, without a
+transposing copy, equal bit for bit to the transposed copy's blocks (values, scales and
+random counters), in the array's own layout."""
+
+import numpy as np
+import pytest
+
+import lpsim
+from lpsim.blocks import BlockStats, columns, quantize_blocks
+from lpsim.blocks.kernels import SERIAL_BELOW
+
+
+def _data(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp(2 * rng.standard_normal(shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    if flat.size > 15:
+        flat[[0, 7, 11]] = [np.nan, np.inf, -np.inf]    # blocks the word kernel's slow path takes
+        flat[13:15] = [1e-40, -3e-39]                   # float32 subnormals
+        x[:, -1] = 0.0                                  # a column of zero blocks
+    return x
+
+
+def _by_transpose(x, fmt, rounding, **kw):
+    return quantize_blocks(np.ascontiguousarray(x.T), fmt, rounding, axis=-1,
+                           want_elements=False, want_counts=False, **kw)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp4"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down", "toward_zero"])
+@pytest.mark.parametrize("shape", [(64, 48), (100, 37), (33, 17), (1, 5), (2, 1)])
+def test_columns_equal_the_transposed_copys_blocks(fmt, rounding, shape):
+    """Rows not a multiple of the block (a shorter last block), columns not a multiple of a
+    strip, NaN, inf, subnormals and zero blocks; the counters of a nonzero offset and
+    stream."""
+    x = _data(shape)
+    kw = dict(seed=3, stream=5, offset=7)
+    got = quantize_blocks(x, fmt, rounding, axis=0, want_elements=False, want_counts=False,
+                          **kw)
+    want = _by_transpose(x, fmt, rounding, **kw)
+    assert got.values.flags.c_contiguous and got.values.shape == x.shape
+    np.testing.assert_array_equal(got.values.view(np.int32), want.values.T.view(np.int32))
+    np.testing.assert_array_equal(got.scales, want.scales)
+
+
+def test_columns_of_a_large_array_split_over_threads_equal_one_call():
+    """An array above SERIAL_BELOW elements runs strips on lpsim's threads: the same bits as
+    the transposed copy's, every element drawing its own counter."""
+    rows = 512
+    cols = -(-SERIAL_BELOW // rows) + 3
+    x = _data((rows, cols), seed=1)
+    got = lpsim.quantize(x, "mxfp8_e4m3", "stochastic", axis=0, seed=9)
+    want = _by_transpose(x, "mxfp8_e4m3", "stochastic", seed=9)
+    np.testing.assert_array_equal(got.view(np.int32), want.values.T.view(np.int32))
+
+
+def test_which_calls_take_the_columns():
+    """2-D float32 C-contiguous arrays blocked along axis 0, without counters or element
+    values, of formats without a tensor scale; the others keep the general route."""
+    from lpsim.blocks.decisions import block_params
+    from lpsim.blocks.formats import parse_block_format
+    x = np.zeros((64, 8), np.float32)
+    bp = block_params(parse_block_format("mxfp8_e4m3"))
+    assert columns.takes_columns(x, 0, bp, False, False, False)
+    assert columns.takes_columns(x, -2, bp, False, False, False)
+    assert not columns.takes_columns(x, 1, bp, False, False, False)
+    assert not columns.takes_columns(x.T, 0, bp, False, False, False)        # not C order
+    assert not columns.takes_columns(x.astype(np.float64), 0, bp, False, False, False)
+    assert not columns.takes_columns(x[None], 0, bp, False, False, False)    # 3-D
+    assert not columns.takes_columns(x, 0, bp, True, False, False)          # NVFP4's scale
+    assert not columns.takes_columns(x, 0, bp, False, False, "totals")      # counted
+    assert not columns.takes_columns(x, 0, bp, False, True, False)          # element values
+
+
+def test_a_counted_or_tensor_scaled_call_down_the_columns_is_unchanged():
+    """stats and NVFP4 take the general route: the same values as the transposed copy."""
+    x = _data((64, 20), seed=2)
+    stats = BlockStats()
+    got = lpsim.quantize(x, "mxfp4", "stochastic", axis=0, seed=4, stats=stats)
+    want = _by_transpose(x, "mxfp4", "stochastic", seed=4)
+    np.testing.assert_array_equal(got.view(np.int32), want.values.T.view(np.int32))
+    assert stats.elements == x.size
+    got = lpsim.quantize(x, "nvfp4", axis=0)
+    np.testing.assert_array_equal(got.view(np.int32),
+                                  _by_transpose(x, "nvfp4", "nearest").values.T.view(np.int32))
