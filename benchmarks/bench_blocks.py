@@ -11,12 +11,19 @@ the fake-quantize torchao users run).  Median of several runs after a warm-up.
                                       [--json out.json] [--png out.png]
     python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
     python benchmarks/bench_blocks.py --counted [--shape 2048 1024] [--repeats 15]
+    python benchmarks/bench_blocks.py --columns [--shape 2048 1024] [--repeats 15]
 
 ``--counted``: the CPU cost of counting (``stats=BlockStats()``, what simulated training's
 telemetry asks for) on a float32 array: ``lpsim.quantize`` without stats (the word kernel),
 with stats (its counted variant) and with stats through the general float64-step kernel
 that such calls took before (forced here by refusing the word kernel counters), every case
 timed in each round, minimum over the rounds, and the ratios.
+
+``--columns``: blocks down the columns (``axis=0``) of a 2-D float32 array, rounded to
+nearest: ``lpsim.quantize`` of the numpy array (``lpsim.blocks.columns``: block rows
+gathered into cache), the general route it took before (numpy's transposing copy, forced
+here), and torch's transposing copy followed by the row kernel (what ``lpsim.torch``'s
+wgrad runs); each case in each round, minimum over the rounds, values checked equal.
 """
 
 from __future__ import annotations
@@ -230,6 +237,42 @@ def counted_rows(shape, repeats: int):
     return rows
 
 
+def columns_rows(shape, repeats: int):
+    """Per format: the minimum over ``repeats`` rounds of lpsim.quantize along axis 0 by the
+    columns, by the general route, and of torch's transposing copy plus the row kernel;
+    checks that the three give the same values."""
+    import torch
+    import lpsim
+    from lpsim.blocks import fake_quantize
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    t = torch.from_numpy(x)
+    taken = fake_quantize.takes_columns
+    rows = []
+
+    def general(name):
+        fake_quantize.takes_columns = lambda *a: False
+        try:
+            return lpsim.quantize(x, name, axis=0)
+        finally:
+            fake_quantize.takes_columns = taken
+    for name in ("mxfp8_e4m3", "mxfp4"):
+        cases = {"columns": lambda: lpsim.quantize(x, name, axis=0),
+                 "general": lambda: general(name),
+                 "torch copy + rows": lambda: lpsim.quantize(t.t().contiguous(), name).t()}
+        best = dict.fromkeys(cases, float("inf"))
+        values = {}
+        for _ in range(repeats + 1):                    # the first round warms up
+            for case, fn in cases.items():
+                start = time.perf_counter()
+                values[case] = fn()
+                best[case] = min(best[case], time.perf_counter() - start)
+        want = np.asarray(values["general"])
+        for case in ("columns", "torch copy + rows"):
+            assert np.array_equal(np.asarray(values[case]).view(np.int32), want.view(np.int32))
+        rows.append(dict(format=name, **{k: v * 1e3 for k, v in best.items()}))
+    return rows
+
+
 def cuda_rows(log2n: int, repeats: int):
     import torch
     import lpsim
@@ -358,8 +401,11 @@ def main() -> None:
     parser.add_argument("--scaled-mm", action="store_true")
     parser.add_argument("--counted", action="store_true",
                         help="the cost of counting (stats) on the CPU, before and now")
+    parser.add_argument("--columns", action="store_true",
+                        help="blocks down the columns (axis=0) on the CPU: the column route, "
+                             "the general one and torch's transposing copy")
     parser.add_argument("--shape", type=int, nargs=2, default=(2048, 1024),
-                        help="--counted: the float32 array's shape")
+                        help="--counted, --columns: the float32 array's shape")
     parser.add_argument("--json")
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
@@ -380,6 +426,17 @@ def main() -> None:
             u, c, g = r["uncounted"], r["counted"], r["general counted"]
             print(f"{r['format']:<11} {r['mode']:<11} {u:>10.2f} {c:>9.2f} {g:>9.2f} "
                   f"{c / u:>12.2f} {g / u:>12.2f} {g / c:>16.2f}")
+    elif args.columns:
+        rows = columns_rows(tuple(args.shape), args.repeats)
+        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks down the "
+                                  f"columns, nearest; ms, minimum of {args.repeats} "
+                                  "alternating rounds"]))
+        print(f"{'format':<11} {'columns':>8} {'general':>8} {'torch copy + rows':>18} "
+              f"{'general/columns':>16} {'torch/columns':>14}")
+        for r in rows:
+            c, g, tc = r["columns"], r["general"], r["torch copy + rows"]
+            print(f"{r['format']:<11} {c:>8.2f} {g:>8.2f} {tc:>18.2f} {g / c:>16.2f} "
+                  f"{tc / c:>14.2f}")
     elif args.scaled_mm:
         rows = scaled_mm_rows()
         print("\n".join(header))
@@ -417,7 +474,7 @@ def main() -> None:
                         verdict.append(f"vs gfloat {g['ratio']:.0f}x ("
                                        f"{'met' if g['ratio'] >= TARGETS['gfloat'] else 'NOT met'})")
                     print(f"#   {r['format']}: " + ", ".join(verdict))
-    if args.png and not (args.scaled_mm or args.counted):
+    if args.png and not (args.scaled_mm or args.counted or args.columns):
         plot(rows, header, args.png)
     if args.json:
         with open(args.json, "w") as handle:

@@ -87,8 +87,8 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     if want_counts not in (True, False, "totals"):
         raise ValueError(f"want_counts={want_counts!r} is not accepted; accepted: True, False "
                          "or 'totals'")
-    if takes_columns(x, axis, block_params(bfmt), bfmt.tensor_scale, want_elements,
-                     want_counts):
+    if takes_columns(x, axis, block_params(bfmt), request.mode, bfmt.tensor_scale,
+                     want_elements, want_counts):
         # down the columns of a 2-D array: strips in cache, no transposing copy
         values = np.empty_like(x)
         s2 = np.empty((x.shape[1], -(-x.shape[0] // bfmt.block)), np.float64)
