@@ -35,54 +35,34 @@ from .decisions import _element_params, block_params, element_params32
 from .formats import PRESETS
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
 
-#: the side of the square tiles a band is gathered and scattered through
+#: the side of the square tiles a block row is gathered and written back through
 TILE = 16
 
 
 @register_jitable
-def _gather(x, band, tile, r0, height):
-    """band[j, i] = x[r0 + i, j] for the band's ``height`` rows: 16 x 16 tiles (loops of
-    literal length, which LLVM turns into vector moves; element by element, a strided store
-    each, took three times as long), the ragged edges element by element."""
-    cols = x.shape[1]
-    wide = cols - cols % TILE
-    tall = height - height % TILE
+def _transpose(src, s0, dst, d0, h, w):
+    """dst[d0 + j, i] = src[s0 + i, j] for i < h, j < w: 16 x 16 tiles (loops of literal
+    length, which LLVM turns into vector moves; element by element, a strided store each,
+    took three times as long), the ragged edges element by element.  A block row is
+    gathered as ``_transpose(x, r0, band, 0, height, cols)`` and written back as
+    ``_transpose(done, 0, out, r0, cols, height)``."""
+    tile = np.empty((TILE, TILE), src.dtype)
+    tall = h - h % TILE
+    wide = w - w % TILE
     for j0 in range(0, wide, TILE):
         for i0 in range(0, tall, TILE):
             for i in range(TILE):
                 for j in range(TILE):
-                    tile[j, i] = x[r0 + i0 + i, j0 + j]
+                    tile[j, i] = src[s0 + i0 + i, j0 + j]
             for j in range(TILE):
                 for i in range(TILE):
-                    band[j0 + j, i0 + i] = tile[j, i]
-        for i in range(tall, height):
+                    dst[d0 + j0 + j, i0 + i] = tile[j, i]
+        for i in range(tall, h):
             for j in range(TILE):
-                band[j0 + j, i] = x[r0 + i, j0 + j]
-    for i in range(height):
-        for j in range(wide, cols):
-            band[j, i] = x[r0 + i, j]
-
-
-@register_jitable
-def _scatter(done, out, tile, r0, height):
-    """out[r0 + i, j] = done[j, i]: :func:`_gather`'s inverse."""
-    cols = out.shape[1]
-    wide = cols - cols % TILE
-    tall = height - height % TILE
-    for j0 in range(0, wide, TILE):
-        for i0 in range(0, tall, TILE):
-            for j in range(TILE):
-                for i in range(TILE):
-                    tile[i, j] = done[j0 + j, i0 + i]
-            for i in range(TILE):
-                for j in range(TILE):
-                    out[r0 + i0 + i, j0 + j] = tile[i, j]
-        for i in range(tall, height):
-            for j in range(TILE):
-                out[r0 + i, j0 + j] = done[j0 + j, i]
-    for i in range(height):
-        for j in range(wide, cols):
-            out[r0 + i, j] = done[j, i]
+                dst[d0 + j0 + j, i] = src[s0 + i, j0 + j]
+    for i in range(h):
+        for j in range(wide, w):
+            dst[d0 + j, i] = src[s0 + i, j]
 
 
 def _columns_kernel(mode: int):
@@ -97,11 +77,10 @@ def _columns_kernel(mode: int):
         band = np.empty((cols, size), np.float32)
         done = np.empty((cols, size), np.float32)
         scales = np.empty((1, cols), np.float64)
-        tile = np.empty((TILE, TILE), np.float32)
         for b in range(b0, b1):
             r0 = b * size
             height = min(size, rows - r0)
-            _gather(x, band, tile, r0, height)
+            _transpose(x, r0, band, 0, height, cols)
             if height == size:
                 # one row of cols whole blocks: the word loop's straight path (rows of one
                 # block each take its per-block bounds, twice the time)
@@ -116,7 +95,7 @@ def _columns_kernel(mode: int):
                              cols, mode, 0, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
                              chunk)
                 done[:, :height] = made
-            _scatter(done, out, tile, r0, height)
+            _transpose(done, 0, out, r0, cols, height)
             for j in range(cols):
                 sout[j, b] = scales[0, j]
 
