@@ -17,8 +17,10 @@ step ran at 0.24 of the bandwidth bound on an H100 (benchmarks/results/gpu-summa
 A *set* (the tensors of one param group that share dtypes and step count, as
 :mod:`lpsim.optim.multi` groups them on the CPU) is stepped by one launch (:class:`Table`): a
 device table holds each tensor's addresses, size and streams, the grid-stride loop runs over
-tiles of THREADS quads numbered across the set, and each tile finds its tensor by a binary
-search of the table, then steps its quads with the same functions as the per-tensor kernels.
+tiles of TILE_PASSES x THREADS quads numbered across the set, and each tile finds its tensor
+by a binary search of the table, then steps its quads with the same functions as the
+per-tensor kernels.  A thread's counters are int32 (it steps far fewer than 2**31
+elements), added into the int64 ones by one atomic per counter at its end.
 A launch through numba costs tens of microseconds of host time, so a model of a few hundred
 tensors spent milliseconds a step launching before.
 
