@@ -586,3 +586,33 @@ def test_mxfp8_and_nvfp4_operands_equal_torchao_casts():
     got = quantize_operand(t, op, -1)
     assert float(s[0].min()) == 2.0 ** -6 and not torch.equal(got[0], want[0])
     assert torch.equal(got[1:], want[1:])
+
+
+@pytest.mark.parametrize("name", ["e4m3fn", "e5m2"])
+def test_the_device_scale_is_the_host_scale(name):
+    """device_tensor_scale (the torch operations a GPU runs, here on the CPU) gives
+    tensor_scale's float32 bits for every kind of amax: zero, subnormal (whose scale
+    overflows to float32's largest), normal, the format's largest, inf and NaN (scale 1)."""
+    from lpsim.formats import parse_format
+    from lpsim.torch.gemms import device_tensor_scale, tensor_scale
+    fmt = parse_format(name)
+    values = [0.0, -0.0, 1e-45, 1e-40, 1.17e-38, 1e-30, 3e-3, 1.0, 448.0, 57344.0, 3.4e38,
+              float("inf"), float("nan"), -1.0]
+    for v in values:
+        got = device_tensor_scale(torch.tensor(v, dtype=torch.float32), fmt)
+        assert got.dtype == torch.float32 and got.shape == ()
+        want = np.float32(tensor_scale(float(np.float32(v)), fmt))
+        assert np.float32(float(got)).tobytes() == want.tobytes(), (v, float(got), want)
+
+
+def test_the_device_amax_is_the_host_amax():
+    """device_amax (three torch operations) equals lpsim's CPU amax: the largest finite
+    magnitude, 0 when there is none."""
+    from lpsim.blocks.amax import tensor_amax
+    from lpsim.torch.gemms import device_amax
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 7
+    x[[3, 5, 7]] = torch.tensor([float("nan"), float("-inf"), float("inf")])
+    assert float(device_amax(x)) == tensor_amax(x.numpy())
+    assert float(device_amax(x.to(torch.bfloat16))) == \
+        tensor_amax(x.to(torch.bfloat16).float().numpy())
+    assert float(device_amax(torch.full((5,), float("nan")))) == 0.0

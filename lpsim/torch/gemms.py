@@ -66,19 +66,24 @@ def _amax(t: torch.Tensor):
         return 0.0
     if t.device.type == "cpu":
         return tensor_amax(t.detach().float().contiguous().numpy().reshape(-1))
-    a = t.detach().float().abs()
-    return torch.where(torch.isfinite(a), a, 0).max()
+    return device_amax(t)
+
+
+def device_amax(t: torch.Tensor) -> torch.Tensor:
+    """:func:`_amax` of a non-empty tensor by three torch operations on its device (NaN and
+    inf magnitudes made 0): a 0-d float32 tensor there."""
+    return t.detach().float().abs().nan_to_num_(0.0, 0.0, 0.0).max()
 
 
 def device_tensor_scale(amax: torch.Tensor, fmt) -> torch.Tensor:
     """:func:`tensor_scale` of an ``amax`` tensor (taken as float32), as a float32 tensor on
-    its device, by the same IEEE float32 operations: a per-tensor scale without a wait for
-    the device (a GPU's amax stays there)."""
+    its device, by the same IEEE float32 division: a per-tensor scale without a wait for the
+    device (a GPU's amax stays there), in five small operations (each a launch on a GPU)."""
     amax = amax.to(torch.float32)
     top = float(np.float32(fmt.max_finite))
-    s = torch.full_like(amax, top).div_(amax)
-    s = torch.where((amax > 0) & torch.isfinite(amax), s, 1.0)
-    return torch.where(torch.isinf(s), _FLOAT32_MAX, s)
+    # amax in (0, inf): fp32(top / amax), an overflow clamped to float32's largest; else 1
+    return torch.where((amax > 0) & (amax < float("inf")),
+                       torch.div(top, amax).clamp_(max=_FLOAT32_MAX), 1.0)
 
 
 def quantize_operand(t: torch.Tensor, op: Operand, axis: int, *, generator=None, stats=None,
