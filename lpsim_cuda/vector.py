@@ -20,10 +20,13 @@ and ``pointer`` gives that array back.
 
 from __future__ import annotations
 
+import weakref
+
 from .launch import SIMULATOR, address
 
-#: the simulator's arrays by the address address_of gave out (pointer's lookup)
-_SIMULATED: dict = {}
+#: the simulator's arrays by the address address_of gave out (pointer's lookup), held only
+#: while their owners hold them
+_SIMULATED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def address_of(array) -> int:

@@ -89,7 +89,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                          "or 'totals'")
     if takes_columns(x, axis, block_params(bfmt), request.mode, bfmt.tensor_scale,
                      want_elements, want_counts):
-        # down the columns of a 2-D array: strips in cache, no transposing copy
+        # down the columns of a 2-D array: block rows in cache, no transposing copy
         values = np.empty_like(x)
         s2 = np.empty((x.shape[1], -(-x.shape[0] // bfmt.block)), np.float64)
         run_columns(x, values, s2, request, _element_params(bfmt.saturating_element, 32),
