@@ -302,7 +302,7 @@ CASES = [
     # a set's one launch (lpsim_cuda.optim.Table): a pass steps one quad of the tensor its
     # tile found in the table; the tile's own work (the search, a loop of log2(tensors)
     # passes counted once, and reading the row) is shared by its TILE_PASSES quads
-    Case("optim AdamW bf16 stochastic set", "optim", False,
+    Case("optim AdamW bf16 stochastic set", "optim", True,
          _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="stores", cold_loops=True,
          outer=16),

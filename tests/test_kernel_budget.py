@@ -35,6 +35,9 @@ KNOWN = {
     # the straight path (benchmarks/kernel_budget.py's ``straight``): one wide load per array
     # and quad, three Philox blocks, three divisions and a square root per parameter
     ("optim AdamW bf16 stochastic", "instructions"): "~176 straight per parameter",
+    # a set's one launch (the default for CUDA parameters): the same step, and the tile's
+    # search of the table and reading of its row shared by its quads
+    ("optim AdamW bf16 stochastic set", "instructions"): "~185 straight per parameter",
 }
 HOT = [case for case in kb.CASES if case.hot]
 
