@@ -28,7 +28,8 @@ def _by_transpose(x, fmt, rounding, **kw):
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp4"])
-@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down", "toward_zero"])
+# nearest and one directed mode (each mode compiles a kernel of its own, ~10 s in CI)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "down"])
 @pytest.mark.parametrize("shape", [(64, 48), (100, 37), (33, 17), (1, 5), (2, 1), (80, 250)])
 def test_columns_equal_the_transposed_copys_blocks(fmt, rounding, shape):
     """Rows not a multiple of the block (a shorter last block row) nor of a tile, columns
