@@ -14,7 +14,7 @@ each step against the bound of 14 bytes per parameter (bf16 weight, gradient, tw
 read; weight and moments written) moved at that bandwidth.
 
     python benchmarks/bench_optim.py [--device cpu|cuda] [--n N | --shapes small-lm|gpt2]
-                                     [--repeats 5]
+                                     [--repeats 5] [--cases NAME ...]
                                      [--no-torchao] [--json out.json]
 """
 
@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 
@@ -212,6 +213,9 @@ def main(argv=None):
                         help="leave out torchao's bf16 SR AdamW")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of torch and of lpsim's kernels (default: each one's own)")
+    parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
+                        help="only these cases (their names as printed; the two torch "
+                             "AdamW peers are always run)")
     parser.add_argument("--json", default=None, help="also write the table to this JSON file")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -234,8 +238,14 @@ def main(argv=None):
     # be spinning: torch's OpenMP workers wait busy for a while after a parallel region)
     # and TIMED timed ones; a ratio is the median of its per-round ratios
     steps, per_param = {}, {}
-    for name, make in tqdm(cases(shapes, args.device, not args.no_torchao).items(),
-                           desc="set up", file=sys.stderr):
+    made = cases(shapes, args.device, not args.no_torchao)
+    if args.cases:
+        unknown = set(args.cases) - set(made)
+        if unknown:
+            parser.error(f"unknown cases {sorted(unknown)}; accepted: {sorted(made)}")
+        keep = set(args.cases) | {"torch foreach fp32", "torch fused fp32"}
+        made = {name: make for name, make in made.items() if name in keep}
+    for name, make in tqdm(made.items(), desc="set up", file=sys.stderr):
         steps[name], per_param[name] = make()
         steps[name]()
         sync(args.device)
@@ -277,7 +287,7 @@ def main(argv=None):
             f"median of {TIMED} timed ones; ratios: median of the per-round ratios); load "
             f"average "
             f"{os.getloadavg()}",
-            f"# command: python benchmarks/bench_optim.py {' '.join(sys.argv[1:])}"]
+            f"# command: python benchmarks/bench_optim.py {shlex.join(sys.argv[1:])}"]
     if bandwidth:
         head.append(f"# copy bandwidth {bandwidth / 1e9:.0f} GB/s: 14 bytes/param bound "
                     f"{14 * n / bandwidth * 1e3:.2f} ms")
