@@ -400,7 +400,7 @@ class Table:
     def _build(self, rows, setup, device):
         self.setup, self.device = setup, device
         self.host = np.zeros((len(rows), COLUMNS), np.int64)
-        self.host[:, :QUADS] = rows
+        self.host[:, :QUADS] = np.asarray(rows, np.int64).reshape(len(rows), QUADS)
         bits = [np.int32 if kind == core.STORE_F32 else np.int16 for kind in setup.kinds]
         self.protos = tuple(launch.placeholder((4,), dt) for dt in (*bits, np.int16))
         self.sizes = np.array([np.dtype(dt).itemsize for dt in (*bits, bits[2], bits[2],

@@ -248,6 +248,15 @@ def test_a_set_in_one_launch_equals_each_tensor_on_the_cpu(cls, dtype, kw, monke
     assert want[0] > 0
 
 
+def test_a_table_of_no_tensors_steps_nothing():
+    _, kargs, setup = inputs(*CONFIGS[0], 8, 0)
+    table = cuda_optim.Table([], setup)
+    table.refresh([])
+    counts = cuda.to_device(np.zeros(core.NCOUNTS, np.int64))
+    table.step(kargs[1], kargs[2], kargs[3][:2], 3, counts)
+    assert (table.tiles, table.elements) == (0, 0) and not counts.copy_to_host().any()
+
+
 def test_the_table_search_finds_each_tiles_tensor():
     """_row_of: the row whose tiles hold a tile, past rows of no tiles."""
     table = np.zeros((5, cuda_optim.COLUMNS), np.int64)

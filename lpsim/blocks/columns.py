@@ -80,22 +80,22 @@ def _columns_kernel(mode: int):
         for b in range(b0, b1):
             r0 = b * size
             height = min(size, rows - r0)
-            _transpose(x, r0, band, 0, height, cols)
             if height == size:
                 # one row of cols whole blocks: the word loop's straight path (rows of one
                 # block each take its per-block bounds, twice the time)
+                _transpose(x, r0, band, 0, height, cols)
                 _words_range(band.reshape((1, cols * size)), done.reshape((1, cols * size)),
                              scales, NO_COUNTS, NO_AMAXES, 0, cols, mode, 0, k, p, p32, sp, bp,
                              seed_lo, seed_hi, stream, offset, chunk)
+                _transpose(done, 0, out, r0, cols, height)
             else:                               # the last block row, of shorter blocks
                 held = np.empty((cols, height), np.float32)
-                held[:, :] = band[:, :height]
                 made = np.empty((cols, height), np.float32)
+                _transpose(x, r0, held, 0, height, cols)
                 _words_range(held, made, scales.reshape((cols, 1)), NO_COUNTS, NO_AMAXES, 0,
                              cols, mode, 0, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
                              chunk)
-                done[:, :height] = made
-            _transpose(done, 0, out, r0, cols, height)
+                _transpose(made, 0, out, r0, cols, height)
             for j in range(cols):
                 sout[j, b] = scales[0, j]
 
