@@ -20,10 +20,11 @@ that such calls took before (forced here by refusing the word kernel counters), 
 timed in each round, minimum over the rounds, and the ratios.
 
 ``--columns``: blocks down the columns (``axis=0``) of a 2-D float32 array, rounded to
-nearest: ``lpsim.quantize`` of the numpy array (``lpsim.blocks.columns``: block rows
-gathered into cache), the general route it took before (numpy's transposing copy, forced
-here), and torch's transposing copy followed by the row kernel (what ``lpsim.torch``'s
-wgrad runs); each case in each round, minimum over the rounds, values checked equal.
+nearest: ``lpsim.quantize`` of the numpy array (``lpsim.blocks.columns``: bands of rows
+read as they lie), the general route (numpy's transposing copy, forced here), torch's
+transposing copy followed by the row kernel (what ``lpsim.torch``'s wgrad ran before),
+the two with stats, and the row kernel alone on a transposed copy made beforehand; each
+case in each round, minimum over the rounds, values and counts checked equal.
 """
 
 from __future__ import annotations
@@ -239,13 +240,16 @@ def counted_rows(shape, repeats: int):
 
 def columns_rows(shape, repeats: int):
     """Per format: the minimum over ``repeats`` rounds of lpsim.quantize along axis 0 by the
-    columns, by the general route, and of torch's transposing copy plus the row kernel;
-    checks that the three give the same values."""
+    columns, by the general route, and of torch's transposing copy plus the row kernel,
+    each also with stats (a BlockStats: simulated training's telemetry), and of the row
+    kernel alone on a transposed copy made beforehand (the floor: one pass over memory);
+    checks that they give the same values and counts."""
     import torch
     import lpsim
-    from lpsim.blocks import fake_quantize
+    from lpsim.blocks import BlockStats, fake_quantize
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     t = torch.from_numpy(x)
+    xt = np.ascontiguousarray(x.T)
     taken = fake_quantize.takes_columns
     rows = []
 
@@ -256,9 +260,15 @@ def columns_rows(shape, repeats: int):
         finally:
             fake_quantize.takes_columns = taken
     for name in ("mxfp8_e4m3", "mxfp4"):
+        stats = {"columns, stats": BlockStats(), "torch copy + rows, stats": BlockStats()}
         cases = {"columns": lambda: lpsim.quantize(x, name, axis=0),
                  "general": lambda: general(name),
-                 "torch copy + rows": lambda: lpsim.quantize(t.t().contiguous(), name).t()}
+                 "torch copy + rows": lambda: lpsim.quantize(t.t().contiguous(), name).t(),
+                 "columns, stats": lambda: lpsim.quantize(x, name, axis=0,
+                                                          stats=stats["columns, stats"]),
+                 "torch copy + rows, stats": lambda: lpsim.quantize(
+                     t.t().contiguous(), name, stats=stats["torch copy + rows, stats"]).t(),
+                 "rows alone": lambda: lpsim.quantize(xt, name).T}
         best = dict.fromkeys(cases, float("inf"))
         values = {}
         for _ in range(repeats + 1):                    # the first round warms up
@@ -267,8 +277,11 @@ def columns_rows(shape, repeats: int):
                 values[case] = fn()
                 best[case] = min(best[case], time.perf_counter() - start)
         want = np.asarray(values["general"])
-        for case in ("columns", "torch copy + rows"):
+        for case in cases:
             assert np.array_equal(np.asarray(values[case]).view(np.int32), want.view(np.int32))
+        a, b = stats.values()
+        assert np.array_equal(a.counts, b.counts) and a.blocks == b.blocks \
+            and a.clipped_scales == b.clipped_scales and a.flushed_blocks == b.flushed_blocks
         rows.append(dict(format=name, **{k: v * 1e3 for k, v in best.items()}))
     return rows
 
@@ -431,12 +444,16 @@ def main() -> None:
         print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks down the "
                                   f"columns, nearest; ms, minimum of {args.repeats} "
                                   "alternating rounds"]))
-        print(f"{'format':<11} {'columns':>8} {'general':>8} {'torch copy + rows':>18} "
-              f"{'general/columns':>16} {'torch/columns':>14}")
+        print("# stats: with a BlockStats (counted); rows alone: the row kernel on a transposed "
+              "copy made beforehand (one pass)")
+        print(f"{'format':<11} {'columns':>8} {'stats':>7} {'general':>8} {'torch copy + rows':>18} "
+              f"{'stats':>7} {'rows alone':>11} {'torch/columns':>14} {'(stats)':>8} "
+              f"{'columns/rows alone':>19}")
         for r in rows:
-            c, g, tc = r["columns"], r["general"], r["torch copy + rows"]
-            print(f"{r['format']:<11} {c:>8.2f} {g:>8.2f} {tc:>18.2f} {g / c:>16.2f} "
-                  f"{tc / c:>14.2f}")
+            c, cs, g = r["columns"], r["columns, stats"], r["general"]
+            tc, ts, ra = r["torch copy + rows"], r["torch copy + rows, stats"], r["rows alone"]
+            print(f"{r['format']:<11} {c:>8.2f} {cs:>7.2f} {g:>8.2f} {tc:>18.2f} {ts:>7.2f} "
+                  f"{ra:>11.2f} {tc / c:>14.2f} {ts / cs:>8.2f} {c / ra:>19.2f}")
     elif args.scaled_mm:
         rows = scaled_mm_rows()
         print("\n".join(header))

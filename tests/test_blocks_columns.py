@@ -9,6 +9,7 @@ import lpsim
 from lpsim.blocks import BlockStats, columns, quantize_blocks
 from lpsim.blocks.kernels import SERIAL_BELOW
 from lpsim.rounding import MODES
+from lpsim.stats import FIELDS
 
 
 def _data(shape, seed=0):
@@ -73,12 +74,50 @@ def test_which_calls_take_the_columns():
     assert not columns.takes_columns(x.astype(np.float64), 0, bp, near, False, False, False)
     assert not columns.takes_columns(x[None], 0, bp, near, False, False, False)   # 3-D
     assert not columns.takes_columns(x, 0, bp, near, True, False, False)     # NVFP4's scale
-    assert not columns.takes_columns(x, 0, bp, near, False, False, "totals")  # counted
+    assert columns.takes_columns(x, 0, bp, near, False, False, "totals")      # sums, nearest
+    assert not columns.takes_columns(x, 0, bp, MODES["down"], False, False, "totals")
+    assert not columns.takes_columns(x, 0, bp, near, False, False, True)     # per block
     assert not columns.takes_columns(x, 0, bp, near, False, True, False)     # element values
 
 
+def _stats(stats):
+    return {f: getattr(stats, f) for f in FIELDS + BlockStats.BLOCK_FIELDS}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3", "mxfp4"])
+@pytest.mark.parametrize("shape", [(64, 48), (100, 37), (33, 17), (2, 1), (80, 250),
+                                   (64, 1030)])
+def test_counted_columns_equal_the_transposed_copys_counts(fmt, shape):
+    """stats to nearest (simulated training's telemetry) down the columns: the values and
+    every counter of the transposed copy's call (NaN and inf blocks, subnormals, zero
+    blocks, elements that overflow or underflow, a strip boundary at 1024 columns)."""
+    x = _data(shape, seed=5)
+    x[: min(3, shape[0]), 0] *= np.float32(2.0 ** 100)   # an overflow and flushed neighbours
+    if shape[1] > 2:
+        x[:, 1] = np.float32(1e-45)     # blocks of the least subnormal: clipped, flushed
+    got_stats, want_stats = BlockStats(), BlockStats()
+    got = lpsim.quantize(x, fmt, axis=0, stats=got_stats)
+    want = lpsim.quantize(np.ascontiguousarray(x.T), fmt, axis=-1, stats=want_stats)
+    np.testing.assert_array_equal(got.view(np.int32), want.T.view(np.int32))
+    assert _stats(got_stats) == _stats(want_stats)
+    assert got_stats.elements == x.size
+
+
+def test_counted_columns_of_a_large_array_split_over_threads_equal_one_call():
+    """Above SERIAL_BELOW each thread's range returns its sums: their total is the
+    transposed copy's, one call's."""
+    rows = 512 + 17
+    x = _data((rows, -(-SERIAL_BELOW // rows) + 3), seed=6)
+    got_stats, want_stats = BlockStats(), BlockStats()
+    got = lpsim.quantize(x, "mxfp4", axis=0, stats=got_stats)
+    want = lpsim.quantize(np.ascontiguousarray(x.T), "mxfp4", axis=-1, stats=want_stats)
+    np.testing.assert_array_equal(got.view(np.int32), want.T.view(np.int32))
+    assert _stats(got_stats) == _stats(want_stats)
+
+
 def test_a_counted_or_tensor_scaled_call_down_the_columns_is_unchanged():
-    """stats and NVFP4 take the general route: the same values as the transposed copy."""
+    """SR with stats and NVFP4 take the general route: the same values as the transposed
+    copy."""
     x = _data((64, 20), seed=2)
     stats = BlockStats()
     got = lpsim.quantize(x, "mxfp4", "stochastic", axis=0, seed=4, stats=stats)

@@ -3,20 +3,26 @@
 Why: a GEMM whose K is a tensor's first axis (a linear layer's weight gradient, K the
 tokens) quantizes its operands in blocks along axis 0.  The general route moves that axis
 last with a transposing copy of the whole tensor, quantizes the copy and returns its
-transpose: a second pass over memory, and numpy's transposing copy is slow (11 ms for
-2048 x 1024 float32 on a 2-core VM, torch's 5).  Here each thread takes block rows (the
-``block`` rows that hold one block of every column): it gathers one into a scratch of
-``cols x block`` values (a few hundred kilobytes, which stays in cache) through 16 x 16
-tiles, runs the word kernel's own block loop on it (:func:`lpsim.blocks.kernels._words_range`,
-each scratch row a block) and scatters the result back in the array's own layout.  The
-blocks and their scales are those of the transposed copy, so the values are the general
-route's bit for bit; only where they lie differs (C order, not a transposed view).
-Deterministic roundings only: a block row's elements draw counters ``rows`` apart in the
-transposed copy's order, not one run.
+transpose: a second pass over memory, and a transposing copy is slow (1.7 ms for 2048 x
+1024 float32 with torch on a 2-core VM, against 0.5 ms to quantize the rows).
 
-Used by :func:`lpsim.blocks.quantize_blocks` for float32 arrays of two dimensions blocked
-along axis 0, without counters, of a format the word kernel takes without a tensor scale
-(MX formats).
+Here each thread takes bands (the ``block`` rows that hold one block of every column) and
+walks a band in strips of :data:`STRIP` columns, reading rows as they lie: (a) each
+column's largest magnitude bits, an integer max down the rows that vectorises across the
+columns; (b) each column's scale and reciprocal (:func:`scale_recip32`, the word kernel's
+own decision); (c) the elements row by row, the word kernel's element step
+(:func:`element_nearest32`, or :func:`element_fast32`) with each lane its column's scale.
+A column whose block holds a NaN or inf, or an element the fast step leaves, is redone
+alone: gathered and run through the word kernel (:func:`_words_range`), so every case the
+row kernel decides is decided by it.  The blocks, scales and counters are those of the
+transposed copy's, bit for bit; only where the values lie differs (C order, not a
+transposed view).
+
+Deterministic roundings only (a band's elements draw random counters ``rows`` apart in the
+transposed copy's order, not one run); counters as a call's sums (lpsim.quantize's stats,
+simulated training's telemetry) to nearest.  Used by :func:`lpsim.blocks.quantize_blocks`
+for float32 arrays of two dimensions blocked along axis 0, of formats the word kernel takes
+without a tensor scale (MX formats).
 """
 
 from __future__ import annotations
@@ -27,95 +33,197 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import CHUNK, entry_point
+from ..cpu import CHUNK, _constant, as_bits, entry_point, literal_jitable
 from ..pool import deal, pieces, threads
-from ..rounding import MODES, STOCHASTIC, kernel_params
+from ..rounding import MODES, NEAREST, STOCHASTIC, kernel_params, nearest32_words
+from ..word32 import as_int64, bits_float32, word
 from .amax import NO_AMAXES
-from .decisions import _element_params, block_params, element_params32
+from .decisions import (_element_params, block_params, element_fast32, element_nearest32, i2f,
+                        element_nearest32_flags, element_params32)
 from .formats import PRESETS
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
+from .word_counts import PIECE, clip_bounds
+from .word_scales import (_reciprocals, pow2_exponent, pow2_float32, pow2_words,
+                          scale_recip32)
 
-#: the side of the square tiles a block row is gathered and written back through
-TILE = 16
+#: columns of a band taken at a time: a strip of block x STRIP float32 values (128 KB for
+#: blocks of 32) stays in the second-level cache from its largest magnitudes to its
+#: elements, and its rows are runs long enough for the prefetcher (strips of 64 to 256
+#: columns, 32 short runs at once, took half as long again)
+STRIP = 1024
 
 
-@register_jitable
-def _transpose(src, s0, dst, d0, h, w):
-    """dst[d0 + j, i] = src[s0 + i, j] for i < h, j < w: 16 x 16 tiles (loops of literal
-    length, which LLVM turns into vector moves; element by element, a strided store each,
-    took three times as long), the ragged edges element by element.  A block row is
-    gathered as ``_transpose(x, r0, band, 0, height, cols)`` and written back as
-    ``_transpose(done, 0, out, r0, cols, height)``."""
-    tile = np.empty((TILE, TILE), src.dtype)
-    tall = h - h % TILE
-    wide = w - w % TILE
-    for j0 in range(0, wide, TILE):
-        for i0 in range(0, tall, TILE):
-            for i in range(TILE):
-                for j in range(TILE):
-                    tile[j, i] = src[s0 + i0 + i, j0 + j]
-            for j in range(TILE):
-                for i in range(TILE):
-                    dst[d0 + j0 + j, i0 + i] = tile[j, i]
-        for i in range(tall, h):
-            for j in range(TILE):
-                dst[d0 + j0 + j, i] = src[s0 + i, j0 + j]
+@register_jitable(forceinline=True)
+def _amax_row(xb, base, ams, o, w):
+    """ams[o + j] = max(ams[o + j], the magnitude bits of element base + j), j < w."""
+    for j in range(w):
+        jj = np.uint64(j)
+        ams[o + jj] = as_int64(max(word(ams[o + jj]), word(xb[base + jj]) & 0x7FFFFFFF))
+
+
+@literal_jitable
+def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
+           offset, chunk):
+    """Bands b0 .. b1-1 of ``x`` (rows x cols, blocks of bp.block down the columns) into
+    ``out`` and their scales into rows b0 .. b1-1 of ``sout`` (blocks per column x cols);
+    ``counted`` (a literal): 0 no counters, 2 their sums returned as a (1, 9) array (to
+    nearest only, where bp.near32 holds).
+
+    A unit is a band's strip of at most STRIP columns.  The largest magnitudes of the next
+    unit are read row by row between the rows of this unit's elements, so that the reads
+    from memory overlap the element step (a pass of the one, then of the other, took half
+    as long again)."""
+    counting = _constant(counted) != 0      # mode and counted pass on as literals
+    near = _constant(mode) == NEAREST and bp.near32
+    rows, cols = x.shape
+    size = bp.block
+    xf, outf = x.reshape(-1), out.reshape(-1)
+    xb = as_bits(xf)
+    cinf = word(np.int32(255 << 23))
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    minn = bits_float32(word(p32.minnorm))
+    cw, lw = nearest32_words(p32.m, p32.emin)
+    rct, ri0, rsh = _reciprocals(bp, sp)
+    clip_lo, clip_hi = clip_bounds(bp, sp) if counting else (np.int64(0), np.int64(0))
+    ams = np.zeros(2 * STRIP, np.uint32)        # this unit's and the next one's
+    s32s = np.empty(STRIP, np.float32)
+    rcs = np.empty(STRIP, np.float32)
+    lanes = np.empty(STRIP, np.uint32)
+    redo = np.empty(STRIP, np.uint32)
+    tops = np.empty(STRIP, np.uint32)
+    # power-of-two scales from the exponent field for every largest magnitude (MX formats)
+    every_pow2 = pow2_words(np.int64(0), bp)
+    held = np.empty(size, np.float32)
+    made = np.empty(size, np.float32)
+    one = np.empty((1, 1), np.float64)
+    sums = np.zeros((1, NO_COUNTS.shape[2]), np.int64)
+    counts = np.zeros(NO_COUNTS.shape, np.int64)    # writable: the counted kernel's type
+    fast = word(np.int32(0))                    # the random word of a deterministic mode
+    strips = -(-cols // STRIP)
+    u0, u1 = b0 * strips, b1 * strips
+    if u0 >= u1:
+        return sums
+    h = min(size, rows - b0 * size)             # the first unit's largest magnitudes
+    w = min(STRIP, cols)
     for i in range(h):
-        for j in range(wide, w):
-            dst[d0 + j, i] = src[s0 + i, j]
+        _amax_row(xb, np.uint64((b0 * size + i) * cols), ams, np.uint64(0), w)
+    for u in range(u0, u1):
+        b, c0 = u // strips, (u % strips) * STRIP
+        r0 = b * size
+        h = min(size, rows - r0)
+        w = min(STRIP, cols - c0)
+        o = np.uint64(((u - u0) & 1) * STRIP)   # this unit's largest magnitudes, and the
+        on = np.uint64(STRIP) - o               # next one's
+        for j in range(w):                      # the scales, a loop that vectorises for
+            jj = np.uint64(j)                   # power-of-two scales
+            am = word(ams[o + jj])
+            ams[o + jj] = 0                     # ready for the unit after the next
+            tops[j] = as_int64(am)
+            redo[j] = np.uint32(am >= cinf)     # a NaN or inf: the column is redone
+            lanes[j] = 0
+            if every_pow2:
+                e = pow2_exponent(as_int64(am), bp)     # scale_recip32's 2**e
+                sout[b, c0 + j] = i2f((e + 1023) << 52)
+                s32s[j] = pow2_float32(e)
+                rcs[j] = pow2_float32(-e)
+            elif am < cinf:
+                sout[b, c0 + j], s32s[j], rcs[j] = scale_recip32(am, bp, sp, rct, ri0, rsh)
+        if counting:                            # the blocks' clipped and flushed counters
+            for j in range(w):
+                a = np.int64(tops[j])
+                if redo[j] != 0:
+                    continue
+                top = bits_float32(word(np.int32(a)))
+                if not top * rcs[j] < np.inf:   # a quotient of inf: the word kernel's
+                    redo[j] = 1                 # element_exact, as the row kernel
+                    continue
+                _, _, qtop = element_nearest32_flags(top, rcs[j], s32s[j], pts, maxe, minn,
+                                                     cw, lw, bp.pow2)
+                sums[0, 6] += np.int64(a != 0 and (a < clip_lo or a >= clip_hi))
+                sums[0, 7] += np.int64(a != 0 and qtop == 0)
+        hn = wn = rn = 0                        # the next unit
+        if u + 1 < u1:
+            bn, cn = (u + 1) // strips, ((u + 1) % strips) * STRIP
+            rn = bn * size
+            hn, wn = min(size, rows - rn), min(STRIP, cols - cn)
+            rn = rn * cols + cn
+        for i in range(max(h, hn)):
+            if i < h:                           # a row of this unit's elements
+                base = np.uint64((r0 + i) * cols + c0)
+                if near and not counting:
+                    for j in range(w):
+                        e = base + np.uint64(j)
+                        outf[e] = element_nearest32(xf[e], rcs[j], s32s[j], pts, maxe, cw, lw)
+                elif near:
+                    for j in range(w):
+                        e = base + np.uint64(j)
+                        v, flags, _ = element_nearest32_flags(xf[e], rcs[j], s32s[j], pts,
+                                                              maxe, minn, cw, lw, bp.pow2)
+                        outf[e] = v
+                        lanes[j] = as_int64(word(lanes[j]) + flags)
+                else:
+                    for j in range(w):
+                        e = base + np.uint64(j)
+                        _, v, ok, _ = element_fast32(xf[e], fast, rcs[j], s32s[j], mode, k,
+                                                     p32, bp)
+                        outf[e] = v
+                        redo[j] = as_int64(word(redo[j]) | (1 - ok))
+            if i < hn:                          # a row of the next unit's magnitudes
+                _amax_row(xb, np.uint64(rn + i * cols), ams, on, wn)
+        for j in range(w):
+            if redo[j] != 0:                    # the column's block through the word kernel
+                col = c0 + j
+                for i in range(h):
+                    held[i] = xf[(r0 + i) * cols + col]
+                got = _words_range(held[:h].reshape((1, h)), made[:h].reshape((1, h)), one,
+                                   counts, NO_AMAXES, 0, 1, mode, counted, k, p, p32, sp, bp,
+                                   seed_lo, seed_hi, stream, offset, chunk)
+                for i in range(h):
+                    outf[(r0 + i) * cols + col] = made[i]
+                sout[b, col] = one[0, 0]
+                if counting:
+                    for f in range(sums.shape[1]):
+                        sums[0, f] += got[0, f]
+            elif counting:                      # the packed flags, one a byte
+                packed = np.int64(lanes[j])
+                sums[0, 0] += packed & 0xFF
+                sums[0, 1] += (packed >> 8) & 0xFF
+                sums[0, 2] += (packed >> 16) & 0xFF
+                sums[0, 3] += packed >> 24
+    return sums
 
 
-def _columns_kernel(mode: int):
-    """The band kernel of rounding mode ``mode`` (a constant of its body), named
-    ``blocks_columns_<mode>`` for numba's on-disk cache: block rows b0 .. b1-1 of ``x`` (rows
-    x cols, blocks of ``size`` down the columns) into ``out``, their scales into columns b0
-    .. b1-1 of ``sout`` (cols x blocks per column).  A band is one block row: its blocks,
-    one a column, gathered as the rows of a (cols x size) scratch."""
-    def kernel(x, out, sout, b0, b1, size, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-               offset, chunk):
-        rows, cols = x.shape
-        band = np.empty((cols, size), np.float32)
-        done = np.empty((cols, size), np.float32)
-        scales = np.empty((1, cols), np.float64)
-        for b in range(b0, b1):
-            r0 = b * size
-            height = min(size, rows - r0)
-            if height == size:
-                # one row of cols whole blocks: the word loop's straight path (rows of one
-                # block each take its per-block bounds, twice the time)
-                _transpose(x, r0, band, 0, height, cols)
-                _words_range(band.reshape((1, cols * size)), done.reshape((1, cols * size)),
-                             scales, NO_COUNTS, NO_AMAXES, 0, cols, mode, 0, k, p, p32, sp, bp,
-                             seed_lo, seed_hi, stream, offset, chunk)
-                _transpose(done, 0, out, r0, cols, height)
-            else:                               # the last block row, of shorter blocks
-                held = np.empty((cols, height), np.float32)
-                made = np.empty((cols, height), np.float32)
-                _transpose(x, r0, held, 0, height, cols)
-                _words_range(held, made, scales.reshape((cols, 1)), NO_COUNTS, NO_AMAXES, 0,
-                             cols, mode, 0, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
-                             chunk)
-                _transpose(made, 0, out, r0, cols, height)
-            for j in range(cols):
-                sout[j, b] = scales[0, j]
+#: the kinds of counting of the band kernels: none, or a call's sums
+COUNTING = {"": 0, "totals_": 2}
+
+
+def _columns_kernel(mode: int, counted: int):
+    """The band kernel of rounding mode ``mode`` and counting ``counted`` (constants of its
+    body), named ``blocks_columns_<kind><mode>`` for numba's on-disk cache: :func:`_bands`."""
+    def kernel(x, out, sout, b0, b1, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
+               chunk):
+        return _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo,
+                      seed_hi, stream, offset, chunk)
 
     name = next(name for name, code in MODES.items() if code == mode)
-    kernel.__name__ = kernel.__qualname__ = f"blocks_columns_{name}"
+    kind = next(kind for kind, code in COUNTING.items() if code == counted)
+    kernel.__name__ = kernel.__qualname__ = f"blocks_columns_{kind}{name}"
     return kernel
 
 
-#: the dispatcher of each mode, compiled on first use and cached on disk
-COLUMN_KERNELS = {mode: njit(cache=True, nogil=True)(_columns_kernel(mode))
-                  for mode in MODES.values()}
+#: the dispatcher of each (mode, counting), compiled on first use and cached on disk
+COLUMN_KERNELS = {(mode, counted): njit(cache=True, nogil=True)(_columns_kernel(mode, counted))
+                  for mode in MODES.values() for counted in COUNTING.values()}
 
 
 @functools.cache
-def columns_entry(mode: int):
-    """The compiled entry point of ``mode``'s band kernel."""
-    dispatcher = COLUMN_KERNELS[mode]
+def columns_entry(mode: int, counted: int = 0):
+    """The compiled entry point of ``mode``'s band kernel, without counters (``counted`` 0)
+    or with their sums (2)."""
+    dispatcher = COLUMN_KERNELS[mode, counted]
     bfmt = PRESETS["mxfp4"]
     x = np.zeros((1, 1), np.float32)
-    args = (x, x.copy(), np.zeros((1, 1)), 0, 1, 32, 1,
+    args = (x, x.copy(), np.zeros((1, 1)), 0, 1, 1,
             _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
             kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK)
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
@@ -125,23 +233,33 @@ def columns_entry(mode: int):
 def takes_columns(x, axis: int, bp, mode: int, tensor_scale: bool, want_elements,
                   want_counts) -> bool:
     """Whether :func:`run_columns` quantizes ``x`` along ``axis``: a 2-D float32 C-contiguous
-    array blocked down its columns (axis 0), a deterministic rounding (a block row's random
-    counters are not consecutive), no element values or counters wanted, a format the word
-    kernel takes (``bp.f32``) without a tensor scale."""
-    return (isinstance(x, np.ndarray) and x.ndim == 2 and axis in (0, -2)
+    array blocked down its columns (axis 0), a deterministic rounding (a band's random
+    counters are not consecutive), no element values wanted, a format the word kernel takes
+    (``bp.f32``) without a tensor scale; counters only as sums ("totals"), to nearest where
+    the word kernel counts by :func:`element_nearest32_flags` (blocks of at most PIECE, so
+    that a byte of packed flags holds a column's sum; a scale format of more than one
+    value, as the word kernel's counters need)."""
+    if not (isinstance(x, np.ndarray) and x.ndim == 2 and axis in (0, -2)
             and x.dtype == np.float32 and x.flags.c_contiguous and x.size > 0
-            and mode < STOCHASTIC and bool(bp.f32) and not tensor_scale and not want_elements
-            and not want_counts)
+            and mode < STOCHASTIC and bool(bp.f32) and not tensor_scale and not want_elements):
+        return False
+    if want_counts is False:
+        return True
+    return (want_counts == "totals" and mode == NEAREST and bool(bp.near32)
+            and bp.block <= PIECE and bp.smin < bp.smax)
 
 
-def run_columns(x, out, sout, request, p, p32, sp, bp) -> None:
+def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False):
     """Quantize the 2-D float32 ``x`` in blocks down its columns into ``out`` (x's shape, C
-    order) and the scales into ``sout`` (columns x blocks per column), block rows dealt out
-    to lpsim's threads."""
-    kernel = columns_entry(request.mode)
-    size = bp.block
-    bands = -(-x.shape[0] // size)
+    order) and the scales into ``sout`` (columns x blocks per column), bands dealt out to
+    lpsim's threads; returns None, or with ``want_counts="totals"`` a (ranges, 1, 9) array
+    of each range's counters (as :func:`lpsim.blocks.kernels.run_blocks`)."""
+    counted = 2 if want_counts == "totals" else 0
+    kernel = columns_entry(request.mode, counted)
+    bands = -(-x.shape[0] // bp.block)
     workers = min(threads(), bands, x.size // PARALLEL_GRAIN) if x.size >= SERIAL_BELOW else 1
-    args = (size, int(request.k), p, p32, sp, bp, int(request.seed_lo), int(request.seed_hi),
+    args = (int(request.k), p, p32, sp, bp, int(request.seed_lo), int(request.seed_hi),
             int(request.stream), int(request.offset), int(CHUNK))
-    deal(lambda b0, b1: kernel(x, out, sout, b0, b1, *args), pieces(bands, workers), workers)
+    sums = deal(lambda b0, b1: kernel(x, out, sout, b0, b1, *args), pieces(bands, workers),
+                workers)
+    return np.stack(sums) if counted else None

@@ -91,11 +91,13 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
                      want_elements, want_counts):
         # down the columns of a 2-D array: block rows in cache, no transposing copy
         values = np.empty_like(x)
-        s2 = np.empty((x.shape[1], -(-x.shape[0] // bfmt.block)), np.float64)
-        run_columns(x, values, s2, request, _element_params(bfmt.saturating_element, 32),
-                    element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
-                    block_params(bfmt, 1.0))
-        return Blocked(values, None, s2, 1.0, None)
+        # the scales a band at a time, in rows (a column at a time strides through memory)
+        s2 = np.empty((-(-x.shape[0] // bfmt.block), x.shape[1]), np.float64)
+        counts = run_columns(x, values, s2, request,
+                             _element_params(bfmt.saturating_element, 32),
+                             element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
+                             block_params(bfmt, 1.0), want_counts)
+        return Blocked(values, None, s2.T, 1.0, counts)
     x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     want_counts = want_counts or want_elements
     words = takes_words(x2, block_params(bfmt), want_elements, want_counts)

@@ -14,7 +14,7 @@ from numba.extending import register_jitable
 
 from ..rounding import nearest32, nearest32_words
 from ..word32 import as_int64, bits_float32, float32_bits, like, word
-from .decisions import bits_value, block_scale, i2f
+from .decisions import bits_value, block_recip, block_scale, i2f
 from .formats import CEIL, EVEN, RCEIL
 
 
@@ -108,6 +108,22 @@ def _reciprocals(bp, sp):
 #: to nearest (``snear32``: NVFP4's UE4M3) in :func:`_scale_steps`' table instead of by two
 #: divisions and a rounding per block: the table costs about 20 us, what 6000 blocks save
 STEPS_FROM = 1 << 13
+
+
+@register_jitable(forceinline=True)
+def scale_recip32(am, bp, sp, rct, ri0, rsh):
+    """(s, s32, rc): a block's scale from its largest magnitude bits ``am`` (float64, by
+    :func:`scale_words`), that scale as a float32 and its float32 reciprocal: 2**-e by its
+    exponent bits for a power of two, else from the table of :func:`_reciprocals` (``rct``,
+    ``ri0``, ``rsh``) or by the float32 division where the table has no entry (the float64
+    quotient of float32 values rounded to float32 is the same).  One decision for the word
+    kernel's blocks along rows and :mod:`lpsim.blocks.columns`' blocks down columns."""
+    s = scale_words(am, bp, sp)
+    s32 = np.float32(s)
+    if bp.pow2:
+        return s, s32, np.float32(block_recip(s, bp))
+    i = (as_int64(float32_bits(s32)) >> rsh) - ri0
+    return s, s32, rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
 
 
 @register_jitable

@@ -18,12 +18,12 @@ from numba.extending import register_jitable
 
 from ..cpu import _constant, as_bits, literal_jitable
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
-from ..word32 import as_int64, float32_bits, word
+from ..word32 import as_int64, word
 from .amax import _block_amax32, _finite_amax
 from .decisions import (block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32, element_ok32)
 from .word_counts import group_counted
-from .word_scales import scale_words
+from .word_scales import scale_recip32
 
 
 @register_jitable(forceinline=True)
@@ -164,7 +164,7 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     :func:`lpsim.blocks.word_counts.tally_scratch`).
 
     Per group of SCALE_AHEAD blocks, first each block's largest magnitude, scale
-    (:func:`scale_words`) and reciprocal, then each block's element loop
+    (:func:`scale_recip32`) and reciprocal, then each block's element loop
     (:func:`element_nearest32` for nearest rounding where :func:`nearest_words_exact` holds,
     else :func:`element_fast32`, then :func:`element_exact` for what it left).  Blocks of
     32 and 16 elements run loops of that literal length: a loop of a run-time length this
@@ -258,18 +258,8 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
                 s32s[j] = s32
                 rcs[j] = rvals[i]
                 continue
-            s = scale_words(am, bp, sp)
+            s, s32s[j], rcs[j] = scale_recip32(am, bp, sp, rct, ri0, rsh)
             sf[tb] = s
-            s32 = np.float32(s)
-            s32s[j] = s32
-            # block_recip: 2**-e by its exponent bits, or scale_recip in float32 arithmetic
-            # (the float64 quotient of float32 values rounded to float32 is the same), from
-            # the table of the scale's values where there is one
-            if bp.pow2:
-                rcs[j] = np.float32(block_recip(s, bp))
-            else:
-                i = (as_int64(float32_bits(s32)) >> rsh) - ri0
-                rcs[j] = rct[i] if 0 <= i < rct.size else np.float32(bp.pts_inv) / s32
         if near and nonfinite == 0:             # the group's elements, to nearest
             for j in range(g1 - g0):
                 _block_nearest32(xf, outf, np.uint64(los[j]), ns[j], rcs[j], s32s[j], pts,
