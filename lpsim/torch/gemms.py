@@ -39,6 +39,7 @@ from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..philox import random_words
 from ..quantize import quantize as lp_quantize
+from ..rounding import STOCHASTIC, mode_code
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
@@ -166,6 +167,9 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
                 .reshape(rows, cols), kept.scales.reshape(rows // k, cols // k), (k, k),
                 kept.tensor_scale)
         if t.ndim == 2 and axis in (0, -2):
+            if not keep and _down_columns(t, fmt, op):
+                # lpsim.blocks.columns: the blocks read as they lie, no transposing copy
+                return rounded(t, fmt, axis=0), None
             # blocks down the columns: the transpose's rows, the same blocks and random
             # counters (C order of the blocked layout); torch's transposing copy is the
             # fastest here, and the result goes back as a view, which the GEMM reads as is
@@ -190,6 +194,15 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
     kept = keep and Parts(_float64(q), None, (1, 1),
                           float(np.float32(1.0) / np.float32(s))) or None
     return q.div_(s), kept
+
+
+def _down_columns(t: torch.Tensor, fmt, op: Operand) -> bool:
+    """Whether ``lpsim.quantize(t, fmt, axis=0)`` quantizes the 2-D ``t`` down its columns
+    where it lies (:mod:`lpsim.blocks.columns`: a contiguous float32 CPU tensor, a
+    deterministic rounding, a format without a tensor scale), faster than torch's
+    transposing copy and the row kernel; elsewhere that copy is the faster route."""
+    return (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+            and not fmt.tensor_scale and mode_code(op.rounding) < STOCHASTIC)
 
 
 def _float64(q: torch.Tensor) -> np.ndarray:
@@ -284,8 +297,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None, parts=None) ->
                                            spec.accumulate, pa.factor * pb.factor)).to(a.device)
     else:
         y = _product(a, b, spec.accumulate)
-    if bias is not None:
-        y = y + bias.detach().to(y.dtype)
+    if bias is not None:            # in place: y is the GEMM's own new tensor
+        y.add_(bias.detach().to(y.dtype))
     if spec.out is None:
         return y
     return lp_quantize(y, spec.out)
@@ -350,9 +363,9 @@ class _LinearFunction(torch.autograd.Function):
                 and dy.device.type == "cpu":
             # K is the tokens, dy's and x's first axis: on the CPU each is quantized as it
             # lies and the GEMM reads dy's transpose as a view, so an element format makes
-            # no transposing copy (block formats keep theirs, in _quantized: the column
-            # route of lpsim.blocks.columns is within 1.3x of torch's copy and the row
-            # kernel, and takes no stochastic rounding)
+            # no transposing copy, nor a block format rounded deterministically without a
+            # tensor scale (MX: lpsim.blocks.columns; the others keep torch's copy, in
+            # _quantized)
             dyq, _ = layer.operand(dy, "wgrad", "dy", 0, False)
             xq, _ = layer.operand(x.detach().to(dy.dtype), "wgrad", "x", 0, False)
             dw = gemm(dyq.t(), xq, r.wgrad).to(weight.dtype)
