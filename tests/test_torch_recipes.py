@@ -67,12 +67,21 @@ def hand_rht(t, step, n, layer=0):
     return torch.matmul(tt.reshape(-1, n), m.t()).reshape(tt.shape).t()
 
 
+def as_it_lies(op, device):
+    """Whether the layer quantizes a 2-D operand in blocks down its columns where it lies:
+    on the CPU, blocks of one row (not 2-D), rounded deterministically, without a tensor
+    scale (lpsim.blocks.columns: C order; else a transposed copy's transpose)."""
+    return device.type == "cpu" and not op.blocks_2d and not op.fmt.tensor_scale \
+        and lpsim.rounding.mode_code(op.rounding) < lpsim.rounding.STOCHASTIC
+
+
 def product(a, b, gemm, b_rows=False, natural=False):
     """a @ b with the operands laid out as the layer passes them: a row-major, b
     column-major (the transpose of a row-major K-major matrix), or row-major with b_rows
     (the layer's weight in dgrad, quantized as it is stored, where it is not in blocks
-    along the columns), or as they come with ``natural`` (the CPU's wgrad of element formats
-    without an RHT: dy's quantized transpose as a view, x row-major).  BLAS sums each output in an order
+    along the columns or they lie where it is), or as they come with ``natural`` (the CPU's
+    wgrad of element formats and of MX rounded deterministically without an RHT: dy's
+    quantized transpose as a view, x row-major).  BLAS sums each output in an order
     that depends on the layouts: a difference far below the output's rounding, but one
     that a sum with cancellation shows."""
     device = a.device
@@ -121,16 +130,21 @@ class Hand:
         shared = r.dgrad.b == r.fprop.b and r.fprop.b.blocks_2d
         dyq = self.q(dy, "dgrad", "dy", -1)
         wq = self.wq if shared else self.q(w, "dgrad", "w", 0)
-        down_columns = isinstance(r.dgrad.b.fmt, BlockFormat) and not r.dgrad.b.blocks_2d
+        # the weight in blocks down its columns: a transposed copy's transpose, unless the
+        # CPU quantizes it as it lies (lpsim.blocks.columns)
+        down_columns = isinstance(r.dgrad.b.fmt, BlockFormat) and not r.dgrad.b.blocks_2d \
+            and not as_it_lies(r.dgrad.b, w.device)
         dx = out(product(dyq, wq, r.dgrad, b_rows=not down_columns), r.dgrad)
         dyw, xw = dy, x.detach().float()
         if r.rht:
             dyw = hand_rht(dyw, self.step, r.rht, self.layer)
             xw = hand_rht(xw, self.step, r.rht, self.layer)
-        # the CPU's wgrad of element formats: quantized as they lie, no transposing copies
+        # the CPU's wgrad of element formats and of MX rounded deterministically: quantized
+        # as they lie, no transposing copies
         natural = dy.device.type == "cpu" and not r.rht and not isinstance(
-            r.wgrad.accumulate, InstructionModel) and not any(
-                isinstance(op.fmt, BlockFormat) for op in (r.wgrad.a, r.wgrad.b))
+            r.wgrad.accumulate, InstructionModel) and all(
+                not isinstance(op.fmt, BlockFormat) or as_it_lies(op, dy.device)
+                for op in (r.wgrad.a, r.wgrad.b))
         dw = out(product(self.q(dyw, "wgrad", "dy", 0).t(), self.q(xw, "wgrad", "x", 0),
                      r.wgrad, natural=natural), r.wgrad)
         self.step += 1
