@@ -14,10 +14,13 @@ torch's AdamW step.  Cases, timed in alternating rounds after two untimed steps 
 Prints milliseconds per step and the ratios to the BF16 and FP32 steps (a CPU without bf16
 instructions runs the BF16 step slower than the FP32 one: the FP32 ratio is the sterner);
 targets: at most 2x the BF16 step for mxfp8 and nvfp4 on the CPU, 1.5x on a GPU.  The
-cases "(no telemetry)" run ``simulate(..., telemetry=False)``.
+cases "(no telemetry)" run ``simulate(..., telemetry=False)``; with ``--one-thread`` the
+cases "(one lpsim thread)" run each preset's step with lpsim's kernels in the calling thread
+alone (``lpsim.pool.limited(1)``), where torch's OpenMP threads spin on the other cores.
 
     python benchmarks/bench_recipes.py [--device cpu|cuda] [--d-model 256] [--layers 4]
-        [--context 128] [--batch 16] [--rounds 9] [--json out.json] [--profile]
+        [--context 128] [--batch 16] [--rounds 9] [--json out.json] [--one-thread]
+        [--profile]
 
 ``--profile`` then runs one more step of each lpsim case under torch.profiler and prints where
 it went: the step's wall time, the device's kernel time, the host's synchronisations and
@@ -28,6 +31,7 @@ most host time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -66,7 +70,13 @@ def make_step(case, args):
     idx = torch.randint(0, 256, (args.batch, args.context + 1), generator=gen).to(args.device)
     x, y = idx[:, :-1], idx[:, 1:]
 
+    one_thread = case.endswith("(one lpsim thread)")
+
     def step():
+        with lpsim.pool.limited(1) if one_thread else contextlib.nullcontext():
+            run()
+
+    def run():
         opt.zero_grad()
         with torch.autocast(args.device, dtype=torch.bfloat16, enabled=autocast):
             logits = model(x)
@@ -118,11 +128,15 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--presets", nargs="+", default=PRESETS, choices=PRESETS)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--one-thread", action="store_true",
+                        help="also each preset with lpsim's kernels in the calling thread "
+                             "alone (lpsim.pool.limited(1)), telemetry on")
     parser.add_argument("--profile", action="store_true",
                         help="then profile one step of each lpsim case (torch.profiler)")
     args = parser.parse_args(argv)
     cases = ["bf16 autocast", "fp32"] + [f"lpsim {p}" for p in args.presets] + \
-        [f"lpsim {p} (no telemetry)" for p in args.presets]
+        [f"lpsim {p} (no telemetry)" for p in args.presets] + \
+        [f"lpsim {p} (one lpsim thread)" for p in args.presets if args.one_thread]
     steps = {}
     for case in cases:
         steps[case] = make_step(case, args)

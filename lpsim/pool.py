@@ -16,11 +16,13 @@ counters are summed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from numba import config as numba_config
 from numba import get_num_threads
 from numba.np.ufunc import parallel as _numba_parallel
@@ -29,17 +31,44 @@ from numba.np.ufunc import parallel as _numba_parallel
 PIECES = 4
 
 
+#: at most this many threads for lpsim's kernels, process-wide (None: no limit); see
+#: :func:`limited`
+_LIMIT = None
+
+
+@contextlib.contextmanager
+def limited(count):
+    """Within the block, lpsim's CPU kernels use at most ``count`` threads (an integer >= 1;
+    1: the calling thread alone), process-wide, the previous limit restored after.
+
+    Why: inside a torch training step torch's OpenMP threads spin on the other cores for
+    milliseconds after each of its operations, and lpsim's pool threads share those cores
+    with them; on a 2-core VM a simulated mxfp8 or nvfp4 step ran 3% to 8% faster with
+    lpsim's kernels in the calling thread alone (``bench_recipes.py --one-thread``).  The
+    same holds nowhere else measured, so it is a choice, not a default."""
+    global _LIMIT
+    if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) \
+            or count < 1:
+        raise ValueError(f"count={count!r} is not accepted; accepted: an integer >= 1")
+    before, _LIMIT = _LIMIT, int(count)
+    try:
+        yield
+    finally:
+        _LIMIT = before
+
+
 def threads() -> int:
     """The threads lpsim's own pool may use: ``numba.get_num_threads()`` once numba's threading
-    layer runs (``numba.set_num_threads`` starts it), else NUMBA_NUM_THREADS.
+    layer runs (``numba.set_num_threads`` starts it), else NUMBA_NUM_THREADS; at most the
+    count of an enclosing :func:`limited`.
 
     Why not always ask numba: asking starts its threading layer, and its OpenMP layer sets
     the OpenMP thread count that torch shares, so a 1-thread torch would run its next ops on
     every core, with other results for bf16 products; lpsim's kernels run on its own pool.
     """
-    if _numba_parallel._is_initialized:
-        return get_num_threads()
-    return numba_config.NUMBA_NUM_THREADS
+    count = get_num_threads() if _numba_parallel._is_initialized \
+        else numba_config.NUMBA_NUM_THREADS
+    return count if _LIMIT is None else min(count, _LIMIT)
 
 
 @functools.cache

@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 
+from lpsim import pool
 from lpsim.pool import PIECES, deal, pieces
 
 
@@ -78,3 +79,39 @@ def test_a_call_from_a_pool_thread_finishes():
     inner = lambda a, b: deal(lambda c, d: d - c, pieces(b - a, 2), 2)
     got = deal(lambda a, b: sum(inner(a, b)), pieces(100, 2), 2)
     assert sum(got) == 100
+
+
+def test_limited_caps_the_threads_and_restores_the_limit():
+    """Within limited(n) a kernel deals its work to at most n threads (1: the calling thread
+    alone), the same values; nested limits, and the previous limit after an error."""
+    import threading
+
+    import lpsim
+    before = pool.threads()
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    want = lpsim.quantize(x, "mxfp4")
+    with pool.limited(1):
+        assert pool.threads() == 1
+        seen = set()
+        pool.deal(lambda a, b: seen.add(threading.get_ident()), pool.pieces(64, 2),
+                  pool.threads())
+        assert seen == {threading.get_ident()}
+        np.testing.assert_array_equal(lpsim.quantize(x, "mxfp4").view(np.int32),
+                                      want.view(np.int32))
+        with pool.limited(np.int64(5)):
+            assert pool.threads() == min(before, 5)
+        assert pool.threads() == 1
+    assert pool.threads() == before
+    with pytest.raises(RuntimeError):
+        with pool.limited(1):
+            raise RuntimeError("inside")
+    assert pool.threads() == before
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "2", None])
+def test_limited_refuses_a_count_that_is_not_an_integer_of_one_or_more(count):
+    before = pool.threads()
+    with pytest.raises(ValueError, match="count="):
+        with pool.limited(count):
+            pass
+    assert pool.threads() == before
