@@ -162,13 +162,13 @@ def main(argv=None):
     print(f"# ByteLM d_model {args.d_model}, {args.layers} layers, context {args.context}, "
           f"batch {args.batch}: {args.batch * args.context} tokens a step; median of "
           f"{args.rounds} rounds (ratios: the median of each round's own)")
-    print(f"{'case':<32} {'ms/step':>9} {'x bf16 step':>12} {'x fp32 step':>12}  target")
+    print(f"{'case':<36} {'ms/step':>9} {'x bf16 step':>12} {'x fp32 step':>12}  target")
     for case in cases:
         target = TARGETS[args.device].get(case)
         to_bf16, to_fp32 = ratio["bf16 autocast"][case], ratio["fp32"][case]
         verdict = "" if target is None else \
             f"<= {target}x: {'met' if to_bf16 <= target else 'NOT met'}"
-        print(f"{case:<32} {ms[case]:>9.1f} {to_bf16:>12.2f} {to_fp32:>12.2f}  {verdict}")
+        print(f"{case:<36} {ms[case]:>9.1f} {to_bf16:>12.2f} {to_fp32:>12.2f}  {verdict}")
     if args.profile:
         for case, step in steps.items():
             if case.startswith("lpsim "):
