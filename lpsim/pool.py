@@ -43,9 +43,10 @@ def limited(count):
 
     Why: inside a torch training step torch's OpenMP threads spin on the other cores for
     milliseconds after each of its operations, and lpsim's pool threads share those cores
-    with them; on a 2-core VM a simulated mxfp8 or nvfp4 step ran 3% to 8% faster with
-    lpsim's kernels in the calling thread alone (``bench_recipes.py --one-thread``).  The
-    same holds nowhere else measured, so it is a choice, not a default."""
+    with them.  On a 2-core VM, in alternating steps of one process, a simulated mxfp8 or
+    nvfp4 step took 3% to 9% less time with lpsim's kernels in the calling thread alone
+    (``bench_recipes.py --one-thread`` times it beside the default).  It was measured on no
+    larger machine, where more of lpsim's threads may still pay: a choice, not a default."""
     global _LIMIT
     if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) \
             or count < 1:
