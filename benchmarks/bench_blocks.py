@@ -446,8 +446,8 @@ def main() -> None:
                                   "alternating rounds"]))
         print("# stats: with a BlockStats (counted); rows alone: the row kernel on a transposed "
               "copy made beforehand (one pass)")
-        print(f"{'format':<11} {'columns':>8} {'stats':>7} {'general':>8} {'torch copy + rows':>18} "
-              f"{'stats':>7} {'rows alone':>11} {'torch/columns':>14} {'(stats)':>8} "
+        print(f"{'format':<11} {'columns':>8} {'stats':>7} {'general':>8} "
+              f"{'torch copy + rows':>18} {'stats':>7} {'rows alone':>11} {'torch/columns':>14} {'(stats)':>8} "
               f"{'columns/rows alone':>19}")
         for r in rows:
             c, cs, g = r["columns"], r["columns, stats"], r["general"]

@@ -70,9 +70,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     nearest only, where bp.near32 holds).
 
     A unit is a band's strip of at most STRIP columns.  The largest magnitudes of the next
-    unit are read row by row between the rows of this unit's elements, so that the reads
-    from memory overlap the element step (a pass of the one, then of the other, took half
-    as long again)."""
+    unit are read row by row between the rows of this unit's elements, so that its reads
+    from memory may overlap the element step (as fast as a pass of the one, then of the
+    other, within the noise of the runs made on a 2-core VM)."""
     counting = _constant(counted) != 0      # mode and counted pass on as literals
     near = _constant(mode) == NEAREST and bp.near32
     rows, cols = x.shape
@@ -251,9 +251,9 @@ def takes_columns(x, axis: int, bp, mode: int, tensor_scale: bool, want_elements
 
 def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False):
     """Quantize the 2-D float32 ``x`` in blocks down its columns into ``out`` (x's shape, C
-    order) and the scales into ``sout`` (columns x blocks per column), bands dealt out to
-    lpsim's threads; returns None, or with ``want_counts="totals"`` a (ranges, 1, 9) array
-    of each range's counters (as :func:`lpsim.blocks.kernels.run_blocks`)."""
+    order) and the scales into ``sout`` (blocks per column x columns: a band's in a row),
+    bands dealt out to lpsim's threads; returns None, or with ``want_counts="totals"`` a
+    (ranges, 1, 9) array of each range's counters (as :func:`lpsim.blocks.kernels.run_blocks`)."""
     counted = 2 if want_counts == "totals" else 0
     kernel = columns_entry(request.mode, counted)
     bands = -(-x.shape[0] // bp.block)
