@@ -42,7 +42,8 @@ from .decisions import (_element_params, block_params, element_fast32, element_n
                         element_nearest32_flags, element_params32)
 from .formats import PRESETS
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
-from .word_counts import PIECE, clip_bounds
+from .word_counts import (PIECE, _no_counts, _store, _tally_block, _tally_packed,
+                          clip_bounds)
 from .word_scales import (_reciprocals, pow2_exponent, pow2_float32, pow2_words,
                           scale_recip32)
 
@@ -99,6 +100,7 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     sums = np.zeros((1, NO_COUNTS.shape[2]), np.int64)
     counts = np.zeros(NO_COUNTS.shape, np.int64)    # writable: the counted kernel's type
     fast = word(np.int32(0))                    # the random word of a deterministic mode
+    c = _no_counts()                            # counters 0-7, summed in locals (word_counts)
     strips = -(-cols // STRIP)
     u0, u1 = b0 * strips, b1 * strips
     if u0 >= u1:
@@ -139,8 +141,8 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                     continue
                 _, _, qtop = element_nearest32_flags(top, rcs[j], s32s[j], pts, maxe, minn,
                                                      cw, lw, bp.pow2)
-                sums[0, 6] += np.int64(a != 0 and (a < clip_lo or a >= clip_hi))
-                sums[0, 7] += np.int64(a != 0 and qtop == 0)
+                c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
+                                 np.int64(a != 0 and qtop == 0))
         hn = wn = rn = 0                        # the next unit
         if u + 1 < u1:
             bn, cn = (u + 1) // strips, ((u + 1) % strips) * STRIP
@@ -185,11 +187,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                     for f in range(sums.shape[1]):
                         sums[0, f] += got[0, f]
             elif counting:                      # the packed flags, one a byte
-                packed = np.int64(lanes[j])
-                sums[0, 0] += packed & 0xFF
-                sums[0, 1] += (packed >> 8) & 0xFF
-                sums[0, 2] += (packed >> 16) & 0xFF
-                sums[0, 3] += packed >> 24
+                c = _tally_packed(c, word(lanes[j]))
+    if counting:
+        _store(sums, 0, c)
     return sums
 
 
