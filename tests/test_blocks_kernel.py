@@ -10,6 +10,7 @@ from numba import njit
 import lpsim
 from lpsim import blocks, reference
 from lpsim.rounding import DETERMINISTIC_MODES, MODES, kernel_params, round_bits, round_fast_sub
+from lpsim.blocks.word_scales import pow2_words
 from lpsim.word32 import as_int64, word
 
 from test_blocks import same
@@ -83,7 +84,7 @@ def test_sizes_across_every_threshold_equal_the_reference(bfmt, dtype, threads, 
     assert_equal_to_reference(x, bfmt, "stochastic_equal", seed=7, offset=1)
 
 
-@pytest.mark.parametrize("rule", ["floor", "ceil", "even"])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
 def test_power_of_two_scales_of_zero_and_subnormal_amaxes_equal_the_reference(rule):
     """The float32 word kernel's power-of-two scale from the amax's exponent field
     (lpsim.blocks.word_scales.pow2_words) for blocks of zeros and of float32 subnormals up
@@ -300,6 +301,38 @@ def test_float32_word_kernel_equals_the_counted_kernel(bfmt):
             bad = np.flatnonzero(got != want)
             assert bad.size == 0, (length, rounding, x.reshape(-1)[bad[:3]],
                                    got.reshape(-1)[bad[:3]], want.reshape(-1)[bad[:3]])
+
+
+@njit(cache=True)
+def _pow2_against_block_scale(bp, sp, bits):
+    """The largest magnitude bits among ``bits`` whose scale_words scale (the integer steps
+    of pow2_exponent where pow2_words holds) differs from block_scale's; -1 for none."""
+    for a in bits:
+        want, _ = blocks.block_scale(blocks.bits_value(a, 23, 127), bp, sp)
+        if blocks.scale_words(word(np.int32(a)), bp, sp) != want:
+            return a
+    return np.int64(-1)
+
+
+@pytest.mark.parametrize("element", ["e4m3fn", "e5m2", "e2m1fn", "e3m2fn", "e2m3fn",
+                                     "fp(3,2,6)"])
+def test_rceil_scales_from_integer_steps_equal_block_scale(element):
+    """Under rceil the word kernels (rows, columns, lpsim_cuda's block groups) take the scale
+    2**ceil(log2 d), d = fp32(amax / max), from d's bits (pow2_exponent) for every largest
+    magnitude: equal to block_scale's float64 steps for every float32 bit pattern whose
+    quotient is a subnormal (where d <= 2**-127 and 2**-127 < d < 2**-126 part), for 300
+    patterns either side of each binade's first and for 2**20 random ones."""
+    bfmt = blocks.block(element, 32, "e8m0fnu", "rceil")
+    bp, sp = blocks.block_params(bfmt), kernel_params(bfmt.scale, np.float64)
+    assert pow2_words(np.int64(0), bp)
+    rng = np.random.default_rng(3)
+    edges = (np.arange(255, dtype=np.int64)[:, None] << 23) + np.arange(-300, 300)
+    top = float(np.float32(bfmt.saturating_element.max_finite)) * 2.0 ** -126
+    low = np.arange(int(np.float32(top).view(np.int32)) + 2, dtype=np.int64)
+    bits = np.concatenate((edges.reshape(-1), low,
+                           rng.integers(0, 255 << 23, 1 << 20, dtype=np.int64)))
+    bits = bits[(bits >= 0) & (bits < (255 << 23))]
+    assert _pow2_against_block_scale(bp, sp, bits) == -1
 
 
 @njit(cache=True)

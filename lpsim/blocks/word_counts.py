@@ -30,7 +30,8 @@ from numba.extending import overload, register_jitable
 from ..cpu import _constant
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
 from ..word32 import as_int64, bits_float32, like, word
-from .amax import _finite_amax
+from .amax import _block_amax32, _finite_amax
+from .word_scales import fused_scale
 from .decisions import (bits_value, block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32_flags, element_ok32)
 
@@ -157,6 +158,67 @@ def _tally_lanes(c, lanes):
         a3 += w >> 24
         lanes[i] = 0
     return (c[0] + a0, c[1] + a1, c[2] + a2, c[3] + a3, c[4], c[5], c[6], c[7])
+
+
+#: blocks whose packed flags :func:`blocks_nearest_counted` sums per lane before it adds them
+#: to the counters (fewer than 255: a byte per flag)
+LANE_BLOCKS = 128
+
+
+@register_jitable(forceinline=True)
+def blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
+                           minn, cw, lw, bp, tally, ahead, c):
+    """Blocks tb .. t_end-1 of ``size`` (16 or 32) elements each, end to end from element
+    ``lo``, to nearest by :func:`lpsim.blocks.decisions.element_nearest32_flags` with the
+    scales of :func:`lpsim.blocks.word_scales.fused_scale` (largest magnitudes from ``bam``
+    where it is not empty), their flags summed per lane (:func:`_lanes_nearest`) and the
+    clipped and flushed blocks counted as :func:`_group_counted` counts them, up to a block
+    it leaves to that function (a NaN or inf, or an infinite largest quotient): (that
+    block's index or t_end, the counters ``c`` plus those of the blocks done).
+
+    Per group of as many blocks as ``ahead`` (:func:`lpsim.blocks.words.scale_ahead_scratch`)
+    holds, first their scales, then their elements: the per-lane sums carry a dependency
+    from block to block through memory, and with each block's scale found just before its
+    elements every block waited for its own chain of steps (twice the time)."""
+    clip_lo, clip_hi, lanes = tally
+    _, _, s32s, rcs, ams = ahead
+    group = s32s.size
+    stored = bam.size != 0
+    lo = np.uint64(lo)
+    since = 0
+    for g0 in range(tb, t_end, group):
+        g1 = min(g0 + group, t_end)
+        at = lo
+        for b in range(g0, g1):                 # the scales, up to a block left over
+            am = word(bam[b]) if stored else _block_amax32(xb, at, size)
+            if am >= cinf:
+                g1 = b
+                break
+            s32, rc = fused_scale(am, bp, steps)
+            if not bits_float32(am) * rc < np.inf:
+                g1 = b
+                break
+            j = b - g0
+            sf[b], s32s[j], rcs[j], ams[j] = s32, s32, rc, as_int64(am)
+            at += np.uint64(size)
+        for b in range(g0, g1):                 # the elements
+            j = b - g0
+            rc, s32, a = rcs[j], s32s[j], ams[j]
+            _lanes_nearest(xf, outf, lanes, lo, size, rc, s32, pts, maxe, minn, cw, lw,
+                           bp.pow2)
+            # flushed: the largest magnitude (the largest quotient) rounds to 0
+            _, _, qtop = element_nearest32_flags(bits_float32(word(np.int32(a))), rc, s32, pts,
+                                                 maxe, minn, cw, lw, bp.pow2)
+            c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
+                             np.int64(a != 0 and qtop == 0))
+            lo += np.uint64(size)
+        since += g1 - g0
+        if since >= LANE_BLOCKS:
+            c = _tally_lanes(c, lanes)
+            since = 0
+        if g1 < min(g0 + group, t_end):
+            return g1, _tally_lanes(c, lanes)
+    return t_end, _tally_lanes(c, lanes)
 
 
 @register_jitable(forceinline=True)

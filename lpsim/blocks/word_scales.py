@@ -21,34 +21,50 @@ from .formats import CEIL, EVEN, RCEIL
 @register_jitable(forceinline=True)
 def pow2_words(a, bp):
     """Whether :func:`pow2_exponent` gives the power-of-two scale of largest magnitude bits
-    ``a`` (int64) under a floor, ceil or even rule: for a float32 normal amax, and for a
-    zero or subnormal one where the scale format's least exponent lies above 2**-126's
-    (its field, at most 1 after any rule, is then raised to the least scale, as
-    :func:`lpsim.blocks.decisions.block_scale` clamps such an amax: MX's formats)."""
-    return bp.pow2 and bp.rule != RCEIL and bp.m_e <= 22 and (
-        a >= (np.int64(1) << 23) or bp.smin_exp + bp.emax_e >= -125)
+    ``a`` (int64): under a floor, ceil or even rule for a float32 normal amax, and for a zero
+    or subnormal one where the scale format's least exponent lies above 2**-126's (its
+    field, at most 1 after any rule, is then raised to the least scale, as
+    :func:`lpsim.blocks.decisions.block_scale` clamps such an amax: MX's formats); under
+    rceil for every amax where the scale format's least exponent is -127 or above (E8M0's:
+    see :func:`pow2_exponent`)."""
+    if not (bp.pow2 and bp.m_e <= 22):
+        return False
+    if bp.rule == RCEIL:
+        return bp.smin_exp >= -127
+    return a >= (np.int64(1) << 23) or bp.smin_exp + bp.emax_e >= -125
 
 
 @register_jitable(forceinline=True)
 def pow2_exponent(a, bp):
     """The exponent e (int64) of the power-of-two scale 2**e of a block whose largest
     magnitude has the float32 bits ``a`` (an int64 or a 32-bit word) where
-    :func:`pow2_words` holds: the exponent field, its mantissa rounded first for even,
-    clamped to the scale format's range."""
-    if bp.rule == EVEN:                         # round to the element's mantissa, ties away
-        a = (a + (like(a, 1) << (22 - bp.m_e))) & (255 << 23)
-    f = a >> 23                                 # 1 .. 255 from here on
-    if bp.rule == CEIL:
-        f += like(a, (a & 0x7FFFFF) != 0)
-    # the clamp on the field (ex = f - 127 - emax_e): a 32-bit word stays one
-    lo, hi = bp.smin_exp + 127 + bp.emax_e, bp.smax_exp + 127 + bp.emax_e
+    :func:`pow2_words` holds: the exponent field (of amax / max for rceil), its mantissa
+    rounded first for even, clamped to the scale format's range."""
+    bias = 127 + bp.emax_e                      # e = field - bias
+    if bp.rule == RCEIL:
+        # ceil(log2 d) of d = fp32(amax / max) by the float32 division (block_scale's
+        # float64 quotient rounded to float32 is the same): the field, plus 1 for a nonzero
+        # mantissa.  A zero or subnormal d has the exponent -127 (d <= 2**-127: field 0) or
+        # -126 (2**-127 < d < 2**-126: field 1), or one below -127, which the clamp to a
+        # least exponent of -127 or above (pow2_words asks it) makes -127 too
+        d = as_int64(float32_bits(bits_float32(a) / np.float32(bp.max_e)))
+        f = like(a, (d >> 23) + np.int64(((d & 0x7FFFFF) != 0) & (d > 0x400000)))
+        bias = 127
+    else:
+        if bp.rule == EVEN:                     # round to the element's mantissa, ties away
+            a = (a + (like(a, 1) << (22 - bp.m_e))) & (255 << 23)
+        f = a >> 23                             # 1 .. 255 from here on
+        if bp.rule == CEIL:
+            f += like(a, (a & 0x7FFFFF) != 0)
+    # the clamp on the field (a 32-bit word stays one)
+    lo, hi = bp.smin_exp + bias, bp.smax_exp + bias
     if hi < 1:
         return np.int64(bp.smax_exp)
-    if lo > 1:
+    if lo > 0:
         f = max(f, lo)
     if hi < 255:
         f = min(f, hi)
-    return as_int64(f) - (127 + bp.emax_e)
+    return as_int64(f) - bias
 
 
 @register_jitable(forceinline=True)
@@ -57,6 +73,30 @@ def pow2_float32(e):
     if e > -127:
         return bits_float32(word(np.int32((e + 127) << 23)))
     return bits_float32(word(np.int32(1) << np.int32(e + 149)))
+
+
+@register_jitable(forceinline=True)
+def fused_scales(bp, steps) -> bool:
+    """Whether :func:`fused_scale` gives every finite block's scale: a table of
+    :func:`_scale_steps` (not empty), or power-of-two scales that :func:`pow2_words` gives
+    for every largest magnitude (MX's)."""
+    return steps[0].size != 0 or pow2_words(np.int64(0), bp)
+
+
+@register_jitable(forceinline=True)
+def fused_scale(am, bp, steps):
+    """(s32, rc): the float32 scale and reciprocal of :func:`scale_recip32` for a finite
+    block's largest magnitude bits ``am`` (a word) where :func:`fused_scales` holds, in a few
+    steps a loop over blocks overlaps: a lookup and a compare in ``steps``' table, or 2**e
+    and 2**-e by :func:`pow2_exponent`."""
+    step_base, step_thr, svals, rvals, kshift = steps
+    if step_base.size != 0:
+        a = as_int64(am)
+        key = a >> kshift
+        i = step_base[key] + np.int64(a >= step_thr[key])
+        return svals[i], rvals[i]
+    e = pow2_exponent(am, bp)
+    return pow2_float32(e), pow2_float32(-e)
 
 
 @register_jitable(forceinline=True)

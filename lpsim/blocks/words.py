@@ -14,16 +14,17 @@ these loops into kernels per rounding mode and splits a call over threads.
 from __future__ import annotations
 
 import numpy as np
-from numba.extending import register_jitable
+from numba.core import types
+from numba.extending import overload, register_jitable
 
 from ..cpu import _constant, as_bits, literal_jitable
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
-from ..word32 import as_int64, word
+from ..word32 import as_int64, bits_float32, word
 from .amax import _block_amax32, _finite_amax
 from .decisions import (block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32, element_ok32)
-from .word_counts import group_counted
-from .word_scales import scale_recip32
+from .word_counts import _no_counts, _store, blocks_nearest_counted, group_counted
+from .word_scales import fused_scale, fused_scales, scale_recip32
 
 
 @register_jitable(forceinline=True)
@@ -130,28 +131,82 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
 
 @register_jitable(forceinline=True)
 def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
-                          cw, lw):
+                          cw, lw, bp):
     """Blocks tb .. t_end-1 of ``size`` elements each, end to end from element ``lo``, to
-    nearest with their scales from :func:`_scale_steps`' table (largest magnitudes from
-    ``bam`` where it is not empty), up to a block with a NaN or inf: returns its index
-    (t_end if none) and leaves it to the caller.  One plain loop: with each block's steps
-    (largest magnitude, table, elements) in one iteration the processor overlaps those of
-    neighbouring blocks itself."""
-    step_base, step_thr, svals, rvals, kshift = steps
+    nearest with their scales from :func:`fused_scale` (largest magnitudes from ``bam``
+    where it is not empty), up to a block with a NaN or inf: returns its index (t_end if
+    none) and leaves it to the caller.  One plain loop: with each block's steps (largest
+    magnitude, scale, elements) in one iteration the processor overlaps those of
+    neighbouring blocks itself (MX blocks of 32 took half the time of the grouped loop)."""
     stored = bam.size != 0
     lo = np.uint64(lo)
     for b in range(tb, t_end):
         am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
         if am >= cinf:
             return b
-        a = as_int64(am)
-        key = a >> kshift
-        i = step_base[key] + np.int64(a >= step_thr[key])
-        s32 = svals[i]
+        s32, rc = fused_scale(am, bp, steps)
         sf[b] = s32
-        _elements_nearest32(xf, outf, lo, size, rvals[i], s32, pts, maxe, cw, lw)
+        _elements_nearest32(xf, outf, lo, size, rc, s32, pts, maxe, cw, lw)
         lo += np.uint64(size)
     return t_end
+
+
+def chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
+                         sp, bp, rct, ri0, rsh, steps, ahead, tally):
+    """:func:`_chunk_nearest_totals` where ``counted`` (a literal) is 2; nothing (not even
+    typed) otherwise (compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(chunk_nearest_totals, prefer_literal=True)
+def _chunk_nearest_totals_overload(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted,
+                                   k, p, p32, sp, bp, rct, ri0, rsh, steps, ahead, tally):
+    if isinstance(counted, types.IntegerLiteral) and counted.literal_value == 2:
+        return _chunk_nearest_totals
+    return lambda xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp, \
+        rct, ri0, rsh, steps, ahead, tally: None
+
+
+@register_jitable
+def _chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
+                          sp, bp, rct, ri0, rsh, steps, ahead, tally):
+    """:func:`_chunk_words` counted to nearest, the call's sums (``counted`` 2) of rows of
+    whole blocks of 32 or 16 elements with :func:`fused_scale`'s scales: one loop over the
+    blocks (:func:`lpsim.blocks.word_counts.blocks_nearest_counted`), and the grouped step
+    of :func:`lpsim.blocks.word_counts.group_counted` for a block it leaves (a NaN or inf,
+    or an infinite largest quotient)."""
+    xb = as_bits(xf)
+    size = bp.block
+    cinf = word(np.int32(255 << 23))
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    minn = bits_float32(word(p32.minnorm))
+    cw, lw = nearest32_words(p32.m, p32.emin)
+    los, ns, s32s, rcs, ams = ahead
+    c = _no_counts()
+    tb = t
+    while tb < t_end:
+        lo = e_lo + (tb - t) * size
+        if size == 32:
+            bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 32, steps,
+                                            cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
+                                            c)
+        else:
+            bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
+                                            cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
+                                            c)
+        if bad == t_end:
+            break
+        lo_ = e_lo + (bad - t) * size
+        am = word(bam[bad]) if bam.size != 0 else _block_amax32(xb, np.uint64(lo_), size)
+        los[0], ns[0], ams[0] = lo_, size, as_int64(am)
+        if am >= cinf:
+            ns[0] = -size
+        else:
+            sf[bad], s32s[0], rcs[0] = scale_recip32(am, bp, sp, rct, ri0, rsh)
+        group_counted(xf, outf, sf, cf, rs, bad, bad + 1, e_lo, mode, counted, k, p, p32, sp,
+                      bp, ahead, tally)
+        tb = bad + 1
+    _store(cf, 0, c)
 
 
 @literal_jitable
@@ -186,22 +241,30 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     los, ns, s32s, rcs, ams = ahead
     step_base, step_thr, svals, rvals, kshift = steps
     full = length == nblk * size                # every block of a row has size elements
-    if near and full and step_base.size:
+    if near and full and fused_scales(bp, steps):
         tb = t
         while tb < t_end:
             lo = e_lo + (tb - t) * size
-            if size == 16:
+            if size == 32:
+                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 32, steps,
+                                            cinf, pts, maxe, cw, lw, bp)
+            elif size == 16:
                 bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
-                                            cinf, pts, maxe, cw, lw)
+                                            cinf, pts, maxe, cw, lw, bp)
             else:
                 bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps,
-                                            cinf, pts, maxe, cw, lw)
+                                            cinf, pts, maxe, cw, lw, bp)
             if bad == t_end:
                 return
             los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
             _group_elements(xf, outf, sf, rs, bad, bad + 1, e_lo, mode, k, p, p32, sp, bp,
                             ahead)
             tb = bad + 1
+        return
+    if (_constant(counted) == 2 and _constant(mode) == NEAREST and bp.near32 and full
+            and (size == 32 or size == 16) and fused_scales(bp, steps)):
+        chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
+                             p32, sp, bp, rct, ri0, rsh, steps, ahead, tally)
         return
     stored = bam.size != 0
     # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per

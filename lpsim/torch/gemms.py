@@ -301,7 +301,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, spec: Gemm, bias=None, parts=None) ->
         y.add_(bias.detach().to(y.dtype))
     if spec.out is None:
         return y
-    return lp_quantize(y, spec.out)
+    return lp_quantize(y, spec.out, out=y)     # in place too: no new output to allocate
 
 
 @dataclass
