@@ -332,6 +332,10 @@ CASES = [
     # a bfloat16 tensor's codes read directly (one 8-byte load of four), float32 out
     Case("blocks groups mxfp8_e4m3 nearest bf16-in", "packed", False,
          _block_groups("mxfp8_e4m3", "nearest", half=1), elements=4),
+    # simulated training's MXFP8 (TransformerEngine's RCEIL scales: one float32 division a
+    # block, the scale from the quotient's bits)
+    Case("blocks groups mxfp8 rceil nearest", "blocks", False,
+         _block_groups("block(e4m3fn, 32, e8m0fnu, 'rceil')", "nearest"), elements=4),
     Case("blocks groups mxfp4 stochastic", "blocks", False,
          _block_groups("mxfp4", "stochastic"), elements=4),
     # the counting variant (lpsim.quantize with stats, simulated training's telemetry)
