@@ -20,7 +20,11 @@ alone (``lpsim.pool.limited(1)``), where torch's OpenMP threads spin on the othe
 
     python benchmarks/bench_recipes.py [--device cpu|cuda] [--d-model 256] [--layers 4]
         [--context 128] [--batch 16] [--rounds 9] [--json out.json] [--one-thread]
-        [--profile]
+        [--replay] [--profile]
+
+``--replay`` then times, per lpsim case with telemetry, the fake quantizations of one step
+alone (recorded, then run again back to back; best of 7): a figure to compare from one
+commit to the next, where whole steps on a shared VM vary by about 10%.
 
 ``--profile`` then runs one more step of each lpsim case under torch.profiler and prints where
 it went: the step's wall time, the device's kernel time, the host's synchronisations and
@@ -117,6 +121,32 @@ def profile_step(case, step, device, top=8):
     return lines
 
 
+def replay_quantizations(step, repeats=7):
+    """The time of the fake quantizations of one step of a simulated model alone: every
+    ``lpsim.quantize`` call a step makes through :mod:`lpsim.torch.gemms` is recorded (its
+    input copied), then all are run again back to back ``repeats`` times; (calls, best ms).
+    The same figure from one commit to the next, where whole steps vary by 10% on a VM."""
+    import lpsim.torch.gemms as gemms
+    quantize, calls = gemms.lp_quantize, []
+
+    def record(values, fmt, *args, **kwargs):
+        calls.append((values.clone(), fmt, args,
+                      {k: v for k, v in kwargs.items() if k != "out"}))
+        return quantize(values, fmt, *args, **kwargs)
+    gemms.lp_quantize = record
+    try:
+        step()
+    finally:
+        gemms.lp_quantize = quantize
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for values, fmt, args, kwargs in calls:
+            quantize(values, fmt, *args, **kwargs)
+        best = min(best, time.perf_counter() - start)
+    return len(calls), 1e3 * best
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -131,6 +161,9 @@ def main(argv=None):
     parser.add_argument("--one-thread", action="store_true",
                         help="also each preset with lpsim's kernels in the calling thread "
                              "alone (lpsim.pool.limited(1)), telemetry on")
+    parser.add_argument("--replay", action="store_true",
+                        help="then time each lpsim case's fake quantizations of one step "
+                             "alone (replay_quantizations)")
     parser.add_argument("--profile", action="store_true",
                         help="then profile one step of each lpsim case (torch.profiler)")
     args = parser.parse_args(argv)
@@ -169,6 +202,12 @@ def main(argv=None):
         verdict = "" if target is None else \
             f"<= {target}x: {'met' if to_bf16 <= target else 'NOT met'}"
         print(f"{case:<36} {ms[case]:>9.1f} {to_bf16:>12.2f} {to_fp32:>12.2f}  {verdict}")
+    if args.replay:
+        for case, step in steps.items():
+            if case.startswith("lpsim ") and not case.endswith(")"):
+                calls, best = replay_quantizations(step)
+                print(f"# replay {case}: {calls} quantizations of one step, {best:.1f} ms "
+                      "alone (best of 7)", flush=True)
     if args.profile:
         for case, step in steps.items():
             if case.startswith("lpsim "):
