@@ -160,8 +160,8 @@ def _tally_lanes(c, lanes):
     return (c[0] + a0, c[1] + a1, c[2] + a2, c[3] + a3, c[4], c[5], c[6], c[7])
 
 
-#: blocks whose packed flags :func:`blocks_nearest_counted` sums per lane before it adds them
-#: to the counters (fewer than 255: a byte per flag)
+#: blocks whose packed flags :func:`blocks_nearest_counted` sums per lane at least before it
+#: adds them to the counters (at most a group more: fewer than 255, a byte per flag)
 LANE_BLOCKS = 128
 
 

@@ -7,8 +7,11 @@ each block's elements, to nearest by :func:`element_nearest32` (one float32 add 
 an element) where it is exact, else by :func:`lpsim.blocks.decisions.element_fast32` and
 :func:`lpsim.blocks.decisions.element_exact` for what that leaves.  Blocks of 32 and 16
 elements run loops of that literal length.  With counters (a variant compiled apart) the
-element phase is :mod:`lpsim.blocks.word_counts`'.  :mod:`lpsim.blocks.kernels` compiles
-these loops into kernels per rounding mode and splits a call over threads.
+element phase is :mod:`lpsim.blocks.word_counts`'.  Rows of whole blocks rounded to nearest
+with scales that :func:`lpsim.blocks.word_scales.fused_scale` gives (MX's, NVFP4's table)
+take one loop over the blocks instead (:func:`_blocks_nearest_steps`; counted, the call's
+sums: :func:`_chunk_nearest_totals`).  :mod:`lpsim.blocks.kernels` compiles these loops
+into kernels per rounding mode and splits a call over threads.
 """
 
 from __future__ import annotations
@@ -228,8 +231,9 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     ``rsh``: the reciprocals of the scale's values (:func:`_reciprocals`); ``steps``: the
     scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
     :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
-    (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding with the
-    table, of rows of whole blocks, runs :func:`_blocks_nearest_steps` instead (uncounted).
+    (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding of rows
+    of whole blocks with :func:`fused_scale`'s scales runs :func:`_blocks_nearest_steps`
+    instead, or counted to the call's sums :func:`_chunk_nearest_totals`.
     """
     counting = _constant(counted) != 0
     near = _constant(mode) == NEAREST and bp.near32 and not counting
