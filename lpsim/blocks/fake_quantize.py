@@ -23,6 +23,7 @@ from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
 from .kernels import NO_COUNTS, run_blocks, run_kernel, takes_words, word_kernel_entry
+from .layout import moved_contiguous
 
 
 class Blocked(NamedTuple):
@@ -58,8 +59,13 @@ def check_axis(axis, ndim: int) -> int:
 
 
 def _blocked_view(x, axis):
-    moved = x if axis in (-1, x.ndim - 1) else np.moveaxis(x, axis, -1)
-    return np.ascontiguousarray(moved).reshape(blocked_shape(moved.shape)), moved.shape
+    """x with the block axis last, C-contiguous (a copy for another axis: tiled, by
+    :func:`lpsim.blocks.layout.moved_contiguous`), as (rows, length), and its shape."""
+    if axis in (-1, x.ndim - 1):
+        moved = np.ascontiguousarray(x)
+    else:
+        moved = moved_contiguous(x, axis % x.ndim)
+    return moved.reshape(blocked_shape(moved.shape)), moved.shape
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
