@@ -12,6 +12,7 @@ the fake-quantize torchao users run).  Median of several runs after a warm-up.
     python benchmarks/bench_blocks.py --scaled-mm   # GPU: hopper-fp8 vs torch._scaled_mm
     python benchmarks/bench_blocks.py --counted [--shape 2048 1024] [--repeats 15]
     python benchmarks/bench_blocks.py --columns [--shape 2048 1024] [--repeats 15]
+    python benchmarks/bench_blocks.py --moved [--shape 2048 1024] [--repeats 15]
 
 ``--counted``: the CPU cost of counting (``stats=BlockStats()``, what simulated training's
 telemetry asks for) on a float32 array: ``lpsim.quantize`` without stats (the word kernel),
@@ -25,6 +26,12 @@ read as they lie), the general route (numpy's transposing copy, forced here), to
 transposing copy followed by the row kernel (what ``lpsim.torch``'s wgrad ran before),
 the two with stats, and the row kernel alone on a transposed copy made beforehand; each
 case in each round, minimum over the rounds, values and counts checked equal.
+
+``--moved``: blocks along axis 0 of a 2-D float32 array where the column route does not
+apply (NVFP4's tensor scale, stochastic rounding): ``lpsim.quantize`` (a tiled copy with
+the axis last, ``lpsim.blocks.layout``), the same with numpy's copy (forced here), the
+kernel alone on a transposed copy made beforehand, and the copies alone (numpy's, the
+tiled one, torch's); minimum over the rounds, values checked equal.
 """
 
 from __future__ import annotations
@@ -286,6 +293,46 @@ def columns_rows(shape, repeats: int):
     return rows
 
 
+def moved_rows(shape, repeats: int):
+    """Per (format, rounding): the minimum over ``repeats`` rounds of lpsim.quantize along
+    axis 0 with the tiled copy and with numpy's, of the kernel alone on a transposed copy,
+    and of each copy alone; checks that the quantizations give the same values."""
+    import torch
+    import lpsim
+    from lpsim.blocks import fake_quantize
+    from lpsim.blocks.layout import moved_contiguous
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    xt, t = np.ascontiguousarray(x.T), torch.from_numpy(x)
+
+    def numpys(name, mode):
+        fake_quantize.moved_contiguous = lambda a, axis: np.ascontiguousarray(
+            np.moveaxis(a, axis, -1))
+        try:
+            return lpsim.quantize(x, name, mode, axis=0, seed=1)
+        finally:
+            fake_quantize.moved_contiguous = moved_contiguous
+    rows = []
+    for name, mode in (("nvfp4", "nearest"), ("mxfp8_e4m3", "stochastic")):
+        cases = {"tiled copy + kernel": lambda: lpsim.quantize(x, name, mode, axis=0, seed=1),
+                 "numpy copy + kernel": lambda: numpys(name, mode),
+                 "kernel alone": lambda: lpsim.quantize(xt, name, mode, seed=1).T,
+                 "numpy copy": lambda: np.ascontiguousarray(x.T),
+                 "tiled copy": lambda: moved_contiguous(x, 0),
+                 "torch copy": lambda: t.t().contiguous()}
+        best = dict.fromkeys(cases, float("inf"))
+        values = {}
+        for _ in range(repeats + 1):                    # the first round warms up
+            for case, fn in cases.items():
+                start = time.perf_counter()
+                values[case] = fn()
+                best[case] = min(best[case], time.perf_counter() - start)
+        want = np.asarray(values["kernel alone"]).view(np.int32)
+        for case in ("tiled copy + kernel", "numpy copy + kernel"):
+            assert np.array_equal(np.asarray(values[case]).view(np.int32), want), case
+        rows.append(dict(format=name, mode=mode, **{k: v * 1e3 for k, v in best.items()}))
+    return rows
+
+
 def cuda_rows(log2n: int, repeats: int):
     import torch
     import lpsim
@@ -417,8 +464,11 @@ def main() -> None:
     parser.add_argument("--columns", action="store_true",
                         help="blocks down the columns (axis=0) on the CPU: the column route, "
                              "the general one and torch's transposing copy")
+    parser.add_argument("--moved", action="store_true",
+                        help="blocks along axis 0 on the CPU where the column route does not "
+                             "apply: the tiled copy against numpy's")
     parser.add_argument("--shape", type=int, nargs=2, default=(2048, 1024),
-                        help="--counted, --columns: the float32 array's shape")
+                        help="--counted, --columns, --moved: the float32 array's shape")
     parser.add_argument("--json")
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
@@ -454,6 +504,16 @@ def main() -> None:
             tc, ts, ra = r["torch copy + rows"], r["torch copy + rows, stats"], r["rows alone"]
             print(f"{r['format']:<11} {c:>8.2f} {cs:>7.2f} {g:>8.2f} {tc:>18.2f} {ts:>7.2f} "
                   f"{ra:>11.2f} {tc / c:>14.2f} {ts / cs:>8.2f} {c / ra:>19.2f}")
+    elif args.moved:
+        rows = moved_rows(tuple(args.shape), args.repeats)
+        names = ["tiled copy + kernel", "numpy copy + kernel", "kernel alone", "numpy copy",
+                 "tiled copy", "torch copy"]
+        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks along "
+                                  f"axis 0; ms, minimum of {args.repeats} alternating rounds"]))
+        print(f"{'format':<11} {'mode':<11} " + " ".join(f"{n:>19}" for n in names))
+        for r in rows:
+            print(f"{r['format']:<11} {r['mode']:<11} "
+                  + " ".join(f"{r[n]:>19.2f}" for n in names))
     elif args.scaled_mm:
         rows = scaled_mm_rows()
         print("\n".join(header))
