@@ -211,6 +211,20 @@ def general_counting():
         fake_quantize.takes_words = kernels.takes_words = real
 
 
+def alternating_best(cases: dict, repeats: int):
+    """Each case of ``cases`` (name: a function of no arguments) once a round, in order, for
+    ``repeats`` rounds after one that warms up: (the least seconds per case, what each
+    returned in the last round)."""
+    best = dict.fromkeys(cases, float("inf"))
+    values = {}
+    for _ in range(repeats + 1):
+        for case, fn in cases.items():
+            start = time.perf_counter()
+            values[case] = fn()
+            best[case] = min(best[case], time.perf_counter() - start)
+    return best, values
+
+
 def counted_rows(shape, repeats: int):
     """Per (format, mode): the minimum over ``repeats`` rounds of lpsim.quantize's time
     without stats, with stats, and with stats on the general kernel, each case once a
@@ -233,12 +247,7 @@ def counted_rows(shape, repeats: int):
                     counted("general")
             cases = {"uncounted": lambda: lpsim.quantize(x, name, mode, seed=1),
                      "counted": lambda: counted("word"), "general counted": general}
-            best = dict.fromkeys(cases, float("inf"))
-            for _ in range(repeats + 1):                # the first round warms up
-                for case, fn in cases.items():
-                    start = time.perf_counter()
-                    fn()
-                    best[case] = min(best[case], time.perf_counter() - start)
+            best, _ = alternating_best(cases, repeats)
             assert values["word"].tobytes() == values["general"].tobytes(), (name, mode)
             assert stats["word"].as_dict() == stats["general"].as_dict(), (name, mode)
             rows.append(dict(format=name, mode=mode, **{k: v * 1e3 for k, v in best.items()}))
@@ -276,13 +285,7 @@ def columns_rows(shape, repeats: int):
                  "torch copy + rows, stats": lambda: lpsim.quantize(
                      t.t().contiguous(), name, stats=stats["torch copy + rows, stats"]).t(),
                  "rows alone": lambda: lpsim.quantize(xt, name).T}
-        best = dict.fromkeys(cases, float("inf"))
-        values = {}
-        for _ in range(repeats + 1):                    # the first round warms up
-            for case, fn in cases.items():
-                start = time.perf_counter()
-                values[case] = fn()
-                best[case] = min(best[case], time.perf_counter() - start)
+        best, values = alternating_best(cases, repeats)
         want = np.asarray(values["general"])
         for case in cases:
             assert np.array_equal(np.asarray(values[case]).view(np.int32), want.view(np.int32))
@@ -319,13 +322,7 @@ def moved_rows(shape, repeats: int):
                  "numpy copy": lambda: np.ascontiguousarray(x.T),
                  "tiled copy": lambda: moved_contiguous(x, 0),
                  "torch copy": lambda: t.t().contiguous()}
-        best = dict.fromkeys(cases, float("inf"))
-        values = {}
-        for _ in range(repeats + 1):                    # the first round warms up
-            for case, fn in cases.items():
-                start = time.perf_counter()
-                values[case] = fn()
-                best[case] = min(best[case], time.perf_counter() - start)
+        best, values = alternating_best(cases, repeats)
         want = np.asarray(values["kernel alone"]).view(np.int32)
         for case in ("tiled copy + kernel", "numpy copy + kernel"):
             assert np.array_equal(np.asarray(values[case]).view(np.int32), want), case

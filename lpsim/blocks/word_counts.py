@@ -31,9 +31,9 @@ from ..cpu import _constant
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
 from ..word32 import as_int64, bits_float32, like, word
 from .amax import _block_amax32, _finite_amax
-from .word_scales import fused_scale
 from .decisions import (bits_value, block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32_flags, element_ok32)
+from .word_scales import fused_scale
 
 #: the most elements whose packed flags (one a byte) one 32-bit sum holds
 PIECE = 128
@@ -187,7 +187,8 @@ def blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, ci
     lo = np.uint64(lo)
     since = 0
     for g0 in range(tb, t_end, group):
-        g1 = min(g0 + group, t_end)
+        g_end = min(g0 + group, t_end)
+        g1 = g_end                              # less where a block is left over
         at = lo
         for b in range(g0, g1):                 # the scales, up to a block left over
             am = word(bam[b]) if stored else _block_amax32(xb, at, size)
@@ -216,7 +217,7 @@ def blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, ci
         if since >= LANE_BLOCKS:
             c = _tally_lanes(c, lanes)
             since = 0
-        if g1 < min(g0 + group, t_end):
+        if g1 < g_end:
             return g1, _tally_lanes(c, lanes)
     return t_end, _tally_lanes(c, lanes)
 
