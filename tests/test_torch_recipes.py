@@ -57,14 +57,23 @@ def by_hand(t, op, axis, g, amax=None):
 
 
 def hand_rht(t, step, n, layer=0):
-    """The RHT of the columns of t (blocks of n tokens), as the recipe defines it: the
-    transpose's runs of n, as rows, times (H diag(d) / sqrt(n))^T."""
+    """The RHT of the columns of t (blocks of n tokens), as the recipe defines it: each
+    run of n tokens times its factors d / sqrt(n) (float32), then the Sylvester recursion
+    H_2k v = [H_k (a + b), H_k (a - b)] (a, b: v's halves), in t's dtype (numpy)."""
     words = np.array(random_words(n, 4, SEED, RHT_STREAM + layer, step * n), dtype=np.uint64)
-    signs = np.where(words >> np.uint64(31), -1.0, 1.0)
-    h = np.array([[(-1) ** bin(i & j).count("1") for j in range(n)] for i in range(n)])
-    m = torch.tensor(h * signs / np.sqrt(n), dtype=torch.float32, device=t.device)
-    tt = t.t().contiguous()
-    return torch.matmul(tt.reshape(-1, n), m.t()).reshape(tt.shape).t()
+    tt = t.detach().t().cpu().numpy().reshape(-1, n)
+    kind = tt.dtype.type
+    signs = np.where(words >> np.uint64(31), -1.0, 1.0).astype(kind)
+    y = sylvester(tt * (signs * kind(1 / np.sqrt(n))))
+    return torch.from_numpy(y).reshape(t.shape[1], t.shape[0]).t().to(t.device)
+
+
+def sylvester(v):
+    """H v along the last axis by the Sylvester recursion, in v's dtype."""
+    if v.shape[-1] == 1:
+        return v
+    a, b = np.split(v, 2, axis=-1)
+    return np.concatenate([sylvester(a + b), sylvester(a - b)], axis=-1)
 
 
 def as_it_lies(op, device):
@@ -261,10 +270,11 @@ def test_rht_with_quantization_off_leaves_wgrad_within_float32_rounding():
     rotated = layer.weight.grad.double()
     xd, dyd = x.detach().double(), dy.double()
     assert not torch.equal(layer.weight.grad, (dy.t() @ x.detach()))   # the RHT did run
-    # |fl(T dy) - T dy| <= g16 |T||dy|, the same for x, then a float32 GEMM over 64 tokens:
-    # |error| <= (2 g16 + g16^2 + g64 (1 + g16)^2) (|T||dy|)^T (|T||x|), |T| = 1/4 entries
+    # the RHT's butterfly is a sum tree of depth 4 with exact factors 1/4 (lpsim.torch.
+    # hadamard): |fl(T dy) - T dy| <= g4 |T||dy|, the same for x, then a float32 GEMM over
+    # 64 tokens: |error| <= (2 g4 + g4^2 + g64 (1 + g4)^2) (|T||dy|)^T (|T||x|), |T| = 1/4
     u = 2.0 ** -24
-    g = [n * u / (1 - n * u) for n in (16, 64)]
+    g = [n * u / (1 - n * u) for n in (4, 64)]
     bound = (2 * g[0] + g[0] ** 2 + g[1] * (1 + g[0]) ** 2)
     ones = torch.ones(16, 16, dtype=torch.float64) / 4
     abs_t = lambda t: torch.matmul(ones, t.abs().reshape(-1, 16, t.shape[1])).reshape(t.shape)

@@ -6,7 +6,8 @@ composition a user could write by hand (:func:`gemm` is that composition):
 1. each operand fake-quantized along the GEMM's K by :func:`quantize_operand`
    (``lpsim.quantize`` with the operand's format, rounding and per-tensor scale; k x k blocks
    as blocks of k*k elements of the tiled tensor), the wgrad operands (tokens along K)
-   after :func:`rht` along the tokens when the recipe has one;
+   after the RHT along the tokens when the recipe has one
+   (:mod:`lpsim.torch.hadamard`: a defined butterfly order, the same bits on every device);
 2. :func:`lpsim.ops.matmul` with the recipe's accumulation (on a GPU, an FP32 GEMM is
    ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU); an instruction
    model instead takes the operands' own elements, block scales and per-tensor factors
@@ -37,13 +38,11 @@ from ..blocks.formats import BlockFormat
 from ..generator import Generator, resolve as resolve_generator
 from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
-from ..philox import random_words
 from ..quantize import quantize as lp_quantize
 from ..rounding import STOCHASTIC, mode_code
+from .hadamard import rht, rht_signs, rht_transposed  # noqa: F401 (rht: lpsim.torch.gemms.rht)
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
-#: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
-RHT_STREAM = 1 << 40
 #: steps whose RHT signs a layer draws and moves to its device at once: a copy from the host
 #: makes the host wait for a GPU, which a copy each backward pass would do twice a layer
 RHT_WINDOW = 64
@@ -134,14 +133,21 @@ class Parts:
             np.repeat(self.scales, cols, axis=1)
 
 
-def _quantized(t, op, axis, generator, stats, amax, keep):
-    """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts."""
+def _quantized(t, op, axis, generator, stats, amax, keep, owned=False):
+    """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts.
+    ``owned``: t is a float32 tensor of the caller's own that nothing else reads (a wgrad
+    operand's transformed copy), quantized in place where its values are rounded as they
+    lie: no second tensor of its size to allocate (on a small machine every new page of
+    memory costs microseconds) and to fill."""
     fmt = op.fmt
     if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
         return (t.detach() if t.dtype == torch.float64 else t.detach().float()), None
+    owned = owned and t.dtype == torch.float32 and t.is_contiguous()
     t = t.detach().float()
 
     def rounded(values, fmt, **where):
+        if owned and values is t and "out" not in where:
+            where["out"] = t
         return lp_quantize(values, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
                            stats=stats, **where)
 
@@ -229,48 +235,6 @@ def _square(bfmt: BlockFormat) -> BlockFormat:
     """``bfmt`` with blocks of block**2 elements: a k x k tile as one block (made once per
     format, not per call)."""
     return replace(bfmt, block=bfmt.block ** 2)
-
-
-def hadamard(n: int) -> np.ndarray:
-    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two."""
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h
-
-
-def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None):
-    """The random signs (+-1) of a layer's RHT at a step: the top bits of Philox words
-    (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1).  ``steps``: the
-    signs of that many steps from ``step`` on, one step's a row (one draw)."""
-    if steps is not None and (isinstance(steps, (bool, np.bool_))
-                              or not isinstance(steps, (int, np.integer)) or steps < 1):
-        raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
-                         "integer >= 1")
-    rows = 1 if steps is None else int(steps)
-    words = random_words(n * rows, 4, seed, RHT_STREAM + layer, step * n)
-    signs = np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
-    return signs if steps is None else signs.reshape(rows, n)
-
-
-@functools.lru_cache(maxsize=32)
-def _scaled_hadamard(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """H / sqrt(n) in ``dtype`` on ``device``, copied there once."""
-    return torch.from_numpy(hadamard(n) / np.sqrt(n)).to(device, dtype)
-
-
-def rht(t: torch.Tensor, signs) -> torch.Tensor:
-    """``t`` with each run of n consecutive elements along its last axis (n = len(signs),
-    dividing it) multiplied by the orthogonal ``H diag(signs) / sqrt(n)``, in t's dtype:
-    ``torch.matmul`` of the runs, as rows, by that matrix's transpose.  The wgrad operands
-    are transformed along the tokens, which their transposes hold along the last axis.
-    ``signs``: a numpy array, or a tensor (on t's device: no copy from the host, which
-    would make the host wait for a GPU); the matrix is the same either way, as a sign
-    changes no rounding of ``H / sqrt(n)``."""
-    n = len(signs)
-    d = torch.as_tensor(signs, dtype=t.dtype, device=t.device)
-    m = _scaled_hadamard(n, t.device, t.dtype) * d
-    return torch.matmul(t.reshape(-1, n), m.t()).reshape(t.shape)
 
 
 def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
@@ -372,17 +336,27 @@ class _LinearFunction(torch.autograd.Function):
         elif ctx.needs_input_grad[1]:
             # K is the tokens: the transposes hold them along the last axis, where the RHT
             # runs and the blocks lie (the same blocks and counters as along axis 0)
-            dy_t, x_t = dy.t().contiguous(), x.detach().to(dy.dtype).t().contiguous()
-            if r.rht is not None:
+            xd = x.detach().to(dy.dtype)
+            if r.rht is not None:       # on the CPU one pass copies and transforms
                 signs = layer.rht_signs(r.rht, dy.device)
-                dy_t, x_t = rht(dy_t, signs), rht(x_t, signs)
-            dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"])
-            xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"])
+                dy_t, x_t = rht_transposed(dy, signs), rht_transposed(xd, signs)
+            else:
+                dy_t, x_t = dy.t().contiguous(), xd.t().contiguous()
+            # a new tensor of this pass's own (not a view of dy or x) is quantized in place
+            dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"],
+                                     owned=_fresh(dy_t, dy))
+            xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"], owned=_fresh(x_t, x))
             dw = gemm(dyq, xq.t(), r.wgrad, parts=(dyp, xp and xp.t())).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(0)
         layer.steps += 1
         return dx, dw, db, None
+
+
+def _fresh(copy: torch.Tensor, source: torch.Tensor) -> bool:
+    """Whether ``copy`` holds memory of its own, apart from ``source``'s (a transposing
+    ``contiguous()`` of an already contiguous transpose is a view)."""
+    return copy.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
 def _keeps(r) -> dict:
@@ -436,8 +410,10 @@ class LinearGemms:
         delayed-scaling amax recorded."""
         return self.operand(t, gemm, role, axis, False)[0]
 
-    def operand(self, t, gemm: str, role: str, axis: int, keep: bool):
-        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None)."""
+    def operand(self, t, gemm: str, role: str, axis: int, keep: bool, owned: bool = False):
+        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None);
+        ``owned``: t is the caller's own, quantized in place where it can be
+        (:func:`_quantized`)."""
         op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
         amax = None
@@ -446,7 +422,7 @@ class LinearGemms:
         every = self.telemetry_every
         counted = every is not None and self.steps % every == 0
         return _quantized(t, op, axis, self.generator, site.stats if counted else None,
-                          amax, keep)
+                          amax, keep, owned)
 
     @property
     def telemetry(self) -> dict:

@@ -26,9 +26,9 @@ from torch.nn.utils import parametrize
 from ..generator import Generator
 # the GEMM machinery lives in lpsim.torch.gemms; its public names (and _Site, which the
 # pickles of earlier SimulatedLinear layers name here) stay importable from this module
-from .gemms import (RHT_STREAM, LinearGemms, _Site, _telemetry_every, gemm,  # noqa: F401
-                    hadamard, keep_out_of_fast_paths, quantize_operand, rht, rht_signs,
-                    tensor_scale, wgrad_follows)
+from .gemms import (LinearGemms, _Site, _telemetry_every, gemm,  # noqa: F401
+                    keep_out_of_fast_paths, quantize_operand, tensor_scale, wgrad_follows)
+from .hadamard import RHT_STREAM, hadamard, rht, rht_signs  # noqa: F401
 from .attention import PROJECTIONS, SimulatedMultiheadAttention
 from .recipes import PRESETS, Recipe, recipe as as_recipe
 

@@ -1,0 +1,132 @@
+"""The random Hadamard transform (RHT) of a recipe's wgrad operands, in a defined order.
+
+Each run of n consecutive elements (n a power of two) becomes ``H diag(d) x / sqrt(n)``, H
+the n x n Sylvester Hadamard matrix and d random signs.  The arithmetic is fixed, so every
+device and library gives the same bits: first each element times its factor
+``c_j = d_j * fl(1/sqrt(n))`` (exact for n a power of four, barring subnormals), then the
+butterfly: for h = n/2, n/4, ..., 1, within each group of 2h elements each pair (i, i+h)
+becomes (a + b, a - b), every operation rounded once in the tensor's dtype.  Each output is
+so a sum of n terms in a tree of depth log2(n): its error is at most gamma(log2 n) times the
+sum of the terms' magnitudes.  (A matrix product would leave the order to the BLAS of each
+machine.)
+
+:func:`rht` runs it with torch operations on any device; :func:`rht_transposed` gives the
+transform of a 2-D tensor's columns as the transpose's rows, which wgrad needs, and on the
+CPU does the transposing copy and the transform in one threaded pass (:func:`_runs`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+from ..philox import random_words
+from ..pool import deal, pieces, threads
+
+#: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
+RHT_STREAM = 1 << 40
+#: features a tile of :func:`_runs` transforms at once (one 64-byte line of float32 a token)
+_TILE = 16
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None):
+    """The random signs (+-1) of a layer's RHT at a step: the top bits of Philox words
+    (seed, stream RHT_STREAM + layer, counters step*n .. step*n + n - 1).  ``steps``: the
+    signs of that many steps from ``step`` on, one step's a row (one draw)."""
+    if steps is not None and (isinstance(steps, (bool, np.bool_))
+                              or not isinstance(steps, (int, np.integer)) or steps < 1):
+        raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
+                         "integer >= 1")
+    rows = 1 if steps is None else int(steps)
+    words = random_words(n * rows, 4, seed, RHT_STREAM + layer, step * n)
+    signs = np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
+    return signs if steps is None else signs.reshape(rows, n)
+
+
+def factors(signs, dtype: torch.dtype, device) -> torch.Tensor:
+    """The per-element factors ``c = d * fl(1/sqrt(n))`` in ``dtype`` on ``device`` (d: a
+    numpy array or a tensor of +-1, n its length): a sign changes no rounding of the
+    scale, so these are exact multiples of it."""
+    n = len(signs)
+    scale = float(torch.tensor(1.0 / np.sqrt(n), dtype=dtype))
+    return torch.as_tensor(signs, dtype=dtype, device=device) * scale
+
+
+def _checked_run(n: int, length: int) -> None:
+    if n < 1 or n & (n - 1) or length % n:
+        raise ValueError(f"an RHT of size {n} is not accepted along an axis of {length}; "
+                         "accepted: a power of two that divides it")
+
+
+def rht(t: torch.Tensor, signs) -> torch.Tensor:
+    """``t`` (any device, a float dtype) with each run of n = len(signs) consecutive elements
+    along its last axis transformed (the module's order), in t's dtype.  ``signs``: a numpy
+    array, or a tensor (on t's device: a GPU's host then waits for no copy)."""
+    n = len(signs)
+    _checked_run(n, t.shape[-1])
+    v = t.reshape(-1, n) * factors(signs, t.dtype, t.device)
+    h = n // 2
+    while h >= 1:
+        v = v.reshape(-1, n // (2 * h), 2, h)
+        a, b = v[:, :, 0], v[:, :, 1]
+        v = torch.stack((a + b, a - b), dim=2)
+        h //= 2
+    return v.reshape(t.shape)
+
+
+@njit(cache=True, nogil=True)
+def _runs(x, c, out, r0, r1):
+    """out[f, r*n:(r+1)*n] = the transform of x[r*n:(r+1)*n, f] (n = c.size) for every
+    feature f and runs r0 .. r1-1: tiles of n tokens x _TILE features, read a row at a
+    time, transformed with the butterfly across the tile's rows (each step a vector
+    operation along the features) and written as the transpose's rows."""
+    tokens, features = x.shape
+    n = c.size
+    buf = np.empty((n, _TILE), np.float32)
+    for r in range(r0, r1):
+        t0 = r * n
+        for f0 in range(0, features, _TILE):
+            w = min(_TILE, features - f0)
+            for j in range(n):
+                cj = c[j]
+                for k in range(w):
+                    buf[j, k] = x[t0 + j, f0 + k] * cj
+            h = n // 2
+            while h >= 1:
+                for g in range(0, n, 2 * h):
+                    for i in range(g, g + h):
+                        for k in range(w):
+                            a, b = buf[i, k], buf[i + h, k]
+                            buf[i, k] = a + b
+                            buf[i + h, k] = a - b
+                h //= 2
+            for k in range(w):
+                for j in range(n):
+                    out[f0 + k, t0 + j] = buf[j, k]
+
+
+def rht_transposed(t: torch.Tensor, signs) -> torch.Tensor:
+    """``rht(t.t().contiguous(), signs)`` of a 2-D ``t`` (tokens, features), the same bits: a
+    contiguous (features, tokens) tensor, the RHT along the tokens.  A float32 CPU tensor
+    takes one threaded pass that copies and transforms at once; others torch's operations."""
+    n = len(signs)
+    if t.ndim != 2 or t.device.type != "cpu" or t.dtype != torch.float32:
+        return rht(t.t().contiguous(), signs)
+    _checked_run(n, t.shape[0])
+    x = t.detach().contiguous().numpy()
+    c = factors(signs, torch.float32, "cpu").numpy()
+    result = torch.empty(x.shape[1], x.shape[0])
+    out = result.numpy()
+    runs = x.shape[0] // n
+    workers = min(threads(), runs)
+    deal(lambda r0, r1: _runs(x, c, out, r0, r1), pieces(runs, workers), workers)
+    return result

@@ -1,0 +1,121 @@
+"""The RHT of lpsim.torch.hadamard: its defined order, the CPU's fused transposing pass equal
+to torch's operations bit for bit, exactness and its error bound."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lpsim.torch.hadamard import hadamard, rht, rht_signs, rht_transposed  # noqa: E402
+
+
+def sylvester(v):
+    """H v along the last axis by the Sylvester recursion H_2k v = [H_k (a+b), H_k (a-b)]."""
+    if v.shape[-1] == 1:
+        return v
+    a, b = np.split(v, 2, axis=-1)
+    with np.errstate(all="ignore"):         # inf - inf: NaN, as in torch
+        return np.concatenate([sylvester(a + b), sylvester(a - b)], axis=-1)
+
+
+def signs_of(n, seed=3):
+    return rht_signs(seed, 1, 2, n)
+
+
+def hard_values(shape, seed=0):
+    """float32 values with every kind of hard case: signed zeros, subnormals, the largest
+    finite values (sums overflow), infinities and NaNs, among normal numbers."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-30, 30, shape))).astype(np.float32)
+    flat = x.reshape(-1)
+    special = np.array([0.0, -0.0, 1e-45, -3e-42, 1.1754942e-38, 3.4028235e38, -3.4028235e38,
+                        np.inf, -np.inf, np.nan], np.float32)
+    where = rng.choice(flat.size, size=min(flat.size // 4, 400), replace=False)
+    flat[where] = rng.choice(special, size=where.size)
+    return x
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        a.view(np.uint32 if a.dtype == np.float32 else np.uint64),
+        b.view(np.uint32 if b.dtype == np.float32 else np.uint64))
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64])
+def test_rht_is_the_sylvester_recursion_in_the_tensors_dtype(n):
+    for dtype in (np.float32, np.float64):
+        x = hard_values((6, 4 * n)).astype(dtype)
+        s = signs_of(n)
+        want = sylvester(x.reshape(-1, n) * (s * dtype(1 / np.sqrt(n))).astype(dtype))
+        got = rht(torch.from_numpy(x), s).numpy()
+        # NaNs compare by position: a NaN's payload is torch's and numpy's own choice
+        assert np.array_equal(np.isnan(got), np.isnan(want.reshape(x.shape)))
+        assert same_bits(np.nan_to_num(got), np.nan_to_num(want.reshape(x.shape)))
+
+
+@pytest.mark.parametrize("n", [2, 16, 32])
+@pytest.mark.parametrize("shape", [(64, 48), (32, 37), (4096, 33), (16, 1)])
+def test_the_cpus_fused_pass_equals_torchs_operations_bit_for_bit(n, shape):
+    """One pass that copies and transforms (threads split 4096 tokens into runs; 37 and 33
+    features leave a tile part full) gives rht of the transposed copy, NaNs where it has
+    them."""
+    tokens = shape[0] - shape[0] % n or n
+    x = torch.from_numpy(hard_values((tokens, shape[1]), seed=n))
+    s = signs_of(n)
+    got = rht_transposed(x, s)
+    want = rht(x.t().contiguous(), s)
+    assert got.is_contiguous() and got.shape == (x.shape[1], x.shape[0])
+    assert torch.equal(got.isnan(), want.isnan())
+    assert same_bits(got.nan_to_num().numpy(), want.nan_to_num().numpy())
+    # a tensor of signs on the device, a non-contiguous input, a float64 input (torch's path)
+    row = torch.from_numpy(s).float()
+    assert torch.equal(rht_transposed(x, row).nan_to_num(), got.nan_to_num())
+    wide = torch.from_numpy(hard_values((tokens, 2 * shape[1]), seed=1))
+    view = wide[:, ::2]
+    assert torch.equal(rht_transposed(view, s).nan_to_num(),
+                       rht(view.t().contiguous(), s).nan_to_num())
+    xd = x.double()
+    assert torch.equal(rht_transposed(xd, s).nan_to_num(), rht(xd.t().contiguous(), s)
+                       .nan_to_num())
+
+
+def test_small_integers_transform_exactly():
+    """With n = 16 the factors are +-1/4 and every sum of 16 small integers / 4 is exact: the
+    result equals H diag(d) x / 4 in float64."""
+    n = 16
+    x = np.random.default_rng(1).integers(-1000, 1000, (64, 40)).astype(np.float32)
+    s = signs_of(n)
+    want = (x.T.astype(np.float64).reshape(-1, n) @ (hadamard(n) * s).T / 4).reshape(40, 64)
+    assert np.array_equal(rht_transposed(torch.from_numpy(x), s).numpy(), want)
+
+
+@pytest.mark.parametrize("n", [4, 16, 32])
+def test_each_output_is_within_the_trees_error_bound(n):
+    """|fl(y) - y| <= gamma(k) * sum_j |c_j x_j|, y the exact H (c x) with the float32 factors
+    c: a tree of depth log2(n), plus the products' own rounding where c is not a power of two
+    (n = 32): k = log2(n) (+1).  Seeded normal data; the bound is proven, so it cannot flake."""
+    x = (np.random.default_rng(n).standard_normal((8 * n, 24)) * 100).astype(np.float32)
+    s = signs_of(n)
+    c = (s * np.float32(1 / np.sqrt(n))).astype(np.float32)
+    runs = x.T.astype(np.float64).reshape(-1, n)
+    exact = runs @ (hadamard(n) * c.astype(np.float64)).T
+    depth = int(np.log2(n)) + (0 if np.log2(n) % 2 == 0 else 1)
+    u = 2.0 ** -24
+    gamma = depth * u / (1 - depth * u)
+    limit = gamma * (np.abs(runs) @ np.abs(np.ones((n, n)) * c).T)
+    got = rht_transposed(torch.from_numpy(x), s).numpy().astype(np.float64).reshape(-1, n)
+    assert (np.abs(got - exact) <= limit).all()
+    assert not np.array_equal(got, exact)        # rounding happened: the bound was tested
+
+
+@pytest.mark.parametrize("bad", [(48, 16, 12), (40, 16, 16), (16, 8, 3)])
+def test_a_size_that_does_not_divide_the_tokens_is_refused_by_value(bad):
+    tokens, features, n = bad
+    x = torch.zeros(tokens, features)
+    signs = np.ones(n)
+    with pytest.raises(ValueError, match=f"RHT of size {n} is not accepted along an axis of "
+                                         f"{tokens}"):
+        rht_transposed(x, signs)
+    with pytest.raises(ValueError, match=f"size {n}"):
+        rht(x.t().contiguous(), signs)
