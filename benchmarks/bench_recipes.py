@@ -16,11 +16,14 @@ instructions runs the BF16 step slower than the FP32 one: the FP32 ratio is the 
 targets: at most 2x the BF16 step for mxfp8 and nvfp4 on the CPU, 1.5x on a GPU.  The
 cases "(no telemetry)" run ``simulate(..., telemetry=False)``; with ``--one-thread`` the
 cases "(one lpsim thread)" run each preset's step with lpsim's kernels in the calling thread
-alone (``lpsim.pool.limited(1)``), where torch's OpenMP threads spin on the other cores.
+alone (``lpsim.pool.limited(1)``), where torch's OpenMP threads spin on the other cores;
+with ``--own-pool`` the cases "(own pool)" run them on lpsim's own pool only
+(``lpsim.pool.own_threads()``), never on torch's spinning OpenMP team, which lpsim's
+threaded kernels take by default (:mod:`lpsim.openmp_team`).
 
     python benchmarks/bench_recipes.py [--device cpu|cuda] [--d-model 256] [--layers 4]
         [--context 128] [--batch 16] [--rounds 9] [--json out.json] [--one-thread]
-        [--replay] [--profile]
+        [--own-pool] [--replay] [--profile]
 
 ``--replay`` then times, per lpsim case with telemetry, the fake quantizations of one step
 alone (recorded, then run again back to back; best of 7): a figure to compare from one
@@ -74,10 +77,11 @@ def make_step(case, args):
     idx = torch.randint(0, 256, (args.batch, args.context + 1), generator=gen).to(args.device)
     x, y = idx[:, :-1], idx[:, 1:]
 
-    one_thread = case.endswith("(one lpsim thread)")
+    threads = (lambda: lpsim.pool.limited(1)) if case.endswith("(one lpsim thread)") else \
+        lpsim.pool.own_threads if case.endswith("(own pool)") else contextlib.nullcontext
 
     def step():
-        with lpsim.pool.limited(1) if one_thread else contextlib.nullcontext():
+        with threads():
             run()
 
     def run():
@@ -161,6 +165,10 @@ def main(argv=None):
     parser.add_argument("--one-thread", action="store_true",
                         help="also each preset with lpsim's kernels in the calling thread "
                              "alone (lpsim.pool.limited(1)), telemetry on")
+    parser.add_argument("--own-pool", action="store_true",
+                        help="also each preset with lpsim's kernels on its own pool only, "
+                             "never on torch's spinning OpenMP threads "
+                             "(lpsim.pool.own_threads()), telemetry on")
     parser.add_argument("--replay", action="store_true",
                         help="then time each lpsim case's fake quantizations of one step "
                              "alone (replay_quantizations)")
@@ -169,7 +177,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     cases = ["bf16 autocast", "fp32"] + [f"lpsim {p}" for p in args.presets] + \
         [f"lpsim {p} (no telemetry)" for p in args.presets] + \
-        [f"lpsim {p} (one lpsim thread)" for p in args.presets if args.one_thread]
+        [f"lpsim {p} (one lpsim thread)" for p in args.presets if args.one_thread] + \
+        [f"lpsim {p} (own pool)" for p in args.presets if args.own_pool]
     steps = {}
     for case in cases:
         steps[case] = make_step(case, args)

@@ -17,8 +17,9 @@ __version__ = "0.1.0"
 #: submodules reached as ``lpsim.X`` after a plain ``import lpsim``, imported on first access
 #: (PEP 562) so that ``import lpsim`` stays fast and torch, scipy and hypothesis stay optional;
 #: one whose extra is missing raises the ImportError that names it (``lpsim._extras.require``)
-_CORE = ("blocks", "cli", "cpu", "exact", "formats", "generator", "kernel_cache", "ops",
-         "philox", "pool", "reference", "request", "rounding", "stats", "storage", "word32")
+_CORE = ("blocks", "cli", "cpu", "exact", "formats", "generator", "kernel_cache",
+         "openmp_team", "ops", "philox", "pool", "reference", "request", "rounding", "stats",
+         "storage", "word32")
 _EXTRAS = ("casgd", "optim", "tensors", "testing", "torch")
 
 

@@ -12,6 +12,9 @@ the time of one fixed range a thread, in six runs of ``benchmarks/bench_mixed.py
 2-core VM.  It is also one way of dealing out work for every kernel, and a call made from
 a pool thread finishes.  Results do not depend on the split: lpsim's random words are counter-based and
 counters are summed.
+
+Right after torch's operations, whose OpenMP threads then spin for milliseconds waiting
+for more, the ranges go to those threads instead (:mod:`lpsim.openmp_team`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import numpy as np
 from numba import config as numba_config
 from numba import get_num_threads
 from numba.np.ufunc import parallel as _numba_parallel
+
+from .openmp_team import hot_team, own_threads  # noqa: F401 (lpsim.pool.own_threads)
 
 #: ranges per thread that a threaded call's work is cut into
 PIECES = 4
@@ -101,7 +106,9 @@ def deal(run, bounds, workers: int) -> list:
     one; what each call returned, in range order.  One range or one worker: a call in the
     calling thread.  A range the pool has not started when the calling thread runs out is
     not waited for (a call from a pool thread cannot wait on itself), and an error in any
-    range is raised here once every started range has finished."""
+    range is raised here once every started range has finished.  Where torch's OpenMP
+    threads spin, waiting for work, the threads are theirs instead
+    (:func:`lpsim.openmp_team.hot_team`)."""
     count = len(bounds) - 1
     if count <= 1 or workers <= 1:
         return [run(bounds[p], bounds[p + 1]) for p in range(count)]
@@ -112,6 +119,10 @@ def deal(run, bounds, workers: int) -> list:
         while (p := next(taken)) < count:
             results[p] = run(bounds[p], bounds[p + 1])
 
+    team = hot_team()
+    if team is not None:
+        team(work, min(workers, count))
+        return results
     pool = thread_pool(workers - 1, os.getpid())
     futures = [pool.submit(work) for _ in range(min(workers, count) - 1)]
     try:

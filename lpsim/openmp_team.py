@@ -1,0 +1,133 @@
+"""torch's OpenMP threads as lpsim's workers while they spin.
+
+torch's Linux wheels run its CPU operations on GNU OpenMP (``libgomp.so.1``), whose threads
+keep spinning for about 10 ms after each parallel region, waiting for the next one.  Inside
+a training step that is nearly always: lpsim's own pool threads then share the cores with
+spinning threads, and a 2-core machine gives lpsim's kernels about one core.  Run as a
+region of that team instead (``GOMP_parallel``, the entry a compiler emits for ``#pragma omp
+parallel``), lpsim's ranges go to the spinning threads themselves.
+
+A sleeping team is not used: the region's closing barrier would wait for each thread to
+wake (about 6 ms on a 2-core VM), where lpsim's pool does not wait for a worker that has
+not started.  :func:`hot_team` looks at the team's threads (their state in ``/proc``,
+about 10 us) and offers the team only while one of them runs.  On a 2-core VM a simulated
+mxfp8 or nvfp4 training step took about 15% less time so (``bench_recipes.py``, alternating
+steps), and calls between idle gaps kept their time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import threading
+
+#: the process that imported lpsim: a forked child's OpenMP runtime believes in threads its
+#: parent had, which the child does not have, so only this process uses it
+_IMPORTED_IN = os.getpid()
+#: (GOMP_parallel or None,) once looked up
+_FOUND = None
+_REGION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_local = threading.local()
+#: per calling thread (native id), the other threads its last team ran on (libgomp keeps a
+#: team per thread that starts regions)
+_members: dict[int, tuple[int, ...]] = {}
+
+
+#: own_threads() blocks entered and not left (process-wide)
+_OWN = 0
+
+
+@contextlib.contextmanager
+def own_threads():
+    """Within the block lpsim's kernels run on lpsim's own pool, never on torch's OpenMP
+    team, process-wide (``lpsim.pool.own_threads``): a way to compare the two, or to keep
+    lpsim's work off torch's threads."""
+    global _OWN
+    _OWN += 1
+    try:
+        yield
+    finally:
+        _OWN -= 1
+
+
+def openmp_parallel():
+    """torch's ``GOMP_parallel(fn, data, threads, flags)`` when torch is imported and runs on
+    libgomp (already loaded: nothing is loaded here), in the process that imported lpsim;
+    else None."""
+    global _FOUND
+    if os.getpid() != _IMPORTED_IN:
+        return None
+    if _FOUND is not None:
+        return _FOUND[0]
+    if "torch" not in sys.modules:
+        return None                     # not kept: torch may be imported later
+    try:
+        parallel = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY).GOMP_parallel
+        parallel.argtypes = [_REGION, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+        parallel.restype = None
+    except (OSError, AttributeError):
+        parallel = None
+    _FOUND = (parallel,)
+    return parallel
+
+
+def _running(tid: int) -> bool | None:
+    """Whether thread ``tid`` of this process runs or waits for a core (state R), None where
+    it is gone."""
+    try:
+        fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 512)
+    finally:
+        os.close(fd)
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R"
+
+
+def hot_team():
+    """A function ``team(work, threads)`` that runs ``work()`` on an OpenMP team where
+    torch's team is running now (or was never seen: the first region finds its threads);
+    None where lpsim's own pool should run the work (no libgomp, a sleeping team, within
+    :func:`own_threads`); a call from within a team's work runs alone (libgomp nests no
+    teams)."""
+    if getattr(_local, "in_region", False):
+        return _alone
+    parallel = openmp_parallel() if _OWN == 0 else None
+    if parallel is None:
+        return None
+    members = _members.get(threading.get_native_id())
+    if members is not None:
+        states = [_running(tid) for tid in members]
+        if None not in states and not any(states):
+            return None
+    return lambda work, threads: _region(parallel, work, threads)
+
+
+def _alone(work, threads):
+    work()
+
+
+def _region(parallel, work, threads: int) -> None:
+    """``work()`` on every thread of an OpenMP team of ``threads`` (the calling thread one of
+    them), the GIL released while the team runs; an error any thread raised is raised here
+    once the region has ended."""
+    errors, seen = [], set()
+    caller = threading.get_native_id()
+
+    def body(_):
+        seen.add(threading.get_native_id())
+        _local.in_region = True
+        try:
+            work()
+        except BaseException as error:  # noqa: BLE001 -- raised in the calling thread
+            errors.append(error)
+        finally:
+            _local.in_region = False
+
+    parallel(_REGION(body), None, threads, 0)
+    _members[caller] = tuple(sorted(seen - {caller}))
+    if errors:
+        raise errors[0]

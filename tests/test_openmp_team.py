@@ -1,0 +1,131 @@
+"""lpsim.openmp_team: lpsim's ranges on torch's spinning OpenMP threads, the same results as
+on lpsim's pool, errors raised, no team in a forked child or within a team's work."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lpsim  # noqa: E402
+from lpsim import openmp_team, pool  # noqa: E402
+
+needs_libgomp = pytest.mark.skipif(openmp_team.openmp_parallel() is None,
+                                   reason="torch does not run on GNU OpenMP here")
+
+
+@needs_libgomp
+def test_a_region_runs_on_two_threads_and_learns_the_others():
+    parallel = openmp_team.openmp_parallel()
+    ids, barrier = set(), threading.Barrier(2, timeout=30)
+
+    def work():
+        ids.add(threading.get_native_id())
+        barrier.wait()                  # both threads of the team are in the region at once
+
+    openmp_team._region(parallel, work, 2)
+    caller = threading.get_native_id()
+    assert len(ids) == 2 and caller in ids
+    assert openmp_team._members[caller] == tuple(ids - {caller})
+    assert openmp_team._running(caller) is True            # this thread runs
+    assert openmp_team._running(2 ** 22 + 12345) is None     # no such thread
+
+
+@needs_libgomp
+def test_the_team_is_offered_only_while_one_of_its_threads_runs(monkeypatch):
+    caller = threading.get_native_id()
+    monkeypatch.setitem(openmp_team._members, caller, (11, 12))
+    states = {11: False, 12: False}
+    monkeypatch.setattr(openmp_team, "_running", lambda tid: states[tid])
+    assert openmp_team.hot_team() is None                  # asleep: lpsim's pool
+    states[12] = True
+    assert callable(openmp_team.hot_team())                # one spins: the team
+    states[12] = None
+    assert callable(openmp_team.hot_team())                # one is gone: a region relearns
+
+
+@needs_libgomp
+@pytest.mark.parametrize("route", ["team", "pool"])
+def test_either_route_gives_the_same_bits_and_counts(monkeypatch, route):
+    """Stochastic NVFP4 with counters (ranges of blocks, counter-based random words, sums)
+    on torch's team and on lpsim's pool: equal to one thread's."""
+    x = np.random.default_rng(3).standard_normal((512, 1024)).astype(np.float32)
+
+    def run():
+        stats = lpsim.blocks.BlockStats()
+        q = lpsim.quantize(x, "nvfp4", "stochastic", axis=-1, generator=lpsim.Generator(9),
+                           stats=stats)
+        return q, stats.as_dict()
+
+    with pool.limited(1):
+        want = run()
+    used = []
+    real = openmp_team._region
+    monkeypatch.setattr(openmp_team, "_region", lambda *a: used.append(1) or real(*a))
+    if route == "team":
+        monkeypatch.setattr(pool, "hot_team", lambda: lambda work, threads: openmp_team._region(
+            openmp_team.openmp_parallel(), work, threads))
+    else:
+        monkeypatch.setattr(pool, "hot_team", lambda: None)
+    got = run()
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    assert bool(used) == (route == "team")
+
+
+@needs_libgomp
+def test_an_error_in_a_team_thread_is_raised_and_nested_calls_run_alone(monkeypatch):
+    monkeypatch.setattr(pool, "hot_team", lambda: lambda work, threads: openmp_team._region(
+        openmp_team.openmp_parallel(), work, threads))
+
+    def failing(a, b):
+        if a >= 6:
+            raise ZeroDivisionError(f"range {a}")
+        return a
+
+    with pytest.raises(ZeroDivisionError, match="range"):
+        pool.deal(failing, list(range(20)), 2)
+    monkeypatch.undo()
+    inner_routes = []
+
+    def outer(a, b):
+        inner_routes.append(openmp_team.hot_team())
+        return sum(pool.deal(lambda c, d: c, list(range(8)), 2))
+
+    monkeypatch.setattr(pool, "hot_team", lambda: (
+        openmp_team._alone if getattr(openmp_team._local, "in_region", False) else
+        lambda work, threads: openmp_team._region(openmp_team.openmp_parallel(), work,
+                                                  threads)))
+    assert pool.deal(outer, list(range(9)), 2) == [21] * 8
+    assert all(route is openmp_team._alone for route in inner_routes)
+
+
+def test_no_team_without_torch_or_in_a_forked_child():
+    """Without torch imported nothing is looked up (no runtime is loaded); a child forked
+    after lpsim's import takes lpsim's pool and finishes (a team would wait for threads
+    only its parent had; the child runs no torch operation, which would wait so too)."""
+    code = (
+        "import sys, os, numpy as np\n"
+        "import lpsim, lpsim.openmp_team as t\n"
+        "assert 'torch' not in sys.modules and t.openmp_parallel() is None\n"
+        "import torch\n"
+        "x = torch.randn(256, 1024)\n"
+        "torch.mm(x, x.t())\n"
+        "q = lpsim.quantize(x, 'nvfp4', 'stochastic', axis=-1, generator=lpsim.Generator(1))\n"
+        "xn = x.numpy()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    again = lpsim.quantize(xn, 'nvfp4', 'stochastic', axis=-1,\n"
+        "                           generator=lpsim.Generator(1))\n"
+        "    ok = t.openmp_parallel() is None and np.array_equal(again, q.numpy())\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "sys.exit(os.waitstatus_to_exitcode(status))\n")
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
