@@ -10,8 +10,8 @@ fewer of them instead of making the call wait for its fixed share: NVFP4 stochas
 rounding of 2M elements right after a torch operation took 0.77 to 1.03 (median 0.85) of
 the time of one fixed range a thread, in six runs of ``benchmarks/bench_mixed.py`` on a
 2-core VM.  It is also one way of dealing out work for every kernel, and a call made from
-a pool thread finishes.  Results do not depend on the split: lpsim's random words are counter-based and
-counters are summed.
+a pool thread finishes.  Results do not depend on the split: lpsim's random words are
+counter-based and counters are summed.
 
 Right after torch's operations, whose OpenMP threads then spin for milliseconds waiting
 for more, the ranges go to those threads instead (:mod:`lpsim.openmp_team`).

@@ -10,7 +10,8 @@ elements run loops of that literal length.  With counters (a variant compiled ap
 element phase is :mod:`lpsim.blocks.word_counts`'.  Rows of whole blocks rounded to nearest
 with scales that :func:`lpsim.blocks.word_scales.fused_scale` gives (MX's, NVFP4's table)
 take one loop over the blocks instead (:func:`_blocks_nearest_steps`; counted, the call's
-sums: :func:`_chunk_nearest_totals`).  :mod:`lpsim.blocks.kernels` compiles these loops
+sums: :func:`_chunk_nearest_totals`), as do such rows rounded otherwise without counters
+(stochastically: :func:`_blocks_words_steps`).  :mod:`lpsim.blocks.kernels` compiles these loops
 into kernels per rounding mode and splits a call over threads.
 """
 
@@ -154,6 +155,35 @@ def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cin
     return t_end
 
 
+@register_jitable(forceinline=True)
+def _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf,
+                        mode, k, p, p32, bp):
+    """:func:`_blocks_nearest_steps` for every other rounding (stochastic: random words
+    from ``rs``, element ``e_lo``'s first): per block its largest magnitude, its scale from
+    :func:`fused_scale` and :func:`element_fast32` over its elements, then
+    :func:`element_exact` for any element that step left, in one iteration; returns the
+    first block with a NaN or inf (t_end if none), left to the caller."""
+    stored = bam.size != 0
+    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
+    lo = np.uint64(lo)
+    for b in range(tb, t_end):
+        am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
+        if am >= cinf:
+            return b
+        s32, rc = fused_scale(am, bp, steps)
+        sf[b] = s32
+        r0 = lo - np.uint64(e_lo)
+        if _elements_words(xf, outf, rs, lo, r0, size, rc, s32, mode, k, p32, bp) != 0:
+            s = sf[b]
+            recip = block_recip(s, bp)
+            for e in range(np.int64(lo), np.int64(lo) + size):
+                if element_ok32(xf[e], rc, p32) == 0:
+                    _, outf[e], _ = element_exact(xf[e], recip, s, mode,
+                                                  np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
+        lo += np.uint64(size)
+    return t_end
+
+
 def chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
                          sp, bp, rct, ri0, rsh, steps, ahead, tally):
     """:func:`_chunk_nearest_totals` where ``counted`` (a literal) is 2; nothing (not even
@@ -258,6 +288,26 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
             else:
                 bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps,
                                             cinf, pts, maxe, cw, lw, bp)
+            if bad == t_end:
+                return
+            los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
+            _group_elements(xf, outf, sf, rs, bad, bad + 1, e_lo, mode, k, p, p32, sp, bp,
+                            ahead)
+            tb = bad + 1
+        return
+    if not near and not counting and full and fused_scales(bp, steps):
+        tb = t
+        while tb < t_end:
+            lo = e_lo + (tb - t) * size
+            if size == 32:
+                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32,
+                                          steps, cinf, mode, k, p, p32, bp)
+            elif size == 16:
+                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16,
+                                          steps, cinf, mode, k, p, p32, bp)
+            else:
+                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo,
+                                          size, steps, cinf, mode, k, p, p32, bp)
             if bad == t_end:
                 return
             los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
