@@ -119,3 +119,9 @@ def test_a_size_that_does_not_divide_the_tokens_is_refused_by_value(bad):
         rht_transposed(x, signs)
     with pytest.raises(ValueError, match=f"size {n}"):
         rht(x.t().contiguous(), signs)
+
+
+@pytest.mark.parametrize("shape", [(32,), (2, 16, 4)])
+def test_rht_transposed_refuses_a_tensor_that_is_not_2d(shape):
+    with pytest.raises(ValueError, match=r"shape \(.*\) is not accepted; accepted: a 2-D"):
+        rht_transposed(torch.zeros(shape), np.ones(16))

@@ -91,7 +91,7 @@ from .word_counts import (  # noqa: F401
     _piece_nearest, _piece_words, _store, _tally, _tally_block, _tally_lanes, _tally_packed,
     _tally_scratch, clip_bounds, group_counted, tally_scratch)
 from .words import (  # noqa: F401
-    SCALE_AHEAD, _block_nearest32, _blocks_nearest_steps, _chunk_words, _elements_nearest32,
+    SCALE_AHEAD, _block_nearest32, _blocks_steps, _chunk_words, _elements_nearest32,
     _elements_words, _group_elements, scale_ahead_scratch)
 from .kernels import (  # noqa: F401
     COUNTED_WORD_KERNELS, KERNELS, NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, WORD_COUNTING,

@@ -9,9 +9,9 @@ an element) where it is exact, else by :func:`lpsim.blocks.decisions.element_fas
 elements run loops of that literal length.  With counters (a variant compiled apart) the
 element phase is :mod:`lpsim.blocks.word_counts`'.  Rows of whole blocks rounded to nearest
 with scales that :func:`lpsim.blocks.word_scales.fused_scale` gives (MX's, NVFP4's table)
-take one loop over the blocks instead (:func:`_blocks_nearest_steps`; counted, the call's
-sums: :func:`_chunk_nearest_totals`), as do such rows rounded otherwise without counters
-(stochastically: :func:`_blocks_words_steps`).  :mod:`lpsim.blocks.kernels` compiles these loops
+take one loop over the blocks instead (:func:`_blocks_steps`, which also takes such rows
+rounded otherwise without counters: NVFP4's stochastic gradients; counted to nearest, the
+call's sums: :func:`_chunk_nearest_totals`).  :mod:`lpsim.blocks.kernels` compiles these loops
 into kernels per rounding mode and splits a call over threads.
 """
 
@@ -134,35 +134,17 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
 
 
 @register_jitable(forceinline=True)
-def _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
-                          cw, lw, bp):
-    """Blocks tb .. t_end-1 of ``size`` elements each, end to end from element ``lo``, to
-    nearest with their scales from :func:`fused_scale` (largest magnitudes from ``bam``
-    where it is not empty), up to a block with a NaN or inf: returns its index (t_end if
-    none) and leaves it to the caller.  One plain loop: with each block's steps (largest
-    magnitude, scale, elements) in one iteration the processor overlaps those of
-    neighbouring blocks itself (MX blocks of 32 took half the time of the grouped loop)."""
-    stored = bam.size != 0
-    lo = np.uint64(lo)
-    for b in range(tb, t_end):
-        am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
-        if am >= cinf:
-            return b
-        s32, rc = fused_scale(am, bp, steps)
-        sf[b] = s32
-        _elements_nearest32(xf, outf, lo, size, rc, s32, pts, maxe, cw, lw)
-        lo += np.uint64(size)
-    return t_end
-
-
-@register_jitable(forceinline=True)
-def _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf,
-                        mode, k, p, p32, bp):
-    """:func:`_blocks_nearest_steps` for every other rounding (stochastic: random words
-    from ``rs``, element ``e_lo``'s first): per block its largest magnitude, its scale from
-    :func:`fused_scale` and :func:`element_fast32` over its elements, then
-    :func:`element_exact` for any element that step left, in one iteration; returns the
-    first block with a NaN or inf (t_end if none), left to the caller."""
+def _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf, near, pts,
+                  maxe, cw, lw, mode, k, p, p32, bp):
+    """Blocks tb .. t_end-1 of ``size`` elements each, end to end from element ``lo``, with
+    their scales from :func:`fused_scale` (largest magnitudes from ``bam`` where it is not
+    empty), up to a block with a NaN or inf: returns its index (t_end if none) and leaves it
+    to the caller.  ``near``: :func:`element_nearest32` over the elements; else
+    :func:`element_fast32` (random words from ``rs``, element ``e_lo``'s first), then
+    :func:`element_exact` for any element that step left.  One plain loop: with each
+    block's steps (largest magnitude, scale, elements) in one iteration the processor
+    overlaps those of neighbouring blocks itself (MX blocks of 32 to nearest took half the
+    time of the grouped loop)."""
     stored = bam.size != 0
     rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
     lo = np.uint64(lo)
@@ -172,8 +154,10 @@ def _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, st
             return b
         s32, rc = fused_scale(am, bp, steps)
         sf[b] = s32
-        r0 = lo - np.uint64(e_lo)
-        if _elements_words(xf, outf, rs, lo, r0, size, rc, s32, mode, k, p32, bp) != 0:
+        if near:
+            _elements_nearest32(xf, outf, lo, size, rc, s32, pts, maxe, cw, lw)
+        elif _elements_words(xf, outf, rs, lo, lo - np.uint64(e_lo), size, rc, s32, mode, k,
+                             p32, bp) != 0:
             s = sf[b]
             recip = block_recip(s, bp)
             for e in range(np.int64(lo), np.int64(lo) + size):
@@ -182,6 +166,21 @@ def _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, st
                                                   np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
         lo += np.uint64(size)
     return t_end
+
+
+@register_jitable(forceinline=True)
+def _blocks_sized(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf, near, pts,
+                  maxe, cw, lw, mode, k, p, p32, bp):
+    """:func:`_blocks_steps` with a literal block size for blocks of 32 and 16 (loops that
+    LLVM unrolls into vector steps)."""
+    if size == 32:
+        return _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32, steps, cinf,
+                             near, pts, maxe, cw, lw, mode, k, p, p32, bp)
+    if size == 16:
+        return _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16, steps, cinf,
+                             near, pts, maxe, cw, lw, mode, k, p, p32, bp)
+    return _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf,
+                         near, pts, maxe, cw, lw, mode, k, p, p32, bp)
 
 
 def chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
@@ -262,7 +261,7 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     scales as a table (:func:`_scale_steps`, used where it is not empty); ``ahead``:
     :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
     (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding of rows
-    of whole blocks with :func:`fused_scale`'s scales runs :func:`_blocks_nearest_steps`
+    of whole blocks with :func:`fused_scale`'s scales runs :func:`_blocks_steps`
     instead, or counted to the call's sums :func:`_chunk_nearest_totals`.
     """
     counting = _constant(counted) != 0
@@ -275,39 +274,17 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     los, ns, s32s, rcs, ams = ahead
     step_base, step_thr, svals, rvals, kshift = steps
     full = length == nblk * size                # every block of a row has size elements
-    if near and full and fused_scales(bp, steps):
+    if not counting and full and fused_scales(bp, steps):
         tb = t
         while tb < t_end:
             lo = e_lo + (tb - t) * size
-            if size == 32:
-                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 32, steps,
-                                            cinf, pts, maxe, cw, lw, bp)
-            elif size == 16:
-                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
-                                            cinf, pts, maxe, cw, lw, bp)
+            # near as a constant at each call: each loop compiles with its element step alone
+            if near:
+                bad = _blocks_sized(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size,
+                                    steps, cinf, True, pts, maxe, cw, lw, mode, k, p, p32, bp)
             else:
-                bad = _blocks_nearest_steps(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps,
-                                            cinf, pts, maxe, cw, lw, bp)
-            if bad == t_end:
-                return
-            los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it
-            _group_elements(xf, outf, sf, rs, bad, bad + 1, e_lo, mode, k, p, p32, sp, bp,
-                            ahead)
-            tb = bad + 1
-        return
-    if not near and not counting and full and fused_scales(bp, steps):
-        tb = t
-        while tb < t_end:
-            lo = e_lo + (tb - t) * size
-            if size == 32:
-                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32,
-                                          steps, cinf, mode, k, p, p32, bp)
-            elif size == 16:
-                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16,
-                                          steps, cinf, mode, k, p, p32, bp)
-            else:
-                bad = _blocks_words_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo,
-                                          size, steps, cinf, mode, k, p, p32, bp)
+                bad = _blocks_sized(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size,
+                                    steps, cinf, False, pts, maxe, cw, lw, mode, k, p, p32, bp)
             if bad == t_end:
                 return
             los[0], ns[0] = e_lo + (bad - t) * size, -size          # a NaN or inf in it

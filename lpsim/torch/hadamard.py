@@ -119,7 +119,10 @@ def rht_transposed(t: torch.Tensor, signs) -> torch.Tensor:
     contiguous (features, tokens) tensor, the RHT along the tokens.  A float32 CPU tensor
     takes one threaded pass that copies and transforms at once; others torch's operations."""
     n = len(signs)
-    if t.ndim != 2 or t.device.type != "cpu" or t.dtype != torch.float32:
+    if t.ndim != 2:
+        raise ValueError(f"a tensor of shape {tuple(t.shape)} is not accepted; accepted: a "
+                         "2-D tensor (tokens, features)")
+    if t.device.type != "cpu" or t.dtype != torch.float32:
         return rht(t.t().contiguous(), signs)
     _checked_run(n, t.shape[0])
     x = t.detach().contiguous().numpy()
