@@ -136,13 +136,14 @@ class Parts:
 def _quantized(t, op, axis, generator, stats, amax, keep, owned=False):
     """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts.
     ``owned``: t is a float32 tensor of the caller's own that nothing else reads (a wgrad
-    operand's transformed copy), quantized in place where its values are rounded as they
-    lie: no second tensor of its size to allocate (on a small machine every new page of
-    memory costs microseconds) and to fill."""
+    operand's transformed copy), quantized in place on the CPU where its values are rounded
+    as they lie: no second tensor of its size to allocate (on a small machine every new page
+    of memory costs microseconds) and to fill."""
     fmt = op.fmt
     if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
         return (t.detach() if t.dtype == torch.float64 else t.detach().float()), None
-    owned = owned and t.dtype == torch.float32 and t.is_contiguous()
+    # on the CPU only: a CUDA tensor with out= leaves lpsim_cuda's direct route
+    owned = owned and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
     t = t.detach().float()
 
     def rounded(values, fmt, **where):
