@@ -11,8 +11,9 @@ A sleeping team is not used: the region's closing barrier would wait for each th
 wake (about 6 ms on a 2-core VM), where lpsim's pool does not wait for a worker that has
 not started.  :func:`hot_team` looks at the team's threads (their state in ``/proc``,
 about 10 us) and offers the team only while one of them runs.  On a 2-core VM a simulated
-mxfp8 or nvfp4 training step took about 15% less time so (``bench_recipes.py``, alternating
-steps), and calls between idle gaps kept their time.
+mxfp8 or nvfp4 training step took 10% to 12% less time so, in alternating steps of one
+process (``bench_recipes.py --own-pool`` times both routes), and calls between idle gaps
+kept their time.
 """
 
 from __future__ import annotations
