@@ -20,18 +20,19 @@ with stats (its counted variant) and with stats through the general float64-step
 that such calls took before (forced here by refusing the word kernel counters), every case
 timed in each round, minimum over the rounds, and the ratios.
 
-``--columns``: blocks down the columns (``axis=0``) of a 2-D float32 array, rounded to
-nearest: ``lpsim.quantize`` of the numpy array (``lpsim.blocks.columns``: bands of rows
-read as they lie), the general route (numpy's transposing copy, forced here), torch's
-transposing copy followed by the row kernel (what ``lpsim.torch``'s wgrad ran before),
-the two with stats, and the row kernel alone on a transposed copy made beforehand; each
-case in each round, minimum over the rounds, values and counts checked equal.
+``--columns``: blocks down the columns (``axis=0``) of a 2-D float32 array, MX and NVFP4,
+to nearest and stochastically: ``lpsim.quantize`` of the numpy array
+(``lpsim.blocks.columns``: bands of rows read as they lie), the general route (a tiled
+transposing copy and the row kernel, forced here), torch's transposing copy followed by
+the row kernel (what ``lpsim.torch``'s wgrad ran before), the two with stats, and the row
+kernel alone on a transposed copy made beforehand; each case in each round, minimum over
+the rounds, values and counts checked equal.
 
-``--moved``: blocks along axis 0 of a 2-D float32 array where the column route does not
-apply (NVFP4's tensor scale, stochastic rounding): ``lpsim.quantize`` (a tiled copy with
-the axis last, ``lpsim.blocks.layout``), the same with numpy's copy (forced here), the
-kernel alone on a transposed copy made beforehand, and the copies alone (numpy's, the
-tiled one, torch's); minimum over the rounds, values checked equal.
+``--moved``: blocks along axis 0 of a 2-D float32 array by the general route, which arrays
+the column route does not take run (other shapes and dtypes; forced here):
+``lpsim.quantize`` (a tiled copy with the axis last, ``lpsim.blocks.layout``), the same
+with numpy's copy, the kernel alone on a transposed copy made beforehand, and the copies
+alone (numpy's, the tiled one, torch's); minimum over the rounds, values checked equal.
 """
 
 from __future__ import annotations
@@ -266,25 +267,24 @@ def columns_rows(shape, repeats: int):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     t = torch.from_numpy(x)
     xt = np.ascontiguousarray(x.T)
-    taken = fake_quantize.takes_columns
     rows = []
 
-    def general(name):
-        fake_quantize.takes_columns = lambda *a: False
-        try:
-            return lpsim.quantize(x, name, axis=0)
-        finally:
-            fake_quantize.takes_columns = taken
-    for name in ("mxfp8_e4m3", "mxfp4"):
+    def general(name, mode):
+        with general_route(fake_quantize):
+            return lpsim.quantize(x, name, mode, axis=0, seed=1)
+    for name, mode in (("mxfp8_e4m3", "nearest"), ("mxfp4", "nearest"), ("nvfp4", "nearest"),
+                       ("mxfp4", "stochastic"), ("nvfp4", "stochastic")):
         stats = {"columns, stats": BlockStats(), "torch copy + rows, stats": BlockStats()}
-        cases = {"columns": lambda: lpsim.quantize(x, name, axis=0),
-                 "general": lambda: general(name),
-                 "torch copy + rows": lambda: lpsim.quantize(t.t().contiguous(), name).t(),
-                 "columns, stats": lambda: lpsim.quantize(x, name, axis=0,
+        cases = {"columns": lambda: lpsim.quantize(x, name, mode, axis=0, seed=1),
+                 "general": lambda: general(name, mode),
+                 "torch copy + rows": lambda: lpsim.quantize(t.t().contiguous(), name, mode,
+                                                             seed=1).t(),
+                 "columns, stats": lambda: lpsim.quantize(x, name, mode, axis=0, seed=1,
                                                           stats=stats["columns, stats"]),
                  "torch copy + rows, stats": lambda: lpsim.quantize(
-                     t.t().contiguous(), name, stats=stats["torch copy + rows, stats"]).t(),
-                 "rows alone": lambda: lpsim.quantize(xt, name).T}
+                     t.t().contiguous(), name, mode, seed=1,
+                     stats=stats["torch copy + rows, stats"]).t(),
+                 "rows alone": lambda: lpsim.quantize(xt, name, mode, seed=1).T}
         best, values = alternating_best(cases, repeats)
         want = np.asarray(values["general"])
         for case in cases:
@@ -292,8 +292,19 @@ def columns_rows(shape, repeats: int):
         a, b = stats.values()
         assert np.array_equal(a.counts, b.counts) and a.blocks == b.blocks \
             and a.clipped_scales == b.clipped_scales and a.flushed_blocks == b.flushed_blocks
-        rows.append(dict(format=name, **{k: v * 1e3 for k, v in best.items()}))
+        rows.append(dict(format=name, mode=mode, **{k: v * 1e3 for k, v in best.items()}))
     return rows
+
+
+@contextlib.contextmanager
+def general_route(fake_quantize):
+    """lpsim.quantize along axis 0 by the general route (the column route refused)."""
+    taken = fake_quantize.takes_columns
+    fake_quantize.takes_columns = lambda *a: False
+    try:
+        yield
+    finally:
+        fake_quantize.takes_columns = taken
 
 
 def moved_rows(shape, repeats: int):
@@ -307,16 +318,20 @@ def moved_rows(shape, repeats: int):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     xt, t = np.ascontiguousarray(x.T), torch.from_numpy(x)
 
+    def tiled(name, mode):
+        with general_route(fake_quantize):
+            return lpsim.quantize(x, name, mode, axis=0, seed=1)
+
     def numpys(name, mode):
         fake_quantize.moved_contiguous = lambda a, axis: np.ascontiguousarray(
             np.moveaxis(a, axis, -1))
         try:
-            return lpsim.quantize(x, name, mode, axis=0, seed=1)
+            return tiled(name, mode)
         finally:
             fake_quantize.moved_contiguous = moved_contiguous
     rows = []
     for name, mode in (("nvfp4", "nearest"), ("mxfp8_e4m3", "stochastic")):
-        cases = {"tiled copy + kernel": lambda: lpsim.quantize(x, name, mode, axis=0, seed=1),
+        cases = {"tiled copy + kernel": lambda: tiled(name, mode),
                  "numpy copy + kernel": lambda: numpys(name, mode),
                  "kernel alone": lambda: lpsim.quantize(xt, name, mode, seed=1).T,
                  "numpy copy": lambda: np.ascontiguousarray(x.T),
@@ -489,17 +504,18 @@ def main() -> None:
     elif args.columns:
         rows = columns_rows(tuple(args.shape), args.repeats)
         print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks down the "
-                                  f"columns, nearest; ms, minimum of {args.repeats} "
-                                  "alternating rounds"]))
+                                  f"columns; ms, minimum of {args.repeats} alternating "
+                                  "rounds"]))
         print("# stats: with a BlockStats (counted); rows alone: the row kernel on a transposed "
               "copy made beforehand (one pass)")
-        print(f"{'format':<11} {'columns':>8} {'stats':>7} {'general':>8} "
+        print(f"{'format':<11} {'mode':<11} {'columns':>8} {'stats':>7} {'general':>8} "
               f"{'torch copy + rows':>18} {'stats':>7} {'rows alone':>11} {'torch/columns':>14} {'(stats)':>8} "
               f"{'columns/rows alone':>19}")
         for r in rows:
             c, cs, g = r["columns"], r["columns, stats"], r["general"]
             tc, ts, ra = r["torch copy + rows"], r["torch copy + rows, stats"], r["rows alone"]
-            print(f"{r['format']:<11} {c:>8.2f} {cs:>7.2f} {g:>8.2f} {tc:>18.2f} {ts:>7.2f} "
+            print(f"{r['format']:<11} {r['mode']:<11} {c:>8.2f} {cs:>7.2f} {g:>8.2f} "
+                  f"{tc:>18.2f} {ts:>7.2f} "
                   f"{ra:>11.2f} {tc / c:>14.2f} {ts / cs:>8.2f} {c / ra:>19.2f}")
     elif args.moved:
         rows = moved_rows(tuple(args.shape), args.repeats)

@@ -149,6 +149,24 @@ def _words_w32(r, b0, nb, stream, seed_lo, seed_hi):
 
 
 @register_jitable
+def fill_words_down(r, b0, stride, quads, cols, stream, seed_lo, seed_hi):
+    """r[4*q + lane, j] = the 32-bit word of that lane of Philox block b0 + j*stride + q, for
+    q < quads and j < cols: the words of ``cols`` runs of 4*quads consecutive counters, runs
+    ``4 * stride`` counters apart, as rows (a transposed layout's columns: each row a loop
+    over j that vectorises and stores contiguously)."""
+    s0, s1 = stream & MASK32, (stream >> 32) & MASK32
+    for q in range(quads):
+        for j in range(cols):
+            b = b0 + j * stride + q
+            w0, w1, w2, w3 = _philox_inline(b & MASK32, (b >> 32) & MASK32, s0, s1, seed_lo,
+                                            seed_hi)
+            r[4 * q, j] = w0
+            r[4 * q + 1, j] = w1
+            r[4 * q + 2, j] = w2
+            r[4 * q + 3, j] = w3
+
+
+@register_jitable
 def _words_w62(r, b0, nb, stream, seed_lo, seed_hi):
     s0, s1 = stream & MASK32, (stream >> 32) & MASK32
     for j in range(nb):

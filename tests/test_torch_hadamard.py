@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lpsim.torch.hadamard import hadamard, rht, rht_signs, rht_transposed  # noqa: E402
+from lpsim.torch.hadamard import (hadamard, rht, rht_signs, rht_tokens,  # noqa: E402
+                                  rht_transposed)
 
 
 def sylvester(v):
@@ -56,28 +57,33 @@ def test_rht_is_the_sylvester_recursion_in_the_tensors_dtype(n):
 
 @pytest.mark.parametrize("n", [2, 16, 32])
 @pytest.mark.parametrize("shape", [(64, 48), (32, 37), (4096, 33), (16, 1)])
-def test_the_cpus_fused_pass_equals_torchs_operations_bit_for_bit(n, shape):
-    """One pass that copies and transforms (threads split 4096 tokens into runs; 37 and 33
-    features leave a tile part full) gives rht of the transposed copy, NaNs where it has
-    them."""
+def test_the_cpus_pass_equals_torchs_operations_bit_for_bit(n, shape):
+    """The threaded pass along the tokens (threads split 4096 tokens into runs) gives rht of
+    the transposed copy, in the input's layout (rht_tokens) and as the transpose's rows
+    (rht_transposed), NaNs where it has them."""
     tokens = shape[0] - shape[0] % n or n
     x = torch.from_numpy(hard_values((tokens, shape[1]), seed=n))
     s = signs_of(n)
-    got = rht_transposed(x, s)
     want = rht(x.t().contiguous(), s)
+    along = rht_tokens(x, s)
+    assert along.is_contiguous() and along.shape == x.shape
+    assert along.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert same_bits(along.t().nan_to_num().numpy(), want.nan_to_num().numpy())
+    got = rht_transposed(x, s)
     assert got.is_contiguous() and got.shape == (x.shape[1], x.shape[0])
     assert torch.equal(got.isnan(), want.isnan())
     assert same_bits(got.nan_to_num().numpy(), want.nan_to_num().numpy())
     # a tensor of signs on the device, a non-contiguous input, a float64 input (torch's path)
     row = torch.from_numpy(s).float()
     assert torch.equal(rht_transposed(x, row).nan_to_num(), got.nan_to_num())
+    assert same_bits(rht_tokens(x, row).numpy(), along.numpy())
     wide = torch.from_numpy(hard_values((tokens, 2 * shape[1]), seed=1))
     view = wide[:, ::2]
-    assert torch.equal(rht_transposed(view, s).nan_to_num(),
-                       rht(view.t().contiguous(), s).nan_to_num())
     xd = x.double()
-    assert torch.equal(rht_transposed(xd, s).nan_to_num(), rht(xd.t().contiguous(), s)
-                       .nan_to_num())
+    for other in (view, xd):
+        want = rht(other.t().contiguous(), s).nan_to_num()
+        assert torch.equal(rht_transposed(other, s).nan_to_num(), want)
+        assert torch.equal(rht_tokens(other, s).t().nan_to_num(), want)
 
 
 def test_small_integers_transform_exactly():
@@ -117,11 +123,14 @@ def test_a_size_that_does_not_divide_the_tokens_is_refused_by_value(bad):
     with pytest.raises(ValueError, match=f"RHT of size {n} is not accepted along an axis of "
                                          f"{tokens}"):
         rht_transposed(x, signs)
+    with pytest.raises(ValueError, match=f"RHT of size {n} is not accepted"):
+        rht_tokens(x, signs)
     with pytest.raises(ValueError, match=f"size {n}"):
         rht(x.t().contiguous(), signs)
 
 
 @pytest.mark.parametrize("shape", [(32,), (2, 16, 4)])
-def test_rht_transposed_refuses_a_tensor_that_is_not_2d(shape):
+@pytest.mark.parametrize("transform", [rht_transposed, rht_tokens])
+def test_a_tensor_that_is_not_2d_is_refused(shape, transform):
     with pytest.raises(ValueError, match=r"shape \(.*\) is not accepted; accepted: a 2-D"):
-        rht_transposed(torch.zeros(shape), np.ones(16))
+        transform(torch.zeros(shape), np.ones(16))

@@ -18,11 +18,15 @@ row kernel decides is decided by it.  The blocks, scales and counters are those 
 transposed copy's, bit for bit; only where the values lie differs (C order, not a
 transposed view).
 
-Deterministic roundings only (a band's elements draw random counters ``rows`` apart in the
-transposed copy's order, not one run); counters as a call's sums (lpsim.quantize's stats,
-simulated training's telemetry) to nearest.  Used by :func:`lpsim.blocks.quantize_blocks`
-for float32 arrays of two dimensions blocked along axis 0, of formats the word kernel takes
-without a tensor scale (MX formats).
+Stochastic rounding draws the transposed copy's random words: element (i, j) takes counter
+``offset + j * rows + i``, so a column's band is a run of consecutive counters, runs ``rows``
+apart; each unit draws its words first, Philox blocks across the columns a row of four
+words at a time (:func:`lpsim.cpu.fill_words_down`).  Counters come as a call's sums
+(lpsim.quantize's stats, simulated training's telemetry), from the flags of the element
+step, packed one a byte per column.  Used by :func:`lpsim.blocks.quantize_blocks` for
+float32 arrays of two dimensions blocked along axis 0, of formats the word kernel takes (MX
+and NVFP4, whose tensor scale the caller finds first: a largest magnitude does not depend
+on the order it is read in).
 """
 
 from __future__ import annotations
@@ -33,19 +37,19 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-from ..cpu import CHUNK, _constant, as_bits, entry_point, literal_jitable
+from ..cpu import CHUNK, _constant, as_bits, entry_point, fill_words_down, literal_jitable
 from ..pool import deal, pieces, threads
 from ..rounding import MODES, NEAREST, STOCHASTIC, kernel_params, nearest32_words
-from ..word32 import as_int64, bits_float32, word
+from ..word32 import as_int64, bits_float32, like, word
 from .amax import NO_AMAXES
 from .decisions import (_element_params, block_params, element_fast32, element_nearest32, i2f,
                         element_nearest32_flags, element_params32)
 from .formats import PRESETS
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
-from .word_counts import (PIECE, _no_counts, _store, _tally_block, _tally_packed,
+from .word_counts import (PIECE, _no_counts, _pack, _store, _tally_block, _tally_packed,
                           clip_bounds)
-from .word_scales import (_reciprocals, pow2_exponent, pow2_float32, pow2_words,
-                          scale_recip32)
+from .word_scales import (_reciprocals, _scale_steps, fused_scale, pow2_exponent,
+                          pow2_float32, pow2_words, scale_recip32)
 
 #: columns of a band taken at a time: a strip of block x STRIP float32 values (128 KB for
 #: blocks of 32) stays in the second-level cache from its largest magnitudes to its
@@ -76,6 +80,7 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     other, within the noise of the runs made on a 2-core VM)."""
     counting = _constant(counted) != 0      # mode and counted pass on as literals
     near = _constant(mode) == NEAREST and bp.near32
+    stochastic = _constant(mode) >= STOCHASTIC
     rows, cols = x.shape
     size = bp.block
     xf, outf = x.reshape(-1), out.reshape(-1)
@@ -85,6 +90,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     minn = bits_float32(word(p32.minnorm))
     cw, lw = nearest32_words(p32.m, p32.emin)
     rct, ri0, rsh = _reciprocals(bp, sp)
+    # the scales as a table of steps where it pays (NVFP4's UE4M3: a lookup, no divisions)
+    steps = _scale_steps(bp, sp, rct, ri0, rsh, (b1 - b0) * cols)
+    tabled = steps[0].size != 0
     clip_lo, clip_hi = clip_bounds(bp, sp) if counting else (np.int64(0), np.int64(0))
     ams = np.zeros(2 * STRIP, np.uint32)        # this unit's and the next one's
     s32s = np.empty(STRIP, np.float32)
@@ -92,6 +100,10 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     lanes = np.empty(STRIP, np.uint32)
     redo = np.empty(STRIP, np.uint32)
     tops = np.empty(STRIP, np.uint32)
+    nonzero = np.empty(STRIP, np.uint32)        # per column, results other than 0
+    # a unit's random words, a row per row of the band (a word per element)
+    rw = np.empty((size if stochastic else 1, STRIP), np.uint32)
+    quarter = rows // 4                         # counters a column apart, in Philox blocks
     # power-of-two scales from the exponent field for every largest magnitude (MX formats)
     every_pow2 = pow2_words(np.int64(0), bp)
     held = np.empty(size, np.float32)
@@ -123,14 +135,20 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
             tops[j] = as_int64(am)
             redo[j] = np.uint32(am >= cinf)     # a NaN or inf: the column is redone
             lanes[j] = 0
+            nonzero[j] = 0
             if every_pow2:
                 e = pow2_exponent(as_int64(am), bp)     # scale_recip32's 2**e
                 sout[b, c0 + j] = i2f((e + 1023) << 52)
                 s32s[j] = pow2_float32(e)
                 rcs[j] = pow2_float32(-e)
+            elif tabled and am < cinf:
+                s32, rc = fused_scale(am, bp, steps)
+                sout[b, c0 + j] = s32
+                s32s[j] = s32
+                rcs[j] = rc
             elif am < cinf:
                 sout[b, c0 + j], s32s[j], rcs[j] = scale_recip32(am, bp, sp, rct, ri0, rsh)
-        if counting:                            # the blocks' clipped and flushed counters
+        if counting and near:                   # the blocks' clipped and flushed counters
             for j in range(w):
                 a = np.int64(tops[j])
                 if redo[j] != 0:
@@ -143,6 +161,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                                                      cw, lw, bp.pow2)
                 c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
                                  np.int64(a != 0 and qtop == 0))
+        if stochastic:      # column j's words: counters offset + (c0 + j) * rows + r0 + i
+            fill_words_down(rw, (offset + c0 * rows + r0) // 4, quarter, -(-h // 4), w, stream,
+                            seed_lo, seed_hi)
         hn = wn = rn = 0                        # the next unit
         if u + 1 < u1:
             bn, cn = (u + 1) // strips, ((u + 1) % strips) * STRIP
@@ -166,10 +187,14 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                 else:
                     for j in range(w):
                         e = base + np.uint64(j)
-                        _, v, ok, _ = element_fast32(xf[e], fast, rcs[j], s32s[j], mode, k,
-                                                     p32, bp)
+                        r = word(rw[i, j]) if stochastic else fast
+                        q, v, ok, flags = element_fast32(xf[e], r, rcs[j], s32s[j], mode, k,
+                                                         p32, bp)
                         outf[e] = v
                         redo[j] = as_int64(word(redo[j]) | (1 - ok))
+                        if counting:
+                            lanes[j] = as_int64(word(lanes[j]) + _pack(flags))
+                            nonzero[j] = as_int64(word(nonzero[j]) + (ok & like(ok, q != 0)))
             if i < hn:                          # a row of the next unit's magnitudes
                 _amax_row(xb, np.uint64(rn + i * cols), ams, on, wn)
         for j in range(w):
@@ -177,9 +202,10 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                 col = c0 + j
                 for i in range(h):
                     held[i] = xf[(r0 + i) * cols + col]
+                # the transposed copy's counters: its row col, from row r0
                 got = _words_range(held[:h].reshape((1, h)), made[:h].reshape((1, h)), one,
                                    counts, NO_AMAXES, 0, 1, mode, counted, k, p, p32, sp, bp,
-                                   seed_lo, seed_hi, stream, offset, chunk)
+                                   seed_lo, seed_hi, stream, offset + col * rows + r0, chunk)
                 for i in range(h):
                     outf[(r0 + i) * cols + col] = made[i]
                 sout[b, col] = one[0, 0]
@@ -188,6 +214,10 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                         sums[0, f] += got[0, f]
             elif counting:                      # the packed flags, one a byte
                 c = _tally_packed(c, word(lanes[j]))
+                if not near:                    # clipped; flushed: every result 0
+                    a = np.int64(tops[j])
+                    c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
+                                     np.int64(a != 0 and nonzero[j] == 0))
     if counting:
         _store(sums, 0, c)
     return sums
@@ -230,23 +260,25 @@ def columns_entry(mode: int, counted: int = 0):
                        "for float32 arrays")
 
 
-def takes_columns(x, axis: int, bp, mode: int, tensor_scale: bool, want_elements,
-                  want_counts) -> bool:
+def takes_columns(x, axis: int, bp, mode: int, want_elements, want_counts,
+                  offset: int = 0) -> bool:
     """Whether :func:`run_columns` quantizes ``x`` along ``axis``: a 2-D float32 C-contiguous
-    array blocked down its columns (axis 0), a deterministic rounding (a band's random
-    counters are not consecutive), no element values wanted, a format the word kernel takes
-    (``bp.f32``) without a tensor scale; counters only as sums ("totals"), to nearest where
-    the word kernel counts by :func:`element_nearest32_flags` (blocks of at most PIECE, so
-    that a byte of packed flags holds a column's sum; a scale format of more than one
-    value, as the word kernel's counters need)."""
+    array blocked down its columns (axis 0), no element values wanted, a format the word
+    kernel takes (``bp.f32``; a tensor scale is the caller's, in ``bp``); a random rounding
+    where every column's run of a band's counters starts a Philox block (rows, the block
+    and the counter ``offset`` multiples of 4: the words are drawn for the band as a whole);
+    counters only as sums ("totals"), in blocks of at most PIECE elements (a byte of packed
+    flags holds a column's sum) of a scale format of more than one value (as the word
+    kernel's counters need)."""
     if not (isinstance(x, np.ndarray) and x.ndim == 2 and axis in (0, -2)
             and x.dtype == np.float32 and x.flags.c_contiguous and x.size > 0
-            and mode < STOCHASTIC and bool(bp.f32) and not tensor_scale and not want_elements):
+            and bool(bp.f32) and not want_elements):
+        return False
+    if mode >= STOCHASTIC and (x.shape[0] % 4 or bp.block % 4 or offset % 4):
         return False
     if want_counts is False:
         return True
-    return (want_counts == "totals" and mode == NEAREST and bool(bp.near32)
-            and bp.block <= PIECE and bp.smin < bp.smax)
+    return want_counts == "totals" and bp.block <= PIECE and bp.smin < bp.smax
 
 
 def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False):

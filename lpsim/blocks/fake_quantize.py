@@ -93,17 +93,21 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     if want_counts not in (True, False, "totals"):
         raise ValueError(f"want_counts={want_counts!r} is not accepted; accepted: True, False "
                          "or 'totals'")
-    if takes_columns(x, axis, block_params(bfmt), request.mode, bfmt.tensor_scale,
-                     want_elements, want_counts):
+    if takes_columns(x, axis, block_params(bfmt), request.mode, want_elements, want_counts,
+                     request.offset):
         # down the columns of a 2-D array: block rows in cache, no transposing copy
+        pts = 1.0
+        if bfmt.tensor_scale:
+            pts = checked_tensor_scale(tensor_scale, bfmt) if tensor_scale is not None \
+                else tensor_scale_of(x, bfmt)
         values = np.empty_like(x)
         # the scales a band at a time, in rows (a column at a time strides through memory)
         s2 = np.empty((-(-x.shape[0] // bfmt.block), x.shape[1]), np.float64)
         counts = run_columns(x, values, s2, request,
                              _element_params(bfmt.saturating_element, 32),
                              element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
-                             block_params(bfmt, 1.0), want_counts)
-        return Blocked(values, None, s2.T, 1.0, counts)
+                             block_params(bfmt, pts), want_counts)
+        return Blocked(values, None, s2.T, pts, counts)
     x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     want_counts = want_counts or want_elements
     words = takes_words(x2, block_params(bfmt), want_elements, want_counts)

@@ -32,15 +32,17 @@ import numpy as np
 import torch
 
 from ..blocks.amax import tensor_amax
+from ..blocks.columns import takes_columns
 from ..blocks.counters import BlockStats, add_counts
+from ..blocks.decisions import block_params
 from ..blocks.fake_quantize import quantize_blocks
 from ..blocks.formats import BlockFormat
 from ..generator import Generator, resolve as resolve_generator
 from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..quantize import quantize as lp_quantize
-from ..rounding import STOCHASTIC, mode_code
-from .hadamard import rht, rht_signs, rht_transposed  # noqa: F401 (rht: lpsim.torch.gemms.rht)
+from ..rounding import mode_code
+from .hadamard import rht, rht_signs, rht_tokens, rht_transposed  # noqa: F401 (gemms.rht)
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
 #: steps whose RHT signs a layer draws and moves to its device at once: a copy from the host
@@ -133,22 +135,14 @@ class Parts:
             np.repeat(self.scales, cols, axis=1)
 
 
-def _quantized(t, op, axis, generator, stats, amax, keep, owned=False):
-    """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts.
-    ``owned``: t is a float32 tensor of the caller's own that nothing else reads (a wgrad
-    operand's transformed copy), quantized in place on the CPU where its values are rounded
-    as they lie: no second tensor of its size to allocate (on a small machine every new page
-    of memory costs microseconds) and to fill."""
+def _quantized(t, op, axis, generator, stats, amax, keep):
+    """(values, Parts or None): :func:`quantize_operand`'s work, with ``keep`` the parts."""
     fmt = op.fmt
     if fmt is None:         # kept: float64 stays float64 (gradcheck of the exact recipe)
         return (t.detach() if t.dtype == torch.float64 else t.detach().float()), None
-    # on the CPU only: a CUDA tensor with out= leaves lpsim_cuda's direct route
-    owned = owned and t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
     t = t.detach().float()
 
     def rounded(values, fmt, **where):
-        if owned and values is t and "out" not in where:
-            where["out"] = t
         return lp_quantize(values, fmt, op.rounding, sr_bits=op.sr_bits, generator=generator,
                            stats=stats, **where)
 
@@ -205,11 +199,12 @@ def _quantized(t, op, axis, generator, stats, amax, keep, owned=False):
 
 def _down_columns(t: torch.Tensor, fmt, op: Operand) -> bool:
     """Whether ``lpsim.quantize(t, fmt, axis=0)`` quantizes the 2-D ``t`` down its columns
-    where it lies (:mod:`lpsim.blocks.columns`: a contiguous float32 CPU tensor, a
-    deterministic rounding, a format without a tensor scale), faster than torch's
-    transposing copy and the row kernel; elsewhere that copy is the faster route."""
+    where it lies (a contiguous float32 CPU tensor that :func:`lpsim.blocks.columns.
+    takes_columns` takes; a generator's counters start at multiples of 4), faster than
+    torch's transposing copy and the row kernel; elsewhere that copy is the faster route."""
     return (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-            and not fmt.tensor_scale and mode_code(op.rounding) < STOCHASTIC)
+            and takes_columns(t.numpy(), 0, block_params(fmt), mode_code(op.rounding), False,
+                              False))
 
 
 def _float64(q: torch.Tensor) -> np.ndarray:
@@ -317,47 +312,39 @@ class _LinearFunction(torch.autograd.Function):
         r = layer.recipe
         keep = _keeps(r)
         x, weight, wq_shared = ctx.saved_tensors
-        dy = dy if dy.dtype == torch.float64 else dy.float()
+        dy = grad = dy if dy.dtype == torch.float64 else dy.float()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dyq, dyp = layer.operand(dy, "dgrad", "dy", -1, keep["dgrad"])
             wq, wp = (wq_shared, ctx.w_parts) if wq_shared is not None else \
                 layer.operand(weight, "dgrad", "w", 0, keep["dgrad"])
             dx = gemm(dyq, wq, r.dgrad, parts=(dyp, wp)).to(x.dtype)
-        if ctx.needs_input_grad[1] and r.rht is None and not keep["wgrad"] \
-                and dy.device.type == "cpu":
-            # K is the tokens, dy's and x's first axis: on the CPU each is quantized as it
-            # lies and the GEMM reads dy's transpose as a view, so an element format makes
-            # no transposing copy, nor a block format rounded deterministically without a
-            # tensor scale (MX: lpsim.blocks.columns; the others keep torch's copy, in
-            # _quantized)
+        xd = x.detach().to(dy.dtype)
+        signs = layer.rht_signs(r.rht, dy.device) if ctx.needs_input_grad[1] \
+            and r.rht is not None else None
+        if ctx.needs_input_grad[1] and not keep["wgrad"] and dy.device.type == "cpu":
+            # K is the tokens, dy's and x's first axis: on the CPU each is transformed and
+            # quantized as it lies (the blocks down the columns: lpsim.blocks.columns) and
+            # the GEMM reads dy's transpose as a view, so nothing is transposed
+            if signs is not None:
+                dy, xd = rht_tokens(dy, signs), rht_tokens(xd, signs)
             dyq, _ = layer.operand(dy, "wgrad", "dy", 0, False)
-            xq, _ = layer.operand(x.detach().to(dy.dtype), "wgrad", "x", 0, False)
+            xq, _ = layer.operand(xd, "wgrad", "x", 0, False)
             dw = gemm(dyq.t(), xq, r.wgrad).to(weight.dtype)
         elif ctx.needs_input_grad[1]:
-            # K is the tokens: the transposes hold them along the last axis, where the RHT
-            # runs and the blocks lie (the same blocks and counters as along axis 0)
-            xd = x.detach().to(dy.dtype)
-            if r.rht is not None:       # on the CPU one pass copies and transforms
-                signs = layer.rht_signs(r.rht, dy.device)
+            # K is the tokens: the transposes hold them along the last axis, where a GPU's
+            # kernels and the kept parts take the blocks (the same blocks and counters)
+            if signs is not None:
                 dy_t, x_t = rht_transposed(dy, signs), rht_transposed(xd, signs)
             else:
                 dy_t, x_t = dy.t().contiguous(), xd.t().contiguous()
-            # a new tensor of this pass's own (not a view of dy or x) is quantized in place
-            dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"],
-                                     owned=_fresh(dy_t, dy))
-            xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"], owned=_fresh(x_t, x))
+            dyq, dyp = layer.operand(dy_t, "wgrad", "dy", -1, keep["wgrad"])
+            xq, xp = layer.operand(x_t, "wgrad", "x", -1, keep["wgrad"])
             dw = gemm(dyq, xq.t(), r.wgrad, parts=(dyp, xp and xp.t())).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum(0)
+            db = grad.sum(0)
         layer.steps += 1
         return dx, dw, db, None
-
-
-def _fresh(copy: torch.Tensor, source: torch.Tensor) -> bool:
-    """Whether ``copy`` holds memory of its own, apart from ``source``'s (a transposing
-    ``contiguous()`` of an already contiguous transpose is a view)."""
-    return copy.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
 
 
 def _keeps(r) -> dict:
@@ -411,10 +398,8 @@ class LinearGemms:
         delayed-scaling amax recorded."""
         return self.operand(t, gemm, role, axis, False)[0]
 
-    def operand(self, t, gemm: str, role: str, axis: int, keep: bool, owned: bool = False):
-        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None);
-        ``owned``: t is the caller's own, quantized in place where it can be
-        (:func:`_quantized`)."""
+    def operand(self, t, gemm: str, role: str, axis: int, keep: bool):
+        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None)."""
         op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
         amax = None
@@ -423,7 +408,7 @@ class LinearGemms:
         every = self.telemetry_every
         counted = every is not None and self.steps % every == 0
         return _quantized(t, op, axis, self.generator, site.stats if counted else None,
-                          amax, keep, owned)
+                          amax, keep)
 
     @property
     def telemetry(self) -> dict:

@@ -10,9 +10,10 @@ so a sum of n terms in a tree of depth log2(n): its error is at most gamma(log2 
 sum of the terms' magnitudes.  (A matrix product would leave the order to the BLAS of each
 machine.)
 
-:func:`rht` runs it with torch operations on any device; :func:`rht_transposed` gives the
-transform of a 2-D tensor's columns as the transpose's rows, which wgrad needs, and on the
-CPU does the transposing copy and the transform in one threaded pass (:func:`_runs`).
+:func:`rht` runs it with torch operations on any device; :func:`rht_tokens` transforms a 2-D
+tensor's columns (a weight gradient's operands, K the tokens) where they lie, on the CPU in
+one threaded pass (:func:`_token_runs`); :func:`rht_transposed` gives them as the
+transpose's rows, as a GPU's kernels quantize them.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ from ..pool import deal, pieces, threads
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
 RHT_STREAM = 1 << 40
-#: features a tile of :func:`_runs` transforms at once (one 64-byte line of float32 a token)
-_TILE = 16
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -84,52 +83,64 @@ def rht(t: torch.Tensor, signs) -> torch.Tensor:
 
 
 @njit(cache=True, nogil=True)
-def _runs(x, c, out, r0, r1):
-    """out[f, r*n:(r+1)*n] = the transform of x[r*n:(r+1)*n, f] (n = c.size) for every
-    feature f and runs r0 .. r1-1: tiles of n tokens x _TILE features, read a row at a
-    time, transformed with the butterfly across the tile's rows (each step a vector
-    operation along the features) and written as the transpose's rows."""
-    tokens, features = x.shape
+def _token_runs(x, c, out, r0, r1):
+    """out[r*n:(r+1)*n] = the transform along the tokens of x[r*n:(r+1)*n] (n = c.size) for
+    runs r0 .. r1-1: the run's rows times their factors into ``out``, then the butterfly
+    between whole rows there, every step a vector operation along the features on rows
+    the cache holds (a run of 16 rows of 1024 float32 features is 64 KB)."""
+    features = x.shape[1]
     n = c.size
-    buf = np.empty((n, _TILE), np.float32)
     for r in range(r0, r1):
         t0 = r * n
-        for f0 in range(0, features, _TILE):
-            w = min(_TILE, features - f0)
-            for j in range(n):
-                cj = c[j]
-                for k in range(w):
-                    buf[j, k] = x[t0 + j, f0 + k] * cj
-            h = n // 2
-            while h >= 1:
-                for g in range(0, n, 2 * h):
-                    for i in range(g, g + h):
-                        for k in range(w):
-                            a, b = buf[i, k], buf[i + h, k]
-                            buf[i, k] = a + b
-                            buf[i + h, k] = a - b
-                h //= 2
-            for k in range(w):
-                for j in range(n):
-                    out[f0 + k, t0 + j] = buf[j, k]
+        for j in range(n):
+            cj = c[j]
+            for f in range(features):
+                out[t0 + j, f] = x[t0 + j, f] * cj
+        h = n // 2
+        while h >= 1:
+            for g in range(0, n, 2 * h):
+                for i in range(t0 + g, t0 + g + h):
+                    for f in range(features):
+                        a, b = out[i, f], out[i + h, f]
+                        out[i, f] = a + b
+                        out[i + h, f] = a - b
+            h //= 2
+
+
+def _checked_2d(t: torch.Tensor) -> None:
+    if t.ndim != 2:
+        raise ValueError(f"a tensor of shape {tuple(t.shape)} is not accepted; accepted: a "
+                         "2-D tensor (tokens, features)")
+
+
+def rht_tokens(t: torch.Tensor, signs) -> torch.Tensor:
+    """The transform of each column of the 2-D ``t`` (tokens, features): runs of n =
+    len(signs) tokens, the same bits as ``rht(t.t().contiguous(), signs).t()``, in t's
+    layout, a tensor apart from t.  Why: a weight gradient's K is the tokens, and its
+    operands are quantized down their columns as they lie (:mod:`lpsim.blocks.columns`), so
+    nothing is transposed.  A float32 CPU tensor takes one threaded pass over runs of
+    rows (:func:`_token_runs`: a fifth of the time of a transposing pass); others torch's
+    operations (a transposed view)."""
+    n = len(signs)
+    _checked_2d(t)
+    if t.device.type != "cpu" or t.dtype != torch.float32:
+        return rht(t.t(), signs).t()
+    _checked_run(n, t.shape[0])
+    x = t.detach().contiguous().numpy()
+    c = factors(signs, torch.float32, "cpu").numpy()
+    result = torch.empty(x.shape)
+    out = result.numpy()
+    runs = x.shape[0] // n
+    workers = min(threads(), runs)
+    deal(lambda r0, r1: _token_runs(x, c, out, r0, r1), pieces(runs, workers), workers)
+    return result
 
 
 def rht_transposed(t: torch.Tensor, signs) -> torch.Tensor:
     """``rht(t.t().contiguous(), signs)`` of a 2-D ``t`` (tokens, features), the same bits: a
-    contiguous (features, tokens) tensor, the RHT along the tokens.  A float32 CPU tensor
-    takes one threaded pass that copies and transforms at once; others torch's operations."""
-    n = len(signs)
-    if t.ndim != 2:
-        raise ValueError(f"a tensor of shape {tuple(t.shape)} is not accepted; accepted: a "
-                         "2-D tensor (tokens, features)")
+    contiguous (features, tokens) tensor, the RHT along the tokens (a GPU's kernels quantize
+    rows).  A float32 CPU tensor takes :func:`rht_tokens` and torch's transposing copy."""
+    _checked_2d(t)
     if t.device.type != "cpu" or t.dtype != torch.float32:
         return rht(t.t().contiguous(), signs)
-    _checked_run(n, t.shape[0])
-    x = t.detach().contiguous().numpy()
-    c = factors(signs, torch.float32, "cpu").numpy()
-    result = torch.empty(x.shape[1], x.shape[0])
-    out = result.numpy()
-    runs = x.shape[0] // n
-    workers = min(threads(), runs)
-    deal(lambda r0, r1: _runs(x, c, out, r0, r1), pieces(runs, workers), workers)
-    return result
+    return rht_tokens(t, signs).t().contiguous()
