@@ -36,6 +36,29 @@ def test_a_region_runs_on_two_threads_and_learns_the_others():
 
 
 @needs_libgomp
+def test_a_team_thread_keeps_its_python_state_from_one_region_to_the_next():
+    """A thread-local value set in one region is there in the next: the OpenMP thread's
+    Python thread state is kept (a state made per callback would start empty each time)."""
+    parallel = openmp_team.openmp_parallel()
+    caller = threading.get_native_id()
+    local, seen, barrier = threading.local(), {}, threading.Barrier(2, timeout=30)
+
+    def mark():
+        local.mark = threading.get_native_id()
+        barrier.wait()
+
+    def read():
+        seen[threading.get_native_id()] = getattr(local, "mark", None)
+        barrier.wait()
+
+    openmp_team._region(parallel, mark, 2)
+    openmp_team._region(parallel, read, 2)
+    members = set(seen) - {caller}
+    assert len(seen) == 2 and members and members <= openmp_team._kept
+    assert all(seen[tid] == tid for tid in seen)
+
+
+@needs_libgomp
 def test_the_team_is_offered_only_while_one_of_its_threads_runs(monkeypatch):
     caller = threading.get_native_id()
     monkeypatch.setitem(openmp_team._members, caller, (11, 12))
