@@ -129,16 +129,19 @@ def _round_array(x, route: _Route, seed, stream, stats, out, offset):
     flat = src if src.ndim == 1 else src.reshape(-1)
     dst = target if target.ndim == 1 else target.reshape(-1)
     kernel = route.quick if stats is None else route.kernel or cpu.entry(route.mode, x.dtype)
-    if n < cpu.SERIAL_BELOW:
+    # the nearest kernel is fast enough that a second thread pays only on larger arrays
+    grain = cpu.NEAREST32_GRAIN if route.kernel is None and stats is None else \
+        cpu.PARALLEL_GRAIN
+    if n < 2 * grain:
         status = kernel(flat, dst, route.pv, route.k, seed_lo, seed_hi, stream, offset, 0,
                         cpu.ntasks(n, offset), counts)
     else:
         status = cpu.run(flat, dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
-                         offset, counts, kernel)
+                         offset, counts, kernel, grain)
     if status == cpu.OVERLAP:
         # out overlaps x without being x: round a copy of x
         cpu.run(flat.copy(), dst, route.mode, route.pv, route.k, seed_lo, seed_hi, stream,
-                offset, counts, kernel)
+                offset, counts, kernel, grain)
     if target is not out:
         out[...] = target
     return out

@@ -373,7 +373,8 @@ def test_float32_nearest_kernel_equals_the_general_kernel(fmt):
         with np.errstate(over="ignore", invalid="ignore"):
             theirs = x.astype(ml).astype(np.float32)
         assert np.array_equal(want, theirs, equal_nan=True)
-    for n in SIZES:
+    grain = cpu.NEAREST32_GRAIN             # the nearest kernel's own threshold for threads
+    for n in SIZES + [2 * grain - 1, 2 * grain + 7]:
         y = _data(n, np.float32, fmt)
         for offset in (0, 3):
             ref, ref_counts = _general_kernel(y, fmt, offset)
