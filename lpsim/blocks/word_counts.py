@@ -223,6 +223,80 @@ def blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, ci
 
 
 @register_jitable(forceinline=True)
+def _lanes_words(xf, outf, rs, lanes, lo, r0, size, rc, s, mode, k, p32, bp):
+    """:func:`element_fast32` over the ``size`` (16 or 32) elements from ``lo`` (random words
+    from ``r0``), element i's packed flags added to ``lanes[i]``: returns 1 (bit 0) where a
+    result is nonzero, plus 2 (bit 1) where an element is left to the exact step (an OR
+    across the block in place of two sums: the loop vectorises as the uncounted one)."""
+    rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
+    state = word(np.int32(0))
+    for i in range(size):
+        j = lo + np.uint64(i)
+        q, v, ok, flags = element_fast32(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
+                                         mode, k, p32, bp)
+        outf[j] = v
+        lanes[i] = as_int64(word(lanes[i]) + _pack(flags))
+        state |= (ok & like(ok, q != 0)) | ((1 - ok) << 1)
+    return state
+
+
+@register_jitable(forceinline=True)
+def blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf,
+                         mode, k, p, p32, bp, tally, ahead, c):
+    """:func:`blocks_nearest_counted` for the other roundings (stochastic rounding of
+    NVFP4's and MX gradients with telemetry): the elements by :func:`element_fast32`
+    (random words from ``rs``, element ``e_lo``'s first), their flags summed per lane
+    (:func:`_lanes_words`), then :func:`element_exact` for any element that step left; a
+    block is flushed when every result is 0.  Leaves a block with a NaN or inf to the
+    caller: (its index or t_end, the counters ``c`` plus those of the blocks done)."""
+    clip_lo, clip_hi, lanes = tally
+    _, _, s32s, rcs, ams = ahead
+    group = s32s.size
+    stored = bam.size != 0
+    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
+    lo = np.uint64(lo)
+    since = 0
+    for g0 in range(tb, t_end, group):
+        g_end = min(g0 + group, t_end)
+        g1 = g_end                              # less where a block is left over
+        at = lo
+        for b in range(g0, g1):                 # the scales, up to a block left over
+            am = word(bam[b]) if stored else _block_amax32(xb, at, size)
+            if am >= cinf:
+                g1 = b
+                break
+            s32, rc = fused_scale(am, bp, steps)
+            j = b - g0
+            sf[b], s32s[j], rcs[j], ams[j] = s32, s32, rc, as_int64(am)
+            at += np.uint64(size)
+        for b in range(g0, g1):                 # the elements
+            j = b - g0
+            rc, s32, a = rcs[j], s32s[j], ams[j]
+            state = _lanes_words(xf, outf, rs, lanes, lo, lo - np.uint64(e_lo), size, rc, s32,
+                                 mode, k, p32, bp)
+            nonzero = as_int64(state & 1)
+            if state >= 2:
+                s = sf[b]
+                recip = block_recip(s, bp)
+                for e in range(np.int64(lo), np.int64(lo) + size):
+                    if element_ok32(xf[e], rc, p32) == 0:
+                        flags, nz = _exact_step(xf, outf, e, e_lo, rs, rmask, recip, s, mode,
+                                                k, p, bp)
+                        c = _tally(c, flags)
+                        nonzero |= nz
+            c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
+                             np.int64(a != 0 and nonzero == 0))
+            lo += np.uint64(size)
+        since += g1 - g0
+        if since >= LANE_BLOCKS:
+            c = _tally_lanes(c, lanes)
+            since = 0
+        if g1 < g_end:
+            return g1, _tally_lanes(c, lanes)
+    return t_end, _tally_lanes(c, lanes)
+
+
+@register_jitable(forceinline=True)
 def _piece_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
     """:func:`element_fast32` over the ``size`` (at most PIECE) elements from ``lo`` (random
     words from ``r0``): (the sum of their packed flags, nonzero results + 65536 * elements

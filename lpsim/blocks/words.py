@@ -10,8 +10,8 @@ elements run loops of that literal length.  With counters (a variant compiled ap
 element phase is :mod:`lpsim.blocks.word_counts`'.  Rows of whole blocks rounded to nearest
 with scales that :func:`lpsim.blocks.word_scales.fused_scale` gives (MX's, NVFP4's table)
 take one loop over the blocks instead (:func:`_blocks_steps`, which also takes such rows
-rounded otherwise without counters: NVFP4's stochastic gradients; counted to nearest, the
-call's sums: :func:`_chunk_nearest_totals`).  :mod:`lpsim.blocks.kernels` compiles these loops
+rounded otherwise without counters: NVFP4's stochastic gradients; counted, the call's sums:
+:func:`_chunk_totals`).  :mod:`lpsim.blocks.kernels` compiles these loops
 into kernels per rounding mode and splits a call over threads.
 """
 
@@ -27,7 +27,8 @@ from ..word32 import as_int64, bits_float32, word
 from .amax import _block_amax32, _finite_amax
 from .decisions import (block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32, element_ok32)
-from .word_counts import _no_counts, _store, blocks_nearest_counted, group_counted
+from .word_counts import (_no_counts, _store, blocks_nearest_counted, blocks_words_counted,
+                          group_counted)
 from .word_scales import fused_scale, fused_scales, scale_recip32
 
 
@@ -183,49 +184,62 @@ def _blocks_sized(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, c
                          near, pts, maxe, cw, lw, mode, k, p, p32, bp)
 
 
-def chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
-                         sp, bp, rct, ri0, rsh, steps, ahead, tally):
-    """:func:`_chunk_nearest_totals` where ``counted`` (a literal) is 2; nothing (not even
-    typed) otherwise (compiled code only)."""
+def chunk_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp,
+                 rct, ri0, rsh, steps, ahead, tally):
+    """:func:`_chunk_totals` where ``counted`` (a literal) is 2; nothing (not even typed) for
+    another literal (compiled code only)."""
     raise NotImplementedError
 
 
-@overload(chunk_nearest_totals, prefer_literal=True)
-def _chunk_nearest_totals_overload(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted,
-                                   k, p, p32, sp, bp, rct, ri0, rsh, steps, ahead, tally):
-    if isinstance(counted, types.IntegerLiteral) and counted.literal_value == 2:
-        return _chunk_nearest_totals
+@overload(chunk_totals, prefer_literal=True)
+def _chunk_totals_overload(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
+                           sp, bp, rct, ri0, rsh, steps, ahead, tally):
+    if not isinstance(counted, types.IntegerLiteral):
+        # literals only: where the literal version fails to type, numba reports it, rather
+        # than falling back to a version that counts nothing
+        return None
+    if counted.literal_value == 2:
+        return _chunk_totals
     return lambda xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp, \
         rct, ri0, rsh, steps, ahead, tally: None
 
 
 @register_jitable
-def _chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32,
-                          sp, bp, rct, ri0, rsh, steps, ahead, tally):
-    """:func:`_chunk_words` counted to nearest, the call's sums (``counted`` 2) of rows of
-    whole blocks of 32 or 16 elements with :func:`fused_scale`'s scales: one loop over the
-    blocks (:func:`lpsim.blocks.word_counts.blocks_nearest_counted`), and the grouped step
-    of :func:`lpsim.blocks.word_counts.group_counted` for a block it leaves (a NaN or inf,
-    or an infinite largest quotient)."""
+def _chunk_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp,
+                  rct, ri0, rsh, steps, ahead, tally):
+    """:func:`_chunk_words` counted, the call's sums (``counted`` 2), of rows of whole blocks
+    of 32 or 16 elements with :func:`fused_scale`'s scales: one loop over the blocks (to
+    nearest :func:`lpsim.blocks.word_counts.blocks_nearest_counted`, otherwise
+    :func:`lpsim.blocks.word_counts.blocks_words_counted`), and the grouped step of
+    :func:`lpsim.blocks.word_counts.group_counted` for a block it leaves (a NaN or inf, or
+    to nearest an infinite largest quotient)."""
     xb = as_bits(xf)
     size = bp.block
     cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     minn = bits_float32(word(p32.minnorm))
     cw, lw = nearest32_words(p32.m, p32.emin)
+    rounding = _constant(mode)              # mode's value, folded into every step below
+    near = rounding == NEAREST and bp.near32
     los, ns, s32s, rcs, ams = ahead
     c = _no_counts()
     tb = t
     while tb < t_end:
         lo = e_lo + (tb - t) * size
-        if size == 32:
+        if near and size == 32:
             bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 32, steps,
                                             cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
                                             c)
-        else:
+        elif near:
             bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
                                             cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
                                             c)
+        elif size == 32:
+            bad, c = blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32,
+                                          steps, cinf, rounding, k, p, p32, bp, tally, ahead, c)
+        else:
+            bad, c = blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16,
+                                          steps, cinf, rounding, k, p, p32, bp, tally, ahead, c)
         if bad == t_end:
             break
         lo_ = e_lo + (bad - t) * size
@@ -262,7 +276,7 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
     :func:`scale_ahead_scratch`; ``bam``: each block's largest magnitude bits
     (:func:`block_amaxes`), or empty (each block finds its own).  Nearest rounding of rows
     of whole blocks with :func:`fused_scale`'s scales runs :func:`_blocks_steps`
-    instead, or counted to the call's sums :func:`_chunk_nearest_totals`.
+    instead, or counted to the call's sums :func:`_chunk_totals`.
     """
     counting = _constant(counted) != 0
     near = _constant(mode) == NEAREST and bp.near32 and not counting
@@ -292,10 +306,10 @@ def _chunk_words(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
                             ahead)
             tb = bad + 1
         return
-    if (_constant(counted) == 2 and _constant(mode) == NEAREST and bp.near32 and full
-            and (size == 32 or size == 16) and fused_scales(bp, steps)):
-        chunk_nearest_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p,
-                             p32, sp, bp, rct, ri0, rsh, steps, ahead, tally)
+    if (_constant(counted) == 2 and full and (size == 32 or size == 16)
+            and fused_scales(bp, steps)):
+        chunk_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp,
+                     bp, rct, ri0, rsh, steps, ahead, tally)
         return
     stored = bam.size != 0
     # the blocks' bounds by counting along the rows: _block_bounds' integer divisions per
