@@ -90,14 +90,23 @@ def _running(tid: int) -> bool | None:
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R"
 
 
+def mark_pool_thread() -> None:
+    """Mark the calling thread as one of lpsim's own pool (its ThreadPoolExecutor's
+    initializer): work it deals out never goes to an OpenMP team, as libgomp would start a
+    team of new threads for each pool thread that asked."""
+    _local.in_pool = True
+
+
 def hot_team():
     """A function ``team(work, threads)`` that runs ``work()`` on an OpenMP team where
     torch's team is running now (or was never seen: the first region finds its threads);
     None where lpsim's own pool should run the work (no libgomp, a sleeping team, within
-    :func:`own_threads`); a call from within a team's work runs alone (libgomp nests no
-    teams)."""
+    :func:`own_threads`, a thread of that pool); a call from within a team's work runs
+    alone (libgomp nests no teams)."""
     if getattr(_local, "in_region", False):
         return _alone
+    if getattr(_local, "in_pool", False):
+        return None
     parallel = openmp_parallel() if _OWN == 0 else None
     if parallel is None:
         return None

@@ -30,7 +30,7 @@ from numba import config as numba_config
 from numba import get_num_threads
 from numba.np.ufunc import parallel as _numba_parallel
 
-from .openmp_team import hot_team, own_threads  # noqa: F401 (lpsim.pool.own_threads)
+from .openmp_team import hot_team, mark_pool_thread, own_threads  # noqa: F401 (own_threads)
 
 #: ranges per thread that a threaded call's work is cut into
 PIECES = 4
@@ -80,7 +80,7 @@ def threads() -> int:
 @functools.cache
 def thread_pool(workers, pid):
     # keyed by process id too: a forked child does not inherit the parent's threads
-    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim")
+    return ThreadPoolExecutor(workers, thread_name_prefix="lpsim", initializer=mark_pool_thread)
 
 
 def ranges(workers: int) -> int:

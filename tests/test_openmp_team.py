@@ -59,6 +59,17 @@ def test_a_team_thread_keeps_its_python_state_from_one_region_to_the_next():
 
 
 @needs_libgomp
+def test_a_pool_thread_never_starts_a_team():
+    """Work dealt out from one of lpsim's pool threads stays on that pool (libgomp would
+    start a team of new threads for a thread it has not seen, which any other thread is
+    offered)."""
+    def ask():
+        return openmp_team.hot_team(), openmp_team._local.in_pool
+    got = pool.thread_pool(1, os.getpid()).submit(ask).result(timeout=60)
+    assert got == (None, True)
+
+
+@needs_libgomp
 def test_the_team_is_offered_only_while_one_of_its_threads_runs(monkeypatch):
     caller = threading.get_native_id()
     monkeypatch.setitem(openmp_team._members, caller, (11, 12))
