@@ -509,8 +509,8 @@ def main() -> None:
         print("# stats: with a BlockStats (counted); rows alone: the row kernel on a transposed "
               "copy made beforehand (one pass)")
         print(f"{'format':<11} {'mode':<11} {'columns':>8} {'stats':>7} {'general':>8} "
-              f"{'torch copy + rows':>18} {'stats':>7} {'rows alone':>11} {'torch/columns':>14} {'(stats)':>8} "
-              f"{'columns/rows alone':>19}")
+              f"{'torch copy + rows':>18} {'stats':>7} {'rows alone':>11} "
+              f"{'torch/columns':>14} {'(stats)':>8} {'columns/rows alone':>19}")
         for r in rows:
             c, cs, g = r["columns"], r["columns, stats"], r["general"]
             tc, ts, ra = r["torch copy + rows"], r["torch copy + rows, stats"], r["rows alone"]

@@ -160,66 +160,9 @@ def _tally_lanes(c, lanes):
     return (c[0] + a0, c[1] + a1, c[2] + a2, c[3] + a3, c[4], c[5], c[6], c[7])
 
 
-#: blocks whose packed flags :func:`blocks_nearest_counted` sums per lane at least before it
+#: blocks whose packed flags :func:`blocks_counted` sums per lane at least before it
 #: adds them to the counters (at most a group more: fewer than 255, a byte per flag)
 LANE_BLOCKS = 128
-
-
-@register_jitable(forceinline=True)
-def blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, size, steps, cinf, pts, maxe,
-                           minn, cw, lw, bp, tally, ahead, c):
-    """Blocks tb .. t_end-1 of ``size`` (16 or 32) elements each, end to end from element
-    ``lo``, to nearest by :func:`lpsim.blocks.decisions.element_nearest32_flags` with the
-    scales of :func:`lpsim.blocks.word_scales.fused_scale` (largest magnitudes from ``bam``
-    where it is not empty), their flags summed per lane (:func:`_lanes_nearest`) and the
-    clipped and flushed blocks counted as :func:`_group_counted` counts them, up to a block
-    it leaves to that function (a NaN or inf, or an infinite largest quotient): (that
-    block's index or t_end, the counters ``c`` plus those of the blocks done).
-
-    Per group of as many blocks as ``ahead`` (:func:`lpsim.blocks.words.scale_ahead_scratch`)
-    holds, first their scales, then their elements: the per-lane sums carry a dependency
-    from block to block through memory, and with each block's scale found just before its
-    elements every block waited for its own chain of steps (twice the time)."""
-    clip_lo, clip_hi, lanes = tally
-    _, _, s32s, rcs, ams = ahead
-    group = s32s.size
-    stored = bam.size != 0
-    lo = np.uint64(lo)
-    since = 0
-    for g0 in range(tb, t_end, group):
-        g_end = min(g0 + group, t_end)
-        g1 = g_end                              # less where a block is left over
-        at = lo
-        for b in range(g0, g1):                 # the scales, up to a block left over
-            am = word(bam[b]) if stored else _block_amax32(xb, at, size)
-            if am >= cinf:
-                g1 = b
-                break
-            s32, rc = fused_scale(am, bp, steps)
-            if not bits_float32(am) * rc < np.inf:
-                g1 = b
-                break
-            j = b - g0
-            sf[b], s32s[j], rcs[j], ams[j] = s32, s32, rc, as_int64(am)
-            at += np.uint64(size)
-        for b in range(g0, g1):                 # the elements
-            j = b - g0
-            rc, s32, a = rcs[j], s32s[j], ams[j]
-            _lanes_nearest(xf, outf, lanes, lo, size, rc, s32, pts, maxe, minn, cw, lw,
-                           bp.pow2)
-            # flushed: the largest magnitude (the largest quotient) rounds to 0
-            _, _, qtop = element_nearest32_flags(bits_float32(word(np.int32(a))), rc, s32, pts,
-                                                 maxe, minn, cw, lw, bp.pow2)
-            c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
-                             np.int64(a != 0 and qtop == 0))
-            lo += np.uint64(size)
-        since += g1 - g0
-        if since >= LANE_BLOCKS:
-            c = _tally_lanes(c, lanes)
-            since = 0
-        if g1 < g_end:
-            return g1, _tally_lanes(c, lanes)
-    return t_end, _tally_lanes(c, lanes)
 
 
 @register_jitable(forceinline=True)
@@ -227,7 +170,9 @@ def _lanes_words(xf, outf, rs, lanes, lo, r0, size, rc, s, mode, k, p32, bp):
     """:func:`element_fast32` over the ``size`` (16 or 32) elements from ``lo`` (random words
     from ``r0``), element i's packed flags added to ``lanes[i]``: returns 1 (bit 0) where a
     result is nonzero, plus 2 (bit 1) where an element is left to the exact step (an OR
-    across the block in place of two sums: the loop vectorises as the uncounted one)."""
+    across the block in place of two sums: the loop vectorises as the uncounted one,
+    :func:`lpsim.blocks.words._elements_words`, which a constant flag choosing between the
+    two kept from vectorising)."""
     rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
     state = word(np.int32(0))
     for i in range(size):
@@ -241,16 +186,29 @@ def _lanes_words(xf, outf, rs, lanes, lo, r0, size, rc, s, mode, k, p32, bp):
 
 
 @register_jitable(forceinline=True)
-def blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf,
-                         mode, k, p, p32, bp, tally, ahead, c):
-    """:func:`blocks_nearest_counted` for the other roundings (stochastic rounding of
-    NVFP4's and MX gradients with telemetry): the elements by :func:`element_fast32`
-    (random words from ``rs``, element ``e_lo``'s first), their flags summed per lane
-    (:func:`_lanes_words`), then :func:`element_exact` for any element that step left; a
-    block is flushed when every result is 0.  Leaves a block with a NaN or inf to the
-    caller: (its index or t_end, the counters ``c`` plus those of the blocks done)."""
+def blocks_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, cinf, near, mode,
+                   k, p, p32, bp, tally, ahead, c):
+    """Blocks tb .. t_end-1 of ``size`` (16 or 32) elements each, end to end from element
+    ``lo``, with the scales of :func:`lpsim.blocks.word_scales.fused_scale` (largest
+    magnitudes from ``bam`` where it is not empty), their flags summed per lane and the
+    clipped and flushed blocks counted as :func:`_group_counted` counts them, up to a block
+    it leaves to that function: (that block's index or t_end, the counters ``c`` plus those
+    of the blocks done).  ``near`` (a constant at each call): to nearest by
+    :func:`lpsim.blocks.decisions.element_nearest32_flags` (:func:`_lanes_nearest`; a block
+    is flushed when its largest magnitude rounds to 0; an infinite largest quotient is
+    left); else by :func:`element_fast32` (random words from ``rs``, element ``e_lo``'s
+    first; :func:`_lanes_words`), then :func:`element_exact` for any element that step
+    left, and a block is flushed when every result is 0.  A block with a NaN or inf is left.
+
+    Per group of as many blocks as ``ahead`` (:func:`lpsim.blocks.words.scale_ahead_scratch`)
+    holds, first their scales, then their elements: the per-lane sums carry a dependency
+    from block to block through memory, and with each block's scale found just before its
+    elements every block waited for its own chain of steps (twice the time)."""
     clip_lo, clip_hi, lanes = tally
     _, _, s32s, rcs, ams = ahead
+    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
+    minn = bits_float32(word(p32.minnorm))
+    cw, lw = nearest32_words(p32.m, p32.emin)
     group = s32s.size
     stored = bam.size != 0
     rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
@@ -266,24 +224,35 @@ def blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, s
                 g1 = b
                 break
             s32, rc = fused_scale(am, bp, steps)
+            if near and not bits_float32(am) * rc < np.inf:
+                g1 = b
+                break
             j = b - g0
             sf[b], s32s[j], rcs[j], ams[j] = s32, s32, rc, as_int64(am)
             at += np.uint64(size)
         for b in range(g0, g1):                 # the elements
             j = b - g0
             rc, s32, a = rcs[j], s32s[j], ams[j]
-            state = _lanes_words(xf, outf, rs, lanes, lo, lo - np.uint64(e_lo), size, rc, s32,
-                                 mode, k, p32, bp)
-            nonzero = as_int64(state & 1)
-            if state >= 2:
-                s = sf[b]
-                recip = block_recip(s, bp)
-                for e in range(np.int64(lo), np.int64(lo) + size):
-                    if element_ok32(xf[e], rc, p32) == 0:
-                        flags, nz = _exact_step(xf, outf, e, e_lo, rs, rmask, recip, s, mode,
-                                                k, p, bp)
-                        c = _tally(c, flags)
-                        nonzero |= nz
+            if near:
+                _lanes_nearest(xf, outf, lanes, lo, size, rc, s32, pts, maxe, minn, cw, lw,
+                               bp.pow2)
+                # flushed: the largest magnitude (the largest quotient) rounds to 0
+                _, _, qtop = element_nearest32_flags(bits_float32(word(np.int32(a))), rc, s32,
+                                                     pts, maxe, minn, cw, lw, bp.pow2)
+                nonzero = np.int64(qtop != 0)
+            else:
+                state = _lanes_words(xf, outf, rs, lanes, lo, lo - np.uint64(e_lo), size, rc,
+                                     s32, mode, k, p32, bp)
+                nonzero = as_int64(state & 1)
+                if state >= 2:
+                    s = sf[b]
+                    recip = block_recip(s, bp)
+                    for e in range(np.int64(lo), np.int64(lo) + size):
+                        if element_ok32(xf[e], rc, p32) == 0:
+                            flags, nz = _exact_step(xf, outf, e, e_lo, rs, rmask, recip, s,
+                                                    mode, k, p, bp)
+                            c = _tally(c, flags)
+                            nonzero |= nz
             c = _tally_block(c, np.int64(a != 0 and (a < clip_lo or a >= clip_hi)),
                              np.int64(a != 0 and nonzero == 0))
             lo += np.uint64(size)

@@ -27,8 +27,7 @@ from ..word32 import as_int64, bits_float32, word
 from .amax import _block_amax32, _finite_amax
 from .decisions import (block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32, element_ok32)
-from .word_counts import (_no_counts, _store, blocks_nearest_counted, blocks_words_counted,
-                          group_counted)
+from .word_counts import _no_counts, _store, blocks_counted, group_counted
 from .word_scales import fused_scale, fused_scales, scale_recip32
 
 
@@ -208,17 +207,13 @@ def _chunk_totals_overload(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, coun
 def _chunk_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p, p32, sp, bp,
                   rct, ri0, rsh, steps, ahead, tally):
     """:func:`_chunk_words` counted, the call's sums (``counted`` 2), of rows of whole blocks
-    of 32 or 16 elements with :func:`fused_scale`'s scales: one loop over the blocks (to
-    nearest :func:`lpsim.blocks.word_counts.blocks_nearest_counted`, otherwise
-    :func:`lpsim.blocks.word_counts.blocks_words_counted`), and the grouped step of
+    of 32 or 16 elements with :func:`fused_scale`'s scales: one loop over the blocks
+    (:func:`lpsim.blocks.word_counts.blocks_counted`), and the grouped step of
     :func:`lpsim.blocks.word_counts.group_counted` for a block it leaves (a NaN or inf, or
     to nearest an infinite largest quotient)."""
     xb = as_bits(xf)
     size = bp.block
     cinf = word(np.int32(255 << 23))
-    maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
-    minn = bits_float32(word(p32.minnorm))
-    cw, lw = nearest32_words(p32.m, p32.emin)
     rounding = _constant(mode)              # mode's value, folded into every step below
     near = rounding == NEAREST and bp.near32
     los, ns, s32s, rcs, ams = ahead
@@ -226,20 +221,19 @@ def _chunk_totals(xf, outf, sf, cf, bam, rs, t, t_end, e_lo, mode, counted, k, p
     tb = t
     while tb < t_end:
         lo = e_lo + (tb - t) * size
+        # near and the size as constants at each call: each loop compiles with its own step
         if near and size == 32:
-            bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 32, steps,
-                                            cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
-                                            c)
+            bad, c = blocks_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32, steps,
+                                    cinf, True, rounding, k, p, p32, bp, tally, ahead, c)
         elif near:
-            bad, c = blocks_nearest_counted(xf, outf, sf, xb, bam, tb, t_end, lo, 16, steps,
-                                            cinf, pts, maxe, minn, cw, lw, bp, tally, ahead,
-                                            c)
+            bad, c = blocks_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16, steps,
+                                    cinf, True, rounding, k, p, p32, bp, tally, ahead, c)
         elif size == 32:
-            bad, c = blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32,
-                                          steps, cinf, rounding, k, p, p32, bp, tally, ahead, c)
+            bad, c = blocks_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 32, steps,
+                                    cinf, False, rounding, k, p, p32, bp, tally, ahead, c)
         else:
-            bad, c = blocks_words_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16,
-                                          steps, cinf, rounding, k, p, p32, bp, tally, ahead, c)
+            bad, c = blocks_counted(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, 16, steps,
+                                    cinf, False, rounding, k, p, p32, bp, tally, ahead, c)
         if bad == t_end:
             break
         lo_ = e_lo + (bad - t) * size
