@@ -134,3 +134,16 @@ def test_a_size_that_does_not_divide_the_tokens_is_refused_by_value(bad):
 def test_a_tensor_that_is_not_2d_is_refused(shape, transform):
     with pytest.raises(ValueError, match=r"shape \(.*\) is not accepted; accepted: a 2-D"):
         transform(torch.zeros(shape), np.ones(16))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("transform", [rht, rht_transposed, rht_tokens])
+def test_a_tensor_that_is_not_floating_point_is_refused(dtype, transform):
+    """An integer tensor would take the factor fl(1/sqrt(n)) as 0: refused by its dtype."""
+    with pytest.raises(TypeError, match=f"dtype {dtype} is not accepted; accepted: a floating"):
+        transform(torch.ones(16, 2, dtype=dtype), np.ones(16))
+
+
+def test_a_0d_tensor_is_refused():
+    with pytest.raises(ValueError, match="a 0-d tensor is not accepted"):
+        rht(torch.tensor(1.0), np.ones(16))

@@ -71,6 +71,10 @@ def rht(t: torch.Tensor, signs) -> torch.Tensor:
     along its last axis transformed (the module's order), in t's dtype.  ``signs``: a numpy
     array, or a tensor (on t's device: a GPU's host then waits for no copy)."""
     n = len(signs)
+    _checked_float(t)
+    if t.ndim == 0:
+        raise ValueError("a 0-d tensor is not accepted; accepted: a tensor whose last axis "
+                         "holds runs of len(signs) elements")
     _checked_run(n, t.shape[-1])
     v = t.reshape(-1, n) * factors(signs, t.dtype, t.device)
     h = n // 2
@@ -111,6 +115,14 @@ def _checked_2d(t: torch.Tensor) -> None:
     if t.ndim != 2:
         raise ValueError(f"a tensor of shape {tuple(t.shape)} is not accepted; accepted: a "
                          "2-D tensor (tokens, features)")
+    _checked_float(t)
+
+
+def _checked_float(t: torch.Tensor) -> None:
+    # an integer tensor's factor fl(1/sqrt(n)) would be 0
+    if not t.is_floating_point():
+        raise TypeError(f"a tensor of dtype {t.dtype} is not accepted; accepted: a floating "
+                        "point tensor (the RHT's factors are fractions)")
 
 
 def rht_tokens(t: torch.Tensor, signs) -> torch.Tensor:
