@@ -67,6 +67,20 @@ def _elements_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
     return slow
 
 
+@register_jitable
+def _exact_left(xf, outf, rs, lo, n, e_lo, rc, s, mode, k, p, p32, bp):
+    """:func:`element_exact` for each element of the block of ``n`` from ``lo`` that
+    :func:`element_fast32` left (its ``ok`` 0: NaN, inf, a product that underflowed), with
+    the block's scale ``s`` and reciprocal ``rc`` (random words from ``rs``, element
+    ``e_lo``'s first).  Not inlined: blocks rarely need it."""
+    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
+    recip = block_recip(s, bp)
+    for e in range(lo, lo + n):
+        if element_ok32(xf[e], rc, p32) == 0:
+            _, outf[e], _ = element_exact(xf[e], recip, s, mode,
+                                          np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
+
+
 #: blocks of :func:`_chunk_words` whose scales are found before their elements are rounded:
 #: one block's scale is a chain of dependent steps (largest magnitude, divisions, rounding,
 #: reciprocal), and with the scales of a group found first the chains of different blocks
@@ -124,13 +138,7 @@ def _group_elements(xf, outf, sf, rs, g0, g1, e_lo, mode, k, p, p32, sp, bp, ahe
         else:
             slow = _elements_words(xf, outf, rs, lo, r0, n, rc, s32, mode, k, p32, bp)
         if slow != 0:
-            s = sf[tb]
-            recip = block_recip(s, bp)
-            for e in range(lo_, lo_ + n):
-                if element_ok32(xf[e], rc, p32) == 0:
-                    r = rs[(e - e_lo) & rmask]
-                    _, outf[e], _ = element_exact(xf[e], recip, s, mode, np.int64(r), k,
-                                                  p, bp)
+            _exact_left(xf, outf, rs, lo_, n, e_lo, rc, sf[tb], mode, k, p, p32, bp)
 
 
 @register_jitable(forceinline=True)
@@ -146,7 +154,6 @@ def _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, c
     overlaps those of neighbouring blocks itself (MX blocks of 32 to nearest took half the
     time of the grouped loop)."""
     stored = bam.size != 0
-    rmask = -np.int64(mode >= STOCHASTIC)       # deterministic modes read rs[0] only
     lo = np.uint64(lo)
     for b in range(tb, t_end):
         am = word(bam[b]) if stored else _block_amax32(xb, lo, size)
@@ -158,12 +165,7 @@ def _blocks_steps(xf, outf, sf, rs, xb, bam, tb, t_end, lo, e_lo, size, steps, c
             _elements_nearest32(xf, outf, lo, size, rc, s32, pts, maxe, cw, lw)
         elif _elements_words(xf, outf, rs, lo, lo - np.uint64(e_lo), size, rc, s32, mode, k,
                              p32, bp) != 0:
-            s = sf[b]
-            recip = block_recip(s, bp)
-            for e in range(np.int64(lo), np.int64(lo) + size):
-                if element_ok32(xf[e], rc, p32) == 0:
-                    _, outf[e], _ = element_exact(xf[e], recip, s, mode,
-                                                  np.int64(rs[(e - e_lo) & rmask]), k, p, bp)
+            _exact_left(xf, outf, rs, np.int64(lo), size, e_lo, rc, sf[b], mode, k, p, p32, bp)
         lo += np.uint64(size)
     return t_end
 
