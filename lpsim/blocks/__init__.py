@@ -54,8 +54,12 @@ module             holds
 ``word_counts``    the float32 word kernel's counters (lpsim.quantize with stats)
 ``words``          the float32 word kernel's loops
 ``kernels``        the CPU kernels per rounding mode (numba's on-disk cache), threads
-``fake_quantize``  :func:`quantize`, :func:`quantize_blocks` and the plan cache of repeated
-                   float32 calls
+``columns``        blocks down the columns of a 2-D array where it lies (no transposing copy)
+``hadamard_rows``  the random Hadamard transform's arithmetic on runs of rows, which the
+                   column kernel runs band by band before it quantizes
+``fake_quantize``  :func:`quantize`, :func:`quantize_blocks`,
+                   :func:`quantize_hadamard_columns` and the plan cache of repeated float32
+                   calls
 ``codec``          :func:`encode` and :func:`decode`: element and scale codes
 =================  ===========================================================================
 
@@ -102,7 +106,8 @@ from .codec import (  # noqa: F401
     Encoded, _code_dtype, _torch_host, decode, encode)
 from .fake_quantize import (  # noqa: F401
     _WORDS, MAX_CACHED, Blocked, _blocked_view, _remember_words, _Words, blocked_shape, quantize,
-    quantize_blocks, quantize_cached, writes_into)
+    quantize_blocks, quantize_cached, quantize_hadamard_columns, takes_hadamard_columns,
+    writes_into)
 
 
 __all__ = ["encode", "decode", "Encoded", "BlockFormat", "BlockStats", "block", "PRESETS",

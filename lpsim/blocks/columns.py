@@ -27,6 +27,13 @@ step, packed one a byte per column.  Used by :func:`lpsim.blocks.quantize_blocks
 float32 arrays of two dimensions blocked along axis 0, of formats the word kernel takes (MX
 and NVFP4, whose tensor scale the caller finds first: a largest magnitude does not depend
 on the order it is read in).
+
+With Hadamard factors (:func:`run_columns`'s ``factors``), the blocks are those of the
+array's random Hadamard transform down its columns: each unit is transformed into a scratch
+strip (:func:`lpsim.blocks.hadamard_rows.hadamard_rows`, the arithmetic of
+``lpsim.torch.hadamard.rht_tokens``) just before its magnitudes and elements are read from
+there, so a recipe's wgrad operand is transformed and quantized with no transformed tensor
+in memory; :func:`hadamard_amax` is NVFP4's tensor pass over the transform.
 """
 
 from __future__ import annotations
@@ -41,10 +48,11 @@ from ..cpu import CHUNK, _constant, as_bits, entry_point, fill_words_down, liter
 from ..pool import deal, pieces, threads
 from ..rounding import MODES, NEAREST, STOCHASTIC, kernel_params, nearest32_words
 from ..word32 import as_int64, bits_float32, like, word
-from .amax import NO_AMAXES
+from .amax import AMAX_GRAIN, NO_AMAXES
 from .decisions import (_element_params, block_params, element_fast32, element_nearest32, i2f,
                         element_nearest32_flags, element_params32)
 from .formats import PRESETS
+from .hadamard_rows import hadamard_amax_bits, hadamard_rows
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
 from .word_counts import (PIECE, _no_counts, _pack, _store, _tally_block, _tally_packed,
                           clip_bounds)
@@ -68,16 +76,19 @@ def _amax_row(xb, base, ams, o, w):
 
 @literal_jitable
 def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-           offset, chunk):
+           offset, chunk, factors):
     """Bands b0 .. b1-1 of ``x`` (rows x cols, blocks of bp.block down the columns) into
     ``out`` and their scales into rows b0 .. b1-1 of ``sout`` (blocks per column x cols);
     ``counted`` (a literal): 0 no counters, 2 their sums returned as a (1, 9) array (to
-    nearest only, where bp.near32 holds).
+    nearest only, where bp.near32 holds).  ``factors``: empty, or those of a Hadamard
+    transform down the columns (:func:`hadamard_rows`, runs of factors.size rows dividing the
+    block) that the blocks quantize in place of x's values.
 
     A unit is a band's strip of at most STRIP columns.  The largest magnitudes of the next
     unit are read row by row between the rows of this unit's elements, so that its reads
     from memory may overlap the element step (as fast as a pass of the one, then of the
-    other, within the noise of the runs made on a 2-core VM)."""
+    other, within the noise of the runs made on a 2-core VM).  With a transform, each unit
+    is first transformed into a scratch strip that the cache holds, and read from there."""
     counting = _constant(counted) != 0      # mode and counted pass on as literals
     near = _constant(mode) == NEAREST and bp.near32
     stochastic = _constant(mode) >= STOCHASTIC
@@ -85,6 +96,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     size = bp.block
     xf, outf = x.reshape(-1), out.reshape(-1)
     xb = as_bits(xf)
+    transformed = factors.size != 0
+    tx = np.empty(size * STRIP if transformed else 1, np.float32)   # a unit, transformed
+    src = tx if transformed else xf             # where the elements are read
     cinf = word(np.int32(255 << 23))
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     minn = bits_float32(word(p32.minnorm))
@@ -119,7 +133,7 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
         return sums
     h = min(size, rows - b0 * size)             # the first unit's largest magnitudes
     w = min(STRIP, cols)
-    for i in range(h):
+    for i in range(h if not transformed else 0):
         _amax_row(xb, np.uint64((b0 * size + i) * cols), ams, np.uint64(0), w)
     for u in range(u0, u1):
         b, c0 = u // strips, (u % strips) * STRIP
@@ -128,6 +142,10 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
         w = min(STRIP, cols - c0)
         o = np.uint64(((u - u0) & 1) * STRIP)   # this unit's largest magnitudes, and the
         on = np.uint64(STRIP) - o               # next one's
+        if transformed:                         # the unit transformed, then its magnitudes
+            hadamard_rows(xf, r0 * cols + c0, cols, tx, 0, STRIP, factors, h, w)
+            for i in range(h):
+                _amax_row(as_bits(tx), np.uint64(i * STRIP), ams, o, w)
         for j in range(w):                      # the scales, a loop that vectorises for
             jj = np.uint64(j)                   # power-of-two scales
             am = word(ams[o + jj])
@@ -164,8 +182,8 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
         if stochastic:      # column j's words: counters offset + (c0 + j) * rows + r0 + i
             fill_words_down(rw, (offset + c0 * rows + r0) // 4, quarter, -(-h // 4), w, stream,
                             seed_lo, seed_hi)
-        hn = wn = rn = 0                        # the next unit
-        if u + 1 < u1:
+        hn = wn = rn = 0                        # the next unit (transformed: found then)
+        if u + 1 < u1 and not transformed:
             bn, cn = (u + 1) // strips, ((u + 1) % strips) * STRIP
             rn = bn * size
             hn, wn = min(size, rows - rn), min(STRIP, cols - cn)
@@ -173,23 +191,26 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
         for i in range(max(h, hn)):
             if i < h:                           # a row of this unit's elements
                 base = np.uint64((r0 + i) * cols + c0)
+                sbase = np.uint64(i * STRIP) if transformed else base
                 if near and not counting:
                     for j in range(w):
-                        e = base + np.uint64(j)
-                        outf[e] = element_nearest32(xf[e], rcs[j], s32s[j], pts, maxe, cw, lw)
+                        jj = np.uint64(j)
+                        outf[base + jj] = element_nearest32(src[sbase + jj], rcs[j], s32s[j],
+                                                            pts, maxe, cw, lw)
                 elif near:
                     for j in range(w):
-                        e = base + np.uint64(j)
-                        v, flags, _ = element_nearest32_flags(xf[e], rcs[j], s32s[j], pts,
-                                                              maxe, minn, cw, lw, bp.pow2)
-                        outf[e] = v
+                        jj = np.uint64(j)
+                        v, flags, _ = element_nearest32_flags(src[sbase + jj], rcs[j], s32s[j],
+                                                              pts, maxe, minn, cw, lw, bp.pow2)
+                        outf[base + jj] = v
                         lanes[j] = as_int64(word(lanes[j]) + flags)
                 else:
                     for j in range(w):
-                        e = base + np.uint64(j)
+                        jj = np.uint64(j)
+                        e = base + jj
                         r = word(rw[i, j]) if stochastic else fast
-                        q, v, ok, flags = element_fast32(xf[e], r, rcs[j], s32s[j], mode, k,
-                                                         p32, bp)
+                        q, v, ok, flags = element_fast32(src[sbase + jj], r, rcs[j], s32s[j],
+                                                         mode, k, p32, bp)
                         outf[e] = v
                         redo[j] = as_int64(word(redo[j]) | (1 - ok))
                         if counting:
@@ -201,7 +222,7 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
             if redo[j] != 0:                    # the column's block through the word kernel
                 col = c0 + j
                 for i in range(h):
-                    held[i] = xf[(r0 + i) * cols + col]
+                    held[i] = src[i * STRIP + j] if transformed else xf[(r0 + i) * cols + col]
                 # the transposed copy's counters: its row col, from row r0
                 got = _words_range(held[:h].reshape((1, h)), made[:h].reshape((1, h)), one,
                                    counts, NO_AMAXES, 0, 1, mode, counted, k, p, p32, sp, bp,
@@ -223,6 +244,8 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     return sums
 
 
+#: the factors of no transform (the band kernels' ``factors``)
+NO_TRANSFORM = np.zeros(0, np.float32)
 #: the kinds of counting of the band kernels: none, or a call's sums
 COUNTING = {"": 0, "totals_": 2}
 
@@ -231,9 +254,9 @@ def _columns_kernel(mode: int, counted: int):
     """The band kernel of rounding mode ``mode`` and counting ``counted`` (constants of its
     body), named ``blocks_columns_<kind><mode>`` for numba's on-disk cache: :func:`_bands`."""
     def kernel(x, out, sout, b0, b1, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
-               chunk):
+               chunk, factors):
         return _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo,
-                      seed_hi, stream, offset, chunk)
+                      seed_hi, stream, offset, chunk, factors)
 
     name = next(name for name, code in MODES.items() if code == mode)
     kind = next(kind for kind, code in COUNTING.items() if code == counted)
@@ -255,7 +278,8 @@ def columns_entry(mode: int, counted: int = 0):
     x = np.zeros((1, 1), np.float32)
     args = (x, x.copy(), np.zeros((1, 1)), 0, 1, 1,
             _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
-            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK)
+            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK,
+            NO_TRANSFORM)
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
                        "for float32 arrays")
 
@@ -281,17 +305,48 @@ def takes_columns(x, axis: int, bp, mode: int, want_elements, want_counts,
     return want_counts == "totals" and bp.block <= PIECE and bp.smin < bp.smax
 
 
-def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False):
+def takes_hadamard(x, n: int, axis: int, bp, mode: int, want_elements, want_counts,
+                   offset: int = 0) -> bool:
+    """Whether :func:`run_columns` quantizes the blocks of ``x``'s Hadamard transform down
+    its columns in runs of ``n`` rows: :func:`takes_columns` takes x, and n is a power of two
+    that divides the rows and the block (each band holds whole runs)."""
+    return (takes_columns(x, axis, bp, mode, want_elements, want_counts, offset)
+            and n >= 1 and n & (n - 1) == 0 and x.shape[0] % n == 0 and bp.block % n == 0)
+
+
+@njit(cache=True, nogil=True)
+def _hadamard_amax_runs(x, c, r0, r1):
+    """:func:`hadamard_amax_bits` of runs r0 .. r1-1 (a scratch of one run)."""
+    scratch = np.empty(c.size * x.shape[1], np.float32)
+    return hadamard_amax_bits(x, c, scratch, r0 * c.size, r1 * c.size)
+
+
+def hadamard_amax(x, c) -> float:
+    """The largest finite magnitude of the Hadamard transform (factors ``c``) down the
+    columns of the 2-D float32 ``x`` (as :func:`lpsim.blocks.amax.tensor_amax` of it): a
+    pass that transforms a run of rows at a time in the cache and writes nothing (NVFP4's
+    tensor scale), runs dealt out to lpsim's threads."""
+    runs = x.shape[0] // c.size
+    workers = max(1, min(threads(), x.size // AMAX_GRAIN, runs))
+    tops = deal(lambda r0, r1: _hadamard_amax_runs(x, c, r0, r1), pieces(runs, workers),
+                workers)
+    return float(np.uint32(max(tops)).view(np.float32))
+
+
+def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False, factors=None):
     """Quantize the 2-D float32 ``x`` in blocks down its columns into ``out`` (x's shape, C
     order) and the scales into ``sout`` (blocks per column x columns: a band's in a row),
     bands dealt out to lpsim's threads; returns None, or with ``want_counts="totals"`` a
-    (ranges, 1, 9) array of each range's counters (as :func:`lpsim.blocks.kernels.run_blocks`)."""
+    (ranges, 1, 9) array of each range's counters (as :func:`lpsim.blocks.kernels.run_blocks`).
+    ``factors``: the blocks of x's Hadamard transform down the columns (float32 factors of
+    :func:`hadamard_rows`; :func:`takes_hadamard` says where) in place of x's."""
     counted = 2 if want_counts == "totals" else 0
     kernel = columns_entry(request.mode, counted)
     bands = -(-x.shape[0] // bp.block)
     workers = min(threads(), bands, x.size // PARALLEL_GRAIN) if x.size >= SERIAL_BELOW else 1
     args = (int(request.k), p, p32, sp, bp, int(request.seed_lo), int(request.seed_hi),
-            int(request.stream), int(request.offset), int(CHUNK))
+            int(request.stream), int(request.offset), int(CHUNK),
+            NO_TRANSFORM if factors is None else factors)
     sums = deal(lambda b0, b1: kernel(x, out, sout, b0, b1, *args), pieces(bands, workers),
                 workers)
     return np.stack(sums) if counted else None

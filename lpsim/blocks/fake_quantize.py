@@ -17,8 +17,9 @@ from ..cpu import CHUNK
 from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
 from ..rounding import Params, kernel_params
 from ..stats import check_stats
-from .amax import NO_AMAXES, checked_tensor_scale, tensor_scale_of, word_tensor_scale
-from .columns import run_columns, takes_columns
+from .amax import (NO_AMAXES, checked_tensor_scale, tensor_scale_from, tensor_scale_of,
+                   word_tensor_scale)
+from .columns import hadamard_amax, run_columns, takes_columns, takes_hadamard
 from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
@@ -68,6 +69,59 @@ def _blocked_view(x, axis):
     return moved.reshape(blocked_shape(moved.shape)), moved.shape
 
 
+def _columns_blocked(x, bfmt, request, pts, want_counts, factors) -> Blocked:
+    """The blocks down the columns of the 2-D float32 ``x`` (of its transform with
+    ``factors``): :func:`lpsim.blocks.columns.run_columns`."""
+    values = np.empty_like(x)
+    # the scales a band at a time, in rows (a column at a time strides through memory)
+    s2 = np.empty((-(-x.shape[0] // bfmt.block), x.shape[1]), np.float64)
+    counts = run_columns(x, values, s2, request, _element_params(bfmt.saturating_element, 32),
+                         element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
+                         block_params(bfmt, pts), want_counts, factors)
+    return Blocked(values, None, s2.T, pts, counts)
+
+
+def takes_hadamard_columns(x, n: int, bfmt, rounding: str, want_counts, offset: int = 0) -> bool:
+    """Whether :func:`quantize_hadamard_columns` takes ``x`` with runs of ``n`` rows: a
+    C-contiguous 2-D float32 array, n a power of two dividing its rows and the block, and
+    a format, rounding, counter offset and counting the band kernel takes."""
+    from ..rounding import mode_code
+    bfmt = parse_block_format(bfmt)
+    return takes_hadamard(x, n, 0, block_params(bfmt), mode_code(rounding), False,
+                          want_counts, offset)
+
+
+def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, seed=None,
+                              stream: int = 0, sr_bits=None, offset: int = 0,
+                              want_counts=False) -> Blocked:
+    """``quantize_blocks(T, bfmt, rounding, axis=0, want_elements=False, ...)`` of T, the
+    Hadamard transform down the columns of the 2-D float32 ``x`` (float32 ``factors``, runs
+    of len(factors) rows: :func:`lpsim.blocks.hadamard_rows.hadamard_rows`, the bits of
+    ``lpsim.torch.hadamard.rht_tokens``), with the same values, scales, random counters and
+    counts, T never in memory: each band is transformed in the cache just before it is
+    quantized (NVFP4's tensor scale: a pass that transforms and reads, writing nothing).
+    Why: a recipe's weight gradient transforms its operands along the tokens and
+    quantizes them along the tokens, a pass over memory and a tensor fewer.  Where
+    :func:`takes_hadamard_columns` is False, a ValueError."""
+    from ..request import plan
+    bfmt = parse_block_format(bfmt)
+    request = plan(bfmt.saturating_element, rounding, np.float32, seed=seed, stream=stream,
+                   sr_bits=sr_bits, offset=offset, size=getattr(x, "size", 0))
+    factors = np.ascontiguousarray(factors, np.float32) if isinstance(factors, np.ndarray) \
+        else factors
+    if not (isinstance(factors, np.ndarray) and factors.ndim == 1) or not \
+            takes_hadamard(x, factors.size, 0, block_params(bfmt), request.mode, False,
+                           want_counts, request.offset):
+        raise ValueError(
+            f"quantize_hadamard_columns: an array of {getattr(x, 'dtype', type(x).__name__)} "
+            f"{getattr(x, 'shape', '')} with {getattr(factors, 'shape', factors)} factors is not "
+            "accepted; accepted: a C-contiguous 2-D float32 array, a 1-D array of n factors "
+            "(n a power of two dividing its rows and the block), and a format, rounding, "
+            "offset and counting that takes_hadamard_columns accepts")
+    pts = tensor_scale_from(hadamard_amax(x, factors), bfmt) if bfmt.tensor_scale else 1.0
+    return _columns_blocked(x, bfmt, request, pts, want_counts, factors)
+
+
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                     stream: int = 0, sr_bits=None, offset: int = 0, tensor_scale=None,
                     want_elements: bool = True, want_counts=True, out=None) -> Blocked:
@@ -100,14 +154,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt) if tensor_scale is not None \
                 else tensor_scale_of(x, bfmt)
-        values = np.empty_like(x)
-        # the scales a band at a time, in rows (a column at a time strides through memory)
-        s2 = np.empty((-(-x.shape[0] // bfmt.block), x.shape[1]), np.float64)
-        counts = run_columns(x, values, s2, request,
-                             _element_params(bfmt.saturating_element, 32),
-                             element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
-                             block_params(bfmt, pts), want_counts)
-        return Blocked(values, None, s2.T, pts, counts)
+        return _columns_blocked(x, bfmt, request, pts, want_counts, None)
     x2, moved_shape = _blocked_view(np.asarray(x), axis) if x.ndim else (x.reshape(1, 1), (1,))
     want_counts = want_counts or want_elements
     words = takes_words(x2, block_params(bfmt), want_elements, want_counts)

@@ -7,7 +7,10 @@ composition a user could write by hand (:func:`gemm` is that composition):
    (``lpsim.quantize`` with the operand's format, rounding and per-tensor scale; k x k blocks
    as blocks of k*k elements of the tiled tensor), the wgrad operands (tokens along K)
    after the RHT along the tokens when the recipe has one
-   (:mod:`lpsim.torch.hadamard`: a defined butterfly order, the same bits on every device);
+   (:mod:`lpsim.torch.hadamard`: a defined butterfly order, the same bits on every device;
+   on the CPU, block formats take the transform band by band inside the quantization,
+   :func:`lpsim.blocks.quantize_hadamard_columns`, the same bits without the transformed
+   tensor in memory);
 2. :func:`lpsim.ops.matmul` with the recipe's accumulation (on a GPU, an FP32 GEMM is
    ``torch.matmul`` with TF32 off; the models of lpsim.ops run on the CPU); an instruction
    model instead takes the operands' own elements, block scales and per-tensor factors
@@ -35,14 +38,15 @@ from ..blocks.amax import tensor_amax
 from ..blocks.columns import takes_columns
 from ..blocks.counters import BlockStats, add_counts
 from ..blocks.decisions import block_params
-from ..blocks.fake_quantize import quantize_blocks
+from ..blocks.fake_quantize import (quantize_blocks, quantize_hadamard_columns,
+                                    takes_hadamard_columns)
 from ..blocks.formats import BlockFormat
 from ..generator import Generator, resolve as resolve_generator
 from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..quantize import quantize as lp_quantize
 from ..rounding import mode_code
-from .hadamard import rht, rht_signs, rht_tokens, rht_transposed  # noqa: F401 (gemms.rht)
+from .hadamard import factors, rht, rht_signs, rht_tokens, rht_transposed  # noqa: F401
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
 #: steps whose RHT signs a layer draws and moves to its device at once: a copy from the host
@@ -207,6 +211,31 @@ def _down_columns(t: torch.Tensor, fmt, op: Operand) -> bool:
                               False))
 
 
+def _rht_columns(t: torch.Tensor, signs, op: Operand, generator, stats):
+    """``quantize_operand(rht_tokens(t, signs), op, 0, ...)`` (the same bits, random counters
+    and counts) with the transform made band by band in the cache as the blocks down the
+    columns are quantized (:func:`lpsim.blocks.quantize_hadamard_columns`: the transformed
+    tensor never in memory), or None where that route does not take ``t`` (not a float32
+    2-D CPU tensor, a format or rounding of other routes, 2-D blocks)."""
+    fmt = op.fmt
+    if not (isinstance(fmt, BlockFormat) and not op.blocks_2d and op.scaling != "delayed"
+            and t.device.type == "cpu" and t.dtype == torch.float32 and t.ndim == 2):
+        return None
+    x = t.detach().contiguous().numpy()
+    c = factors(signs, torch.float32, "cpu").numpy()
+    want = "totals" if stats is not None else False
+    if not takes_hadamard_columns(x, c.size, fmt, op.rounding, want):
+        return None
+
+    def run():
+        seed, stream, offset = resolve_generator(generator, x, op.rounding, None, 0, 0)
+        q = quantize_hadamard_columns(x, c, fmt, op.rounding, seed=seed, stream=stream,
+                                      sr_bits=op.sr_bits, offset=offset, want_counts=want)
+        add_counts(stats, q.counts, x.size, q.scales.size)
+        return torch.from_numpy(q.values)
+    return generator.run(run) if isinstance(generator, Generator) else run()
+
+
 def _float64(q: torch.Tensor) -> np.ndarray:
     return q.detach().cpu().numpy().astype(np.float64)
 
@@ -326,10 +355,8 @@ class _LinearFunction(torch.autograd.Function):
             # K is the tokens, dy's and x's first axis: on the CPU each is transformed and
             # quantized as it lies (the blocks down the columns: lpsim.blocks.columns) and
             # the GEMM reads dy's transpose as a view, so nothing is transposed
-            if signs is not None:
-                dy, xd = rht_tokens(dy, signs), rht_tokens(xd, signs)
-            dyq, _ = layer.operand(dy, "wgrad", "dy", 0, False)
-            xq, _ = layer.operand(xd, "wgrad", "x", 0, False)
+            dyq, xq = layer.operand(dy, "wgrad", "dy", 0, False, signs)[0], \
+                layer.operand(xd, "wgrad", "x", 0, False, signs)[0]
             dw = gemm(dyq.t(), xq, r.wgrad).to(weight.dtype)
         elif ctx.needs_input_grad[1]:
             # K is the tokens: the transposes hold them along the last axis, where a GPU's
@@ -398,17 +425,25 @@ class LinearGemms:
         delayed-scaling amax recorded."""
         return self.operand(t, gemm, role, axis, False)[0]
 
-    def operand(self, t, gemm: str, role: str, axis: int, keep: bool):
-        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None)."""
+    def operand(self, t, gemm: str, role: str, axis: int, keep: bool, signs=None):
+        """:meth:`quantize`'s values, and their :class:`Parts` when ``keep`` (else None).
+        ``signs``: those of an RHT along axis 0 (the tokens) that ``t`` takes first
+        (:func:`rht_tokens`; on the CPU, where :func:`_rht_columns` takes it, made band by
+        band as the blocks are quantized)."""
         op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
+        every = self.telemetry_every
+        counted = every is not None and self.steps % every == 0
+        stats = site.stats if counted else None
+        if signs is not None:
+            done = None if keep else _rht_columns(t, signs, op, self.generator, stats)
+            if done is not None:
+                return done, None
+            t = rht_tokens(t, signs)
         amax = None
         if op.scaling == "delayed":
             amax = site.delayed_amax(t, op.history)
-        every = self.telemetry_every
-        counted = every is not None and self.steps % every == 0
-        return _quantized(t, op, axis, self.generator, site.stats if counted else None,
-                          amax, keep)
+        return _quantized(t, op, axis, self.generator, stats, amax, keep)
 
     @property
     def telemetry(self) -> dict:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ..blocks.hadamard_rows import hadamard_rows
 from ..philox import random_words
 from ..pool import deal, pieces, threads
 
@@ -89,26 +90,15 @@ def rht(t: torch.Tensor, signs) -> torch.Tensor:
 @njit(cache=True, nogil=True)
 def _token_runs(x, c, out, r0, r1):
     """out[r*n:(r+1)*n] = the transform along the tokens of x[r*n:(r+1)*n] (n = c.size) for
-    runs r0 .. r1-1: the run's rows times their factors into ``out``, then the butterfly
-    between whole rows there, every step a vector operation along the features on rows
-    the cache holds (a run of 16 rows of 1024 float32 features is 64 KB)."""
+    runs r0 .. r1-1 (:func:`lpsim.blocks.hadamard_rows.hadamard_rows`: each step a vector
+    operation along the features on rows the cache holds; a run of 16 rows of 1024 float32
+    features is 64 KB)."""
     features = x.shape[1]
     n = c.size
+    xf, of = x.reshape(-1), out.reshape(-1)
     for r in range(r0, r1):
-        t0 = r * n
-        for j in range(n):
-            cj = c[j]
-            for f in range(features):
-                out[t0 + j, f] = x[t0 + j, f] * cj
-        h = n // 2
-        while h >= 1:
-            for g in range(0, n, 2 * h):
-                for i in range(t0 + g, t0 + g + h):
-                    for f in range(features):
-                        a, b = out[i, f], out[i + h, f]
-                        out[i, f] = a + b
-                        out[i + h, f] = a - b
-            h //= 2
+        t0 = r * n * features
+        hadamard_rows(xf, t0, features, of, t0, features, c, n, features)
 
 
 def _checked_2d(t: torch.Tensor) -> None:
