@@ -13,6 +13,7 @@ the fake-quantize torchao users run).  Median of several runs after a warm-up.
     python benchmarks/bench_blocks.py --counted [--shape 2048 1024] [--repeats 15]
     python benchmarks/bench_blocks.py --columns [--shape 2048 1024] [--repeats 15]
     python benchmarks/bench_blocks.py --moved [--shape 2048 1024] [--repeats 15]
+    python benchmarks/bench_blocks.py --hadamard [--shape 2048 1024] [--repeats 15]
 
 ``--counted``: the CPU cost of counting (``stats=BlockStats()``, what simulated training's
 telemetry asks for) on a float32 array: ``lpsim.quantize`` without stats (the word kernel),
@@ -27,6 +28,12 @@ transposing copy and the row kernel, forced here), torch's transposing copy foll
 the row kernel (what ``lpsim.torch``'s wgrad ran before), the two with stats, and the row
 kernel alone on a transposed copy made beforehand; each case in each round, minimum over
 the rounds, values and counts checked equal.
+
+``--hadamard``: a recipe's wgrad operand (RHT of 16 along the tokens, then blocks down the
+columns), with stats as simulated training's telemetry asks: the transform
+(``lpsim.torch.hadamard.rht_tokens``) then ``lpsim.quantize`` along axis 0, against
+``lpsim.blocks.quantize_hadamard_columns`` (each band transformed in the cache before it is
+quantized); minimum over alternating rounds, values and counts checked equal.
 
 ``--moved``: blocks along axis 0 of a 2-D float32 array by the general route, which arrays
 the column route does not take run (other shapes and dtypes; forced here):
@@ -296,6 +303,42 @@ def columns_rows(shape, repeats: int):
     return rows
 
 
+def hadamard_rows_table(shape, repeats: int):
+    """Per format and rounding: the minimum over ``repeats`` alternating rounds of the RHT
+    then the column quantization, and of the two made band by band; each with stats, values
+    and counts checked equal."""
+    import torch
+    import lpsim
+    from lpsim.blocks import BlockStats, quantize_hadamard_columns
+    from lpsim.blocks.counters import add_counts
+    from lpsim.torch.hadamard import factors, rht_signs, rht_tokens
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    t = torch.from_numpy(x)
+    signs = rht_signs(0, 0, 0, 16)
+    c = factors(signs, torch.float32, "cpu").numpy()
+    rows = []
+    for name, mode in (("mxfp8_e4m3", "nearest"), ("nvfp4", "nearest"),
+                       ("nvfp4", "stochastic")):
+        stats = {"rht then columns": BlockStats(), "band by band": BlockStats()}
+
+        def fused():
+            q = quantize_hadamard_columns(x, c, name, mode, seed=1, want_counts="totals")
+            add_counts(stats["band by band"], q.counts, x.size, q.scales.size)
+            return q.values
+        cases = {"rht then columns": lambda: lpsim.quantize(
+                     rht_tokens(t, signs).numpy(), name, mode, axis=0, seed=1,
+                     stats=stats["rht then columns"]),
+                 "band by band": fused}
+        best, values = alternating_best(cases, repeats)
+        a, b = (np.asarray(values[k]) for k in cases)
+        assert np.array_equal(a.view(np.int32), b.view(np.int32))
+        a, b = stats.values()
+        assert np.array_equal(a.counts, b.counts) and a.blocks == b.blocks \
+            and a.clipped_scales == b.clipped_scales and a.flushed_blocks == b.flushed_blocks
+        rows.append(dict(format=name, mode=mode, **{k: v * 1e3 for k, v in best.items()}))
+    return rows
+
+
 @contextlib.contextmanager
 def general_route(fake_quantize):
     """lpsim.quantize along axis 0 by the general route (the column route refused)."""
@@ -479,8 +522,12 @@ def main() -> None:
     parser.add_argument("--moved", action="store_true",
                         help="blocks along axis 0 on the CPU where the column route does not "
                              "apply: the tiled copy against numpy's")
+    parser.add_argument("--hadamard", action="store_true",
+                        help="a recipe's wgrad operand on the CPU: the RHT then the columns, "
+                             "against the two band by band")
     parser.add_argument("--shape", type=int, nargs=2, default=(2048, 1024),
-                        help="--counted, --columns, --moved: the float32 array's shape")
+                        help="--counted, --columns, --moved, --hadamard: the float32 array's "
+                             "shape")
     parser.add_argument("--json")
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
@@ -517,6 +564,16 @@ def main() -> None:
             print(f"{r['format']:<11} {r['mode']:<11} {c:>8.2f} {cs:>7.2f} {g:>8.2f} "
                   f"{tc:>18.2f} {ts:>7.2f} "
                   f"{ra:>11.2f} {tc / c:>14.2f} {ts / cs:>8.2f} {c / ra:>19.2f}")
+    elif args.hadamard:
+        rows = hadamard_rows_table(tuple(args.shape), args.repeats)
+        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, RHT of 16 along "
+                                  f"axis 0 then blocks down it, with stats; ms, minimum of "
+                                  f"{args.repeats} alternating rounds"]))
+        print(f"{'format':<11} {'mode':<11} {'rht then columns':>17} {'band by band':>13} "
+              f"{'speed-up':>9}")
+        for r in rows:
+            a, b = r["rht then columns"], r["band by band"]
+            print(f"{r['format']:<11} {r['mode']:<11} {a:>17.2f} {b:>13.2f} {a / b:>9.2f}")
     elif args.moved:
         rows = moved_rows(tuple(args.shape), args.repeats)
         names = ["tiled copy + kernel", "numpy copy + kernel", "kernel alone", "numpy copy",
