@@ -94,13 +94,14 @@ class Case:
     hot: run on the training hot path (tests/test_kernel_budget.py holds these).
     kernel: () -> (py_func, numba argument types[, launch bounds]), called only when the case
     is compiled.
-    elements: elements one pass of the measured loop handles.
+    elements: elements one pass of the measured loop handles (0: one per global load in it).
     loads: which global loads (of those inside loops) the measured loop must hold: "all";
     for a kernel with a deterministic and a stochastic loop, "philox" (loads in a loop
     whose own or enclosing body draws Philox words) or "plain" (the others); "wide" (loads
     of 8 bytes or more: a kernel whose element-wise fallback has loops of its own);
     "stores" (the loop holding every store of 8 bytes or more: a kernel that also loads
-    8-byte words of a table in loops around and beside the measured one).
+    8-byte words of a table in loops around and beside the measured one); "most" (the loop
+    holding the most: a main loop the compiler unrolled, beside its remainder loop).
     cold_loops: loops nested in the measured one are a fallback the hot path skips (the
     optimizer's quads that leave the straight path); their instructions are not counted.
     outer: elements per pass of the loop enclosing the measured one, which share that
@@ -224,6 +225,17 @@ def _optim(cls: str, dtype: str, wide: bool = False, ahead: bool = False, **kw):
     return build
 
 
+def _hadamard(n: int):
+    """lpsim_cuda.hadamard's kernel for runs of ``n`` tokens (a wgrad operand's RHT)."""
+    def build():
+        import importlib
+        from numba import types
+        kernel = importlib.import_module("lpsim_cuda.hadamard").transposed_kernel(n)
+        matrix = types.float32[:, ::1]
+        return kernel.py_func, (matrix, types.float32[::1], matrix)
+    return build
+
+
 def _blocks(name: str, dtype: str):
     """lpsim_cuda.blocks's kernel for block format ``name`` on ``dtype`` values."""
     def build():
@@ -342,6 +354,12 @@ CASES = [
     Case("blocks groups mxfp8_e4m3 nearest counted", "blocks", False,
          _block_groups("mxfp8_e4m3", "nearest", count=True), elements=4),
     Case("blocks mxfp8_e4m3 f64", "blocks64", False, _blocks("mxfp8_e4m3", "float64")),
+    # a wgrad operand's RHT along the tokens into the transpose (lpsim_cuda.hadamard): a
+    # thread's run of 16 (NVFP4) or 32 (MXFP4) tokens of one feature, in registers
+    Case("blocks wgrad rht 16 transposed", "blocks", False, _hadamard(16), elements=0,
+         loads="most"),
+    Case("blocks wgrad rht 32 transposed", "blocks", False, _hadamard(32), elements=0,
+         loads="most"),
 ]
 
 
@@ -479,6 +497,9 @@ def measure(sass: str, case: Case) -> dict:
     elif case.loads == "stores":
         loads = [i for i, (op, _) in enumerate(code) if op.startswith("STG")
                  and width(op) >= 64 and any(_inside(lp, i) for lp in found)]
+    elif case.loads == "most":            # the loop with the most (an unrolled main loop)
+        top = max(found, key=lambda lp: sum(_inside(lp, i) for i in loads))
+        loads = [i for i in loads if _inside(top, i)]
     elif case.loads != "all":
         loads = [i for i in loads if draws(i) == (case.loads == "philox")]
     holding = [lp for lp in found if loads and all(_inside(lp, i) for i in loads)]
@@ -491,8 +512,10 @@ def measure(sass: str, case: Case) -> dict:
         nested = [lp for lp in found if lp != inner and _inside(inner, lp[0])]
         body = [ins for i, ins in enumerate(body, inner[0])
                 if not any(lp[0] <= i <= lp[1] for lp in nested)]
-    count = len(body) / case.elements
-    wide = sum(map(is_int64, (op for op, _ in body))) / case.elements
+    # elements 0: one an element load of the loop (however often the compiler unrolled it)
+    elements = case.elements or sum(op.startswith("LDG") for op, _ in body)
+    count = len(body) / elements
+    wide = sum(map(is_int64, (op for op, _ in body))) / elements
     span = body
     if case.outer:
         around = [lp for lp in found if lp != inner and lp[0] <= inner[0] and inner[1] <= lp[1]]
@@ -503,7 +526,7 @@ def measure(sass: str, case: Case) -> dict:
         own = span[:inner[0] - outer[0]] + span[inner[1] + 1 - outer[0]:]
         count += len(own) / case.outer
         wide += sum(map(is_int64, (op for op, _ in own))) / case.outer
-    return dict(row, loop_instructions=len(body),
+    return dict(row, loop_instructions=len(body), elements_per_iteration=elements,
                 loop_instructions_per_element=round(count, 1),
                 loop_int64_per_element=round(wide, 1),
                 loop_calls=sum(op.startswith("CALL") for op, _ in span),

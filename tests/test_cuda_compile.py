@@ -201,6 +201,23 @@ with mock.patch.object(dispatcher, "get_current_device",
 """
 
 
+HADAMARD = r"""
+import importlib, types
+from unittest import mock
+import numba.cuda.dispatcher as dispatcher
+from numba import cuda, types as T
+H = importlib.import_module("lpsim_cuda.hadamard")
+matrix = T.float32[:, ::1]
+with mock.patch.object(dispatcher, "get_current_device",
+                       lambda: types.SimpleNamespace(compute_capability=(9, 0))):
+    for n in H.SIZES:
+        ptx, _ = cuda.compile_ptx(H.transposed_kernel(n).py_func, (matrix, T.float32[::1], matrix),
+                                  cc=(9, 0))
+        print("rht", n, "ok", ptx.count("mul.rn.f32") % n, ptx.count("mul.rn.f32") > 0,
+              ptx.count("fma.rn.f32"), ptx.count(".local"))
+"""
+
+
 def _compile(script):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -268,3 +285,11 @@ def report(name, ptx):
             if "Used" in line or "spill" in line]
     print("resources", name, "|", "; ".join(info) or done.stderr.strip()[:200])
 """
+
+
+def test_hadamard_kernel_compiles_for_sm90_in_registers_without_contractions():
+    """Each run length: the products are mul.rn (a whole number of runs' worth), no sum is
+    fused with a product, and the run stays in registers (no local memory)."""
+    lines = [x for x in _compile(_PREAMBLE + HADAMARD).splitlines() if x.startswith("rht")]
+    assert [x.split()[1] for x in lines] == ["2", "4", "8", "16", "32"], lines
+    assert all(x.endswith("ok 0 True 0 0") for x in lines), lines

@@ -143,8 +143,18 @@ def rht_tokens(t: torch.Tensor, signs) -> torch.Tensor:
 def rht_transposed(t: torch.Tensor, signs) -> torch.Tensor:
     """``rht(t.t().contiguous(), signs)`` of a 2-D ``t`` (tokens, features), the same bits: a
     contiguous (features, tokens) tensor, the RHT along the tokens (a GPU's kernels quantize
-    rows).  A float32 CPU tensor takes :func:`rht_tokens` and torch's transposing copy."""
+    rows).  A float32 CPU tensor takes :func:`rht_tokens` and torch's transposing copy; a
+    float32 CUDA tensor one pass of lpsim_cuda's kernel (:mod:`lpsim_cuda.hadamard`: the
+    transform in registers, where torch's operations make a pass and a launch or more per
+    butterfly stage)."""
     _checked_2d(t)
+    if t.device.type == "cuda" and t.dtype == torch.float32:   # pragma: no cover (GPU only)
+        from lpsim_cuda.hadamard import SIZES, transposed_rht
+        if len(signs) in SIZES and t.shape[0] % len(signs) == 0:
+            x = t.detach().contiguous()
+            out = torch.empty((x.shape[1], x.shape[0]), dtype=torch.float32, device=x.device)
+            transposed_rht(x, factors(signs, torch.float32, x.device), out)
+            return out
     if t.device.type != "cpu" or t.dtype != torch.float32:
         return rht(t.t().contiguous(), signs)
     return rht_tokens(t, signs).t().contiguous()

@@ -1,0 +1,61 @@
+"""lpsim_cuda's one-pass RHT of a wgrad operand (``lpsim_cuda.hadamard.transposed_rht``) gives
+the bits of ``lpsim.torch.hadamard.rht_transposed`` on the CPU: under numba's CUDA simulator
+in CI, on a GPU with LPSIM_TEST_GPU=1 (where ``rht_transposed`` of a CUDA tensor takes it)."""
+
+import numpy as np
+import pytest
+import torch
+from numba import cuda
+
+from lpsim.torch.hadamard import factors, rht, rht_signs, rht_transposed
+from lpsim_cuda import launch
+from lpsim_cuda.hadamard import SIZES, transposed_rht
+from lpsim_cuda.launch import SIMULATOR
+
+
+def _data(tokens, features, seed):
+    x = np.random.default_rng(seed).standard_normal((tokens, features)).astype(np.float32)
+    x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, 1e-40       # NaN, inf, a subnormal
+    return x
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("runs, features, blocks", [(2, 5, None), (16, 7, 1)])
+def test_equals_the_cpu_transform_bit_for_bit(n, runs, features, blocks, monkeypatch):
+    """blocks=1: one block of threads takes several work items each, stepping its run and
+    feature by the grid's stride (the feature wrapping around)."""
+    monkeypatch.setattr(launch, "GRID_LIMIT", blocks)
+    x = _data(runs * n, features, n)
+    signs = rht_signs(7, 2, 3, n)
+    want = rht_transposed(torch.from_numpy(x), signs).numpy()
+    out = cuda.device_array((features, runs * n), np.float32)
+    transposed_rht(cuda.to_device(x), cuda.to_device(factors(signs, torch.float32, "cpu")
+                                                    .numpy()), out)
+    got = out.copy_to_host()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("x, n, out_shape, why", [
+    (np.zeros((12, 4), np.float32), 8, (4, 12), "runs that do not divide the tokens"),
+    (np.zeros((16, 4), np.float32), 64, (4, 16), "a size the kernel is not compiled for"),
+    (np.zeros((16, 4), np.float64), 16, (4, 16), "float64"),
+    (np.zeros((16, 4), np.float32), 16, (16, 4), "out not transposed"),
+])
+def test_refusals_name_what_is_accepted(x, n, out_shape, why):
+    out = cuda.device_array(out_shape, np.float32)
+    with pytest.raises(ValueError, match="accepted: x float32 .tokens, features."):
+        transposed_rht(cuda.to_device(x), cuda.to_device(np.ones(n, np.float32)), out)
+
+
+@pytest.mark.skipif(SIMULATOR or not torch.cuda.is_available(),
+                    reason="a torch CUDA tensor: needs a GPU (run with LPSIM_TEST_GPU=1)")
+@pytest.mark.parametrize("n", [16, 32])
+def test_a_cuda_tensor_takes_the_kernel_and_gives_torchs_bits(n):  # pragma: no cover
+    x = torch.from_numpy(_data(64 * n, 96, n)).cuda()
+    signs = rht_signs(1, 0, 5, n)
+    got = rht_transposed(x, signs)
+    want = rht(x.t().contiguous(), signs)                   # torch's operations
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    cpu = rht_transposed(x.cpu(), signs)        # a GPU's NaN is its own canonical one
+    assert torch.equal(got.isnan().cpu(), cpu.isnan())
+    assert torch.equal(got.cpu().nan_to_num().view(torch.int32), cpu.nan_to_num().view(torch.int32))
