@@ -506,6 +506,12 @@ def plot(rows, header, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def heading(header: list[str], args, what: str) -> None:
+    """Print the header and a line naming the array, what is timed and how."""
+    print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, {what}; ms, "
+                              f"minimum of {args.repeats} alternating rounds"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log2n", type=int,
@@ -539,9 +545,7 @@ def main() -> None:
               + " ".join(sys.argv[1:])] + ([f"# {args.note}"] if args.note else [])
     if args.counted:
         rows = counted_rows(tuple(args.shape), args.repeats)
-        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, lpsim.quantize "
-                                  f"with and without stats=BlockStats(); ms, minimum of "
-                                  f"{args.repeats} alternating rounds"]))
+        heading(header, args, "lpsim.quantize with and without stats=BlockStats()")
         print(f"{'format':<11} {'mode':<11} {'uncounted':>10} {'counted':>9} {'general':>9} "
               f"{'counted/unc':>12} {'general/unc':>12} {'general/counted':>16}")
         for r in rows:
@@ -550,9 +554,7 @@ def main() -> None:
                   f"{c / u:>12.2f} {g / u:>12.2f} {g / c:>16.2f}")
     elif args.columns:
         rows = columns_rows(tuple(args.shape), args.repeats)
-        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks down the "
-                                  f"columns; ms, minimum of {args.repeats} alternating "
-                                  "rounds"]))
+        heading(header, args, "blocks down the columns")
         print("# stats: with a BlockStats (counted); rows alone: the row kernel on a transposed "
               "copy made beforehand (one pass)")
         print(f"{'format':<11} {'mode':<11} {'columns':>8} {'stats':>7} {'general':>8} "
@@ -566,9 +568,7 @@ def main() -> None:
                   f"{ra:>11.2f} {tc / c:>14.2f} {ts / cs:>8.2f} {c / ra:>19.2f}")
     elif args.hadamard:
         rows = hadamard_rows_table(tuple(args.shape), args.repeats)
-        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, RHT of 16 along "
-                                  f"axis 0 then blocks down it, with stats; ms, minimum of "
-                                  f"{args.repeats} alternating rounds"]))
+        heading(header, args, "RHT of 16 along axis 0 then blocks down it, with stats")
         print(f"{'format':<11} {'mode':<11} {'rht then columns':>17} {'band by band':>13} "
               f"{'speed-up':>9}")
         for r in rows:
@@ -578,8 +578,7 @@ def main() -> None:
         rows = moved_rows(tuple(args.shape), args.repeats)
         names = ["tiled copy + kernel", "numpy copy + kernel", "kernel alone", "numpy copy",
                  "tiled copy", "torch copy"]
-        print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, blocks along "
-                                  f"axis 0; ms, minimum of {args.repeats} alternating rounds"]))
+        heading(header, args, "blocks along axis 0")
         print(f"{'format':<11} {'mode':<11} " + " ".join(f"{n:>19}" for n in names))
         for r in rows:
             print(f"{r['format']:<11} {r['mode']:<11} "
