@@ -24,15 +24,30 @@ def hadamard_rows(src, s0, sstride, dst, d0, dstride, c, h, w):
     c[i % n]) of src[s0 + i*sstride + j], for rows i < h (a multiple of n) and j < w; src
     and dst flat float32 arrays that do not overlap."""
     n = c.size
-    # unsigned offsets: no negative-index checks, so each row's loop vectorises
-    for i in range(h):
-        ci = c[i % n]
-        a0, b0 = np.uint64(s0 + i * sstride), np.uint64(d0 + i * dstride)
-        for j in range(w):
-            jj = np.uint64(j)
-            dst[b0 + jj] = src[a0 + jj] * ci
+    half = n // 2
+    if half == 0:                           # runs of one row: the factors alone
+        for i in range(h):
+            a0, b0 = np.uint64(s0 + i * sstride), np.uint64(d0 + i * dstride)
+            for j in range(w):
+                jj = np.uint64(j)
+                dst[b0 + jj] = src[a0 + jj] * c[0]
+        return
+    # the factors and the first stage (pairs half apart) in one pass; unsigned offsets: no
+    # negative-index checks, so each row's loop vectorises
     for t0 in range(0, h, n):
-        half = n // 2
+        for i in range(half):
+            ca, cb = c[i], c[i + half]
+            a0 = np.uint64(s0 + (t0 + i) * sstride)
+            b0 = np.uint64(s0 + (t0 + i + half) * sstride)
+            a1 = np.uint64(d0 + (t0 + i) * dstride)
+            b1 = np.uint64(d0 + (t0 + i + half) * dstride)
+            for j in range(w):
+                jj = np.uint64(j)
+                a, b = src[a0 + jj] * ca, src[b0 + jj] * cb
+                dst[a1 + jj] = a + b
+                dst[b1 + jj] = a - b
+    for t0 in range(0, h, n):
+        half = n // 4
         while half >= 1:
             for g in range(0, n, 2 * half):
                 for i in range(t0 + g, t0 + g + half):
