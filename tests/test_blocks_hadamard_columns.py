@@ -136,3 +136,15 @@ def test_training_gives_the_same_gradients_and_telemetry_as_the_two_passes(prese
     assert all(torch.equal(a, b) for s1, s2 in zip(g1, g2) for a, b in zip(s1, s2))
     assert t1 == t2
     assert t1[0]["wgrad", "dy"].elements > 0
+
+
+def test_factors_that_are_not_float32_values_and_non_arrays_are_refused():
+    x = np.ones((64, 32), np.float32)
+    exact = quantize_hadamard_columns(x, [0.25] * 16, "nvfp4")     # float32 values: taken
+    assert _same(exact.values, quantize_hadamard_columns(x, np.full(16, 0.25, np.float32),
+                                                         "nvfp4").values)
+    for factors in (np.full(16, 0.1), "x", None):
+        with pytest.raises(ValueError, match="accepted: a 1-D array of float32 values"):
+            quantize_hadamard_columns(x, factors, "nvfp4")
+    with pytest.raises(TypeError, match="x of type Tensor is not accepted"):
+        quantize_hadamard_columns(torch.ones(64, 32), _factors(), "nvfp4")

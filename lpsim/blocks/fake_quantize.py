@@ -104,18 +104,28 @@ def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, se
     quantizes them along the tokens, a pass over memory and a tensor fewer.  Where
     :func:`takes_hadamard_columns` is False, a ValueError."""
     from ..request import plan
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"quantize_hadamard_columns: x of type {type(x).__name__} is not "
+                        "accepted; accepted: a C-contiguous 2-D float32 numpy array")
     bfmt = parse_block_format(bfmt)
     request = plan(bfmt.saturating_element, rounding, np.float32, seed=seed, stream=stream,
-                   sr_bits=sr_bits, offset=offset, size=getattr(x, "size", 0))
-    factors = np.ascontiguousarray(factors, np.float32) if isinstance(factors, np.ndarray) \
-        else factors
-    if not (isinstance(factors, np.ndarray) and factors.ndim == 1) or not \
-            takes_hadamard(x, factors.size, 0, block_params(bfmt), request.mode, False,
-                           want_counts, request.offset):
+                   sr_bits=sr_bits, offset=offset, size=x.size)
+    given = factors
+    try:
+        factors = np.ascontiguousarray(given, np.float32)
+        exact = bool(np.array_equal(factors, np.asarray(given, np.float64)))
+    except (TypeError, ValueError):
+        factors, exact = None, False
+    if not exact:
+        raise ValueError(f"quantize_hadamard_columns: factors={given!r} are not accepted; "
+                         "accepted: a 1-D array of float32 values (lpsim.torch.hadamard."
+                         "factors gives them)")
+    if factors.ndim != 1 or not takes_hadamard(x, factors.size, 0, block_params(bfmt),
+                                               request.mode, False, want_counts,
+                                               request.offset):
         raise ValueError(
-            f"quantize_hadamard_columns: an array of {getattr(x, 'dtype', type(x).__name__)} "
-            f"{getattr(x, 'shape', '')} with {getattr(factors, 'shape', factors)} factors is not "
-            "accepted; accepted: a C-contiguous 2-D float32 array, a 1-D array of n factors "
+            f"quantize_hadamard_columns: an array of {x.dtype} {x.shape} with factors of shape "
+            f"{factors.shape} is not accepted; accepted: a C-contiguous 2-D float32 array, a 1-D array of n factors "
             "(n a power of two dividing its rows and the block), and a format, rounding, "
             "offset and counting that takes_hadamard_columns accepts")
     pts = tensor_scale_from(hadamard_amax(x, factors), bfmt) if bfmt.tensor_scale else 1.0
