@@ -506,6 +506,16 @@ def plot(rows, header, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def print_rows(rows: list[dict], columns: list[tuple]) -> None:
+    """A table of ``rows`` by format and mode: ``columns`` of (title, width, key), a key a
+    row's field or a pair (a, b) for the ratio a / b, each printed to two decimals."""
+    print(f"{'format':<11} {'mode':<11} " + " ".join(f"{t:>{w}}" for t, w, _ in columns))
+    for r in rows:
+        cells = [r[k] if isinstance(k, str) else r[k[0]] / r[k[1]] for _, _, k in columns]
+        print(f"{r['format']:<11} {r['mode']:<11} "
+              + " ".join(f"{v:>{w}.2f}" for v, (_, w, _) in zip(cells, columns)))
+
+
 def heading(header: list[str], args, what: str) -> None:
     """Print the header and a line naming the array, what is timed and how."""
     print("\n".join(header + [f"# float32 {args.shape[0]}x{args.shape[1]}, {what}; ms, "
@@ -546,12 +556,11 @@ def main() -> None:
     if args.counted:
         rows = counted_rows(tuple(args.shape), args.repeats)
         heading(header, args, "lpsim.quantize with and without stats=BlockStats()")
-        print(f"{'format':<11} {'mode':<11} {'uncounted':>10} {'counted':>9} {'general':>9} "
-              f"{'counted/unc':>12} {'general/unc':>12} {'general/counted':>16}")
-        for r in rows:
-            u, c, g = r["uncounted"], r["counted"], r["general counted"]
-            print(f"{r['format']:<11} {r['mode']:<11} {u:>10.2f} {c:>9.2f} {g:>9.2f} "
-                  f"{c / u:>12.2f} {g / u:>12.2f} {g / c:>16.2f}")
+        print_rows(rows, [("uncounted", 10, "uncounted"), ("counted", 9, "counted"),
+                          ("general", 9, "general counted"),
+                          ("counted/unc", 12, ("counted", "uncounted")),
+                          ("general/unc", 12, ("general counted", "uncounted")),
+                          ("general/counted", 16, ("general counted", "counted"))])
     elif args.columns:
         rows = columns_rows(tuple(args.shape), args.repeats)
         heading(header, args, "blocks down the columns")
@@ -569,11 +578,9 @@ def main() -> None:
     elif args.hadamard:
         rows = hadamard_rows_table(tuple(args.shape), args.repeats)
         heading(header, args, "RHT of 16 along axis 0 then blocks down it, with stats")
-        print(f"{'format':<11} {'mode':<11} {'rht then columns':>17} {'band by band':>13} "
-              f"{'speed-up':>9}")
-        for r in rows:
-            a, b = r["rht then columns"], r["band by band"]
-            print(f"{r['format']:<11} {r['mode']:<11} {a:>17.2f} {b:>13.2f} {a / b:>9.2f}")
+        print_rows(rows, [("rht then columns", 17, "rht then columns"),
+                          ("band by band", 13, "band by band"),
+                          ("speed-up", 9, ("rht then columns", "band by band"))])
     elif args.moved:
         rows = moved_rows(tuple(args.shape), args.repeats)
         names = ["tiled copy + kernel", "numpy copy + kernel", "kernel alone", "numpy copy",

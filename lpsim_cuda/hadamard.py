@@ -7,7 +7,8 @@ over memory and a launch or three.  Here each thread takes one feature's run of 
 n loads (consecutive threads, consecutive features: coalesced), the factors and the butterfly
 in registers, n stores to the transpose's row.  The arithmetic is
 :func:`lpsim.blocks.hadamard_rows.hadamard_rows`' (each element times its factor, then for
-h = n/2 .. 1 the pairs (i, i+h) become (a + b, a - b), each rounded once in float32), with
+h = n/2 .. 1 the pairs (i, i+h) become (a + b, a - b), each rounded once in float32: its
+:func:`lpsim.blocks.hadamard_rows.butterfly`, on the run in registers), with
 the products made by ``fmul_rn``, which NVVM never fuses with the sums that follow (a fused
 multiply-add would round once where the CPU rounds twice): the same bits as the CPU.
 """
@@ -18,6 +19,8 @@ import functools
 
 import numpy as np
 from numba import cuda
+
+from lpsim.blocks.hadamard_rows import butterfly
 
 from . import launch
 from .arrays import _numba_array
@@ -57,14 +60,7 @@ def transposed_kernel(n: int):
             v = cuda.local.array(n, np.float32)
             for j in range(n):
                 v[j] = _times(x[t0 + j, f], c[j])
-            half = n // 2
-            while half >= 1:
-                for g in range(0, n, 2 * half):
-                    for j in range(g, g + half):
-                        a, b = v[j], v[j + half]
-                        v[j] = a + b
-                        v[j + half] = a - b
-                half //= 2
+            butterfly(v, 0, 1, n, n, 1, n // 2)
             for j in range(n):
                 out[f, t0 + j] = v[j]
             r += dr

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cpu import CHUNK
 from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
-from ..rounding import Params, kernel_params
+from ..rounding import Params, kernel_params, mode_code
 from ..stats import check_stats
 from .amax import (NO_AMAXES, checked_tensor_scale, tensor_scale_from, tensor_scale_of,
                    word_tensor_scale)
@@ -85,7 +85,6 @@ def takes_hadamard_columns(x, n: int, bfmt, rounding: str, want_counts, offset: 
     """Whether :func:`quantize_hadamard_columns` takes ``x`` with runs of ``n`` rows: a
     C-contiguous 2-D float32 array, n a power of two dividing its rows and the block, and
     a format, rounding, counter offset and counting the band kernel takes."""
-    from ..rounding import mode_code
     bfmt = parse_block_format(bfmt)
     return takes_hadamard(x, n, 0, block_params(bfmt), mode_code(rounding), False,
                           want_counts, offset)
@@ -125,8 +124,9 @@ def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, se
                                                request.offset):
         raise ValueError(
             f"quantize_hadamard_columns: an array of {x.dtype} {x.shape} with factors of shape "
-            f"{factors.shape} is not accepted; accepted: a C-contiguous 2-D float32 array, a 1-D array of n factors "
-            "(n a power of two dividing its rows and the block), and a format, rounding, "
+            f"{factors.shape} is not accepted; accepted: a C-contiguous 2-D float32 array, a "
+            "1-D array of n factors (n a power of two dividing its rows and the block), and a "
+            "format, rounding, "
             "offset and counting that takes_hadamard_columns accepts")
     pts = tensor_scale_from(hadamard_amax(x, factors), bfmt) if bfmt.tensor_scale else 1.0
     return _columns_blocked(x, bfmt, request, pts, want_counts, factors)

@@ -46,8 +46,19 @@ def hadamard_rows(src, s0, sstride, dst, d0, dstride, c, h, w):
                 a, b = src[a0 + jj] * ca, src[b0 + jj] * cb
                 dst[a1 + jj] = a + b
                 dst[b1 + jj] = a - b
+    butterfly(dst, d0, dstride, n, h, w, n // 4)
+
+
+@register_jitable(forceinline=True)
+def butterfly(dst, d0, dstride, n, h, w, first):
+    """The butterfly stages half = ``first``, first/2, ..., 1 of each run of n rows of dst
+    (rows i < h, a multiple of n; row i at d0 + i*dstride, w elements): within each group
+    of 2*half rows, rows (i, i+half) become (a + b, a - b), in place, each rounded once.
+    The order of the transform, shared by :func:`hadamard_rows` (from n/4, its first stage
+    made with the factors) and lpsim_cuda's kernel (from n/2, on a thread's run in
+    registers: w = 1)."""
     for t0 in range(0, h, n):
-        half = n // 4
+        half = first
         while half >= 1:
             for g in range(0, n, 2 * half):
                 for i in range(t0 + g, t0 + g + half):
