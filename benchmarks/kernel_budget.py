@@ -353,6 +353,11 @@ CASES = [
     # the counting variant (lpsim.quantize with stats, simulated training's telemetry)
     Case("blocks groups mxfp8_e4m3 nearest counted", "blocks", False,
          _block_groups("mxfp8_e4m3", "nearest", count=True), elements=4),
+    # NVFP4's recipe with its telemetry: activations to nearest, gradients stochastic
+    Case("blocks groups nvfp4 nearest counted", "blocks", False,
+         _block_groups("nvfp4", "nearest", count=True), elements=4),
+    Case("blocks groups nvfp4 stochastic counted", "blocks", False,
+         _block_groups("nvfp4", "stochastic", count=True), elements=4),
     Case("blocks mxfp8_e4m3 f64", "blocks64", False, _blocks("mxfp8_e4m3", "float64")),
     # a wgrad operand's RHT along the tokens into the transpose (lpsim_cuda.hadamard): a
     # thread's run of 16 (NVFP4) or 32 (MXFP4) tokens of one feature, in registers
@@ -605,12 +610,15 @@ def stub_cold_paths() -> None:
     rounding declines: NaN, inf, overflow, container subnormals); the block kernels' exact
     element step and their float64 steps, which only blocks holding NaN or inf (or
     elements the float32 steps decline) take, the float64 scale of a block whose
-    largest magnitude is not a float32 normal (all zeros, say), and the optimizer's wide
-    kernel's step of a quad one of whose lanes declined (NaN, inf, overflow, subnormals)."""
+    largest magnitude is not a float32 normal (all zeros, say), a counted kernel's tally of
+    a NaN block and its element step for a block whose largest quotient overflows float32
+    (only under a tiny given tensor scale), and the optimizer's wide kernel's step of a
+    quad one of whose lanes declined (NaN, inf, overflow, subnormals)."""
     import importlib
     import numpy as np
     from numba.extending import register_jitable
     import lpsim.rounding as rounding
+    from lpsim.word32 import word
     groups = importlib.import_module("lpsim_cuda.block_groups")
 
     @register_jitable
@@ -629,10 +637,21 @@ def stub_cold_paths() -> None:
     def block_scale(amax, bp, sp):
         return np.float64(amax), np.int64(0)
 
+    @register_jitable
+    def overflowed_element(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
+        zero = word(np.int32(0))
+        return np.float32(xv), (zero, zero, zero, zero), zero, c
+
+    @register_jitable
+    def tally_nonfinite(c, b):
+        return c
+
     rounding.round_bits = round_bits
     importlib.import_module("lpsim_cuda.specialised").round_bits = round_bits
     groups.element_exact, groups.element_fast = element_exact, element_fast
     groups.block_scale = block_scale
+    groups.overflowed_element, groups.tally_nonfinite = overflowed_element, tally_nonfinite
+    importlib.import_module("lpsim_cuda.block_counting").element_exact = element_exact
     importlib.import_module("lpsim.blocks.word_scales").block_scale = block_scale
 
     @register_jitable

@@ -315,21 +315,11 @@ def fast_sub_ok(bits, p):
 
 
 @register_jitable(forceinline=True)
-def round_fast_sub(bits, mode, r, k, p):
-    """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
-
-    One straight-line path: the shift grows by one per binade below min_normal, so the
-    format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
-    result is 0 or min_subnormal (:func:`_small_increment`); a saturating format clamps
-    overflow to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf,
-    container subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.
-    ``flags`` are :func:`round_bits`' own; always inlined (LLVM ``alwaysinline``), as LLVM's
-    cost model leaves the stochastic variant a call, and a loop with a call does not
-    vectorise.  Block-scaled elements (lpsim.blocks) need this
-    range: most of them are small against their block's scale, and a branch per element
-    costs more than the rounding.  As :func:`round_fast`, ``bits`` and ``r`` may be 32-bit
-    words: every quantity here is a nonnegative integer below 2**32 in a float32 container
-    (differences are taken as ``a - min(a, b)``), and every shift is less than 32.
+def round_fast_sub_conditions(bits, mode, r, k, p):
+    """:func:`round_fast_sub`'s decision with its flags one a value: (bits, ok, inexact,
+    overflow, underflow, subnormal), each 0 or 1 in the operand's width (valid where ok is
+    1).  A GPU thread adds them to its counters as they are (lpsim_cuda.block_groups);
+    packed into one flags word they pay where SIMD lanes sum them.
     """
     M, SIGN, W, m, EB, emin = p.M, p.SIGN, p.W, p.m, p.EB, p.emin
     parity = (1 - emin - EB) & 1 if m == 0 else 0
@@ -350,12 +340,32 @@ def round_fast_sub(bits, mode, r, k, p):
     over = like(bits, out > p.maxb)
     out = min(out, p.maxb)
     zero = like(bits, out == 0)
-    # the flags (INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL: 1, 2, 4, 8) in the operand's width
-    flags = (like(bits, out != a) | (over << 1) | ((zero & like(bits, a != 0)) << 2)
-             | (((1 - zero) & like(bits, out < p.minnorm)) << 3))
     okm = -ok
     signed = bits & SIGN & -(1 - (zero & p.uzero))
-    return ((out | signed) & okm) | (bits & ~okm), ok, flags & okm
+    return (((out | signed) & okm) | (bits & ~okm), ok, like(bits, out != a), over,
+            zero & like(bits, a != 0), (1 - zero) & like(bits, out < p.minnorm))
+
+
+@register_jitable(forceinline=True)
+def round_fast_sub(bits, mode, r, k, p):
+    """:func:`round_fast` for every finite container normal (and zero): (bits, ok, flags).
+
+    One straight-line path: the shift grows by one per binade below min_normal, so the
+    format's subnormal quanta come out of the same add-and-truncate; below min_subnormal the
+    result is 0 or min_subnormal (:func:`_small_increment`); a saturating format clamps
+    overflow to max_finite.  ``ok`` is 0 (the caller runs :func:`round_bits`) for NaN, inf,
+    container subnormals, ``fnu`` formats and, unless the format saturates, |x| >= 2**emax.
+    ``flags`` are :func:`round_bits`' own (INEXACT, OVERFLOW, UNDERFLOW,
+    SUBNORMAL; 0 where ok is 0); always inlined (LLVM ``alwaysinline``), as LLVM's
+    cost model leaves the stochastic variant a call, and a loop with a call does not
+    vectorise.  Block-scaled elements (lpsim.blocks) need this
+    range: most of them are small against their block's scale, and a branch per element
+    costs more than the rounding.  As :func:`round_fast`, ``bits`` and ``r`` may be 32-bit
+    words: every quantity here is a nonnegative integer below 2**32 in a float32 container
+    (differences are taken as ``a - min(a, b)``), and every shift is less than 32.
+    """
+    out, ok, inexact, over, under, sub = round_fast_sub_conditions(bits, mode, r, k, p)
+    return out, ok, (inexact | (over << 1) | (under << 2) | (sub << 3)) & -ok
 
 
 @register_jitable(forceinline=True)

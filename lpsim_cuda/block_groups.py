@@ -34,8 +34,8 @@ from lpsim.blocks.counters import BLOCK_COUNTERS, add_launched
 from lpsim.blocks.word_counts import clip_bounds
 from lpsim.blocks.decisions import (BlockParams, _element_params, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
-                                    element_fast32, element_nearest32_flags, element_params32,
-                                    nearest_words_exact, words_exact)
+                                    element_fast32_conditions, element_nearest32_conditions,
+                                    element_params32, nearest_words_exact, words_exact)
 from lpsim.blocks.word_scales import pow2_exponent, pow2_float32, pow2_words, scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
@@ -46,7 +46,8 @@ from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import arrays, counters, launch, specialised, tensor_amax, vector
-from .counters import add_warp_counts
+from .block_counting import (add_counts9, element32, overflowed_element, tally_flags,
+                             tally_nonfinite, tally_quad)
 from .launch import FULL_MASK, SIMULATOR
 from .tensor_amax import ENQUEUE, INF32, device_tensor_scale, finite32
 
@@ -115,23 +116,6 @@ else:
         return amax_bits, nonfinite
 
 
-@cuda.jit(device=True)
-def _tally(c, flags):
-    """The nine counters ``c`` plus one element's round_bits flags (INEXACT .. INF_IN)."""
-    return (c[0] + (flags & 1), c[1] + ((flags >> 1) & 1), c[2] + ((flags >> 2) & 1),
-            c[3] + ((flags >> 3) & 1), c[4] + ((flags >> 4) & 1), c[5] + ((flags >> 5) & 1),
-            c[6], c[7], c[8])
-
-
-@cuda.jit(device=True)
-def _tally_nonfinite(c, b):
-    """The counters ``c`` plus one element of a NaN block (float32 bits ``b``): a NaN or
-    inf input counted as :func:`lpsim.blocks.word_counts._nonfinite_block` counts it."""
-    a = np.int64(b) & 0x7FFFFFFF
-    return (c[0], c[1], c[2], c[3], c[4] + np.int64(a > INF32), c[5] + np.int64(a == INF32),
-            c[6], c[7], c[8])
-
-
 if SIMULATOR:
     @cuda.jit(device=True)
     def _block_any(v, lanes):
@@ -151,22 +135,12 @@ else:
     @cuda.jit(device=True)
     def _block_any(v, lanes):
         """The largest ``v`` over the ``lanes`` lanes of a block by butterfly shuffles."""
-        m = np.int32(v)
+        m = _int32(v)
         width = lanes >> 1
         while width > 0:
             m = max(m, cuda.shfl_xor_sync(FULL_MASK, m, width))
             width >>= 1
         return np.int64(m)
-
-
-@cuda.jit(device=True)
-def _add_counts9(counts, c):
-    """Add one thread's nine counters into ``counts`` (slots 0 .. 8) as the quantize kernels
-    add their six (:func:`lpsim_cuda.counters.add_warp_counts`: per warp, one atomic a
-    counter).  Every lane of the warp calls it."""
-    zero = np.int64(0)
-    add_warp_counts(counts, 0, c[0], c[1], c[2], c[3], c[4], c[5])
-    add_warp_counts(counts, 6, c[6], c[7], c[8], zero, zero, zero)
 
 
 @cuda.jit(device=True)
@@ -247,6 +221,10 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # the next pass's quad is loaded before this one is rounded (two 16-byte loads in flight
     # a lane, 2 instructions an element) where ``ahead`` (:func:`kernel` says where)
     PREFETCH = ahead and POW2_WORDS and mode == NEAREST and not count and quads == 1
+    # the float32 element step: a counted nearest kernel takes it only for a block whose
+    # largest quotient overflows float32 (block_counting.overflowed_element, cold), others
+    # for every element (looked up here, so that a stub set before the kernel is made is used)
+    STEP32 = overflowed_element if NEAR and COUNT else element32
 
     def blocks(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values whose bits are ``xb`` (with HALF, bfloat16 or
@@ -260,8 +238,12 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         quads = n // block * LANES                     # the lanes of the whole blocks
         base = 0
         zero = np.int64(0)
-        c = (zero, zero, zero, zero, zero, zero, zero, zero, zero)     # with COUNT
-        clip_lo, clip_hi = (counts[9], counts[10]) if COUNT else (zero, zero)
+        # with COUNT: the thread's counters, 32-bit words (a thread rounds far fewer than
+        # 2**32 elements: a grid-stride loop over one wave), made int64 at the end
+        wz = word(np.int32(0))
+        c = (wz, wz, wz, wz, wz, wz, wz, wz, wz)
+        # the clip bounds are float32 magnitude bits (below 2**32)
+        clip_lo, clip_hi = (word(counts[9]), word(counts[10])) if COUNT else (wz, wz)
         n0 = n1 = n2 = n3 = np.int32(0)              # PREFETCH: the next pass's quad
         if PREFETCH and t < quads:
             n0, n1, n2, n3 = vector.load4(xb, t)
@@ -303,7 +285,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
             else:
                 amax_bits, nonfinite = _block_reduce(xb, g * block, block, fa, ff, LANES,
                                                      HALF)
-            nz = clipped = nan_block = zero            # with COUNT: this lane's block
+            nz = clipped = nan_block = wz              # with COUNT: this lane's block
             r = 0
             while r < QUADS:
                 jq = q0 + r * LANES                    # the quad rounded now
@@ -317,9 +299,9 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                     if bp.nonfinite_nan != 0 and nonfinite != 0:
                         v0 = v1 = v2 = v3 = np.float32(np.nan)
                         if COUNT:
-                            c = _tally_nonfinite(_tally_nonfinite(_tally_nonfinite(
-                                _tally_nonfinite(c, b0), b1), b2), b3)
-                            nan_block = np.int64(1)
+                            c = tally_nonfinite(tally_nonfinite(tally_nonfinite(
+                                tally_nonfinite(c, b0), b1), b2), b3)
+                            nan_block = wz + 1
                     elif WORDS and nonfinite == 0 and (not POW2_WORDS or pow2_words(a, bp)):
                         # the word kernel's scale: integer steps from the amax bits, the float32
                         # reciprocal by exponent bits or one float32 division (a power-of-two
@@ -338,11 +320,11 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                         # element_exact's to flag, as the CPU's counted kernel does
                         if NEAR and COUNT and bits_float32(amax_bits) * rc < np.inf:
                             pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
-                            v0, g0, z0 = _near_counted(_value(b0), rc, s32, pts, maxe, bp)
-                            v1, g1, z1 = _near_counted(_value(b1), rc, s32, pts, maxe, bp)
-                            v2, g2, z2 = _near_counted(_value(b2), rc, s32, pts, maxe, bp)
-                            v3, g3, z3 = _near_counted(_value(b3), rc, s32, pts, maxe, bp)
-                            c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                            v0, f0, z0 = _near_counted(_value(b0), rc, s32, pts, maxe, bp)
+                            v1, f1, z1 = _near_counted(_value(b1), rc, s32, pts, maxe, bp)
+                            v2, f2, z2 = _near_counted(_value(b2), rc, s32, pts, maxe, bp)
+                            v3, f3, z3 = _near_counted(_value(b3), rc, s32, pts, maxe, bp)
+                            c = tally_quad(c, f0, f1, f2, f3)
                             nz += z0 + z1 + z2 + z3
                         elif NEAR and not COUNT:
                             pts, maxe = np.float32(bp.pts), np.float32(bp.max_e)
@@ -350,20 +332,24 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                             v1 = element_nearest32(_value(b1), rc, s32, pts, maxe, CW, LW)
                             v2 = element_nearest32(_value(b2), rc, s32, pts, maxe, CW, LW)
                             v3 = element_nearest32(_value(b3), rc, s32, pts, maxe, CW, LW)
-                        else:
-                            v0, g0, z0 = _element32(_value(b0), rc, s32, s, w0, bp)
-                            v1, g1, z1 = _element32(_value(b1), rc, s32, s, w1, bp)
-                            v2, g2, z2 = _element32(_value(b2), rc, s32, s, w2, bp)
-                            v3, g3, z3 = _element32(_value(b3), rc, s32, s, w3, bp)
+                        else:                   # (STEP32: see above)
+                            v0, f0, z0, c = STEP32(_value(b0), rc, s32, s, w0, bp, MODE, K,
+                                                   P32, P, c)
+                            v1, f1, z1, c = STEP32(_value(b1), rc, s32, s, w1, bp, MODE, K,
+                                                   P32, P, c)
+                            v2, f2, z2, c = STEP32(_value(b2), rc, s32, s, w2, bp, MODE, K,
+                                                   P32, P, c)
+                            v3, f3, z3, c = STEP32(_value(b3), rc, s32, s, w3, bp, MODE, K,
+                                                   P32, P, c)
                             if COUNT:
-                                c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
+                                c = tally_quad(c, f0, f1, f2, f3)
                                 nz += z0 + z1 + z2 + z3
                         if COUNT:
-                            am = as_int64(amax_bits)
+                            am = word(amax_bits)
                             if clip_hi != 0:        # lpsim.blocks.word_counts.clip_bounds'
-                                clipped = np.int64(am != 0 and (am < clip_lo or am >= clip_hi))
+                                clipped = like(am, am != 0 and (am < clip_lo or am >= clip_hi))
                             else:                   # a scale found on the device: no bounds
-                                clipped = np.int64(block_scale(np.float64(bits_float32(am)),
+                                clipped = like(am, block_scale(np.float64(bits_float32(am)),
                                                                bp, SP)[1])
                     else:
                         amax = np.float64(bits_float32(amax_bits))
@@ -374,23 +360,25 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
                         v2, g2, z2 = _element(_value(b2), recip, s, w2, bp)
                         v3, g3, z3 = _element(_value(b3), recip, s, w3, bp)
                         if COUNT:
-                            c = _tally(_tally(_tally(_tally(c, g0), g1), g2), g3)
-                            nz += z0 + z1 + z2 + z3
-                            clipped = np.int64(clip)
+                            c = tally_flags(tally_flags(tally_flags(tally_flags(c, g0), g1), g2),
+                                            g3)
+                            nz += like(nz, z0 + z1 + z2 + z3)
+                            clipped = like(nz, clip)
                     vector.store4(out, jq, v0, v1, v2, v3)
                 r += 1
             if COUNT:
                 # the block's counters, by its first lane: its lanes' nonzero results
                 # combined over the block (every lane takes part, as in the amax reduction)
                 anynz = _block_any(nz, LANES)
-                if live and j % LANES == 0:
-                    flushed = np.int64(nan_block == 0 and (amax_bits & 0x7FFFFFFF) != 0
-                                       and (amax_bits & 0x7FFFFFFF) < INF32 and anynz == 0)
+                # a block's first lane (blocks start at multiples of LANES, the block size)
+                if live and (cuda.threadIdx.x & (LANES - 1)) == 0:
+                    flushed = like(nz, nan_block == 0 and (amax_bits & 0x7FFFFFFF) != 0
+                                   and (amax_bits & 0x7FFFFFFF) < INF32 and anynz == 0)
                     c = (c[0], c[1], c[2], c[3], c[4], c[5], c[6] + clipped,
                          c[7] + flushed, c[8] + nan_block)
             base += per_pass
         if COUNT:
-            _add_counts9(counts, c)
+            add_counts9(counts, c)
 
     @cuda.jit(device=True)
     def _load(xb, q):
@@ -403,12 +391,11 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
 
     @cuda.jit(device=True)
     def _near_counted(xv, rc, s32, pts, maxe, bp):
-        """(value, round_bits flags, 1 where q is nonzero) of a finite element to nearest
-        by :func:`element_nearest32_flags` (its flags packed one a byte, unpacked here)."""
-        v, packed, q = element_nearest32_flags(xv, rc, s32, pts, maxe, MINN, CW, LW, bp.pow2)
-        f = as_int64(packed)
-        return v, ((f & 1) | ((f >> 7) & 2) | ((f >> 14) & 4) | ((f >> 21) & 8)), \
-            np.int64(q != 0)
+        """(value, (inexact, overflow, underflow, subnormal), 1 where q is nonzero) of a
+        finite element to nearest (:func:`element_nearest32_conditions`), 32-bit words."""
+        v, i, o, u, b, q = element_nearest32_conditions(xv, rc, s32, pts, maxe, MINN, CW, LW,
+                                                        bp.pow2)
+        return v, (i, o, u, b), like(i, q != 0)
 
     @cuda.jit(device=True)
     def _element(xv, recip, s, r, bp):
@@ -419,17 +406,6 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
             q, v, flags = element_exact(xv, recip, s, MODE, r, K, P, bp)
         # the float32 store's rounding, here
         return np.float32(v), np.int64(flags), np.int64(q != 0)
-
-    @cuda.jit(device=True)
-    def _element32(xv, rc, s32, s, r, bp):
-        """(value, flags, 1 where q is nonzero): the word kernel's float32 step."""
-        q, v, ok, flags = element_fast32(xv, r, rc, s32, MODE, K, P32, bp)
-        g = as_int64(flags)
-        nz = np.int64(q != 0)
-        if ok == 0:
-            q64, v, f64 = element_exact(xv, block_recip(s, bp), s, MODE, r, K, P, bp)
-            g, nz = np.int64(f64), np.int64(q64 != 0)
-        return np.float32(v), g, nz
 
     step = cuda.jit(device=True)(blocks)
     if DEVICE_PTS or COUNT:

@@ -22,7 +22,8 @@ from numba.extending import overload, register_jitable
 from ..formats import Format
 from ..philox import block_words, lane_word
 from ..rounding import (DOWN, INEXACT, NEAREST, OVERFLOW, STOCHASTIC, UP, Params, fast_sub_ok,
-                        kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub)
+                        kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub,
+                        round_fast_sub_conditions)
 from ..word32 import bits_float32, float32_bits, like
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat
 
@@ -227,12 +228,22 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
     normal (or x is 0: ``ok`` is 0 for a product that underflowed), and is the definition
     (fp32(x * r)) otherwise; q * s (* pts) is rounded once, as in float64.
     """
+    q, v, ok, inexact, over, under, sub = element_fast32_conditions(xv, r, recip, s, mode, k,
+                                                                    p, bp)
+    return q, v, ok, (inexact | (over << 1) | (under << 2) | (sub << 3)) & -ok
+
+
+@register_jitable(forceinline=True)
+def element_fast32_conditions(xv, r, recip, s, mode, k, p, bp):
+    """:func:`element_fast32` with its flags one a value (:func:`lpsim.rounding.
+    round_fast_sub_conditions`): (q, q * s, ok, inexact, overflow, underflow, subnormal),
+    the flags valid where ok is 1."""
     yb = float32_bits(xv * recip)
-    b, ok, flags = round_fast_sub(yb, mode, r, k, p)
+    b, ok, inexact, over, under, sub = round_fast_sub_conditions(yb, mode, r, k, p)
     ok &= _exact_product(xv, yb)
     q = bits_float32(b)
     v = q * s * np.float32(bp.pts)              # times 1 (exact) without a tensor scale
-    return q, v, ok, flags & -ok
+    return q, v, ok, inexact, over, under, sub
 
 
 @register_jitable(forceinline=True)
@@ -260,6 +271,17 @@ def element_nearest32_flags(xv, rc, s, pts, maxe, minn, cw, lw, pow2):
     so that a loop sums them in one 32-bit lane, for up to 255 elements.  The value is
     element_nearest32's own; the product and the rounding it repeats are the same
     operations, which the compiler forms once."""
+    v, inexact, over, under, sub, q = element_nearest32_conditions(xv, rc, s, pts, maxe, minn,
+                                                                   cw, lw, pow2)
+    return v, inexact | (over << 8) | (under << 16) | (sub << 24), q
+
+
+@register_jitable(forceinline=True)
+def element_nearest32_conditions(xv, rc, s, pts, maxe, minn, cw, lw, pow2):
+    """:func:`element_nearest32_flags`' flags one a value: (value, inexact, overflow,
+    underflow, subnormal, q), each flag 0 or 1 (a 32-bit word on 32-bit words).  A GPU
+    lane adds these to its counters as they are: packing them into bytes pays where SIMD
+    lanes sum them, not in a GPU thread's registers."""
     v = element_nearest32(xv, rc, s, pts, maxe, cw, lw)
     yb = float32_bits(xv * rc)
     ya = bits_float32(yb & 0x7FFFFFFF)
@@ -268,9 +290,8 @@ def element_nearest32_flags(xv, rc, s, pts, maxe, minn, cw, lw, pow2):
     zero = like(yb, q == 0)
     pw = like(yb, pow2 != 0)                    # a select, not a branch: loops vectorise
     under = zero & ((like(yb, xv != 0) & pw) | (like(yb, ya != 0) & (1 - pw)))
-    flags = ((like(yb, q != ya) | under) | (like(yb, qr > maxe) << 8) | (under << 16)
-             | (((1 - zero) & like(yb, q < minn)) << 24))
-    return v, flags, q
+    return (v, like(yb, q != ya) | under, like(yb, qr > maxe), under,
+            (1 - zero) & like(yb, q < minn), q)
 
 
 @functools.lru_cache(maxsize=256)
