@@ -646,13 +646,12 @@ def stub_cold_paths() -> None:
     def tally_nonfinite(c, b):
         return c
 
-    rounding.round_bits = round_bits
-    importlib.import_module("lpsim_cuda.specialised").round_bits = round_bits
-    groups.element_exact, groups.element_fast = element_exact, element_fast
-    groups.block_scale = block_scale
+    # in every module that holds the function, not only where it is defined: a kernel calls
+    # the name its own module imported
+    for name, stub in (("round_bits", round_bits), ("element_exact", element_exact),
+                       ("element_fast", element_fast), ("block_scale", block_scale)):
+        _replace_everywhere(name, stub)
     groups.overflowed_element, groups.tally_nonfinite = overflowed_element, tally_nonfinite
-    importlib.import_module("lpsim_cuda.block_counting").element_exact = element_exact
-    importlib.import_module("lpsim.blocks.word_scales").block_scale = block_scale
 
     @register_jitable
     def declined_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
@@ -660,6 +659,24 @@ def stub_cold_paths() -> None:
         counts[0] += 1
 
     importlib.import_module("lpsim_cuda.optim")._general_quad = declined_quad
+
+
+def _replace_everywhere(name: str, stub) -> None:
+    """Bind ``name`` to ``stub`` in every lpsim and lpsim_cuda module that holds the
+    original (imported there or defined there)."""
+    import importlib
+    import pkgutil
+    import lpsim
+    import lpsim_cuda
+    modules = [importlib.import_module(info.name)
+               for package in (lpsim, lpsim_cuda)
+               for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+               if not info.name.startswith(("lpsim.torch", "lpsim.testing", "lpsim.cli"))]
+    original = next(vars(m)[name] for m in modules if vars(m).get(name) is not None
+                    and getattr(vars(m)[name], "__name__", "") == name)
+    for module in modules:
+        if vars(module).get(name) is original:
+            setattr(module, name, stub)
 
 
 def _straight_rows(argv: list[str]):
