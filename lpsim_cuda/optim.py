@@ -26,8 +26,10 @@ tensors spent milliseconds a step launching before.
 
 numba.cuda contracts ``a*b + c`` into an FMA (NVVM's default), which rounds once where the
 CPU rounds twice; so on a real GPU the step's products (:func:`lpsim.optim.step.fmul`) are
-rebound to ``fmul_rn`` (:func:`rebind`), one source compiled with another primitive.  The
-simulator runs the Python source as it is.
+rebound to ``fmul_rn`` (:func:`rebind`), one source compiled with another primitive, and the
+explicit FMAs of the bias corrections' division (:func:`lpsim.optim.step.divide_by`) to
+libdevice's ``fmaf``.  The simulator runs the Python source as it is (its FMA exact in float64,
+:func:`lpsim.ops.mma.fma32`).
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ BLOCKS_PER_SM = 5
 #: during the step's ~140 instructions an element), at 8 registers more: off until a GPU
 #: run of benchmarks/bench_optim.py (its "next quad loaded ahead" case) says it pays
 LOAD_AHEAD = False
-#: the functions of lpsim.optim.step that call fmul, directly or through one another
-_USERS = ("adamw_moments", "adamw_update", "adamw_direction", "sgd_gradient", "sgd_buffer",
-          "sgd_update", "sgd_direction", "step_codes", "step_element", "step_quad")
+#: the functions of lpsim.optim.step that call fmul or fma32, directly or through one
+#: another
+_USERS = ("divide_by", "adamw_moments", "adamw_scaled", "adamw_update", "adamw_direction",
+          "sgd_gradient", "sgd_buffer", "sgd_update", "sgd_direction", "step_codes",
+          "step_element", "step_quad")
 
 
 def rebind(module, overrides: dict, names=_USERS) -> dict:
@@ -81,7 +85,11 @@ else:                                                      # pragma: no cover (G
     def _fmul_rn(a, b):
         return libdevice.fmul_rn(a, b)
 
-    _rebound = rebind(core, {"fmul": _fmul_rn})
+    @cuda.jit(device=True)
+    def _fmaf(a, b, c):
+        return libdevice.fmaf(a, b, c)
+
+    _rebound = rebind(core, {"fmul": _fmul_rn, "fma32": _fmaf})
     _step_quad, _step_codes = _rebound["step_quad"], _rebound["step_codes"]
 #: the general step of a quad the wide path does not take: one of its lanes declined, it is
 #: a tensor's partial last quad, or a set's tensor that is not aligned (its own name: the

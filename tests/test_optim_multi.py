@@ -145,6 +145,7 @@ def test_offsets_and_threads(dtype, monkeypatch):
     sizes, offsets = [5, 3 * CHUNK + 11, 1, 700], [3, CHUNK - 2, 0, 5 * CHUNK + 1]
     hp = tuple(np.float32(x) for x in (1e-2, 1e-3, 0.9, 0.1, 0.999, 0.001, 0.1, 0.001, 1e-8,
                                        0.1, 0, 1))
+    hp += (np.float32(1) / hp[6], np.float32(1) / hp[7])       # the host's 1 / c1, 1 / c2
     ints = (ADAMW, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk, 0, 1)
     seed = (123, 456)
 

@@ -677,8 +677,9 @@ class AdamW(LowPrecisionOptimizer):
         lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         b1, b2 = (float(b) for b in group["betas"])
         f = np.float32
-        return (f(lr), f(lr * wd), f(b1), f(1 - b1), f(b2), f(1 - b2), f(1 - b1 ** step),
-                f(1 - b2 ** step), f(eps), f(wd), f(0), f(1))
+        c1, c2 = f(1 - b1 ** step), f(1 - b2 ** step)          # in (0, 1]: b < 1, step >= 1
+        return (f(lr), f(lr * wd), f(b1), f(1 - b1), f(b2), f(1 - b2), c1, c2, f(eps), f(wd),
+                f(0), f(1), f(1) / c1, f(1) / c2)
 
 
 class SGD(LowPrecisionOptimizer):
@@ -716,4 +717,4 @@ class SGD(LowPrecisionOptimizer):
         lr, mu, damp, wd = (float(group[name]) for name in ("lr", "momentum", "dampening",
                                                              "weight_decay"))
         return (f(lr), f(0), f(0), f(0), f(0), f(0), f(1), f(1), f(0), f(wd), f(mu),
-                f(1 - damp))
+                f(1 - damp), f(1), f(1))

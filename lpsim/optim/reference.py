@@ -123,7 +123,8 @@ def step(algo: int, param, grad, state: dict, s: Setup, hp, nesterov: bool, firs
     hp and the lines: :func:`lpsim.optim.step.adamw_direction` / ``sgd_direction`` /
     ``apply_update``.  streams = (weight, first moment, second moment).
     """
-    lr, decay, b1, omb1, b2, omb2, c1, c2, eps, wd, mu, omd = hp
+    # (hp[12:]: 1 / c1 and 1 / c2, the GPU's divide_by)
+    lr, decay, b1, omb1, b2, omb2, c1, c2, eps, wd, mu, omd = hp[:12]
     w = _load(param)
     g = _load(grad)
     qs = dict(fmt=s.state_format, rounding=s.state_rounding, seed=seed, sr_bits=s.sr_bits,

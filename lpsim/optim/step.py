@@ -28,6 +28,7 @@ import math
 import numpy as np
 from numba.extending import register_jitable
 
+from lpsim.ops.mma import fma32 as fma32_exact
 from lpsim.philox import block_words, lane_word
 from lpsim.rounding import NEAREST, STOCHASTIC, round_fast, round_one
 from lpsim.storage import FLOAT16_CODES, code_bits, pack_bits
@@ -163,15 +164,49 @@ def adamw_moments(g, m, v, hp):
     return fmul(hp[2], m) + fmul(hp[3], g), fmul(hp[4], v) + fmul(hp[5], fmul(g, g))
 
 
+@register_jitable
+def fma32(a, b, c):
+    """a * b + c of float32 values rounded once to float32 (an FFMA), for :func:`divide_by`;
+    the CUDA build makes it libdevice's fmaf."""
+    return fma32_exact(np.float64(a), np.float64(b), np.float64(c))
+
+
+#: bounds of :func:`divide_by`'s exact route
+_TINY_DIVIDEND, _HUGE_QUOTIENT = np.float32(2.0 ** -100), np.float32(2.0 ** 120)
+
+
+@register_jitable
+def divide_by(a, c, y):
+    """(a / c, ok): a float32 ``a`` over a divisor ``c`` in (0, 1] by its reciprocal ``y`` =
+    fl32(1 / c), which the host gives (hp), in one product and two FMAs: q = fl(a y), the
+    remainder r = a - q c is exact (one FMA), and fl(q + r y) is a / c correctly rounded
+    (Markstein's theorem: y correctly rounded, q within an ulp); q itself where r is 0, which
+    keeps a zero's sign.  ``ok`` is 0 where the remainder could leave float32's normal range
+    or the quotient overflow (a NaN, inf, 0 < |a| < 2**-100, |q| > 2**120): the caller takes
+    the IEEE division there.  The wide CUDA step's division by the bias corrections: IEEE
+    division there is a reciprocal, a check and a call (a division is ~16 instructions)."""
+    q = fmul(a, y)
+    r = fma32(-q, c, a)
+    q1 = fma32(r, y, q)
+    ok = (a == 0) | ((abs(a) >= _TINY_DIVIDEND) & (abs(q) <= _HUGE_QUOTIENT))
+    return q if r == 0 else q1, ok
+
+
 @register_jitable(error_model="numpy")
-def adamw_update(m, v, w, hp):
-    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments.
+def adamw_scaled(mh, vh, w, hp):
+    """u = lr mh / (sqrt(vh) + eps) + (lr wd) w from the bias-corrected moments.
 
     IEEE division (x / 0 is inf or nan, as in torch, not an exception) and math.sqrt (on
     float32, correctly rounded like np.sqrt, and a loop over it vectorises).
     """
-    return fmul(hp[0], (m / hp[6]) / (np.float32(math.sqrt(v / hp[7])) + hp[8])) \
-        + fmul(hp[1], w)
+    return fmul(hp[0], mh / (np.float32(math.sqrt(vh)) + hp[8])) + fmul(hp[1], w)
+
+
+@register_jitable(error_model="numpy")
+def adamw_update(m, v, w, hp):
+    """u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w, from the rounded moments (IEEE
+    divisions: :func:`adamw_scaled`)."""
+    return adamw_scaled(m / hp[6], v / hp[7], w, hp)
 
 
 @register_jitable
@@ -184,11 +219,17 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
         m = Q_s(b1 m + (1 - b1) g);  v = Q_s(b2 v + (1 - b2) g g)
         u = lr (m / c1) / (sqrt(v / c2) + eps) + (lr wd) w,   c_i = 1 - b_i**t
 
-    hp = (lr, lr*wd, b1, 1-b1, b2, 1-b2, c1, c2, eps, wd, momentum, 1-dampening), float32.
+    hp = (lr, lr*wd, b1, 1-b1, b2, 1-b2, c1, c2, eps, wd, momentum, 1-dampening, 1/c1, 1/c2),
+    float32.  fast: m / c1 and v / c2 by :func:`divide_by` (the same quotients; ok 0 where
+    it declines).
     """
     m, v = adamw_moments(g, m, v, hp)
     m, okm, _ = round32(m, smode, rm, sk, ps, fast)
     v, okv, _ = round32(v, smode, rv, sk, ps, fast)
+    if fast:
+        mh, ok1 = divide_by(m, hp[6], hp[12])
+        vh, ok2 = divide_by(v, hp[7], hp[13])
+        return adamw_scaled(mh, vh, w, hp), m, v, okm & okv & np.int64(ok1 & ok2)
     return adamw_update(m, v, w, hp), m, v, okm & okv
 
 
