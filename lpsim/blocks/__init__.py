@@ -91,7 +91,7 @@ from .word_scales import (  # noqa: F401
     STEPS_FROM, _next_step, _reciprocals, _scale_of, _scale_steps, scale_words)
 from .word_counts import (  # noqa: F401
     LANES, PIECE, _block_nearest, _block_words, _clip_side, _exact_step, _group_counted,
-    _group_counted_overload, _lanes_nearest, _least_side, _no_counts, _nonfinite_block, _pack,
+    _group_counted_overload, _lanes_nearest, _least_side, _no_counts, _nonfinite_block,
     _piece_nearest, _piece_words, _store, _tally, _tally_block, _tally_lanes, _tally_packed,
     _tally_scratch, clip_bounds, group_counted, tally_scratch)
 from .words import (  # noqa: F401

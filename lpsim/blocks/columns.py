@@ -49,13 +49,12 @@ from ..pool import deal, pieces, threads
 from ..rounding import MODES, NEAREST, STOCHASTIC, kernel_params, nearest32_words
 from ..word32 import as_int64, bits_float32, like, word
 from .amax import AMAX_GRAIN, NO_AMAXES
-from .decisions import (_element_params, block_params, element_fast32, element_nearest32, i2f,
-                        element_nearest32_flags, element_params32)
+from .decisions import (_element_params, block_params, element_fast32_packed, element_nearest32,
+                        i2f, element_nearest32_flags, element_params32)
 from .formats import PRESETS
 from .hadamard_rows import hadamard_amax_bits, hadamard_rows
 from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
-from .word_counts import (PIECE, _no_counts, _pack, _store, _tally_block, _tally_packed,
-                          clip_bounds)
+from .word_counts import (PIECE, _no_counts, _store, _tally_block, _tally_packed, clip_bounds)
 from .word_scales import (_reciprocals, _scale_steps, fused_scale, pow2_exponent,
                           pow2_float32, pow2_words, scale_recip32)
 
@@ -209,12 +208,12 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                         jj = np.uint64(j)
                         e = base + jj
                         r = word(rw[i, j]) if stochastic else fast
-                        q, v, ok, flags = element_fast32(src[sbase + jj], r, rcs[j], s32s[j],
-                                                         mode, k, p32, bp)
+                        q, v, ok, flags = element_fast32_packed(src[sbase + jj], r, rcs[j],
+                                                                s32s[j], mode, k, p32, bp)
                         outf[e] = v
                         redo[j] = as_int64(word(redo[j]) | (1 - ok))
                         if counting:
-                            lanes[j] = as_int64(word(lanes[j]) + _pack(flags))
+                            lanes[j] = as_int64(word(lanes[j]) + flags)
                             nonzero[j] = as_int64(word(nonzero[j]) + (ok & like(ok, q != 0)))
             if i < hn:                          # a row of the next unit's magnitudes
                 _amax_row(xb, np.uint64(rn + i * cols), ams, on, wn)

@@ -234,6 +234,17 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
 
 
 @register_jitable(forceinline=True)
+def element_fast32_packed(xv, r, recip, s, mode, k, p, bp):
+    """:func:`element_fast32` with its flags packed one a byte as
+    :func:`element_nearest32_flags` gives them (INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL at
+    bits 0, 8, 16, 24; 0 where ok is 0): the form the counted CPU loops sum per lane, made
+    from the conditions directly rather than through round_bits' flag bits."""
+    q, v, ok, inexact, over, under, sub = element_fast32_conditions(xv, r, recip, s, mode, k,
+                                                                    p, bp)
+    return q, v, ok, (inexact | (over << 8) | (under << 16) | (sub << 24)) & -ok
+
+
+@register_jitable(forceinline=True)
 def element_fast32_conditions(xv, r, recip, s, mode, k, p, bp):
     """:func:`element_fast32` with its flags one a value (:func:`lpsim.rounding.
     round_fast_sub_conditions`): (q, q * s, ok, inexact, overflow, underflow, subnormal),

@@ -31,8 +31,8 @@ from ..cpu import _constant
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
 from ..word32 import as_int64, bits_float32, like, word
 from .amax import _block_amax32, _finite_amax
-from .decisions import (bits_value, block_recip, block_scale, element_exact, element_fast32,
-                        element_nearest32_flags, element_ok32)
+from .decisions import (bits_value, block_recip, block_scale, element_exact,
+                        element_fast32_packed, element_nearest32_flags, element_ok32)
 from .word_scales import fused_scale
 
 #: the most elements whose packed flags (one a byte) one 32-bit sum holds
@@ -115,13 +115,6 @@ def clip_bounds(bp, sp):
 
 
 @register_jitable(forceinline=True)
-def _pack(flags):
-    """round_bits' flag bits INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL (1, 2, 4, 8) one a
-    byte (bits 0, 8, 16, 24), as :func:`element_nearest32_flags` gives them."""
-    return ((flags & 1) | ((flags & 2) << 7) | ((flags & 4) << 14) | ((flags & 8) << 21))
-
-
-@register_jitable(forceinline=True)
 def _piece_nearest(xf, outf, lo, size, rc, s, pts, maxe, minn, cw, lw, pow2):
     """:func:`element_nearest32_flags` over the ``size`` (at most PIECE) elements from ``lo``:
     the sum of their packed flags."""
@@ -177,10 +170,10 @@ def _lanes_words(xf, outf, rs, lanes, lo, r0, size, rc, s, mode, k, p32, bp):
     state = word(np.int32(0))
     for i in range(size):
         j = lo + np.uint64(i)
-        q, v, ok, flags = element_fast32(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
-                                         mode, k, p32, bp)
+        q, v, ok, flags = element_fast32_packed(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
+                                                mode, k, p32, bp)
         outf[j] = v
-        lanes[i] = as_int64(word(lanes[i]) + _pack(flags))
+        lanes[i] = as_int64(word(lanes[i]) + flags)
         state |= (ok & like(ok, q != 0)) | ((1 - ok) << 1)
     return state
 
@@ -274,10 +267,10 @@ def _piece_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
     acc = rest = word(np.int32(0))
     for i in range(size):
         j = lo + np.uint64(i)
-        q, v, ok, flags = element_fast32(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
-                                         mode, k, p32, bp)
+        q, v, ok, flags = element_fast32_packed(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
+                                                mode, k, p32, bp)
         outf[j] = v
-        acc += _pack(flags)
+        acc += flags
         rest += (ok & like(ok, q != 0)) | ((1 - ok) << 16)
     return acc, rest
 
@@ -303,7 +296,8 @@ def _tally(c, flags):
 
 @register_jitable(forceinline=True)
 def _tally_packed(c, acc):
-    """The counters ``c`` plus the packed flag sums ``acc`` (:func:`_pack`)."""
+    """The counters ``c`` plus the packed flag sums ``acc`` (one a byte:
+    :func:`lpsim.blocks.decisions.element_fast32_packed`)."""
     return (c[0] + as_int64(acc & 0xFF), c[1] + as_int64((acc >> 8) & 0xFF),
             c[2] + as_int64((acc >> 16) & 0xFF), c[3] + as_int64(acc >> 24), c[4], c[5], c[6],
             c[7])
