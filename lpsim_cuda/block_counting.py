@@ -1,8 +1,10 @@
-"""What a counted block kernel's thread adds up (:mod:`lpsim_cuda.block_groups` with
-``count``): the nine :data:`lpsim.blocks.BLOCK_COUNTERS` as 32-bit words, each element's
-flags one a word as the CPU's decisions give them (:func:`lpsim.blocks.
-element_nearest32_conditions`, :func:`lpsim.blocks.element_fast32_conditions`), and the
-warp's sum added into the device counters at the end.
+"""What a counted block kernel's thread adds up, in 32-bit words.
+
+:mod:`lpsim_cuda.block_groups` with ``count`` keeps the nine
+:data:`lpsim.blocks.BLOCK_COUNTERS` per thread as words, takes each element's flags one a
+word as the CPU's decisions give them (:func:`lpsim.blocks.decisions.
+element_nearest32_conditions`, :func:`lpsim.blocks.decisions.element_fast32_conditions`),
+and adds the warp's sums into the device counters at the end.
 
 Why words and flags one a value: int64 counters cost two instructions an add and the
 round_bits flags word a shift and a mask a counter; packed one a byte (the CPU's SIMD
