@@ -617,7 +617,6 @@ def stub_cold_paths() -> None:
     import importlib
     import numpy as np
     from numba.extending import register_jitable
-    import lpsim.rounding as rounding
     from lpsim.word32 import word
     groups = importlib.import_module("lpsim_cuda.block_groups")
 

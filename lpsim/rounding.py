@@ -315,6 +315,14 @@ def fast_sub_ok(bits, p):
 
 
 @register_jitable(forceinline=True)
+def pack_conditions(inexact, over, under, sub, width):
+    """Four flag conditions (each 0 or 1) as one word, ``width`` bits apart: 1 gives
+    round_bits' INEXACT, OVERFLOW, UNDERFLOW, SUBNORMAL; 8 one a byte, the form SIMD lanes
+    sum (up to 255 elements)."""
+    return inexact | (over << width) | (under << (2 * width)) | (sub << (3 * width))
+
+
+@register_jitable(forceinline=True)
 def round_fast_sub_conditions(bits, mode, r, k, p):
     """:func:`round_fast_sub`'s decision with its flags one a value: (bits, ok, inexact,
     overflow, underflow, subnormal), each 0 or 1 in the operand's width (valid where ok is
@@ -365,7 +373,7 @@ def round_fast_sub(bits, mode, r, k, p):
     (differences are taken as ``a - min(a, b)``), and every shift is less than 32.
     """
     out, ok, inexact, over, under, sub = round_fast_sub_conditions(bits, mode, r, k, p)
-    return out, ok, (inexact | (over << 1) | (under << 2) | (sub << 3)) & -ok
+    return out, ok, pack_conditions(inexact, over, under, sub, 1) & -ok
 
 
 @register_jitable(forceinline=True)

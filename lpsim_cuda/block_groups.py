@@ -34,8 +34,8 @@ from lpsim.blocks.counters import BLOCK_COUNTERS, add_launched
 from lpsim.blocks.word_counts import clip_bounds
 from lpsim.blocks.decisions import (BlockParams, _element_params, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
-                                    element_fast32_conditions, element_nearest32_conditions,
-                                    element_params32, nearest_words_exact, words_exact)
+                                    element_nearest32_conditions, element_params32,
+                                    nearest_words_exact, words_exact)
 from lpsim.blocks.word_scales import pow2_exponent, pow2_float32, pow2_words, scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.blocks.formats import parse_block_format
@@ -237,7 +237,6 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
         per_pass = cuda.gridsize(1) // LANES * LANES   # groups of whole blocks a pass covers
         quads = n // block * LANES                     # the lanes of the whole blocks
         base = 0
-        zero = np.int64(0)
         # with COUNT: the thread's counters, 32-bit words (a thread rounds far fewer than
         # 2**32 elements: a grid-stride loop over one wave), made int64 at the end
         wz = word(np.int32(0))

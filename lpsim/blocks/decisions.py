@@ -22,8 +22,8 @@ from numba.extending import overload, register_jitable
 from ..formats import Format
 from ..philox import block_words, lane_word
 from ..rounding import (DOWN, INEXACT, NEAREST, OVERFLOW, STOCHASTIC, UP, Params, fast_sub_ok,
-                        kernel_params, nearest32, nearest32_exact, round_bits, round_fast_sub,
-                        round_fast_sub_conditions)
+                        kernel_params, nearest32, nearest32_exact, pack_conditions, round_bits,
+                        round_fast_sub, round_fast_sub_conditions)
 from ..word32 import bits_float32, float32_bits, like
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat
 
@@ -230,7 +230,7 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
     """
     q, v, ok, inexact, over, under, sub = element_fast32_conditions(xv, r, recip, s, mode, k,
                                                                     p, bp)
-    return q, v, ok, (inexact | (over << 1) | (under << 2) | (sub << 3)) & -ok
+    return q, v, ok, pack_conditions(inexact, over, under, sub, 1) & -ok
 
 
 @register_jitable(forceinline=True)
@@ -241,7 +241,7 @@ def element_fast32_packed(xv, r, recip, s, mode, k, p, bp):
     from the conditions directly rather than through round_bits' flag bits."""
     q, v, ok, inexact, over, under, sub = element_fast32_conditions(xv, r, recip, s, mode, k,
                                                                     p, bp)
-    return q, v, ok, (inexact | (over << 8) | (under << 16) | (sub << 24)) & -ok
+    return q, v, ok, pack_conditions(inexact, over, under, sub, 8) & -ok
 
 
 @register_jitable(forceinline=True)
@@ -284,7 +284,7 @@ def element_nearest32_flags(xv, rc, s, pts, maxe, minn, cw, lw, pow2):
     operations, which the compiler forms once."""
     v, inexact, over, under, sub, q = element_nearest32_conditions(xv, rc, s, pts, maxe, minn,
                                                                    cw, lw, pow2)
-    return v, inexact | (over << 8) | (under << 16) | (sub << 24), q
+    return v, pack_conditions(inexact, over, under, sub, 8), q
 
 
 @register_jitable(forceinline=True)
