@@ -54,12 +54,17 @@ else:
 def amax32_kernel(bits, out):
     """out[0] = the largest finite magnitude bits of the float32 bits ``bits`` (16-byte
     aligned): four elements per thread and pass by one 16-byte load, compared as 32-bit
-    words, the last n % 4 one per thread; one atomic max per warp."""
+    words, the last n % 4 one per thread; one atomic max per warp.
+
+    The passes run from the array's end to its start (a warp's loads still one contiguous
+    run): the block kernel that reads the array next starts at its start, which this pass
+    read last, so a device's L2 still holds it (NVFP4's found scale reads the data twice;
+    a largest value does not depend on the order it is read in)."""
     am = word(0)
     groups = bits.size >> 2
     i = cuda.grid(1)
     while i < groups:
-        b0, b1, b2, b3 = vector.load4(bits, i)
+        b0, b1, b2, b3 = vector.load4(bits, groups - 1 - i)
         am = max(am, max(max(finite32(b0), finite32(b1)), max(finite32(b2), finite32(b3))))
         i += cuda.gridsize(1)
     i = (groups << 2) + cuda.grid(1)

@@ -311,6 +311,19 @@ def test_nvfp4_tensor_scale_found_on_the_device_never_comes_back(launches, monke
     assert len(launches) == 4
 
 
+@pytest.mark.parametrize("where", [0, 3, 4 * 64 - 1, 4 * 64, 766, 767, 770])
+def test_the_tensor_amax_pass_finds_the_largest_wherever_it_lies(where):
+    """The float32 amax kernel (its passes run from the array's end back to its start, the
+    n % 4 tail apart) finds the largest finite magnitude at the first and last element of a
+    pass, of the last whole group and in the tail, past NaN and inf: 771 elements are three
+    passes of the simulator's 64 threads and a tail of three."""
+    from lpsim_cuda import tensor_amax
+    x = (np.random.default_rng(where).standard_normal(771) * 1e3).astype(np.float32)
+    x[[10, 500]] = np.nan, -np.inf
+    x[where] = -3e7
+    assert tensor_amax.tensor_amax(cuda.to_device(x)) == 3e7 == float(np.float32(3e7))
+
+
 def test_calls_the_kernels_do_not_cover_take_the_general_kernel(launches):
     same_as_cpu(data((2, 40), seed=7), "mxfp8_e4m3", "nearest")         # 32 does not divide 40
     same_as_cpu(data((2, 64), seed=7).astype(np.float64), "mxfp4", "nearest")   # float64
