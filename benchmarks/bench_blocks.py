@@ -429,9 +429,14 @@ def cuda_rows(log2n: int, repeats: int):
     # host time of one call: a block of 32 elements, 1000 calls between synchronizations
     # (the routes a request's first call builds: lpsim_cuda.block_groups.BlockRoute, and
     # ScaledBlockRoute for NVFP4, whose tensor scale each call finds on the device)
+    # (a bfloat16 source has no route: its call's host time, made as the bfloat16-in row
+    # above makes its calls, says how much of that row is the host's)
     tiny = torch.randn(1, 32, device="cuda")
+    tiny16 = tiny.to(torch.bfloat16)
     for name, fn in (("lpsim.quantize mxfp8_e4m3 (one block)",
                       lambda: lpsim.quantize(tiny, "mxfp8_e4m3", "nearest", out=tiny)),
+                     ("lpsim.quantize mxfp8_e4m3, bfloat16 in (one block)",
+                      lambda: lpsim.quantize(tiny16, "mxfp8_e4m3", "nearest")),
                      ("lpsim.quantize nvfp4 (two blocks)",
                       lambda: lpsim.quantize(tiny, "nvfp4", "nearest", out=tiny)),
                      ("torch t.add_(0)", lambda: tiny.add_(0))):
