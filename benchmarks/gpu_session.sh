@@ -101,7 +101,7 @@ bench)
     timeout "$LIMIT" bash -c '
       R=$1
       python3 benchmarks/bench_quantize_gpu.py --json "$R/quantize-gpu.json" 2>&1
-      python3 benchmarks/bench_optim.py --device cuda --json "$R/optim-gpu.json" 2>&1
+      python3 benchmarks/bench_optim.py --device cuda --kernel-times --json "$R/optim-gpu.json" 2>&1
       python3 benchmarks/bench_optim.py --device cuda --shapes gpt2 --no-torchao --repeats 3 \
           --cases "lpsim bf16 SR (fused)" "lpsim bf16 SR (fused, per tensor)" \
           --json "$R/optim-gpt2-gpu.json" 2>&1
