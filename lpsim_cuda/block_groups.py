@@ -637,7 +637,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
     """:func:`lpsim_cuda.blocks.quantize` through these kernels: the result, or None where
     the call needs the general kernel (its checks and errors run there).  A torch bfloat16
     or float16 tensor's codes are read directly (a float32 result), except where NVFP4's
-    tensor scale is to be found: None, and the caller upcasts.  ``stats`` (checked by the
+    tensor scale is found on the device from the codes too.  ``stats`` (checked by the
     caller): the counting kernel adds the call's counters to its accumulator on the device,
     read when ``stats`` is."""
     given, bfmt = bfmt, parse_block_format(bfmt)
@@ -646,8 +646,7 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
         import torch
         half = arrays.half_kind(x.dtype)
         if ((x.dtype is not torch.float32 and not half) or not x.is_cuda
-                or not x.is_contiguous() or (x.ndim > 1 and axis not in (-1, x.ndim - 1))
-                or (half and bfmt.tensor_scale and tensor_scale is None)):
+                or not x.is_contiguous() or (x.ndim > 1 and axis not in (-1, x.ndim - 1))):
             return None
         if out is not None and (not launch.is_torch(out) or out.dtype is not torch.float32
                                 or out.shape != x.shape or out.device != x.device
@@ -688,6 +687,11 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             stats, launch.current_device(), 0, lambda: launch.capturing(x), BLOCK_COUNTERS,
             _bounds(bfmt, 1.0 if found or not bfmt.tensor_scale else
                     checked_tensor_scale(tensor_scale, bfmt), found))
+        if half and found:                  # the scale of the codes' values, on the device
+            with ENQUEUE:
+                launch_flat(bfmt, request, 1.0, xb, outf, n,
+                            device_tensor_scale(xb, bfmt, half), half=half, counts=counts)
+            return _counted(result, stats, n, bfmt)
         if half:
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
                         if bfmt.tensor_scale else 1.0, xb, outf, n, half=half,

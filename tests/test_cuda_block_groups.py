@@ -361,6 +361,55 @@ def test_16_bit_sources_equal_the_cpu_on_their_float32_values(half, dtype, fmt, 
     assert np.array_equal(got.view(np.int32), expected.view(np.int32)), fmt
 
 
+@pytest.mark.parametrize("half, dtype", [(BFLOAT16_CODES, ml_dtypes.bfloat16),
+                                         (FLOAT16_CODES, np.float16)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_of_16_bit_codes_finds_its_tensor_scale_from_the_codes(half, dtype, rounding):
+    """NVFP4 of bfloat16 or float16 codes whose tensor scale is to be found: the amax kernel
+    of the codes (each widened exactly) and the block kernel reading them give the CPU's
+    bits for the codes' float32 values, NaN and inf blocks included; for bfloat16 also data
+    so small that the scale takes its least value (float16 has no such values)."""
+    from lpsim.request import plan
+    from lpsim_cuda import tensor_amax
+    bfmt = PRESETS["nvfp4"]
+    rng = np.random.default_rng(half + 7)
+    cases = [data(256, seed=half + 3).astype(dtype)]
+    cases[0][rng.integers(0, 256, 3)] = [np.nan, np.inf, -np.inf]
+    if dtype is ml_dtypes.bfloat16:
+        cases.append((rng.standard_normal(64) * 1e-34).astype(dtype))
+    for values in cases:
+        x = values.astype(np.float32)
+        expected = quantize_blocks(x, bfmt, rounding, seed=4, want_elements=False).values
+        request = plan(bfmt.saturating_element, rounding, np.float32, seed=4, size=x.size)
+        out = cuda.device_array(x.size, np.float32)
+        xb = cuda.to_device(values.view(np.int16))
+        with tensor_amax.ENQUEUE:
+            block_groups.launch_flat(bfmt, request, 1.0, xb, out, x.size,
+                                     tensor_amax.device_tensor_scale(xb, bfmt, half),
+                                     half=half)
+        got = out.copy_to_host()
+        assert np.array_equal(got.view(np.int32), expected.view(np.int32)), values.size
+
+
+@pytest.mark.parametrize("half, dtype", [(BFLOAT16_CODES, ml_dtypes.bfloat16),
+                                         (FLOAT16_CODES, np.float16)])
+@pytest.mark.parametrize("where", [0, 255, 256, 767, 770])
+def test_the_amax_of_16_bit_codes_finds_the_largest_wherever_it_lies(half, dtype, where):
+    """The amax kernel of bfloat16 or float16 codes: the largest finite magnitude of their
+    float32 values at a pass edge, in the last whole group and in the n % 4 tail, past NaN
+    and inf and float16 subnormals (771 codes: three passes of 64 threads and a tail of 3)."""
+    from lpsim_cuda import tensor_amax
+    values = (np.random.default_rng(where).standard_normal(771) * 10).astype(dtype)
+    values[[10, 500]] = np.nan, -np.inf
+    values[[20, 21]] = dtype(2.0 ** -20), dtype(-(2.0 ** -24))      # subnormal in float16
+    values[where] = dtype(-1000.0)
+    amax = cuda.to_device(np.zeros(1, np.int64))
+    codes = cuda.to_device(values.view(np.int16))
+    launch_kernel = tensor_amax.amax_codes_kernel(half)
+    launch_kernel[2, 32](codes, amax)
+    assert np.int64(amax.copy_to_host()[0]) == np.float32(1000.0).view(np.int32)
+
+
 def test_16_bit_sources_need_8_byte_alignment():
     bfmt = PRESETS["mxfp8_e4m3"]
     assert not block_groups.eligible(bfmt, 64, 64, 4, 16, 0, 0, 2)       # x off 8 bytes
@@ -370,9 +419,9 @@ def test_16_bit_sources_need_8_byte_alignment():
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
 def test_torch_16_bit_tensors_equal_the_cpu(launches):
-    """bfloat16 and float16 tensors through lpsim.quantize: MX formats and NVFP4 with a
-    given scale read the codes (one launch each), NVFP4 without one and counted calls
-    upcast; every result is the CPU's float32 bits."""
+    """bfloat16 and float16 tensors through lpsim.quantize: MX formats and NVFP4 read the
+    codes (one launch each; NVFP4's scale, given or found from the codes on the device);
+    every result is the CPU's float32 bits."""
     import torch
     for dtype in (torch.bfloat16, torch.float16):
         t = torch.from_numpy(data((16, 256), seed=9)).to(dtype).cuda()
@@ -390,7 +439,7 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches):
         lpsim.quantize(t, "mxfp8_e4m3", stats=stats)
         lpsim.quantize(x, "mxfp8_e4m3", stats=want)
         assert stats == want
-    # per dtype: the two MX calls, NVFP4 with its scale, and NVFP4's upcast float32 call
+    # per dtype: the two MX calls, NVFP4 with its scale found and with it given
     assert len(launches) == 8
 
 

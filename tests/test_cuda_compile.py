@@ -115,6 +115,12 @@ with mock.patch.object(dispatcher, "get_current_device",
     assert "ld.global.v4" in ptx and "shfl.sync.bfly" in ptx, "no 16-byte load or shuffle"
     print("amax32 ok", len(ptx))
     report("blocks amax32", ptx)
+    from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES
+    for half in (BFLOAT16_CODES, FLOAT16_CODES):            # NVFP4 of 16-bit codes
+        ptx, _ = cuda.compile_ptx(T.amax_codes_kernel(half).py_func,
+                                  (numba.int16[::1], numba.int64[::1]), cc=(9, 0))
+        assert "ld.global.v4.u16" in ptx and "shfl.sync.bfly" in ptx, "no 8-byte load"
+        print("amax of codes", half, "ok", len(ptx))
     G = importlib.import_module("lpsim_cuda.block_groups")
     ptx, _ = cuda.compile_ptx(T.tensor_scale_kernel.py_func,
                               (numba.int64[::1], numba.float32, numba.float64,
@@ -246,7 +252,7 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
 def test_block_kernel_compiles_for_sm90():
     lines = _compile(_PREAMBLE + BLOCKS).splitlines()
     assert len([x for x in lines if " ok " in x and " fma " in x]) == 6, lines
-    assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 5, lines
+    assert len([x for x in lines if x.startswith("amax") and " ok " in x]) == 7, lines
     assert len([x for x in lines if x.startswith("counted groups")]) == 2, lines
     assert "tile groups ok" in "\n".join(lines) and "bf16 groups ok" in "\n".join(lines)
     # the element step has no a*b+c the CPU would round twice: no contraction may appear
