@@ -172,6 +172,31 @@ def test_infinite_quotients_of_a_given_tensor_scale_equal_the_counted_kernel():
         assert_counted_words_equal(x, bfmt, rounding, tensor_scale=pts, **kw)
 
 
+def test_blocks_whose_quotients_fall_below_the_element_equal_the_counted_kernel():
+    """Blocks far below the tensor scale: their scale clamps to its least, and their
+    quotients fall below e2m1's smallest subnormal (0.5), where the counted kernel must look
+    at every result to tell a flushed block: all of them rounding to 0 (to nearest below
+    0.25, toward zero), or some rounding up (to nearest from above 0.25, SR at random, up);
+    beside blocks whose largest quotient reaches 0.5, whose results it need not look at.
+    8192 blocks on one thread: NVFP4's scales then come from the table of steps, the
+    one-loop counted path (lpsim.blocks.word_counts.blocks_counted)."""
+    bfmt = blocks.parse_block_format("nvfp4")
+    rng = np.random.default_rng(12)
+    x = word_kernel_data(128, 1024, seed=12)
+    blocks16 = x.reshape(-1, 16)
+    sign = rng.choice([-1.0, 1.0], (blocks16.shape[0], 16))
+    # at tensor scale 1 a clamped block scale is 2**-9: quotients are x * 512
+    blocks16[0::4] = sign[0::4] * rng.uniform(0.10, 0.24, (len(blocks16[0::4]), 16)) / 512
+    blocks16[1::4] = sign[1::4] * rng.uniform(0.30, 0.45, (len(blocks16[1::4]), 16)) / 512
+    blocks16[2::4] = sign[2::4] * rng.uniform(0.001, 0.01, (len(blocks16[2::4]), 16)) / 512
+    want = counted_reference(x, bfmt, "nearest", tensor_scale=1.0)
+    flushed = want.counts[..., BLOCK_COUNTERS.index("flushed")].sum()
+    assert 0 < flushed < blocks16.shape[0]            # some blocks flush, others do not
+    with lpsim.pool.limited(1):
+        for rounding, kw in ROUNDINGS:
+            assert_counted_words_equal(x, bfmt, rounding, tensor_scale=1.0, **kw)
+
+
 @njit(cache=True)
 def _clip_mismatches(bp, sp, bits):
     """Bits of ``bits`` where clip_bounds' answer differs from block_scale's clipped flag,
