@@ -636,8 +636,8 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
              stats=None):
     """:func:`lpsim_cuda.blocks.quantize` through these kernels: the result, or None where
     the call needs the general kernel (its checks and errors run there).  A torch bfloat16
-    or float16 tensor's codes are read directly (a float32 result), except where NVFP4's
-    tensor scale is found on the device from the codes too.  ``stats`` (checked by the
+    or float16 tensor's codes are read directly (a float32 result), also where NVFP4's
+    tensor scale is to be found (its amax from the codes, on the device).  ``stats`` (checked by the
     caller): the counting kernel adds the call's counters to its accumulator on the device,
     read when ``stats`` is."""
     given, bfmt = bfmt, parse_block_format(bfmt)
