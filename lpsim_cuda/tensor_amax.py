@@ -51,53 +51,42 @@ else:
             cuda.atomic.max(out, 0, am)
 
 
-@cuda.jit
-def amax32_kernel(bits, out):
-    """out[0] = the largest finite magnitude bits of the float32 bits ``bits`` (16-byte
-    aligned): four elements per thread and pass by one 16-byte load, compared as 32-bit
-    words, the last n % 4 one per thread; one atomic max per warp.
+def _make_amax(half: int):
+    """The amax kernel of float32 bits (``half`` 0) or of bfloat16 or float16 codes
+    (``half``: lpsim.storage's kind, compiled in; each widened to its float32 bits exactly by
+    :func:`lpsim.storage.code_bits`): out[0] = the largest finite magnitude bits, four
+    elements per thread and pass by one 16-byte load (8 bytes of codes; aligned to it),
+    compared as 32-bit words, the last n % 4 one per thread; one atomic max per warp.
 
     The passes run from the array's end to its start (a warp's loads still one contiguous
     run): the block kernel that reads the array next starts at its start, which this pass
     read last, so a device's L2 still holds it (NVFP4's found scale reads the data twice;
     a largest value does not depend on the order it is read in)."""
-    am = word(0)
-    groups = bits.size >> 2
-    i = cuda.grid(1)
-    while i < groups:
-        b0, b1, b2, b3 = vector.load4(bits, groups - 1 - i)
-        am = max(am, max(max(finite32(b0), finite32(b1)), max(finite32(b2), finite32(b3))))
-        i += cuda.gridsize(1)
-    i = (groups << 2) + cuda.grid(1)
-    if i < bits.size:
-        am = max(am, finite32(bits[i]))
-    _add_max(out, as_int64(am))
-
-
-def _make_amax_codes(half: int):
-    """:func:`amax32_kernel` over bfloat16 or float16 codes (``half``: lpsim.storage's kind,
-    compiled in), each widened to its float32 bits exactly (:func:`lpsim.storage.code_bits`):
-    four codes per thread and pass by one 8-byte load (8-byte aligned), passes from the
-    array's end back to its start, the last n % 4 one per thread."""
     HALF = half
 
+    @cuda.jit(device=True)
+    def magnitude(b):
+        return finite32(code_bits(b, HALF) if HALF else b)
+
     @cuda.jit
-    def amax_codes_kernel(codes, out):
+    def amax_kernel(bits, out):
         am = word(0)
-        groups = codes.size >> 2
+        groups = bits.size >> 2
         i = cuda.grid(1)
         while i < groups:
-            c0, c1, c2, c3 = vector.load4(codes, groups - 1 - i)
-            am = max(am, max(max(finite32(code_bits(c0, HALF)), finite32(code_bits(c1, HALF))),
-                             max(finite32(code_bits(c2, HALF)), finite32(code_bits(c3, HALF)))))
+            b0, b1, b2, b3 = vector.load4(bits, groups - 1 - i)
+            am = max(am, max(max(magnitude(b0), magnitude(b1)),
+                             max(magnitude(b2), magnitude(b3))))
             i += cuda.gridsize(1)
         i = (groups << 2) + cuda.grid(1)
-        if i < codes.size:
-            am = max(am, finite32(code_bits(codes[i], HALF)))
+        if i < bits.size:
+            am = max(am, magnitude(bits[i]))
         _add_max(out, as_int64(am))
-    return amax_codes_kernel
+    return amax_kernel
 
 
+#: the amax kernel of float32 bits (16-byte aligned)
+amax32_kernel = _make_amax(0)
 #: lpsim.storage's 16-bit code kind -> its amax kernel, made on first use
 _AMAX_CODES: dict = {}
 
@@ -106,7 +95,7 @@ def amax_codes_kernel(half: int):
     """The amax kernel of bfloat16 or float16 codes (``half``), made once."""
     found = _AMAX_CODES.get(half)
     if found is None:
-        found = _AMAX_CODES[half] = _make_amax_codes(half)
+        found = _AMAX_CODES[half] = _make_amax(half)
     return found
 
 
@@ -160,13 +149,7 @@ def device_tensor_scale(xf, bfmt, half: int = 0):
     nothing and waits for neither.  The caller holds ``ENQUEUE`` until it has launched the
     kernel that reads the scale."""
     amax, ts = scratch()
-    if half:
-        if xf.size:
-            launch.configured(amax_codes_kernel(half),
-                              launch.grid_size(-(-xf.size // 4), launch.current_device()))(
-                xf, amax)
-    else:
-        _amax_into(xf, amax)
+    _amax_into(xf, amax, half)
     launch.configured(tensor_scale_kernel, 1)(amax, bfmt.tensor_scale_divisor,
                                                min_tensor_scale(bfmt), ts)
     return ts
@@ -185,11 +168,17 @@ def _amax_bits(x2):
     return _amax_into(x2, cuda.to_device(np.zeros(1, np.int64)))
 
 
-def _amax_into(x2, out):
-    """out[0] = max(out[0], the largest finite magnitude bits of ``x2``); returns out."""
+def _amax_into(x2, out, half: int = 0):
+    """out[0] = max(out[0], the largest finite magnitude bits of ``x2``: float32/float64,
+    or with ``half`` a flat int16 array of those codes, 8-byte aligned); returns out."""
+    device = launch.current_device()
+    if half:
+        if x2.size:
+            launch.configured(amax_codes_kernel(half), launch.grid_size(-(-x2.size // 4),
+                                                                        device))(x2, out)
+        return out
     cmag, cinf, M, EB = container_bits(x2.dtype)
     bits = x2.reshape(x2.size).view(np.int64 if M == 52 else np.int32)
-    device = launch.current_device()
     if bits.size and M == 23 and launch.address(bits) % 16 == 0:
         launch.configured(amax32_kernel, launch.grid_size(-(-bits.size // 4), device))(
             bits, out)
