@@ -35,6 +35,7 @@ libdevice's ``fmaf``.  The simulator runs the Python source as it is (its FMA ex
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import types
 
 import numpy as np
@@ -45,7 +46,7 @@ from lpsim.optim import step as core
 from lpsim.optim.step import ADAMW, KAHAN, NCOUNTS, REMAINDER, STOCHASTIC
 from lpsim.philox import block_words_keyed, round_keys
 
-from . import arrays, launch, vector
+from . import arrays, launch, specialised, vector
 from .launch import THREADS
 
 #: resident 128-thread blocks per SM the step kernels are compiled for: ptxas then keeps
@@ -424,6 +425,8 @@ class Table:
         self.elements = int(n.sum())
         self._keys = (None, None)
         self._held = None
+        #: (kernel, counters' address) -> its TableRoute, or False: numba's launch
+        self._routes = {}
 
     def refresh(self, grads) -> None:
         """Set the gradients' addresses (torch tensors or numba device arrays), and with them
@@ -453,17 +456,94 @@ class Table:
         if self._keys[0] != tuple(seed):
             self._keys = (tuple(seed), round_keys(*seed))
         grid = launch.grid_size(self.tiles * THREADS, launch.current_device(), BLOCKS_PER_SM)
-        kernel[grid, THREADS, stream](self._upload(stream), *self.protos, hp,
-                                      (seed[0], seed[1], int(step) << 24), self._keys[1],
-                                      counts, self.tiles, TILE_PASSES)
+        keys = (seed[0], seed[1], int(step) << 24)
+        found = self._routes.get((kernel, launch.address(counts)))
+        if found:                   # the raw launch: no typing, flattening or table wrapper
+            found(self._upload_tensor().data_ptr(), hp, keys, self._keys[1], grid,
+                  specialised._core_stream(launch.torch_stream_handle(self.device)))
+            return
+        args = (self._upload(stream), *self.protos, hp, keys, self._keys[1], counts,
+                self.tiles, TILE_PASSES)
+        kernel[grid, THREADS, stream](*args)
+        if found is None and self.device is not None and not launch.SIMULATOR:
+            self._routes[kernel, launch.address(counts)] = TableRoute.made(kernel, args,
+                                                                           stream)
 
     def _upload(self, stream):
         """The table on the device, copied on the launch's stream."""
         if self.device is None:
             return cuda.to_device(self.host, stream=stream)
-        import torch                                        # pragma: no cover (GPU only)
-        held = self._held = torch.from_numpy(self.host).pin_memory().to(self.device,
-                                                                          non_blocking=True)
+        held = self._upload_tensor()                       # pragma: no cover (GPU only)
         desc = {"shape": self.host.shape, "strides": None, "data": (held.data_ptr(), False),
                 "typestr": self.host.dtype.str, "version": 2}
         return cuda.from_cuda_array_interface(desc, owner=held, sync=False)
+
+    def _upload_tensor(self):                                # pragma: no cover (GPU only)
+        """The table copied to a torch tensor on its device through pinned memory, on
+        torch's current stream, held until the next upload."""
+        import torch
+        self._held = torch.from_numpy(self.host).pin_memory().to(self.device,
+                                                                 non_blocking=True)
+        return self._held
+
+
+class TableRoute(specialised.Route):
+    """A set kernel's launch without numba's dispatcher, whose typing and flattening of 90
+    flat arguments ran each step (its flattening of the hyperparameters, keys and round
+    keys alone takes ~50 µs on a 2-core VM; a kernel at 10**7 parameters takes ~90 µs on an
+    H200), and without the numba wrapper of each step's uploaded table.  The arguments of
+    the set's table shape, placeholders and counters are made once; those of the table's
+    address, the hyperparameters, keys and round keys each step.  :meth:`made` checks them
+    once against numba's own for the launch it just made."""
+
+    def __init__(self, kern, args):
+        import numba
+        super().__init__(kern, 0, 0, tuple(numba.typeof(a) for a in args))
+        self.fix(args)
+
+    def fix(self, args) -> None:
+        """The flat arguments of ``args`` (a launch's) that stay from step to step."""
+        table, protos, counts = args[0], args[1:6], args[9]
+        array = specialised._array_arguments
+        rows, columns = table.shape
+        # the table's flat arguments around its address: meminfo, parent, size, itemsize |
+        # address | shape, strides (C order, int64)
+        self.head = [0, 0, rows * columns, 8]
+        self.shape = [rows, columns, columns * 8, 8]
+        self.protos = [v for a in protos for v in array(launch.address(a), a.size,
+                                                       a.dtype.itemsize)]
+        self.tail = (array(launch.address(counts), counts.size, 8)
+                     + specialised._scalars(*args[10:]))
+        self._ks = self._ks_flat = None
+
+    def arguments(self, table_ptr: int, hp, keys, ks) -> list:
+        if ks is not self._ks:          # the round keys change with the seed only
+            self._ks, self._ks_flat = ks, specialised._scalars(*ks)
+        return (self.head + [table_ptr] + self.shape + self.protos
+                + [ctypes.c_float(v) for v in hp] + specialised._scalars(*keys)
+                + self._ks_flat + self.tail)
+
+    def __call__(self, table_ptr, hp, keys, ks, blocks, stream):
+        self._core_launch(stream, self.config(blocks), self.function,
+                          *self.arguments(table_ptr, hp, keys, ks))
+
+    @classmethod
+    def made(cls, kern, args, stream):
+        """The route of a launch numba just made with ``args`` (table, placeholders, hp,
+        keys, round keys, counts, tiles, passes), or False where its flat arguments are not
+        numba's or it cannot be built (that table keeps numba's launch)."""
+        try:
+            route = cls(kern, args)
+            mine = route.arguments(launch.address(args[0]), *args[6:9])
+            same = specialised._same(mine, specialised._numba_arguments(route.compiled, args,
+                                                                       stream))
+        except Exception as error:      # noqa: BLE001 (a numba-cuda without these internals)
+            ROUTE_ERRORS[kern] = repr(error)
+            return False
+        if not same:
+            ROUTE_ERRORS[kern] = "flat arguments differ from numba's"
+        return route if same else False
+
+
+#: set kernel -> why its tables keep numba's launch
+ROUTE_ERRORS: dict = {}

@@ -287,6 +287,10 @@ def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
             for p, g in zip(params, step):
                 p.grad = g.to(device)
             opt.step()
+        if device == "cuda" and foreach:        # steps 2 and 3 took the raw launch
+            tables = [entry[6] for entry in opt._table_cache.values()]
+            assert tables and all(any(t._routes.values()) for t in tables), \
+                cuda_optim.ROUTE_ERRORS
         out.append(([p.detach().cpu() for p in params], opt.update_stats.as_dict(),
                      opt.cancelled_updates,
                      [{k: v.cpu() for k, v in opt.state[p].items() if torch.is_tensor(v)}
@@ -299,3 +303,70 @@ def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
         for sa, sb in zip(out[0][3], got[3]):
             for key in sa:
                 assert torch.equal(sa[key], sb[key]), key
+
+
+ROUTE_CHECK = r"""
+import types
+import numpy as np
+import numba
+from numba.core import types as T
+import numba.cuda.dispatcher as dispatcher
+import lpsim_cuda.optim as O
+from lpsim.philox import round_keys
+from lpsim_cuda import specialised
+
+
+class Device:
+    # what numba's flattening and lpsim_cuda.launch.address read of a device array
+    def __init__(self, shape, dtype, ptr):
+        self.shape, self.dtype, self.ptr = tuple(shape), np.dtype(dtype), ptr
+        self.size, self.ndim = int(np.prod(shape)), len(shape)
+        strides = [self.dtype.itemsize * int(np.prod(shape[k + 1:])) for k in range(len(shape))]
+        self._layout = types.SimpleNamespace(strides_in_bytes=tuple(strides))
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape,
+                                         "typestr": self.dtype.str, "version": 2}
+        self._numba_type_ = T.Array(numba.from_dtype(self.dtype), self.ndim, "C")
+
+
+class Kernel:                   # numba's own flattening, without a device
+    extensions = []
+    _prepare_args = dispatcher._Kernel._prepare_args
+
+
+dispatcher.wrap_arg = lambda value: types.SimpleNamespace(to_device=lambda retr, stream: value)
+hp = tuple(np.float32(0.1 * (k + 1)) for k in range(14))
+args = (Device((3, 14), np.int64, 0x7F0000001000),
+        *(Device((4,), dt, 0x7F0000002000 + 256 * k)
+          for k, dt in enumerate((np.int16, np.int16, np.int16, np.int16, np.int16))),
+        hp, (123, 456, 7 << 24), round_keys(123, 456), Device((7,), np.int64, 0x7F0000003000),
+        5, 4)
+kinds = tuple(numba.typeof(a) for a in args)
+theirs = []
+for t, v in zip(kinds, args):
+    Kernel()._prepare_args(t, v, 0, [], theirs)
+route = O.TableRoute.__new__(O.TableRoute)
+route.fix(args)
+mine = route.arguments(args[0].ptr, *args[6:9])
+print("same", specialised._same(mine, theirs), len(mine), len(theirs))
+other = route.arguments(0x7F0000009000, hp[::-1], (1, 2, 3), args[8])
+print("moved", other[4] == 0x7F0000009000,
+      [v.value for v in other[44:58]] == [float(h) for h in hp[::-1]],
+      [v.value for v in other[58:61]] == [1, 2, 3], other[61:] == mine[61:])
+"""
+
+
+def test_the_set_launch_route_flattens_as_numba_does():
+    """The set kernel's raw launch (lpsim_cuda.optim.TableRoute) builds the flat arguments
+    numba's launch builds for the same table, placeholders, hyperparameters, keys, round
+    keys, counters and tile counts (numba's flattening run on stand-ins of device arrays,
+    no GPU), and each step's values land in their own places.  On a GPU the route checks
+    the same once against the real launch (test_gpu_optimizer_sets_match_cpu)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", ROUTE_CHECK], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["same", "True", "90", "90", "moved", "True", "True", "True",
+                                   "True"], done.stdout
