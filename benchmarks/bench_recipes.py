@@ -31,8 +31,9 @@ commit to the next, where whole steps on a shared VM vary by about 10%.
 
 ``--profile`` then runs one more step of each lpsim case under torch.profiler and prints where
 it went: the step's wall time, the device's kernel time, the host's synchronisations and
-copies (the calls that stop the host until the device catches up) and the operators with the
-most host time.
+copies (the calls that stop the host until the device catches up), the host time of lpsim's
+parts (each kind of quantization, the GEMMs' products, the RHT; inclusive, a call's average
+too) and the operators with the most host time of their own.
 """
 
 from __future__ import annotations
@@ -103,12 +104,42 @@ COPIES = ("cudaMemcpy", "cudaMemcpyAsync", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMe
           "cuMemcpyHtoDAsync")
 
 
+@contextlib.contextmanager
+def labelled():
+    """lpsim's parts of a simulated step under torch.profiler labels: each quantization
+    ("lpsim quantize <format> <rounding>"), each GEMM's product and the RHT, so that a
+    profile gives their host time (inclusive) beside torch's operators."""
+    import lpsim.torch.gemms as gemms
+    from torch.profiler import record_function
+    saved = {name: getattr(gemms, name) for name in ("lp_quantize", "_product", "rht_transposed",
+                                                     "rht_tokens")}
+
+    def wrap(name, fn):
+        def run(*args, **kwargs):
+            label = name
+            if name == "lp_quantize":
+                rounding = args[2] if len(args) > 2 else kwargs.get("rounding", "nearest")
+                label = f"lpsim quantize {getattr(args[1], 'name', None) or args[1]} {rounding}"
+            with record_function(label):
+                return fn(*args, **kwargs)
+        return run
+    labels = {"lp_quantize": None, "_product": "lpsim product", "rht_transposed": "lpsim rht",
+              "rht_tokens": "lpsim rht"}
+    for name, fn in saved.items():
+        setattr(gemms, name, wrap(labels[name] or name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(gemms, name, fn)
+
+
 def profile_step(case, step, device, top=8):
     """One step of ``case`` under torch.profiler: printed lines (a few; see the docstring)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     start = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with labelled(), profile(activities=activities) as prof:
         step()
     wall = 1e3 * (time.perf_counter() - start)
     events = prof.key_averages()
@@ -118,7 +149,11 @@ def profile_step(case, step, device, top=8):
     device_ms = 1e-3 * sum(getattr(e, "self_device_time_total", 0) or 0 for e in events)
     lines = [f"# profile {case}: one step {wall:.1f} ms under the profiler, device kernels "
              f"{device_ms:.1f} ms, {syncs} synchronisations, {copies} copies"]
-    ops = sorted((e for e in events if not e.key.startswith(("cuda", "cu"))),
+    ours = sorted((e for e in events if e.key.startswith("lpsim ")),
+                  key=lambda e: e.cpu_time_total, reverse=True)
+    lines += [f"#   {e.key[:60]:<60} host {e.cpu_time_total / 1e3:8.1f} ms  x{e.count}  "
+              f"({e.cpu_time_total / e.count:.0f} us a call, inclusive)" for e in ours]
+    ops = sorted((e for e in events if not e.key.startswith(("cuda", "cu", "lpsim "))),
                  key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     lines += [f"#   {e.key[:60]:<60} host {e.self_cpu_time_total / 1e3:8.1f} ms  x{e.count}"
               for e in ops]

@@ -20,6 +20,7 @@ and is re-exported here (docs/architecture.rst).
 from __future__ import annotations
 
 import secrets
+import sys
 from typing import NamedTuple
 
 import numpy as np
@@ -39,6 +40,10 @@ from .rounding import NEAREST, STOCHASTIC, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats, check_stats
 
 _ndarray = np.ndarray
+#: (module, name) of the torch tensor types whose CUDA calls may take a cached route
+_TORCH_TYPES = frozenset({("torch", "Tensor"), ("torch.nn.parameter", "Parameter")})
+#: lpsim_cuda.quantize.torch_front, once lpsim_cuda is loaded (_cuda_front)
+_TORCH_FRONT = None
 
 
 class _Route(NamedTuple):
@@ -224,8 +229,26 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                                           offset)
             if done is not None:
                 return done
+    elif (stats is None and (type(x).__module__, type(x).__name__) in _TORCH_TYPES
+          and x.is_cuda):
+        # a request a torch CUDA tensor took before: its cached route, a few microseconds
+        front = _cuda_front()
+        done = front and front(x, fmt, rounding, seed, stream, sr_bits, out, offset,
+                               generator, axis)
+        if done is not None:
+            return done
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,
                            generator, axis)
+
+
+def _cuda_front():
+    """lpsim_cuda.quantize.torch_front once lpsim_cuda is loaded (a torch CUDA tensor's
+    first call loads it through the general path), else None."""
+    global _TORCH_FRONT
+    if _TORCH_FRONT is None:
+        module = sys.modules.get("lpsim_cuda.quantize")
+        _TORCH_FRONT = module and module.torch_front
+    return _TORCH_FRONT
 
 
 def _round_generated(x, route, generator, rounding, stream, stats, out, offset):

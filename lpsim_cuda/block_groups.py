@@ -599,17 +599,26 @@ def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, key
                                                    device), build)
 
 
+def route_of(x, bfmt, rounding, sr_bits):
+    """The cached route of a float32 torch tensor's request (its block format as given,
+    rounding, sr_bits, device), or None: a dictionary lookup, nothing checked or launched."""
+    import torch
+    if not _ROUTES or x.dtype is not torch.float32:
+        return None
+    try:
+        return _ROUTES.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index))
+    except TypeError:                   # an unhashable format or sr_bits: the general path
+        return None
+
+
 def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
     """A float32 torch CUDA call through its cached route: the result, or None where the
     call needs the general path (no route yet, or anything a route does not cover)."""
     import torch
-    if not _ROUTES or x.dtype is not torch.float32 or not x.is_cuda:
+    if not x.is_cuda:
         return None
+    route = route_of(x, bfmt, rounding, sr_bits)
     device = x.device.index
-    try:
-        route = _ROUTES.get((bfmt, rounding, sr_bits, type(sr_bits), device))
-    except TypeError:
-        return None
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous()
             or (x.ndim > 1 and axis not in (-1, x.ndim - 1))

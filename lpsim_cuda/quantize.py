@@ -12,11 +12,14 @@ memory and added with atomics into the stats object's device accumulator
 
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 from numba import cuda
 
+from lpsim.blocks.formats import as_block_format
 from lpsim.formats import parse_format
+from lpsim.generator import Generator, resolve as resolve_generator
 from lpsim.request import plan
 from lpsim.rounding import STOCHASTIC, block_range, round_block, round_element, tally
 from lpsim.stats import RoundingStats, check_stats
@@ -160,11 +163,77 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     return result
 
 
+#: format strings -> the formats they name: the general path makes routes under parsed ones
+_PARSED: dict = {}
+
+
+def _parsed(spec: str):
+    """The element or block format a string names (cached), or None for a bad name (the
+    general path names it)."""
+    found = _PARSED.get(spec)
+    if found is None:
+        try:
+            found = as_block_format(spec) or parse_format(spec)
+        except (TypeError, ValueError):
+            return None
+        if len(_PARSED) < 256:
+            _PARSED[spec] = found
+    return found
+
+
+def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator, axis):
+    """:func:`lpsim.quantize` of a torch CUDA tensor, without stats, through its request's
+    cached route (an element format's, :mod:`lpsim_cuda.specialised`; a block format's,
+    :mod:`lpsim_cuda.block_groups`) and none of the general front: no parsing, no torch
+    backend checks, no plan.  The result, or None where the general path must take the call,
+    which then checks it and names what is wrong: no route yet, a tensor autograd follows
+    (straight-through rules), a negated view, a call inside another generator call, or
+    anything the route itself does not cover.  A route exists only for a format, rounding
+    and sr_bits that a call has taken; the seed, stream and offset are checked as the
+    general path checks them.  A generator's counters are taken as the general path takes
+    them and given back where the route declines.  ``out`` written: its version is bumped,
+    as torch's in-place operations do."""
+    import torch
+    if type(fmt) is str and (fmt := _parsed(fmt)) is None:
+        return None
+    if (x.is_neg() or (out is not None and (type(out) is not torch.Tensor or out.is_neg()))
+            or (torch.is_grad_enabled()
+                and (x.requires_grad or (out is not None and out.requires_grad)))):
+        return None
+    if specialised.route_of(x, fmt, rounding, sr_bits) is not None:
+        def call(seed, stream, offset):
+            return specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out,
+                                          offset)
+    elif (type(axis) is int and x.ndim and axis in (-1, x.ndim - 1)
+          and (block_groups := sys.modules.get("lpsim_cuda.block_groups")) is not None
+          and block_groups.route_of(x, fmt, rounding, sr_bits) is not None):
+        # (no block route exists before lpsim_cuda.block_groups is loaded: not loaded here)
+        def call(seed, stream, offset):
+            return block_groups.torch_call(x, fmt, rounding, axis, seed, stream, sr_bits,
+                                           out, offset)
+    else:
+        return None
+    if generator is None:
+        done = call(seed, stream, offset)
+    elif type(generator) is Generator and seed is None and generator.begin():
+        failed = True
+        try:
+            done = call(*resolve_generator(generator, x, rounding, None, stream, offset))
+            failed = done is None                   # declined: its counters given back
+        finally:
+            generator.end(failed)
+    else:               # not a Generator (named there), or inside another call of it
+        return None
+    if done is not None and out is not None:
+        torch.autograd.graph.increment_version(out)
+    return done
+
+
 def warmup(stats: RoundingStats | None = None) -> None:
     """Compile every kernel specialisation now and allocate the buffers a launch needs.
 
-    float32/float64 in, plain or packed out, counting or not, on the current device.  Call it before capturing a CUDA graph, which cannot compile or
-    allocate; pass ``stats`` (one object or a list) to allocate the device counters of each
+    float32/float64 in, plain or packed out, counting or not, on the current device.  Call it
+    before capturing a CUDA graph, which cannot compile or allocate; pass ``stats`` (one object or a list) to allocate the device counters of each
     stats object the graph will count into.
     """
     scratch = RoundingStats()                 # compiles the counting kernels

@@ -353,21 +353,31 @@ def _torch_dtype(name: str):
     return getattr(torch, name)
 
 
+def route_of(x, fmt, rounding, sr_bits, storage=None):
+    """The cached route of a torch tensor's request (its format as given, rounding, sr_bits,
+    storage, device and dtype), or None: a dictionary lookup, nothing checked or launched."""
+    import torch
+    if not _ROUTES:
+        return None
+    half = 0 if x.dtype is torch.float32 else arrays.half_kind(x.dtype)
+    if half == 0 and x.dtype is not torch.float32:
+        return None
+    try:
+        return _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, x.device.index,
+                            half))
+    except TypeError:                   # an unhashable format or sr_bits: the general path
+        return None
+
+
 def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None):
     """A torch float32 (or bfloat16, float16) CUDA call through its cached route: the
     result, or None where the call needs the general path (no route yet, or anything a
     route does not cover)."""
     import torch
-    if not _ROUTES or not x.is_cuda:
+    if not x.is_cuda:
         return None
-    half = 0 if x.dtype is torch.float32 else arrays.half_kind(x.dtype)
-    if half == 0 and x.dtype is not torch.float32:
-        return None
+    route = route_of(x, fmt, rounding, sr_bits, storage)
     device = x.device.index
-    try:
-        route = _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, device, half))
-    except TypeError:
-        return None
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous() or x.is_neg()
             or device != torch.cuda.current_device()

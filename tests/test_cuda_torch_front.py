@@ -1,0 +1,185 @@
+"""lpsim.quantize's short way for torch CUDA tensors (lpsim_cuda.quantize.torch_front), with no
+GPU: a CPU tensor that says it is on CUDA stands in for one, and routes that round host memory
+with lpsim's CPU kernels stand in for the cached raw launches.  So the front's own work is
+held to the general path bit for bit: which calls it takes and which it leaves to the general
+path, the generator's counters it takes and gives back, ``out`` and its version, format
+names.  The raw launches themselves run on a GPU (test_cuda_specialised.py,
+test_cuda_block_groups.py with LPSIM_TEST_GPU=1).
+"""
+
+import ctypes
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import lpsim
+import lpsim_cuda.block_groups as block_groups
+import lpsim_cuda.specialised as specialised
+from lpsim.blocks import as_block_format
+from lpsim.formats import parse_format
+from lpsim.rounding import mode_code
+from lpsim_cuda import launch
+
+MX = as_block_format("mxfp8_e4m3")
+# the modules (their packages export functions of the same names)
+front = importlib.import_module("lpsim.quantize")
+cuda_quantize = importlib.import_module("lpsim_cuda.quantize")
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that answers is_cuda as a CUDA one does (torch's operations on it give
+    plain tensors, as on a CUDA tensor they give CUDA ones)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def on_device(t):
+    return t.as_subclass(OnDevice)
+
+
+def host(ptr, n):
+    return np.ctypeslib.as_array((ctypes.c_float * n).from_address(ptr))
+
+
+class ElementRoute:
+    """specialised.Route's call, made by the CPU kernel on host memory: element i draws from
+    Philox block keys[3] + i // 4 of (seed, stream), as the kernel does."""
+
+    torch_dtype, out_bytes, in_bytes = None, 4, 4
+
+    def __init__(self, fmt, rounding, sr_bits):
+        self.fmt, self.rounding, self.sr_bits = fmt, rounding, sr_bits
+        self.mode, self.calls = mode_code(rounding), 0
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
+        self.calls += 1
+        lo, hi, key_stream, block0 = keys
+        lpsim.quantize(host(x_ptr, n).copy(), self.fmt, self.rounding, seed=lo | hi << 32,
+                       stream=key_stream, offset=4 * block0, sr_bits=self.sr_bits,
+                       out=host(out_ptr, n))
+
+
+class BlockRoute(ElementRoute):
+    """block_groups.BlockRoute's call, by the CPU kernel (rows of whole blocks: the flat
+    array's blocks are the rows' blocks)."""
+
+    def __init__(self, bfmt, rounding, sr_bits):
+        super().__init__(bfmt, rounding, sr_bits)
+        self.bfmt = bfmt
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """Stand-in routes for bf16 nearest and stochastic, e4m3fn with sr_bits=8, and MXFP8
+    nearest and stochastic, keyed as the general path keys them (parsed formats)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)   # a CPU tensor's index
+    monkeypatch.setattr(launch, "torch_stream_handle", lambda device: 0)
+    monkeypatch.setattr(specialised, "_core_stream", lambda handle: None)
+    made = {}
+    elements = {(parse_format("bf16"), "nearest", None), (parse_format("bf16"), "stochastic",
+                                                          None),
+                (parse_format("e4m3fn"), "stochastic", 8)}
+    monkeypatch.setattr(specialised, "_ROUTES", {
+        (f, r, b, type(b), None, None, 0): made.setdefault((f, r, b), ElementRoute(f, r, b))
+        for f, r, b in elements})
+    monkeypatch.setattr(block_groups, "_ROUTES", {
+        (MX, r, None, type(None), None): made.setdefault((MX, r, None), BlockRoute(MX, r, None))
+        for r in ("nearest", "stochastic")})
+    monkeypatch.setattr(front, "_TORCH_TYPES", front._TORCH_TYPES | {(__name__, "OnDevice")})
+    monkeypatch.setattr(front, "_TORCH_FRONT", None)
+    return made
+
+
+def values(shape=(4, 64), seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+CASES = [("bf16", "nearest", None, -1), ("bf16", "stochastic", None, -1),
+         ("e4m3fn", "stochastic", 8, -1), ("mxfp8_e4m3", "nearest", None, -1),
+         ("mxfp8_e4m3", "stochastic", None, 1)]
+
+
+@pytest.mark.parametrize("fmt,rounding,sr_bits,axis", CASES)
+def test_the_short_way_equals_the_general_path(routes, fmt, rounding, sr_bits, axis):
+    """Through lpsim.quantize, a call its route takes gives the general path's bits, and a
+    generator advances as far: three calls in a row, the format by name and parsed, new
+    results and out= (in place too)."""
+    x = values()
+    ga, gb = lpsim.Generator(11), lpsim.Generator(11)
+    for spec in (fmt, as_block_format(fmt) or parse_format(fmt)):
+        want = lpsim.quantize(x, spec, rounding, sr_bits=sr_bits, generator=ga, axis=axis)
+        got = lpsim.quantize(on_device(x), spec, rounding, sr_bits=sr_bits, generator=gb,
+                             axis=axis)
+        assert torch.equal(got.as_subclass(torch.Tensor), want)
+        out = torch.empty_like(x)
+        version = out._version
+        want = lpsim.quantize(x, spec, rounding, sr_bits=sr_bits, generator=ga, axis=axis,
+                              out=torch.empty_like(x))
+        assert lpsim.quantize(on_device(x), spec, rounding, sr_bits=sr_bits, generator=gb,
+                              axis=axis, out=out) is out
+        assert torch.equal(out, want) and out._version > version
+        inplace = x.clone()
+        want = lpsim.quantize(x.clone(), spec, rounding, sr_bits=sr_bits, generator=ga,
+                              axis=axis, out=None)
+        lpsim.quantize(on_device(inplace), spec, rounding, sr_bits=sr_bits, generator=gb,
+                       axis=axis, out=inplace)
+        assert torch.equal(inplace, want)
+        assert ga.get_state() == gb.get_state()
+    seeded = lpsim.quantize(on_device(x), fmt, rounding, sr_bits=sr_bits, seed=5, stream=2,
+                            axis=axis)
+    assert torch.equal(seeded, lpsim.quantize(x, fmt, rounding, sr_bits=sr_bits, seed=5,
+                                              stream=2, axis=axis))
+    taken = sum(route.calls for route in routes.values())
+    assert taken == 7                   # every call above took its route
+
+
+def test_calls_a_route_does_not_cover_are_left_whole_to_the_general_path(routes):
+    """None, no launch, and the generator where it was: autograd, negated views, stats, no
+    route (another format, rounding or sr_bits), another axis, an out the route refuses, a
+    generator inside another call of it, or not an lpsim.Generator."""
+    x, g = values(), lpsim.Generator(3)
+    state = g.get_state()
+    leaf = on_device(values().requires_grad_())
+
+    def call(t=None, fmt="bf16", rounding="stochastic", **kw):
+        kw = dict(dict(seed=None, stream=0, sr_bits=None, out=None, offset=0, generator=g,
+                       axis=-1), **kw)
+        return cuda_quantize.torch_front(on_device(x) if t is None else t, fmt, rounding,
+                                         **kw)
+
+    declined = [call(leaf), call(on_device(torch.zeros(4, 64)._neg_view())),
+                call(out=torch.zeros(4, 64)._neg_view()), call(fmt="fp16"),
+                call(rounding="toward_zero"), call(sr_bits=4), call(fmt="e4m3fn", sr_bits=8.0),
+                call(fmt="nope"), call(fmt=MX, rounding="stochastic", axis=0),
+                call(fmt=MX, axis=True), call(out=torch.zeros(4, 64, dtype=torch.float64)),
+                call(out=torch.zeros(64, 4)), call(out=torch.zeros(4, 128)[:, ::2]),
+                call(offset=2), call(generator=np.random.default_rng(0))]
+    assert declined == [None] * len(declined)
+    assert g.get_state() == state and not any(r.calls for r in routes.values())
+    g.begin()                           # inside another call of the same generator
+    try:
+        assert call() is None
+    finally:
+        g.end(False)
+    assert g.get_state() == state
+    with torch.no_grad():               # a leaf under no_grad is rounded, as torch's ops do
+        assert call(leaf) is not None
+    assert g.get_state() != state
+
+
+def test_the_general_path_still_names_what_is_wrong(routes):
+    """A call the short way leaves keeps the general path's refusal (here: a bad offset, a
+    bad seed); nothing is taken from the generator."""
+    g = lpsim.Generator(1)
+    state = g.get_state()
+    with pytest.raises(ValueError, match="offset"):
+        lpsim.quantize(on_device(values()), "bf16", "stochastic", generator=g, offset=-4)
+    with pytest.raises(ValueError, match="seed"):
+        lpsim.quantize(on_device(values()), "bf16", "stochastic", seed=-1)
+    assert g.get_state() == state and not any(r.calls for r in routes.values())
