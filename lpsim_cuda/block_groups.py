@@ -155,37 +155,83 @@ class ScaledBlockRoute:
             self.block(x_ptr, out_ptr, n, keys, stream, blocks)
 
 
+class CountedBlockRoute(BlockRoute):
+    """A counted call's route, for formats without a per-tensor scale (MX): the counting
+    kernel as a raw launch, its counters array (the stats object's accumulator on the
+    device, :func:`lpsim_cuda.counters.launch_block_counts`) an argument of each call and
+    its clip bounds the format's.  A counted call took numba's launch and a plan every
+    time (telemetry counts every quantization of a simulated training step)."""
+
+    def __init__(self, kern, mode: int, bp, bfmt):
+        super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64))
+        self.bounds = _bounds(bfmt, 1.0)
+
+    def counted_arguments(self, x_ptr, out_ptr, n, keys, counts) -> list:
+        array = specialised._array_arguments
+        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n) + self.scale_flat
+                + specialised._scalars(*keys) + self.ts_flat
+                + array(launch.address(counts), counts.size, 8))
+
+    def fix(self) -> None:
+        """The flat arguments that stay from call to call: the scales', the stand-in's."""
+        ts = self.tail[0]
+        self.scale_flat = [ctypes.c_double(v) for v in self.scale]
+        self.ts_flat = specialised._array_arguments(launch.address(ts), ts.size, 8)
+
+    def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
+        """Whether the route's flat arguments are numba's own for the same counted launch."""
+        self.fix()
+        mine = self.counted_arguments(launch.address(xb), launch.address(outf), n, keys,
+                                      counts)
+        return specialised._same(mine, specialised._numba_arguments(
+            self.compiled, (xb, outf, n, *self.scale, *keys, self.tail[0], counts), stream))
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
+        self._core_launch(stream, self.config(blocks), self.function,
+                          *self.counted_arguments(x_ptr, out_ptr, n, keys, counts))
+
+
+#: route key -> CountedBlockRoute, or None (numba's launch), as _ROUTES for counted calls
+_COUNTED: dict = {}
+
+
 def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, keys,
-              route_class=BlockRoute) -> None:
+              route_class=BlockRoute, counts=None) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
     scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), build
     and check its request's route, keyed on the format as the caller gave it."""
     def build():
         route = route_class(kern, mode, bp, parse_block_format(given))
+        if counts is not None:
+            return route, route.check(xb, outf, n, keys, 0, counts)
         return route, route.check(xb, outf, n, keys, 0)
-    specialised.keep_route(_ROUTES, ROUTE_ERRORS, (given, rounding, sr_bits, type(sr_bits),
-                                                   device), build)
+    specialised.keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
+                           (given, rounding, sr_bits, type(sr_bits), device), build)
 
 
-def route_of(x, bfmt, rounding, sr_bits):
+def route_of(x, bfmt, rounding, sr_bits, counted: bool = False):
     """The cached route of a float32 torch tensor's request (its block format as given,
-    rounding, sr_bits, device), or None: a dictionary lookup, nothing checked or launched."""
+    rounding, sr_bits, device; ``counted``: a counted call's), or None: a dictionary
+    lookup, nothing checked or launched."""
     import torch
-    if not _ROUTES or x.dtype is not torch.float32:
+    routes = _COUNTED if counted else _ROUTES
+    if not routes or x.dtype is not torch.float32:
         return None
     try:
-        return _ROUTES.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index))
+        return routes.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index))
     except TypeError:                   # an unhashable format or sr_bits: the general path
         return None
 
 
-def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
+def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None):
     """A float32 torch CUDA call through its cached route: the result, or None where the
-    call needs the general path (no route yet, or anything a route does not cover)."""
+    call needs the general path (no route yet, or anything a route does not cover).
+    ``stats`` (checked by the caller): a counted call's route, which adds the call's
+    counters to the stats object's accumulator on the device."""
     import torch
     if not x.is_cuda:
         return None
-    route = route_of(x, bfmt, rounding, sr_bits)
+    route = route_of(x, bfmt, rounding, sr_bits, stats is not None)
     device = x.device.index
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous()
@@ -204,9 +250,15 @@ def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset):
     if not eligible(route.bfmt, length, n, x_ptr, out_ptr, route.mode, offset):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, route.mode)
-    route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // 4),
-          specialised._core_stream(0), launch.grid_size(-(-n // 4), device))
-    return out
+    route_keys = (seed_lo, seed_hi, key_stream, offset // 4)
+    blocks = launch.grid_size(-(-n // 4), device)
+    if stats is None:
+        route(x_ptr, out_ptr, n, route_keys, specialised._core_stream(0), blocks)
+        return out
+    counts = counters.launch_block_counts(stats, device, 0, lambda: launch.capturing(x),
+                                          BLOCK_COUNTERS, route.bounds)
+    route(x_ptr, out_ptr, n, route_keys, specialised._core_stream(0), blocks, counts)
+    return _counted(out, stats, n, route.bfmt)
 
 
 def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor_scale,
@@ -293,6 +345,11 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             pts = checked_tensor_scale(tensor_scale, bfmt)
         launch_flat(bfmt, request, pts, xb, outf, n, counts=counts)
         if stats is not None:
+            if launch.is_torch(x) and not bfmt.tensor_scale:
+                _remember(given, rounding, sr_bits, x.device.index,
+                          kernel(bfmt, request.mode, request.k, request.params.W, False, 0,
+                                 True), request.mode, block_params(bfmt, pts), xb, outf, n,
+                          route_keys, CountedBlockRoute, counts)
             return _counted(result, stats, n, bfmt)
         if launch.is_torch(x) and not bfmt.tensor_scale:
             _remember(given, rounding, sr_bits, x.device.index,

@@ -206,12 +206,13 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
         axis = check_axis(axis, x.ndim)                 # the CPU's errors, before any kernel
     arrays.refuse_negated(x, "x")
     arrays.refuse_negated(out, "out")
-    if stats is None and tensor_scale is None and launch.is_torch(x):
+    if stats is not None:
+        check_stats(stats, STATS_ACCEPTED)
+    if tensor_scale is None and launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
-                                       offset)                # a request seen before
+                                       offset, stats)         # a request seen before
         if done is not None:
             return done
-    check_stats(stats, STATS_ACCEPTED)
     # float32 (or 16-bit codes) along a contiguous last axis, counted or not
     done = block_groups.quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset,
                                  tensor_scale, stats)

@@ -476,6 +476,29 @@ def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_counted_torch_calls_take_a_route_with_the_cpus_counters(launches, monkeypatch):
+    """A counted MX call's first launch builds its request's counted route, which later
+    counted calls take with their own stats objects: values and every counter equal the
+    CPU's (two stats objects, so the counters array is each call's own)."""
+    import torch
+    monkeypatch.setattr(block_groups, "_COUNTED", {})
+    x = data((64, 256), seed=9)
+    t = torch.from_numpy(x).cuda()
+    for fmt, rounding in (("mxfp8_e4m3", "nearest"), ("mxfp4", "stochastic")):
+        for calls in (1, 3):
+            want, got = BlockStats(), BlockStats()
+            for j in range(calls):
+                expected = lpsim.quantize(x, fmt, rounding, seed=j, stats=want)
+                out = lpsim.quantize(t, fmt, rounding, seed=j, stats=got)
+                assert np.array_equal(out.cpu().numpy().view(np.int32),
+                                      expected.view(np.int32))
+            assert got == want
+    assert len(launches) == 2                  # each request's first call
+    assert all(isinstance(r, block_groups.CountedBlockRoute)
+               for r in block_groups._COUNTED.values()), block_groups.ROUTE_ERRORS
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
 def test_torch_route_refuses_what_the_general_path_refuses(monkeypatch):
     """With a route in place, calls it does not cover still take the general path and
     its checks: an unaligned stochastic offset, another axis, a wrong out, a bad seed."""
@@ -585,3 +608,61 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     }
     for k, args in launched.items():
         assert compiled[k] == tuple(numba.typeof(a) for a in args), k
+
+
+COUNTED_CHECK = r"""
+import types
+import numpy as np
+import numba
+from numba.core import types as T
+import numba.cuda.dispatcher as dispatcher
+from lpsim_cuda import block_groups, specialised
+
+
+class Device:
+    # what numba's flattening and lpsim_cuda.launch.address read of a device array
+    def __init__(self, n, dtype, ptr):
+        self.shape, self.dtype, self.ptr, self.size, self.ndim = (n,), np.dtype(dtype), ptr, n, 1
+        self._layout = types.SimpleNamespace(strides_in_bytes=(self.dtype.itemsize,))
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape,
+                                         "typestr": self.dtype.str, "version": 2}
+        self._numba_type_ = T.Array(numba.from_dtype(self.dtype), 1, "C")
+
+
+class Kernel:                   # numba's own flattening, without a device
+    extensions = []
+    _prepare_args = dispatcher._Kernel._prepare_args
+
+
+dispatcher.wrap_arg = lambda value: types.SimpleNamespace(to_device=lambda retr, stream: value)
+xb, outf = Device(1024, np.int32, 0x7F0000001000), Device(1024, np.float32, 0x7F0000002000)
+ts, counts = Device(2, np.float64, 0x7F0000003000), Device(11, np.int64, 0x7F0000004000)
+route = block_groups.CountedBlockRoute.__new__(block_groups.CountedBlockRoute)
+route.scale, route.tail = (0.5, 2.0), (ts,)
+route.fix()
+keys = (11, 22, 33, 44)
+args = (xb, outf, 1024, *route.scale, *keys, ts, counts)
+theirs = []
+for t, v in zip(block_groups._signature(True), args):
+    Kernel()._prepare_args(t, v, 0, [], theirs)
+mine = route.counted_arguments(xb.ptr, outf.ptr, 1024, keys, counts)
+other = route.counted_arguments(xb.ptr, outf.ptr, 1024, keys,
+                                Device(11, np.int64, 0x7F0000005000))
+print("same", specialised._same(mine, theirs), len(mine),
+      "moved", other[-3] == 0x7F0000005000 and specialised._same(other[:-3], mine[:-3]))
+"""
+
+
+def test_the_counted_route_flattens_as_numba_does():
+    """A counted call's raw launch (block_groups.CountedBlockRoute) builds the flat
+    arguments numba's launch builds for the counting kernel's signature (numba's
+    flattening run on stand-ins of device arrays, no GPU), each call's counters array in
+    its own place.  On a GPU the route checks the same once against the real launch."""
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", COUNTED_CHECK], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["same", "True", "35", "moved", "True"], done.stdout

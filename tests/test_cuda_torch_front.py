@@ -3,7 +3,8 @@ GPU: a CPU tensor that says it is on CUDA stands in for one, and routes that rou
 with lpsim's CPU kernels stand in for the cached raw launches.  So the front's own work is
 held to the general path bit for bit: which calls it takes and which it leaves to the general
 path, the generator's counters it takes and gives back, ``out`` and its version, format
-names.  The raw launches themselves run on a GPU (test_cuda_specialised.py,
+names; and a counted block call's route (block_groups.torch_call with stats) to the CPU's
+counters.  The raw launches themselves run on a GPU (test_cuda_specialised.py,
 test_cuda_block_groups.py with LPSIM_TEST_GPU=1).
 """
 
@@ -17,7 +18,7 @@ import torch
 import lpsim
 import lpsim_cuda.block_groups as block_groups
 import lpsim_cuda.specialised as specialised
-from lpsim.blocks import as_block_format
+from lpsim.blocks import BlockStats, as_block_format, quantize_blocks
 from lpsim.formats import parse_format
 from lpsim.rounding import mode_code
 from lpsim_cuda import launch
@@ -183,3 +184,56 @@ def test_the_general_path_still_names_what_is_wrong(routes):
     with pytest.raises(ValueError, match="seed"):
         lpsim.quantize(on_device(values()), "bf16", "stochastic", seed=-1)
     assert g.get_state() == state and not any(r.calls for r in routes.values())
+
+
+class OnDevice0(OnDevice):
+    """A stand-in that says it is on cuda:0 (a counted call's accumulator is per device)."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+class CountedRoute(BlockRoute):
+    """block_groups.CountedBlockRoute's call, by the CPU kernel: the values, and the call's
+    nine counters added into the stats object's accumulator array, as the kernel adds
+    them."""
+
+    def __init__(self, bfmt, rounding, sr_bits):
+        super().__init__(bfmt, rounding, sr_bits)
+        self.bounds = block_groups._bounds(bfmt, 1.0)
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
+        self.calls += 1
+        lo, hi, key_stream, block0 = keys
+        q = quantize_blocks(host(x_ptr, n).copy(), self.bfmt, self.rounding,
+                            seed=lo | hi << 32, stream=key_stream, offset=4 * block0,
+                            sr_bits=self.sr_bits, want_counts=True)
+        host(out_ptr, n)[:] = q.values
+        for f, total in enumerate(q.counts.reshape(-1, 9).sum(axis=0)):
+            counts[f] += total
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, monkeypatch,
+                                                                     rounding):
+    """A counted MX call whose request has a counted route (block_groups.torch_call with
+    stats) gives the general path's values and counters: two stats objects, three calls,
+    a generator; the route adds into each stats object's own accumulator."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "is_torch", lambda x: isinstance(x, torch.Tensor))
+    monkeypatch.setattr(launch, "capturing", lambda x: False)
+    route = CountedRoute(MX, rounding, None)
+    monkeypatch.setattr(block_groups, "_COUNTED",
+                        {(MX, rounding, None, type(None), 0): route})
+    ga, gb = lpsim.Generator(4), lpsim.Generator(4)
+    for calls in (1, 3):
+        want, got = BlockStats(), BlockStats()
+        for j in range(calls):
+            x = values((8, 64), seed=j) * 2.0 ** (8 * j - 12)     # saturated and flushed too
+            expected = lpsim.quantize(x, MX, rounding, generator=ga, stats=want)
+            result = lpsim.quantize(x.as_subclass(OnDevice0), MX, rounding, generator=gb,
+                                    stats=got)
+            assert torch.equal(result.as_subclass(torch.Tensor), expected)
+        assert got == want and got.blocks == want.blocks > 0
+    assert route.calls == 4 and ga.get_state() == gb.get_state()
