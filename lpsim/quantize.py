@@ -229,12 +229,11 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                                           offset)
             if done is not None:
                 return done
-    elif (stats is None and (type(x).__module__, type(x).__name__) in _TORCH_TYPES
-          and x.is_cuda):
+    elif (type(x).__module__, type(x).__name__) in _TORCH_TYPES and x.is_cuda:
         # a request a torch CUDA tensor took before: its cached route, a few microseconds
         front = _cuda_front()
         done = front and front(x, fmt, rounding, seed, stream, sr_bits, out, offset,
-                               generator, axis)
+                               generator, axis, stats)
         if done is not None:
             return done
     return _quantize_other(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset,

@@ -114,9 +114,11 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     stochastic call draws the same random bits on every replay unless you capture with
     different seeds or offsets.
     """
-    if stats is None and launch.is_torch(x):
+    if launch.is_torch(x):
+        if stats is not None:
+            check_stats(stats)
         done = specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset,
-                                      storage)
+                                      storage, stats)
         if done is not None:
             return done
     key = fmt
@@ -150,9 +152,9 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                 kernel = specialised.kernel(fmt, rounding, request.k, sp, count, src.half)
                 specialised.launch_arrays(kernel, specialised.grid(n, src.device), src.stream,
                                           src.bits, outb, n, *keys, buffer if count else None)
-                if launch.is_torch(x) and not count:
+                if launch.is_torch(x):
                     specialised.remember(key, rounding, sr_bits, storage, src, outb, kernel,
-                                         keys)
+                                         keys, buffer if count else None)
                 return result
         if src.half:        # the general kernel reads float32: the codes widened (exact)
             src = arrays.source(arrays.widened(x))
@@ -181,14 +183,16 @@ def _parsed(spec: str):
     return found
 
 
-def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator, axis):
-    """:func:`lpsim.quantize` of a torch CUDA tensor, without stats, through its request's
-    cached route (an element format's, :mod:`lpsim_cuda.specialised`; a block format's,
-    :mod:`lpsim_cuda.block_groups`) and none of the general front: no parsing, no torch
-    backend checks, no plan.  The result, or None where the general path must take the call,
-    which then checks it and names what is wrong: no route yet, a tensor autograd follows
-    (straight-through rules), a negated view, a call inside another generator call, or
-    anything the route itself does not cover.  A route exists only for a format, rounding
+def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator, axis,
+                stats=None):
+    """:func:`lpsim.quantize` of a torch CUDA tensor through its request's cached route (an
+    element format's, :mod:`lpsim_cuda.specialised`; a block format's,
+    :mod:`lpsim_cuda.block_groups`; a counted call's with ``stats``) and none of the general
+    front: no parsing, no torch backend checks, no plan.  The result, or None where the
+    general path must take the call, which then checks it and names what is wrong: no route
+    yet, a tensor autograd follows (straight-through rules), a negated view, a call inside
+    another generator call, stats that are not an lpsim.RoundingStats, or anything the route
+    itself does not cover.  A route exists only for a format, rounding
     and sr_bits that a call has taken; the seed, stream and offset are checked as the
     general path checks them.  A generator's counters are taken as the general path takes
     them and given back where the route declines.  ``out`` written: its version is bumped,
@@ -198,19 +202,21 @@ def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator,
         return None
     if (x.is_neg() or (out is not None and (type(out) is not torch.Tensor or out.is_neg()))
             or (torch.is_grad_enabled()
-                and (x.requires_grad or (out is not None and out.requires_grad)))):
+                and (x.requires_grad or (out is not None and out.requires_grad)))
+            or (stats is not None and not isinstance(stats, RoundingStats))):
         return None
-    if specialised.route_of(x, fmt, rounding, sr_bits) is not None:
+    counted = stats is not None
+    if specialised.route_of(x, fmt, rounding, sr_bits, None, counted) is not None:
         def call(seed, stream, offset):
             return specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out,
-                                          offset)
+                                          offset, None, stats)
     elif (type(axis) is int and x.ndim and axis in (-1, x.ndim - 1)
           and (block_groups := sys.modules.get("lpsim_cuda.block_groups")) is not None
-          and block_groups.route_of(x, fmt, rounding, sr_bits) is not None):
+          and block_groups.route_of(x, fmt, rounding, sr_bits, counted) is not None):
         # (no block route exists before lpsim_cuda.block_groups is loaded: not loaded here)
         def call(seed, stream, offset):
             return block_groups.torch_call(x, fmt, rounding, axis, seed, stream, sr_bits,
-                                           out, offset)
+                                           out, offset, stats)
     else:
         return None
     if generator is None:
@@ -233,8 +239,9 @@ def warmup(stats: RoundingStats | None = None) -> None:
     """Compile every kernel specialisation now and allocate the buffers a launch needs.
 
     float32/float64 in, plain or packed out, counting or not, on the current device.  Call it
-    before capturing a CUDA graph, which cannot compile or allocate; pass ``stats`` (one object or a list) to allocate the device counters of each
-    stats object the graph will count into.
+    before capturing a CUDA graph, which cannot compile or allocate; pass ``stats`` (one
+    object or a list) to allocate the device counters of each stats object the graph will
+    count into.
     """
     scratch = RoundingStats()                 # compiles the counting kernels
     for dtype in (np.float32, np.float64):

@@ -46,7 +46,7 @@ from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_par
 from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
 from lpsim.word32 import as_signed64, bits_float32, float32_bits, word
 
-from . import arrays, launch, vector
+from . import arrays, counters, launch, vector
 from .counters import ELEMENTS, add_warp_counts
 from .launch import THREADS
 
@@ -307,9 +307,37 @@ class Route:
                           *self.arguments(x_ptr, out_ptr, n, keys))
 
 
+class CountedRoute(Route):
+    """A counted call's route: the counting kernel as a raw launch, the stats object's
+    accumulator on the device (:func:`lpsim_cuda.counters.launch_counts`) an argument of
+    each call.  Telemetry counts every quantization of a simulated training step, and a
+    counted call took numba's launch and a plan each time."""
+
+    def __init__(self, kern, mode: int, out_bytes: int, in_bytes: int = 4):
+        super().__init__(kern, mode, out_bytes, kernel_signature(out_bytes, in_bytes, True),
+                         in_bytes)
+
+    def counted_arguments(self, x_ptr, out_ptr, n, keys, counts) -> list:
+        return (self.arguments(x_ptr, out_ptr, n, keys)
+                + _array_arguments(launch.address(counts), counts.size, 8))
+
+    def check(self, xb, outb, n, keys, stream, counts=None) -> bool:
+        """Whether the route's flat arguments are numba's own for the same counted call."""
+        mine = self.counted_arguments(launch.address(xb), launch.address(outb), n, keys,
+                                      counts)
+        return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys, counts),
+                                            stream))
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
+        self._core_launch(stream, self.config(blocks), self.function,
+                          *self.counted_arguments(x_ptr, out_ptr, n, keys, counts))
+
+
 #: (format as the caller gave it, rounding, sr_bits, device) -> Route, or None where numba's
 #: flat arguments differed from the route's (that request then keeps the general launch)
 _ROUTES: dict = {}
+#: the same for counted calls (CountedRoute)
+_COUNTED: dict = {}
 #: route key -> why it has no raw route (the request keeps numba's launch, which is correct)
 ROUTE_ERRORS: dict = {}
 
@@ -336,16 +364,21 @@ def keep_route(routes: dict, errors: dict, key, build) -> None:
     routes[key] = route if ok else None
 
 
-def remember(key, rounding, sr_bits, storage, src, outb, kern, keys) -> None:
+def remember(key, rounding, sr_bits, storage, src, outb, kern, keys, counts=None) -> None:
     """After a general-path call took the specialised kernel for a torch tensor, build and
-    check the raw route of its request so that later calls skip the general path."""
+    check the raw route of its request so that later calls skip the general path
+    (``counts``: a counted call's counters array, for its CountedRoute)."""
     def build():
-        route = Route(kern, mode_code(rounding), outb.dtype.itemsize,
-                      in_bytes=src.bits.dtype.itemsize)
+        route = (Route(kern, mode_code(rounding), outb.dtype.itemsize,
+                       in_bytes=src.bits.dtype.itemsize) if counts is None else
+                 CountedRoute(kern, mode_code(rounding), outb.dtype.itemsize,
+                              src.bits.dtype.itemsize))
         route.torch_dtype = None if storage is None else _torch_dtype(storage_name(storage))
+        if counts is not None:
+            return route, route.check(src.bits, outb, src.bits.size, keys, src.stream, counts)
         return route, route.check(src.bits, outb, src.bits.size, keys, src.stream)
-    keep_route(_ROUTES, ROUTE_ERRORS, (key, rounding, sr_bits, type(sr_bits), storage,
-                                       src.device, src.half), build)
+    keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
+               (key, rounding, sr_bits, type(sr_bits), storage, src.device, src.half), build)
 
 
 def _torch_dtype(name: str):
@@ -353,30 +386,34 @@ def _torch_dtype(name: str):
     return getattr(torch, name)
 
 
-def route_of(x, fmt, rounding, sr_bits, storage=None):
+def route_of(x, fmt, rounding, sr_bits, storage=None, counted: bool = False):
     """The cached route of a torch tensor's request (its format as given, rounding, sr_bits,
-    storage, device and dtype), or None: a dictionary lookup, nothing checked or launched."""
+    storage, device and dtype; ``counted``: a counted call's), or None: a dictionary lookup,
+    nothing checked or launched."""
     import torch
-    if not _ROUTES:
+    routes = _COUNTED if counted else _ROUTES
+    if not routes:
         return None
     half = 0 if x.dtype is torch.float32 else arrays.half_kind(x.dtype)
     if half == 0 and x.dtype is not torch.float32:
         return None
     try:
-        return _ROUTES.get((fmt, rounding, sr_bits, type(sr_bits), storage, x.device.index,
-                            half))
+        return routes.get((fmt, rounding, sr_bits, type(sr_bits), storage, x.device.index,
+                           half))
     except TypeError:                   # an unhashable format or sr_bits: the general path
         return None
 
 
-def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None):
+def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None,
+               stats=None):
     """A torch float32 (or bfloat16, float16) CUDA call through its cached route: the
     result, or None where the call needs the general path (no route yet, or anything a
-    route does not cover)."""
+    route does not cover).  ``stats`` (checked by the caller): a counted call's route, which
+    adds the call's counters to the stats object's accumulator on the device."""
     import torch
     if not x.is_cuda:
         return None
-    route = route_of(x, fmt, rounding, sr_bits, storage)
+    route = route_of(x, fmt, rounding, sr_bits, storage, stats is not None)
     device = x.device.index
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous() or x.is_neg()
@@ -395,8 +432,14 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
     if not eligible(n, x_ptr, out_ptr, mode, offset, route.out_bytes, route.in_bytes):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, mode)
-    route(x_ptr, out_ptr, n, (seed_lo, seed_hi, key_stream, offset // GROUP),
-          _core_stream(launch.torch_stream_handle(device)), grid(n, device))
+    route_keys = (seed_lo, seed_hi, key_stream, offset // GROUP)
+    handle = launch.torch_stream_handle(device)
+    if stats is None:
+        route(x_ptr, out_ptr, n, route_keys, _core_stream(handle), grid(n, device))
+        return out
+    counts, _ = counters.launch_counts(stats, device, launch.external_stream(handle),
+                                       lambda: launch.capturing(x))
+    route(x_ptr, out_ptr, n, route_keys, _core_stream(handle), grid(n, device), counts)
     return out
 
 

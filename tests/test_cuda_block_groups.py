@@ -614,7 +614,7 @@ COUNTED_CHECK = r"""
 import types
 import numpy as np
 import numba
-from numba.core import types as T
+from numba.core import sigutils, types as T
 import numba.cuda.dispatcher as dispatcher
 from lpsim_cuda import block_groups, specialised
 
@@ -650,14 +650,27 @@ other = route.counted_arguments(xb.ptr, outf.ptr, 1024, keys,
                                 Device(11, np.int64, 0x7F0000005000))
 print("same", specialised._same(mine, theirs), len(mine),
       "moved", other[-3] == 0x7F0000005000 and specialised._same(other[:-3], mine[:-3]))
+# an element format's counted route (specialised.CountedRoute): codes of 2 bytes in, float32
+# bits out, the stats object's accumulator (seven slots)
+route = specialised.CountedRoute.__new__(specialised.CountedRoute)
+route.in_bytes, route.out_bytes = 2, 4
+codes, slots = Device(1024, np.int16, 0x7F0000006000), Device(7, np.int64, 0x7F0000007000)
+args = (codes, outf, 1024, 11, 22, 33, 44, slots)
+theirs = []
+for t, v in zip(sigutils.normalize_signature(specialised.kernel_signature(4, 2, True))[0],
+                args):
+    Kernel()._prepare_args(t, v, 0, [], theirs)
+mine = route.counted_arguments(codes.ptr, outf.ptr, 1024, (11, 22, 33, 44), slots)
+print("element", specialised._same(mine, theirs), len(mine))
 """
 
 
-def test_the_counted_route_flattens_as_numba_does():
-    """A counted call's raw launch (block_groups.CountedBlockRoute) builds the flat
-    arguments numba's launch builds for the counting kernel's signature (numba's
-    flattening run on stand-ins of device arrays, no GPU), each call's counters array in
-    its own place.  On a GPU the route checks the same once against the real launch."""
+def test_the_counted_routes_flatten_as_numba_does():
+    """A counted call's raw launch (block_groups.CountedBlockRoute for block formats,
+    specialised.CountedRoute for element formats) builds the flat arguments numba's launch
+    builds for the counting kernel's signature (numba's flattening run on stand-ins of device
+    arrays, no GPU), each call's counters array in its own place.  On a GPU the route checks
+    the same once against the real launch."""
     import subprocess
     import sys
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
@@ -665,4 +678,5 @@ def test_the_counted_route_flattens_as_numba_does():
     done = subprocess.run([sys.executable, "-c", COUNTED_CHECK], capture_output=True,
                           text=True, env=env, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["same", "True", "35", "moved", "True"], done.stdout
+    assert done.stdout.split() == ["same", "True", "35", "moved", "True", "element", "True",
+                                   "26"], done.stdout

@@ -222,6 +222,30 @@ def test_every_float16_code_of_a_cuda_tensor_rounds_as_the_cpu(fmt):
         assert np.array_equal(got.cpu().numpy().view(np.int32), expected), fmt
 
 
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_counted_torch_calls_take_a_route_with_the_cpus_counters(monkeypatch):
+    """A counted call's first launch builds its request's counted route
+    (specialised.CountedRoute), which later counted calls take with their own stats
+    objects: values and every counter equal the CPU's, float32 and bfloat16 sources."""
+    import torch
+    monkeypatch.setattr(specialised, "_COUNTED", {})
+    x = (np.random.default_rng(4).standard_normal(4099) * 2.0 ** 12).astype(np.float32)
+    for source in (torch.float32, torch.bfloat16):
+        t = torch.from_numpy(x).cuda().to(source)
+        values = t.float().cpu().numpy()
+        for fmt, rounding in (("e4m3fn", "stochastic"), ("bf16", "nearest")):
+            want, got = lpsim.RoundingStats(), lpsim.RoundingStats()
+            for j in range(3):
+                expected = lpsim.quantize(values, fmt, rounding, seed=j, stats=want)
+                out = lpsim.quantize(t, fmt, rounding, seed=j, stats=got)
+                assert np.array_equal(out.cpu().numpy().view(np.int32),
+                                      expected.view(np.int32))
+            assert got == want
+    routes = list(specialised._COUNTED.values())
+    assert len(routes) == 4 and all(isinstance(r, specialised.CountedRoute) for r in routes), \
+        specialised.ROUTE_ERRORS
+
+
 @pytest.mark.parametrize("half, dtype, name", HALVES)
 def test_16_bit_sources_with_packed_storage_and_counters(half, dtype, name):
     """float16 or bfloat16 in, a 16-bit store out (the fp8 cast of a bf16 activation kept

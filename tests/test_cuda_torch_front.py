@@ -21,7 +21,7 @@ import lpsim_cuda.specialised as specialised
 from lpsim.blocks import BlockStats, as_block_format, quantize_blocks
 from lpsim.formats import parse_format
 from lpsim.rounding import mode_code
-from lpsim_cuda import launch
+from lpsim_cuda import counters, launch
 
 MX = as_block_format("mxfp8_e4m3")
 # the modules (their packages export functions of the same names)
@@ -237,3 +237,54 @@ def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, mon
             assert torch.equal(result.as_subclass(torch.Tensor), expected)
         assert got == want and got.blocks == want.blocks > 0
     assert route.calls == 4 and ga.get_state() == gb.get_state()
+
+
+class CountedElementRoute(ElementRoute):
+    """specialised.CountedRoute's call, by the CPU kernel: the values, and the call's six
+    counters and element count added into the stats object's accumulator array (SLOTS
+    order), as the kernel adds them."""
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
+        self.calls += 1
+        lo, hi, key_stream, block0 = keys
+        stats = lpsim.RoundingStats()
+        lpsim.quantize(host(x_ptr, n).copy(), self.fmt, self.rounding, seed=lo | hi << 32,
+                       stream=key_stream, offset=4 * block0, sr_bits=self.sr_bits,
+                       out=host(out_ptr, n), stats=stats)
+        for slot, value in enumerate((*stats.counts[1:], stats.counts[0])):
+            counts[slot] += value
+
+
+@pytest.mark.parametrize("fmt,rounding,sr_bits", [("bf16", "nearest", None),
+                                                  ("e4m3fn", "stochastic", 8)])
+def test_counted_element_calls_take_their_route_through_the_short_way(routes, monkeypatch,
+                                                                      fmt, rounding,
+                                                                      sr_bits):
+    """lpsim.quantize with stats= of a torch CUDA tensor whose counted request has a route
+    goes to it (the short way, specialised.torch_call with stats): the general path's
+    values and counters, two stats objects, a generator; stats that are not a
+    RoundingStats are left to the general path."""
+    monkeypatch.setattr(launch, "capturing", lambda x: False)
+    launch_counts = counters.launch_counts       # the stand-in's device: a CPU tensor's None
+    monkeypatch.setattr(counters, "launch_counts",
+                        lambda stats, device, *rest: launch_counts(stats, 0, *rest))
+    parsed = parse_format(fmt)
+    route = CountedElementRoute(parsed, rounding, sr_bits)
+    monkeypatch.setattr(specialised, "_COUNTED",
+                        {(parsed, rounding, sr_bits, type(sr_bits), None, None, 0): route})
+    ga, gb = lpsim.Generator(6), lpsim.Generator(6)
+    for calls in (1, 3):
+        want, got = lpsim.RoundingStats(), lpsim.RoundingStats()
+        for j in range(calls):
+            x = values((8, 64), seed=j) * 2.0 ** (70 * j - 140)   # underflows too
+            expected = lpsim.quantize(x, fmt, rounding, sr_bits=sr_bits, generator=ga,
+                                      stats=want)
+            result = lpsim.quantize(on_device(x), fmt, rounding, sr_bits=sr_bits,
+                                    generator=gb, stats=got)
+            assert torch.equal(result.as_subclass(torch.Tensor), expected)
+        assert got == want and got.underflow > 0
+    assert route.calls == 4 and ga.get_state() == gb.get_state()
+    state = gb.get_state()
+    assert cuda_quantize.torch_front(on_device(values()), parsed, rounding, None,
+                                     0, sr_bits, None, 0, gb, -1, stats="counts") is None
+    assert route.calls == 4 and gb.get_state() == state
