@@ -69,29 +69,43 @@ def _signature(tail: bool = False):
 class BlockRoute(specialised.Route):
     """One (block format, rounding, sr_bits, device)'s kernel as a raw launch, for formats
     without a per-tensor scale (its BlockParams are then fixed): numba's function handle and
-    the flat arguments numba would build, checked once against numba's own."""
+    the flat arguments numba would build, checked once against numba's own.  A kernel with
+    the tail (``ts``: a device scale, counters) takes each counted call's counters array
+    (``counts``: the stats object's accumulator on the device) in the stand-in's place."""
 
     def __init__(self, kern, mode: int, bp, bfmt, ts=None):
         super().__init__(kern, mode, 4, _signature(ts is not None))
         self.scale, self.bfmt = (bp.pts, bp.pts_inv), bfmt
         # the tensor scale a device_pts kernel reads (ScaledBlockRoute's) and the counters it
-        # takes too (unwritten: routes are uncounted); a plain kernel takes neither
+        # takes too (a stand-in, unwritten, where the call is uncounted); a plain kernel
+        # takes neither
         self.tail = () if ts is None else (ts, launch.placeholder((len(BLOCK_COUNTERS),),
                                                                   np.int64))
 
-    def arguments(self, x_ptr, out_ptr, n, keys) -> list:
-        array = specialised._array_arguments
-        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n)
-                + self.scale_flat + specialised._scalars(*keys) + self.tail_flat)
-
-    def check(self, xb, outf, n, keys, stream) -> bool:
-        """Whether the route's flat arguments are numba's own for the same launch."""
+    def fix(self) -> None:
+        """The flat arguments that stay from call to call: the scales', the tail's."""
         array = specialised._array_arguments
         self.scale_flat = [ctypes.c_double(v) for v in self.scale]
         self.tail_flat = [v for a in self.tail for v in array(launch.address(a), a.size, 8)]
-        mine = self.arguments(launch.address(xb), launch.address(outf), n, keys)
+
+    def arguments(self, x_ptr, out_ptr, n, keys, counts=None) -> list:
+        array = specialised._array_arguments
+        tail = self.tail_flat if counts is None else \
+            self.tail_flat[:7] + array(launch.address(counts), counts.size, 8)
+        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n)
+                + self.scale_flat + specialised._scalars(*keys) + tail)
+
+    def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
+        """Whether the route's flat arguments are numba's own for the same launch."""
+        self.fix()
+        mine = self.arguments(launch.address(xb), launch.address(outf), n, keys, counts)
+        tail = self.tail if counts is None else (self.tail[0], counts)
         return specialised._same(mine, specialised._numba_arguments(
-            self.compiled, (xb, outf, n, *self.scale, *keys, *self.tail), stream))
+            self.compiled, (xb, outf, n, *self.scale, *keys, *tail), stream))
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
+        self._core_launch(stream, self.config(blocks), self.function,
+                          *self.arguments(x_ptr, out_ptr, n, keys, counts))
 
 
 #: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
@@ -120,8 +134,9 @@ class ScaledBlockRoute:
         self.scalars = (bfmt.tensor_scale_divisor, min_tensor_scale(bfmt))
         self.scale = specialised.Route(tensor_amax.tensor_scale_kernel, mode, 4, tuple(
             numba.typeof(v) for v in (self.amax_array, *self.scalars, self.ts)))
+        self.bounds = _bounds(bfmt, 1.0, True)          # a counted call's: asked of the scale
 
-    def check(self, xb, outf, n, keys, stream) -> bool:
+    def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
         """Whether the three launches' kernels are those numba's dispatch picks for the same
         call and their flat arguments numba's own."""
         import numba
@@ -135,24 +150,25 @@ class ScaledBlockRoute:
                            + array(launch.address(self.ts), 2, 8))
         amax_args = (xb, self.amax_array)
         scale_args = (self.amax_array, *self.scalars, self.ts)
-        block_args = (xb, outf, n, *self.block.scale, *keys, *self.block.tail)
+        tail = self.block.tail if counts is None else (self.ts, counts)
+        block_args = (xb, outf, n, *self.block.scale, *keys, *tail)
         typed = all(tuple(map(numba.typeof, args)) == tuple(route.compiled.argument_types)
                     for route, args in ((self.amax, amax_args), (self.scale, scale_args),
                                         (self.block, block_args)))
-        return (typed and self.block.check(xb, outf, n, keys, stream)
+        return (typed and self.block.check(xb, outf, n, keys, stream, counts)
                 and specialised._same(array(launch.address(xb), n) + self.amax_flat,
                                       specialised._numba_arguments(self.amax.compiled,
                                                                    amax_args, stream))
                 and specialised._same(self.scale_flat, specialised._numba_arguments(
                     self.scale.compiled, scale_args, stream)))
 
-    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
         amax, scale = self.amax, self.scale
         with tensor_amax.ENQUEUE:
             amax._core_launch(stream, amax.config(blocks), amax.function,
                               *(specialised._array_arguments(x_ptr, n) + self.amax_flat))
             scale._core_launch(stream, scale.config(1), scale.function, *self.scale_flat)
-            self.block(x_ptr, out_ptr, n, keys, stream, blocks)
+            self.block(x_ptr, out_ptr, n, keys, stream, blocks, counts)
 
 
 class CountedBlockRoute(BlockRoute):
@@ -166,32 +182,9 @@ class CountedBlockRoute(BlockRoute):
         super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64))
         self.bounds = _bounds(bfmt, 1.0)
 
-    def counted_arguments(self, x_ptr, out_ptr, n, keys, counts) -> list:
-        array = specialised._array_arguments
-        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n) + self.scale_flat
-                + specialised._scalars(*keys) + self.ts_flat
-                + array(launch.address(counts), counts.size, 8))
 
-    def fix(self) -> None:
-        """The flat arguments that stay from call to call: the scales', the stand-in's."""
-        ts = self.tail[0]
-        self.scale_flat = [ctypes.c_double(v) for v in self.scale]
-        self.ts_flat = specialised._array_arguments(launch.address(ts), ts.size, 8)
-
-    def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
-        """Whether the route's flat arguments are numba's own for the same counted launch."""
-        self.fix()
-        mine = self.counted_arguments(launch.address(xb), launch.address(outf), n, keys,
-                                      counts)
-        return specialised._same(mine, specialised._numba_arguments(
-            self.compiled, (xb, outf, n, *self.scale, *keys, self.tail[0], counts), stream))
-
-    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
-        self._core_launch(stream, self.config(blocks), self.function,
-                          *self.counted_arguments(x_ptr, out_ptr, n, keys, counts))
-
-
-#: route key -> CountedBlockRoute, or None (numba's launch), as _ROUTES for counted calls
+#: route key -> CountedBlockRoute or (NVFP4) ScaledBlockRoute, or None (numba's launch), as
+#: _ROUTES for counted calls
 _COUNTED: dict = {}
 
 
@@ -333,14 +326,12 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             with ENQUEUE:                                  # nothing comes back to the host
                 launch_flat(bfmt, request, pts, xb, outf, n, device_tensor_scale(xf, bfmt),
                             counts=counts)
-            if stats is not None:
-                return _counted(result, stats, n, bfmt)
             if launch.is_torch(x):
                 _remember(given, rounding, sr_bits, x.device.index,
-                          kernel(bfmt, request.mode, request.k, request.params.W, True),
-                          request.mode, block_params(bfmt, pts), xb, outf, n, route_keys,
-                          ScaledBlockRoute)
-            return result
+                          kernel(bfmt, request.mode, request.k, request.params.W, True, 0,
+                                 counts is not None), request.mode, block_params(bfmt, pts),
+                          xb, outf, n, route_keys, ScaledBlockRoute, counts)
+            return result if stats is None else _counted(result, stats, n, bfmt)
         if bfmt.tensor_scale:
             pts = checked_tensor_scale(tensor_scale, bfmt)
         launch_flat(bfmt, request, pts, xb, outf, n, counts=counts)

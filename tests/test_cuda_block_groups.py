@@ -477,14 +477,15 @@ def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
 def test_counted_torch_calls_take_a_route_with_the_cpus_counters(launches, monkeypatch):
-    """A counted MX call's first launch builds its request's counted route, which later
-    counted calls take with their own stats objects: values and every counter equal the
-    CPU's (two stats objects, so the counters array is each call's own)."""
+    """A counted MX or NVFP4 call's first launch builds its request's counted route, which
+    later counted calls take with their own stats objects: values and every counter equal
+    the CPU's (two stats objects, so the counters array is each call's own)."""
     import torch
     monkeypatch.setattr(block_groups, "_COUNTED", {})
     x = data((64, 256), seed=9)
     t = torch.from_numpy(x).cuda()
-    for fmt, rounding in (("mxfp8_e4m3", "nearest"), ("mxfp4", "stochastic")):
+    for fmt, rounding in (("mxfp8_e4m3", "nearest"), ("mxfp4", "stochastic"),
+                          ("nvfp4", "stochastic")):
         for calls in (1, 3):
             want, got = BlockStats(), BlockStats()
             for j in range(calls):
@@ -493,9 +494,12 @@ def test_counted_torch_calls_take_a_route_with_the_cpus_counters(launches, monke
                 assert np.array_equal(out.cpu().numpy().view(np.int32),
                                       expected.view(np.int32))
             assert got == want
-    assert len(launches) == 2                  # each request's first call
-    assert all(isinstance(r, block_groups.CountedBlockRoute)
-               for r in block_groups._COUNTED.values()), block_groups.ROUTE_ERRORS
+    assert len(launches) == 3                  # each request's first call
+    routes = {key[0].name: route for key, route in block_groups._COUNTED.items()}
+    assert isinstance(routes.pop("nvfp4"), block_groups.ScaledBlockRoute), \
+        block_groups.ROUTE_ERRORS
+    assert all(isinstance(r, block_groups.CountedBlockRoute) for r in routes.values()), \
+        block_groups.ROUTE_ERRORS
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
@@ -638,16 +642,20 @@ dispatcher.wrap_arg = lambda value: types.SimpleNamespace(to_device=lambda retr,
 xb, outf = Device(1024, np.int32, 0x7F0000001000), Device(1024, np.float32, 0x7F0000002000)
 ts, counts = Device(2, np.float64, 0x7F0000003000), Device(11, np.int64, 0x7F0000004000)
 route = block_groups.CountedBlockRoute.__new__(block_groups.CountedBlockRoute)
-route.scale, route.tail = (0.5, 2.0), (ts,)
+stand_in = Device(9, np.int64, 0x7F0000008000)
+route.scale, route.tail = (0.5, 2.0), (ts, stand_in)
 route.fix()
 keys = (11, 22, 33, 44)
 args = (xb, outf, 1024, *route.scale, *keys, ts, counts)
 theirs = []
 for t, v in zip(block_groups._signature(True), args):
     Kernel()._prepare_args(t, v, 0, [], theirs)
-mine = route.counted_arguments(xb.ptr, outf.ptr, 1024, keys, counts)
-other = route.counted_arguments(xb.ptr, outf.ptr, 1024, keys,
-                                Device(11, np.int64, 0x7F0000005000))
+mine = route.arguments(xb.ptr, outf.ptr, 1024, keys, counts)
+other = route.arguments(xb.ptr, outf.ptr, 1024, keys, Device(11, np.int64, 0x7F0000005000))
+uncounted = []
+for t, v in zip(block_groups._signature(True), args[:-1] + (stand_in,)):
+    Kernel()._prepare_args(t, v, 0, [], uncounted)
+print("uncounted", specialised._same(route.arguments(xb.ptr, outf.ptr, 1024, keys), uncounted))
 print("same", specialised._same(mine, theirs), len(mine),
       "moved", other[-3] == 0x7F0000005000 and specialised._same(other[:-3], mine[:-3]))
 # an element format's counted route (specialised.CountedRoute): codes of 2 bytes in, float32
@@ -678,5 +686,5 @@ def test_the_counted_routes_flatten_as_numba_does():
     done = subprocess.run([sys.executable, "-c", COUNTED_CHECK], capture_output=True,
                           text=True, env=env, timeout=300, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["same", "True", "35", "moved", "True", "element", "True",
-                                   "26"], done.stdout
+    assert done.stdout.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
+                                   "element", "True", "26"], done.stdout

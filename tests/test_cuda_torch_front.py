@@ -201,7 +201,7 @@ class CountedRoute(BlockRoute):
 
     def __init__(self, bfmt, rounding, sr_bits):
         super().__init__(bfmt, rounding, sr_bits)
-        self.bounds = block_groups._bounds(bfmt, 1.0)
+        self.bounds = block_groups._bounds(bfmt, 1.0, bfmt.tensor_scale)
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
         self.calls += 1
@@ -214,25 +214,27 @@ class CountedRoute(BlockRoute):
             counts[f] += total
 
 
-@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("fmt,rounding", [("mxfp8_e4m3", "nearest"),
+                                          ("mxfp8_e4m3", "stochastic"), ("nvfp4", "stochastic")])
 def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, monkeypatch,
-                                                                     rounding):
-    """A counted MX call whose request has a counted route (block_groups.torch_call with
-    stats) gives the general path's values and counters: two stats objects, three calls,
-    a generator; the route adds into each stats object's own accumulator."""
+                                                                     fmt, rounding):
+    """A counted MX or NVFP4 call whose request has a counted route (block_groups.torch_call
+    with stats) gives the general path's values and counters: two stats objects, three
+    calls, a generator; the route adds into each stats object's own accumulator."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(launch, "is_torch", lambda x: isinstance(x, torch.Tensor))
     monkeypatch.setattr(launch, "capturing", lambda x: False)
-    route = CountedRoute(MX, rounding, None)
+    bfmt = as_block_format(fmt)
+    route = CountedRoute(bfmt, rounding, None)
     monkeypatch.setattr(block_groups, "_COUNTED",
-                        {(MX, rounding, None, type(None), 0): route})
+                        {(bfmt, rounding, None, type(None), 0): route})
     ga, gb = lpsim.Generator(4), lpsim.Generator(4)
     for calls in (1, 3):
         want, got = BlockStats(), BlockStats()
         for j in range(calls):
             x = values((8, 64), seed=j) * 2.0 ** (8 * j - 12)     # saturated and flushed too
-            expected = lpsim.quantize(x, MX, rounding, generator=ga, stats=want)
-            result = lpsim.quantize(x.as_subclass(OnDevice0), MX, rounding, generator=gb,
+            expected = lpsim.quantize(x, bfmt, rounding, generator=ga, stats=want)
+            result = lpsim.quantize(x.as_subclass(OnDevice0), bfmt, rounding, generator=gb,
                                     stats=got)
             assert torch.equal(result.as_subclass(torch.Tensor), expected)
         assert got == want and got.blocks == want.blocks > 0
