@@ -431,10 +431,19 @@ def cuda_rows(log2n: int, repeats: int):
     # ScaledBlockRoute for NVFP4, whose tensor scale each call finds on the device)
     # (a bfloat16 source has no route: its call's host time, made as the bfloat16-in row
     # above makes its calls, says how much of that row is the host's)
+    # (counted calls and a generator's, as a simulated training step with telemetry makes
+    # them: their routes, lpsim_cuda.block_groups.CountedBlockRoute and ScaledBlockRoute)
     tiny = torch.randn(1, 32, device="cuda")
     tiny16 = tiny.to(torch.bfloat16)
+    stats, generator = lpsim.blocks.BlockStats(), lpsim.Generator(0)
     for name, fn in (("lpsim.quantize mxfp8_e4m3 (one block)",
                       lambda: lpsim.quantize(tiny, "mxfp8_e4m3", "nearest", out=tiny)),
+                     ("lpsim.quantize mxfp8_e4m3 SR, generator, counted (one block)",
+                      lambda: lpsim.quantize(tiny, "mxfp8_e4m3", "stochastic",
+                                             generator=generator, stats=stats)),
+                     ("lpsim.quantize nvfp4 SR, generator, counted (two blocks)",
+                      lambda: lpsim.quantize(tiny, "nvfp4", "stochastic",
+                                             generator=generator, stats=stats)),
                      ("lpsim.quantize mxfp8_e4m3, bfloat16 in (one block)",
                       lambda: lpsim.quantize(tiny16, "mxfp8_e4m3", "nearest")),
                      ("lpsim.quantize nvfp4 (two blocks)",

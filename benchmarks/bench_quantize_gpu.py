@@ -108,6 +108,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_quantize_gpu: no CUDA device is visible; nothing measured.")
         return 1
+    import lpsim
     import lpsim_cuda
 
     command = shlex.join(["python", *sys.argv])
@@ -156,11 +157,19 @@ def main(argv=None) -> int:
         lambda: xb.to(torch.float8_e4m3fn).to(torch.bfloat16))
 
     tiny = torch.randn(1, device="cuda")
+    stats, generator = lpsim.RoundingStats(), lpsim.Generator(0)
     overhead = {
         "lpsim_cuda nearest, in place": wall_time(
             lambda: lpsim_cuda.quantize(tiny, "bf16", out=tiny), 1000),
         "lpsim_cuda stochastic, in place": wall_time(
             lambda: lpsim_cuda.quantize(tiny, "bf16", "stochastic", seed=1, out=tiny), 1000),
+        # through lpsim.quantize (its short way to a request's route), as simulated training
+        # calls it: in place, and stochastic with a generator and counters (telemetry)
+        "lpsim.quantize nearest, in place": wall_time(
+            lambda: lpsim.quantize(tiny, "bf16", out=tiny), 1000),
+        "lpsim.quantize stochastic, generator, counted": wall_time(
+            lambda: lpsim.quantize(tiny, "bf16", "stochastic", generator=generator,
+                                   stats=stats), 1000),
         "torch t.add_(0)": wall_time(lambda: tiny.add_(0), 1000),
     }
     lines = verdicts(rows, float_quantize is not None)
