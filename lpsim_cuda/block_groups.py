@@ -104,8 +104,7 @@ class BlockRoute(specialised.Route):
             self.compiled, (xb, outf, n, *self.scale, *keys, *tail), stream))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
-        self._core_launch(stream, self.config(blocks), self.function,
-                          *self.arguments(x_ptr, out_ptr, n, keys, counts))
+        self.launch(stream, blocks, self.arguments(x_ptr, out_ptr, n, keys, counts))
 
 
 #: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
@@ -165,9 +164,8 @@ class ScaledBlockRoute:
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
         amax, scale = self.amax, self.scale
         with tensor_amax.ENQUEUE:
-            amax._core_launch(stream, amax.config(blocks), amax.function,
-                              *(specialised._array_arguments(x_ptr, n) + self.amax_flat))
-            scale._core_launch(stream, scale.config(1), scale.function, *self.scale_flat)
+            amax.launch(stream, blocks, specialised._array_arguments(x_ptr, n) + self.amax_flat)
+            scale.launch(stream, 1, self.scale_flat)
             self.block(x_ptr, out_ptr, n, keys, stream, blocks, counts)
 
 

@@ -524,8 +524,7 @@ class TableRoute(specialised.Route):
                 + self._ks_flat + self.tail)
 
     def __call__(self, table_ptr, hp, keys, ks, blocks, stream):
-        self._core_launch(stream, self.config(blocks), self.function,
-                          *self.arguments(table_ptr, hp, keys, ks))
+        self.launch(stream, blocks, self.arguments(table_ptr, hp, keys, ks))
 
     @classmethod
     def made(cls, kern, args, stream):

@@ -46,7 +46,7 @@ from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_par
 from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
 from lpsim.word32 import as_signed64, bits_float32, float32_bits, word
 
-from . import arrays, counters, launch, vector
+from . import arrays, counters, launch, raw_launch, vector
 from .counters import ELEMENTS, add_warp_counts
 from .launch import THREADS
 
@@ -281,6 +281,21 @@ class Route:
         self.mode = mode
         self._configs = {}
         self._config_kind = (LaunchConfig, CUDA_CORE_GE_1_0)
+        self._block = None              # its ParamBlock, made at the first launch
+
+    def launch(self, stream, blocks: int, flat) -> None:
+        """Launch with ``flat`` (this route's flat arguments) on ``blocks`` blocks: packed
+        into the route's ParamBlock and given to the driver (:mod:`lpsim_cuda.raw_launch`),
+        else through cuda.core."""
+        block = self._block
+        if block is None:
+            try:
+                block = self._block = raw_launch.ParamBlock(flat)
+            except TypeError:           # a kind it does not pack: cuda.core converts it
+                block = self._block = False
+        if block is False or not raw_launch.launch(block, self.function, blocks, THREADS,
+                                                   stream, flat):
+            self._core_launch(stream, self.config(blocks), self.function, *flat)
 
     def config(self, blocks: int):
         found = self._configs.get(blocks)
@@ -303,8 +318,7 @@ class Route:
         return _same(mine, _numba_arguments(self.compiled, (xb, outb, n, *keys), stream))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
-        self._core_launch(stream, self.config(blocks), self.function,
-                          *self.arguments(x_ptr, out_ptr, n, keys))
+        self.launch(stream, blocks, self.arguments(x_ptr, out_ptr, n, keys))
 
 
 class CountedRoute(Route):
@@ -329,8 +343,7 @@ class CountedRoute(Route):
                                             stream))
 
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts):
-        self._core_launch(stream, self.config(blocks), self.function,
-                          *self.counted_arguments(x_ptr, out_ptr, n, keys, counts))
+        self.launch(stream, blocks, self.counted_arguments(x_ptr, out_ptr, n, keys, counts))
 
 
 #: (format as the caller gave it, rounding, sr_bits, device) -> Route, or None where numba's
