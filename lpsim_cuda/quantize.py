@@ -192,11 +192,11 @@ def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator,
     general path must take the call, which then checks it and names what is wrong: no route
     yet, a tensor autograd follows (straight-through rules), a negated view, a call inside
     another generator call, stats that are not an lpsim.RoundingStats, or anything the route
-    itself does not cover.  A route exists only for a format, rounding
-    and sr_bits that a call has taken; the seed, stream and offset are checked as the
-    general path checks them.  A generator's counters are taken as the general path takes
-    them and given back where the route declines.  ``out`` written: its version is bumped,
-    as torch's in-place operations do."""
+    itself does not cover.  A route exists only for a format, rounding and sr_bits that a
+    call has taken; the seed, stream and offset are checked as the general path checks
+    them.  A generator's counters are taken as the general path takes them and given back
+    where the route declines.  ``out`` written: its version is bumped, as torch's in-place
+    operations do."""
     import torch
     if type(fmt) is str and (fmt := _parsed(fmt)) is None:
         return None
