@@ -188,6 +188,9 @@ def main(argv=None) -> int:
     print("# wall-clock per call on a 1-element tensor (1000 calls, then synchronize; best of 5)")
     for name, seconds in overhead.items():
         print(f"{name:44s} {seconds * 1e6:8.1f} us")
+    from lpsim_cuda import raw_launch          # did routes launch through the driver?
+    raw = "on" if raw_launch.STATE["on"] else f"off ({raw_launch.STATE['why']})"
+    print(f"# routes' raw launches (lpsim_cuda.raw_launch): {raw}")
     print("# targets: nearest >= 0.85 and stochastic >= 0.75 of copy, faster than qtorch")
     for line in lines:
         print(line)
@@ -196,7 +199,7 @@ def main(argv=None) -> int:
             json.dump({"device": device, "date": today, "command": command, "n": n,
                        "versions": versions(), "copy_GBps": copy_gbs, "rows": rows,
                        "launch_overhead_us": {k: v * 1e6 for k, v in overhead.items()},
-                       "verdicts": lines}, handle, indent=1)
+                       "raw_launches": raw, "verdicts": lines}, handle, indent=1)
     return 0
 
 

@@ -107,6 +107,8 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
         calls = q.get("launch_overhead_us", {})
         out["call_us"] = calls.get("lpsim_cuda nearest, in place")
         out["torch_call_us"] = calls.get("torch t.add_(0)")
+        out["front_call_us"] = {k: v for k, v in calls.items() if k.startswith("lpsim.quantize")}
+        out["raw_launches"] = q.get("raw_launches")
     o = tables.get("optim-gpu")
     if o:
         sr = o["rows"].get("lpsim bf16 SR (fused)", {})

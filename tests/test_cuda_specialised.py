@@ -18,7 +18,7 @@ import lpsim
 import lpsim_cuda
 from lpsim.rounding import MODES
 from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES, pack
-from lpsim_cuda import specialised
+from lpsim_cuda import raw_launch, specialised
 from test_cuda_quantize import edge_cases
 from conftest import count_calls
 
@@ -298,6 +298,9 @@ def test_torch_route_equals_the_cpu_and_its_arguments_are_numbas():
                 y = torch.empty_like(t)
                 assert lpsim_cuda.quantize(t, fmt, rounding, out=y, **kw) is y
                 assert np.array_equal(expected.view(np.int32), y.cpu().numpy().view(np.int32))
+    # the routes launched through the driver with their packed arguments (lpsim_cuda.
+    # raw_launch), not through cuda.core's launch after a refusal
+    assert raw_launch.STATE == {"on": True, "why": None}, raw_launch.STATE
 
 
 @pytest.mark.skipif(not GPU, reason="raw launches need a GPU (LPSIM_TEST_GPU=1)")
