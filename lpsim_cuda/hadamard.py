@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 from numba import cuda
 
 from lpsim.blocks.hadamard_rows import butterfly
 
-from . import launch
+from . import launch, specialised
 from .arrays import _numba_array
 from .launch import SIMULATOR
 
@@ -76,9 +77,68 @@ def transposed_rht(x, c, out) -> None:
     (tokens x features, float32), runs of n = len(c) tokens with factors ``c`` (float32):
     ``rht(x.t().contiguous(), signs)`` of :mod:`lpsim.torch.hadamard`, the same bits.  Each
     a C-contiguous CUDA array (a numba device array or a CUDA-array-interface object such as
-    a torch tensor); the launch goes on x's stream (torch's current one for a tensor)."""
+    a torch tensor); the launch goes on x's stream (torch's current one for a tensor).
+    Torch tensors take their run length's cached route once it is made (:class:`Route`)."""
+    if launch.is_torch(x) and _torch_call(x, c, out):
+        return
     with launch.device_of(x):
         _transposed_rht(x, c, out)
+
+
+class Route(specialised.Route):
+    """One run length's kernel as a raw launch for torch tensors: the flat arguments numba
+    builds for the three arrays (each wrapped in a numba array on every call before), from
+    the tensors' addresses and shapes; checked once against numba's own (recipes with an
+    RHT make two of these calls a linear layer and step)."""
+
+    def __init__(self, kern, kinds):
+        super().__init__(kern, 0, 4, kinds)
+
+    @staticmethod
+    def arguments(x_ptr, tokens, features, c_ptr, n, out_ptr) -> list:
+        size = tokens * features
+        return ([0, 0, size, 4, x_ptr, tokens, features, features * 4, 4]
+                + [0, 0, n, 4, c_ptr, n, 4]
+                + [0, 0, size, 4, out_ptr, features, tokens, tokens * 4, 4])
+
+    def check(self, xa, ca, oa, stream) -> bool:
+        """Whether the route's flat arguments are numba's own for the same launch."""
+        (tokens, features), n = xa.shape, ca.size
+        mine = self.arguments(launch.address(xa), tokens, features, launch.address(ca), n,
+                              launch.address(oa))
+        return specialised._same(mine, specialised._numba_arguments(self.compiled,
+                                                                    (xa, ca, oa), stream))
+
+
+#: (run length, device) -> Route, or None where numba's flat arguments differed
+_ROUTES: dict = {}
+#: route key -> why it has no raw route
+ROUTE_ERRORS: dict = {}
+
+
+def _torch_call(x, c, out) -> bool:
+    """Launch a torch call through its run length's route: True, or False where the call
+    needs the general path (no route yet; anything a route does not cover, which the
+    general path checks and names)."""
+    import torch
+    if not _ROUTES or not (type(c) is torch.Tensor and type(out) is torch.Tensor):
+        return False
+    n = c.numel()
+    if x.ndim != 2 or c.ndim != 1 or out.ndim != 2:
+        return False
+    tokens, features = x.shape
+    device = x.device.index
+    route = _ROUTES.get((n, device))
+    if (route is None or not x.is_cuda or tokens == 0 or features == 0 or tokens % n
+            or any(t.dtype is not torch.float32 or t.device != x.device
+                   or not t.is_contiguous() for t in (x, c, out))
+            or tuple(out.shape) != (features, tokens)
+            or device != torch.cuda.current_device()):
+        return False
+    route(x.data_ptr(), tokens, features, c.data_ptr(), n, out.data_ptr(),
+          launch.grid_size(tokens * features // n, device),
+          specialised._core_stream(launch.torch_stream_handle(device)))
+    return True
 
 
 def _transposed_rht(x, c, out) -> None:
@@ -100,8 +160,13 @@ def _transposed_rht(x, c, out) -> None:
     if xa.size == 0:
         return
     device = launch.current_device()
-    launch.configured(transposed_kernel(n), launch.grid_size(xa.size // n, device),
-                      stream)(xa, ca, oa)
+    kern = transposed_kernel(n)
+    launch.configured(kern, launch.grid_size(xa.size // n, device), stream)(xa, ca, oa)
+    if launch.is_torch(x):
+        def build():
+            route = Route(kern, tuple(numba.typeof(a) for a in (xa, ca, oa)))
+            return route, route.check(xa, ca, oa, stream)
+        specialised.keep_route(_ROUTES, ROUTE_ERRORS, (n, x.device.index), build)
 
 
-__all__ = ["SIZES", "transposed_kernel", "transposed_rht"]
+__all__ = ["SIZES", "transposed_kernel", "transposed_rht", "Route"]

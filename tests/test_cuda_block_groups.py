@@ -615,30 +615,13 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
 
 
 COUNTED_CHECK = r"""
-import types
+import sys
 import numpy as np
-import numba
-from numba.core import sigutils, types as T
-import numba.cuda.dispatcher as dispatcher
+from numba.core import sigutils
+sys.path.insert(0, "tests")
+from flat_stand_ins import Device, flatten
 from lpsim_cuda import block_groups, specialised
 
-
-class Device:
-    # what numba's flattening and lpsim_cuda.launch.address read of a device array
-    def __init__(self, n, dtype, ptr):
-        self.shape, self.dtype, self.ptr, self.size, self.ndim = (n,), np.dtype(dtype), ptr, n, 1
-        self._layout = types.SimpleNamespace(strides_in_bytes=(self.dtype.itemsize,))
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape,
-                                         "typestr": self.dtype.str, "version": 2}
-        self._numba_type_ = T.Array(numba.from_dtype(self.dtype), 1, "C")
-
-
-class Kernel:                   # numba's own flattening, without a device
-    extensions = []
-    _prepare_args = dispatcher._Kernel._prepare_args
-
-
-dispatcher.wrap_arg = lambda value: types.SimpleNamespace(to_device=lambda retr, stream: value)
 xb, outf = Device(1024, np.int32, 0x7F0000001000), Device(1024, np.float32, 0x7F0000002000)
 ts, counts = Device(2, np.float64, 0x7F0000003000), Device(11, np.int64, 0x7F0000004000)
 route = block_groups.CountedBlockRoute.__new__(block_groups.CountedBlockRoute)
@@ -647,14 +630,10 @@ route.scale, route.tail = (0.5, 2.0), (ts, stand_in)
 route.fix()
 keys = (11, 22, 33, 44)
 args = (xb, outf, 1024, *route.scale, *keys, ts, counts)
-theirs = []
-for t, v in zip(block_groups._signature(True), args):
-    Kernel()._prepare_args(t, v, 0, [], theirs)
+theirs = flatten(block_groups._signature(True), args)
 mine = route.arguments(xb.ptr, outf.ptr, 1024, keys, counts)
 other = route.arguments(xb.ptr, outf.ptr, 1024, keys, Device(11, np.int64, 0x7F0000005000))
-uncounted = []
-for t, v in zip(block_groups._signature(True), args[:-1] + (stand_in,)):
-    Kernel()._prepare_args(t, v, 0, [], uncounted)
+uncounted = flatten(block_groups._signature(True), args[:-1] + (stand_in,))
 print("uncounted", specialised._same(route.arguments(xb.ptr, outf.ptr, 1024, keys), uncounted))
 print("same", specialised._same(mine, theirs), len(mine),
       "moved", other[-3] == 0x7F0000005000 and specialised._same(other[:-3], mine[:-3]))
@@ -664,10 +643,8 @@ route = specialised.CountedRoute.__new__(specialised.CountedRoute)
 route.in_bytes, route.out_bytes = 2, 4
 codes, slots = Device(1024, np.int16, 0x7F0000006000), Device(7, np.int64, 0x7F0000007000)
 args = (codes, outf, 1024, 11, 22, 33, 44, slots)
-theirs = []
-for t, v in zip(sigutils.normalize_signature(specialised.kernel_signature(4, 2, True))[0],
-                args):
-    Kernel()._prepare_args(t, v, 0, [], theirs)
+theirs = flatten(sigutils.normalize_signature(specialised.kernel_signature(4, 2, True))[0],
+                 args)
 mine = route.counted_arguments(codes.ptr, outf.ptr, 1024, (11, 22, 33, 44), slots)
 print("element", specialised._same(mine, theirs), len(mine))
 """

@@ -8,7 +8,7 @@ import torch
 from numba import cuda
 
 from lpsim.torch.hadamard import factors, rht, rht_signs, rht_transposed
-from lpsim_cuda import launch
+from lpsim_cuda import hadamard, launch
 from lpsim_cuda.hadamard import SIZES, transposed_rht
 from lpsim_cuda.launch import SIMULATOR
 
@@ -53,9 +53,41 @@ def test_refusals_name_what_is_accepted(x, n, out_shape, why):
 def test_a_cuda_tensor_takes_the_kernel_and_gives_torchs_bits(n):  # pragma: no cover
     x = torch.from_numpy(_data(64 * n, 96, n)).cuda()
     signs = rht_signs(1, 0, 5, n)
-    got = rht_transposed(x, signs)
     want = rht(x.t().contiguous(), signs)                   # torch's operations
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    for _ in range(2):                              # the second call takes the raw route
+        got = rht_transposed(x, signs)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    assert hadamard._ROUTES[n, x.device.index] is not None, hadamard.ROUTE_ERRORS
     cpu = rht_transposed(x.cpu(), signs)        # a GPU's NaN is its own canonical one
     assert torch.equal(got.isnan().cpu(), cpu.isnan())
     assert torch.equal(got.cpu().nan_to_num().view(torch.int32), cpu.nan_to_num().view(torch.int32))
+
+
+ROUTE_CHECK = r"""
+import sys
+import numpy as np
+sys.path.insert(0, "tests")
+from flat_stand_ins import Device, flatten, typeof
+from lpsim_cuda import hadamard, specialised
+
+x, c = Device((64, 48), np.float32, 0x7F0000001000), Device(16, np.float32, 0x7F0000002000)
+out = Device((48, 64), np.float32, 0x7F0000003000)
+mine = hadamard.Route.arguments(x.ptr, 64, 48, c.ptr, 16, out.ptr)
+print("same", specialised._same(mine, flatten(typeof((x, c, out)), (x, c, out))), len(mine))
+"""
+
+
+def test_the_torch_route_flattens_as_numba_does():
+    """The raw route of a torch call (lpsim_cuda.hadamard.Route) builds the flat arguments
+    numba's launch builds for x, the factors and out (numba's flattening run on stand-ins of
+    device arrays, no GPU); on a GPU the route checks the same once against the real
+    launch."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", ROUTE_CHECK], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["same", "True", "25"], done.stdout

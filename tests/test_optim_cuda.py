@@ -306,44 +306,21 @@ def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
 
 
 ROUTE_CHECK = r"""
-import types
+import sys
 import numpy as np
-import numba
-from numba.core import types as T
-import numba.cuda.dispatcher as dispatcher
+sys.path.insert(0, "tests")
+from flat_stand_ins import Device, flatten, typeof
 import lpsim_cuda.optim as O
 from lpsim.philox import round_keys
 from lpsim_cuda import specialised
 
-
-class Device:
-    # what numba's flattening and lpsim_cuda.launch.address read of a device array
-    def __init__(self, shape, dtype, ptr):
-        self.shape, self.dtype, self.ptr = tuple(shape), np.dtype(dtype), ptr
-        self.size, self.ndim = int(np.prod(shape)), len(shape)
-        strides = [self.dtype.itemsize * int(np.prod(shape[k + 1:])) for k in range(len(shape))]
-        self._layout = types.SimpleNamespace(strides_in_bytes=tuple(strides))
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": self.shape,
-                                         "typestr": self.dtype.str, "version": 2}
-        self._numba_type_ = T.Array(numba.from_dtype(self.dtype), self.ndim, "C")
-
-
-class Kernel:                   # numba's own flattening, without a device
-    extensions = []
-    _prepare_args = dispatcher._Kernel._prepare_args
-
-
-dispatcher.wrap_arg = lambda value: types.SimpleNamespace(to_device=lambda retr, stream: value)
 hp = tuple(np.float32(0.1 * (k + 1)) for k in range(14))
 args = (Device((3, 14), np.int64, 0x7F0000001000),
         *(Device((4,), dt, 0x7F0000002000 + 256 * k)
           for k, dt in enumerate((np.int16, np.int16, np.int16, np.int16, np.int16))),
         hp, (123, 456, 7 << 24), round_keys(123, 456), Device((7,), np.int64, 0x7F0000003000),
         5, 4)
-kinds = tuple(numba.typeof(a) for a in args)
-theirs = []
-for t, v in zip(kinds, args):
-    Kernel()._prepare_args(t, v, 0, [], theirs)
+theirs = flatten(typeof(args), args)
 route = O.TableRoute.__new__(O.TableRoute)
 route.fix(args)
 mine = route.arguments(args[0].ptr, *args[6:9])
