@@ -8,10 +8,12 @@ its parent timed on the same machine in the same call.
 
 Each round runs one process per tree (old first, then new) and each process times: the host
 wall-clock of a call on a 1-element tensor (nearest and SR, with torch's ``add_`` as the
-machine's own yardstick) and of a block call (MXFP8, NVFP4), bf16 nearest/SR and e4m3fn SR
+machine's own yardstick; through ``lpsim.quantize`` too, in place and SR with a generator
+and counters, as simulated training calls it) and of a block call (MXFP8, NVFP4), bf16
+nearest/SR and e4m3fn SR
 quantize of 2**26 float32 (CUDA events, with the device copy), MXFP8/MXFP4/NVFP4 nearest of
 the same elements and MXFP8 of their bfloat16 copy (in float32 GB/s), and a bf16 SR AdamW
-step at 2**25 parameters beside torch's fused FP32 AdamW.  It prints each figure's median
+step at 2**25 parameters beside torch's fused FP32 AdamW, and at 2**16 (its fixed cost).  It prints each figure's median
 over the rounds and new / old.
 """
 
@@ -48,6 +50,13 @@ def child(log2n: int, params: int) -> dict:
     out["host SR us"] = 1e6 * wall_time(
         lambda: lpsim_cuda.quantize(tiny, "bf16", "stochastic", seed=1, out=tiny), 1000, 3)
     out["host torch add_ us"] = 1e6 * wall_time(lambda: tiny.add_(0), 1000, 3)
+    # through lpsim.quantize, as simulated training calls it
+    stats, generator = lpsim.RoundingStats(), lpsim.Generator(0)
+    out["host lpsim.quantize nearest us"] = 1e6 * wall_time(
+        lambda: lpsim.quantize(tiny, "bf16", out=tiny), 1000, 3)
+    out["host lpsim.quantize SR counted us"] = 1e6 * wall_time(
+        lambda: lpsim.quantize(tiny, "bf16", "stochastic", generator=generator, stats=stats),
+        1000, 3)
     x = torch.randn(2 ** log2n, device="cuda")
     y = torch.empty_like(x)
     gbs = 8 * x.numel() / 1e6            # bytes read + written, per ms -> GB/s
@@ -75,6 +84,12 @@ def child(log2n: int, params: int) -> dict:
         return [p]
     opt = AdamW(param(torch.bfloat16), lr=1e-3, seed=1, update_rounding="stochastic")
     out["AdamW bf16 SR ms"] = event_ms(opt.step, 5)
+    small = AdamW([torch.nn.Parameter(torch.zeros(2 ** 16, device="cuda",
+                                                  dtype=torch.bfloat16))],
+                  lr=1e-3, seed=1, update_rounding="stochastic")
+    small.param_groups[0]["params"][0].grad = torch.zeros(2 ** 16, device="cuda",
+                                                         dtype=torch.bfloat16)
+    out["AdamW bf16 SR ms, 2^16 params (the step's fixed cost)"] = event_ms(small.step, 20)
     ref = torch.optim.AdamW(param(torch.float32), lr=1e-3, fused=True)
     out["torch fused fp32 ms"] = event_ms(ref.step, 5)
     return out

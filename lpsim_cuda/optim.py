@@ -425,6 +425,7 @@ class Table:
         self.elements = int(n.sum())
         self._keys = (None, None)
         self._held = None
+        self._sent = (None, None)           # the table last copied to the device, its stream
         #: (kernel, counters' address) -> its TableRoute, or False: numba's launch
         self._routes = {}
 
@@ -479,11 +480,17 @@ class Table:
         return cuda.from_cuda_array_interface(desc, owner=held, sync=False)
 
     def _upload_tensor(self):                                # pragma: no cover (GPU only)
-        """The table copied to a torch tensor on its device through pinned memory, on
-        torch's current stream, held until the next upload."""
+        """The table as a torch tensor on its device: copied there through pinned memory on
+        torch's current stream where it changed since the last copy (a step's gradients
+        elsewhere) or the stream did, else the last copy (no kernel writes it, and the
+        stream orders its copy before this launch): two operations fewer a step."""
         import torch
-        self._held = torch.from_numpy(self.host).pin_memory().to(self.device,
-                                                                 non_blocking=True)
+        stream = launch.torch_stream_handle(self.device)
+        if (self._held is None or self._sent[1] != stream
+                or not np.array_equal(self._sent[0], self.host)):
+            self._held = torch.from_numpy(self.host).pin_memory().to(self.device,
+                                                                     non_blocking=True)
+            self._sent = (self.host.copy(), stream)
         return self._held
 
 
