@@ -214,15 +214,18 @@ def route_of(x, bfmt, rounding, sr_bits, counted: bool = False):
         return None
 
 
-def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None):
+def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None,
+               route=None):
     """A float32 torch CUDA call through its cached route: the result, or None where the
     call needs the general path (no route yet, or anything a route does not cover).
     ``stats`` (checked by the caller): a counted call's route, which adds the call's
-    counters to the stats object's accumulator on the device."""
+    counters to the stats object's accumulator on the device.  ``route``: the request's,
+    where the caller looked it up (:func:`route_of`)."""
     import torch
     if not x.is_cuda:
         return None
-    route = route_of(x, bfmt, rounding, sr_bits, stats is not None)
+    if route is None:
+        route = route_of(x, bfmt, rounding, sr_bits, stats is not None)
     device = x.device.index
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous()

@@ -206,17 +206,17 @@ def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator,
             or (stats is not None and not isinstance(stats, RoundingStats))):
         return None
     counted = stats is not None
-    if specialised.route_of(x, fmt, rounding, sr_bits, None, counted) is not None:
+    if (route := specialised.route_of(x, fmt, rounding, sr_bits, None, counted)) is not None:
         def call(seed, stream, offset):
             return specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out,
-                                          offset, None, stats)
+                                          offset, None, stats, route)
     elif (type(axis) is int and x.ndim and axis in (-1, x.ndim - 1)
           and (block_groups := sys.modules.get("lpsim_cuda.block_groups")) is not None
-          and block_groups.route_of(x, fmt, rounding, sr_bits, counted) is not None):
+          and (route := block_groups.route_of(x, fmt, rounding, sr_bits, counted)) is not None):
         # (no block route exists before lpsim_cuda.block_groups is loaded: not loaded here)
         def call(seed, stream, offset):
             return block_groups.torch_call(x, fmt, rounding, axis, seed, stream, sr_bits,
-                                           out, offset, stats)
+                                           out, offset, stats, route)
     else:
         return None
     if generator is None:

@@ -55,6 +55,8 @@ class ParamBlock:
         #: cuLaunchKernel's kernelParams: the address of the slots' addresses
         self.address = ctypes.addressof(self.pointers)
         self.lock = threading.Lock()
+        #: the driver's handle of the kernel, made at the first launch (one route, one kernel)
+        self.handle = None
 
     def pack(self, flat) -> None:
         """Write ``flat`` (the kinds the block was made with) into the slots."""
@@ -74,11 +76,12 @@ def launch(block: ParamBlock, function, blocks: int, threads: int, stream, flat)
         return False
     try:
         from cuda.bindings import driver
+        if block.handle is None:
+            block.handle = driver.CUfunction(int(function.handle))
         with block.lock:
             block.pack(flat)
-            error = driver.cuLaunchKernel(driver.CUfunction(int(function.handle)), blocks, 1,
-                                          1, threads, 1, 1, 0, int(stream.handle),
-                                          block.address, 0)[0]
+            error = driver.cuLaunchKernel(block.handle, blocks, 1, 1, threads, 1, 1, 0,
+                                          int(stream.handle), block.address, 0)[0]
     except Exception as failure:        # noqa: BLE001 (a cuda-bindings without this API)
         STATE.update(on=False, why=repr(failure))
         return False

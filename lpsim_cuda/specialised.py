@@ -418,15 +418,17 @@ def route_of(x, fmt, rounding, sr_bits, storage=None, counted: bool = False):
 
 
 def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=None,
-               stats=None):
+               stats=None, route=None):
     """A torch float32 (or bfloat16, float16) CUDA call through its cached route: the
     result, or None where the call needs the general path (no route yet, or anything a
     route does not cover).  ``stats`` (checked by the caller): a counted call's route, which
-    adds the call's counters to the stats object's accumulator on the device."""
+    adds the call's counters to the stats object's accumulator on the device.  ``route``:
+    the request's, where the caller looked it up (:func:`route_of`)."""
     import torch
     if not x.is_cuda:
         return None
-    route = route_of(x, fmt, rounding, sr_bits, storage, stats is not None)
+    if route is None:
+        route = route_of(x, fmt, rounding, sr_bits, storage, stats is not None)
     device = x.device.index
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous() or x.is_neg()

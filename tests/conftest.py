@@ -18,6 +18,18 @@ def child_pythonpath() -> str:
     return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
+def without_simulator(script: str) -> str:
+    """The output of ``script`` run by a child interpreter in the checkout without numba's
+    CUDA simulator (numba-cuda's real modules, no GPU needed: the route-flattening checks,
+    tests/flat_stand_ins.py); its error output on failure."""
+    import subprocess
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0", PYTHONPATH=child_pythonpath())
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def _source_digest() -> str:
     """Hash of the package sources: numba's cache only watches each kernel's own file."""
     digest = hashlib.sha256()

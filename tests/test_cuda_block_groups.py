@@ -21,7 +21,7 @@ from lpsim.blocks import PRESETS, BlockStats, block, quantize_blocks
 from lpsim.blocks.counters import add_counts
 from lpsim.storage import BFLOAT16_CODES, FLOAT16_CODES
 from lpsim_cuda import block_groups
-from conftest import count_calls
+from conftest import count_calls, without_simulator
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
 
@@ -656,12 +656,6 @@ def test_the_counted_routes_flatten_as_numba_does():
     builds for the counting kernel's signature (numba's flattening run on stand-ins of device
     arrays, no GPU), each call's counters array in its own place.  On a GPU the route checks
     the same once against the real launch."""
-    import subprocess
-    import sys
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", COUNTED_CHECK], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=root)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
-                                   "element", "True", "26"], done.stdout
+    out = without_simulator(COUNTED_CHECK)
+    assert out.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
+                           "element", "True", "26"], out

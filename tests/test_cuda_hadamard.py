@@ -11,6 +11,7 @@ from lpsim.torch.hadamard import factors, rht, rht_signs, rht_transposed
 from lpsim_cuda import hadamard, launch
 from lpsim_cuda.hadamard import SIZES, transposed_rht
 from lpsim_cuda.launch import SIMULATOR
+from conftest import without_simulator
 
 
 def _data(tokens, features, seed):
@@ -82,12 +83,5 @@ def test_the_torch_route_flattens_as_numba_does():
     numba's launch builds for x, the factors and out (numba's flattening run on stand-ins of
     device arrays, no GPU); on a GPU the route checks the same once against the real
     launch."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", ROUTE_CHECK], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=root)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["same", "True", "25"], done.stdout
+    out = without_simulator(ROUTE_CHECK)
+    assert out.split() == ["same", "True", "25"], out

@@ -20,6 +20,7 @@ from lpsim.philox import split_key
 import lpsim_cuda.optim as cuda_optim
 from lpsim_cuda import launch, vector
 from lpsim_cuda.optim import aligned, rebind, step_arrays
+from conftest import without_simulator
 
 GPU = os.environ.get("LPSIM_TEST_GPU") == "1"
 
@@ -338,12 +339,6 @@ def test_the_set_launch_route_flattens_as_numba_does():
     keys, counters and tile counts (numba's flattening run on stand-ins of device arrays,
     no GPU), and each step's values land in their own places.  On a GPU the route checks
     the same once against the real launch (test_gpu_optimizer_sets_match_cpu)."""
-    import subprocess
-    import sys
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", ROUTE_CHECK], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=root)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["same", "True", "90", "90", "moved", "True", "True", "True",
-                                   "True"], done.stdout
+    out = without_simulator(ROUTE_CHECK)
+    assert out.split() == ["same", "True", "90", "90", "moved", "True", "True", "True",
+                           "True"], out
