@@ -377,7 +377,7 @@ def test_scale_step_table_equals_scale_words(bfmt, pts):
 
 
 def test_word_kernel_takes_the_step_table_on_large_calls():
-    """An NVFP4 call of 2**19 elements (32768 blocks: the table in each thread's range)
+    """An NVFP4 call of 2**19 elements (32768 blocks: the call takes the table)
     equals the counted kernel bit for bit, to nearest: blocks whose largest magnitude is a
     step of the table or one bit either side of it, and random blocks over 2**-60 .. 2**60."""
     rng = np.random.default_rng(11)
@@ -398,6 +398,27 @@ def test_word_kernel_takes_the_step_table_on_large_calls():
     assert words.counts is None
     assert same(words.scales, counted.scales)
     assert np.array_equal(words.values.view(np.uint32), counted.values.view(np.uint32))
+
+
+def test_a_calls_tables_are_made_for_the_call_not_its_ranges():
+    """The step table is made once a call, by the call's block count (a range of a thread
+    holds fewer: a 2048 x 256 NVFP4 call on two threads is eight ranges of 4096 blocks, each
+    of which made its own table, or divided per block below STEPS_FROM); the counted
+    kernels' clip bounds are clip_bounds' own, 0 and 0 uncounted."""
+    bfmt = blocks.parse_block_format("nvfp4")
+    bp = blocks.block_params(bfmt, 0.01171875)
+    sp = kernel_params(bfmt.scale, np.float64)
+    small = blocks.kernels.tables_of(bp, sp, blocks.STEPS_FROM - 1, False)
+    large = blocks.kernels.tables_of(bp, sp, blocks.STEPS_FROM, True)
+    assert small[3][0].size == 0 and large[3][0].size > 0
+    assert small[4:] == (0, 0)
+    assert large[4:] == tuple(blocks.word_counts.clip_bounds(bp, sp)) and large[4] > 0
+    rct, ri0, rsh = blocks._reciprocals(bp, sp)
+    assert np.array_equal(large[0], rct) and large[1:3] == (ri0, rsh)
+    mx = blocks.parse_block_format("mxfp8")                  # powers of two: no table
+    mx_tables = blocks.kernels.tables_of(blocks.block_params(mx, 1.0),
+                                         kernel_params(mx.scale, np.float64), 1 << 20, False)
+    assert mx_tables[0].size == 0 and mx_tables[3][0].size == 0
 
 
 @pytest.mark.parametrize("size", [16, 32, 5])
@@ -452,7 +473,7 @@ def test_word_kernel_with_the_blocks_amaxes_equals_the_counted_kernel(bfmt, monk
     for i, v in zip((0, 4095, 4096, 70000, 70016, 70032, flat.size - 1),
                     (np.inf, np.nan, -np.inf, np.nan, np.inf, -np.inf, np.nan)):
         flat[i] = v
-    assert x.size // 16 >= 2 * blocks.STEPS_FROM      # the table in each thread's range
+    assert x.size // 16 >= 2 * blocks.STEPS_FROM      # the call takes the table
     for module in (blocks.amax, blocks.kernels):          # the amax pass and the kernel
         monkeypatch.setattr(module, "threads", lambda: 2)
     for y, rounding in ((x, "nearest"), (x[:, :4090], "nearest"), (x, "stochastic"),

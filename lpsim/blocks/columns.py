@@ -53,10 +53,9 @@ from .decisions import (_element_params, block_params, element_fast32_packed, el
                         i2f, element_nearest32_flags, element_params32)
 from .formats import PRESETS
 from .hadamard_rows import hadamard_amax_bits, hadamard_rows
-from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range
-from .word_counts import (PIECE, _no_counts, _store, _tally_block, _tally_packed, clip_bounds)
-from .word_scales import (_reciprocals, _scale_steps, fused_scale, pow2_exponent,
-                          pow2_float32, pow2_words, scale_recip32)
+from .kernels import NO_COUNTS, PARALLEL_GRAIN, SERIAL_BELOW, _words_range, tables_of
+from .word_counts import PIECE, _no_counts, _store, _tally_block, _tally_packed
+from .word_scales import fused_scale, pow2_exponent, pow2_float32, pow2_words, scale_recip32
 
 #: columns of a band taken at a time: a strip of block x STRIP float32 values (128 KB for
 #: blocks of 32) stays in the second-level cache from its largest magnitudes to its
@@ -75,13 +74,14 @@ def _amax_row(xb, base, ams, o, w):
 
 @literal_jitable
 def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed_hi, stream,
-           offset, chunk, factors):
+           offset, chunk, factors, tables):
     """Bands b0 .. b1-1 of ``x`` (rows x cols, blocks of bp.block down the columns) into
     ``out`` and their scales into rows b0 .. b1-1 of ``sout`` (blocks per column x cols);
     ``counted`` (a literal): 0 no counters, 2 their sums returned as a (1, 9) array (to
     nearest only, where bp.near32 holds).  ``factors``: empty, or those of a Hadamard
     transform down the columns (:func:`hadamard_rows`, runs of factors.size rows dividing the
-    block) that the blocks quantize in place of x's values.
+    block) that the blocks quantize in place of x's values.  ``tables``: the call's
+    :func:`lpsim.blocks.kernels.word_tables`.
 
     A unit is a band's strip of at most STRIP columns.  The largest magnitudes of the next
     unit are read row by row between the rows of this unit's elements, so that its reads
@@ -102,11 +102,9 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
     maxe, pts = np.float32(bp.max_e), np.float32(bp.pts)
     minn = bits_float32(word(p32.minnorm))
     cw, lw = nearest32_words(p32.m, p32.emin)
-    rct, ri0, rsh = _reciprocals(bp, sp)
     # the scales as a table of steps where it pays (NVFP4's UE4M3: a lookup, no divisions)
-    steps = _scale_steps(bp, sp, rct, ri0, rsh, (b1 - b0) * cols)
+    rct, ri0, rsh, steps, clip_lo, clip_hi = tables
     tabled = steps[0].size != 0
-    clip_lo, clip_hi = clip_bounds(bp, sp) if counting else (np.int64(0), np.int64(0))
     ams = np.zeros(2 * STRIP, np.uint32)        # this unit's and the next one's
     s32s = np.empty(STRIP, np.float32)
     rcs = np.empty(STRIP, np.float32)
@@ -225,7 +223,8 @@ def _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo, seed
                 # the transposed copy's counters: its row col, from row r0
                 got = _words_range(held[:h].reshape((1, h)), made[:h].reshape((1, h)), one,
                                    counts, NO_AMAXES, 0, 1, mode, counted, k, p, p32, sp, bp,
-                                   seed_lo, seed_hi, stream, offset + col * rows + r0, chunk)
+                                   seed_lo, seed_hi, stream, offset + col * rows + r0, chunk,
+                                   tables)
                 for i in range(h):
                     outf[(r0 + i) * cols + col] = made[i]
                 sout[b, col] = one[0, 0]
@@ -253,9 +252,9 @@ def _columns_kernel(mode: int, counted: int):
     """The band kernel of rounding mode ``mode`` and counting ``counted`` (constants of its
     body), named ``blocks_columns_<kind><mode>`` for numba's on-disk cache: :func:`_bands`."""
     def kernel(x, out, sout, b0, b1, k, p, p32, sp, bp, seed_lo, seed_hi, stream, offset,
-               chunk, factors):
+               chunk, factors, tables):
         return _bands(x, out, sout, b0, b1, mode, counted, k, p, p32, sp, bp, seed_lo,
-                      seed_hi, stream, offset, chunk, factors)
+                      seed_hi, stream, offset, chunk, factors, tables)
 
     name = next(name for name, code in MODES.items() if code == mode)
     kind = next(kind for kind, code in COUNTING.items() if code == counted)
@@ -275,10 +274,10 @@ def columns_entry(mode: int, counted: int = 0):
     dispatcher = COLUMN_KERNELS[mode, counted]
     bfmt = PRESETS["mxfp4"]
     x = np.zeros((1, 1), np.float32)
+    sp, bp = kernel_params(bfmt.scale, np.float64), block_params(bfmt)
     args = (x, x.copy(), np.zeros((1, 1)), 0, 1, 1,
-            _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
-            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK,
-            NO_TRANSFORM)
+            _element_params(bfmt.saturating_element, 32), element_params32(bfmt), sp, bp, 0, 0,
+            0, 0, CHUNK, NO_TRANSFORM, tables_of(bp, sp, 1, counted))
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
                        "for float32 arrays")
 
@@ -345,7 +344,7 @@ def run_columns(x, out, sout, request, p, p32, sp, bp, want_counts=False, factor
     workers = min(threads(), bands, x.size // PARALLEL_GRAIN) if x.size >= SERIAL_BELOW else 1
     args = (int(request.k), p, p32, sp, bp, int(request.seed_lo), int(request.seed_hi),
             int(request.stream), int(request.offset), int(CHUNK),
-            NO_TRANSFORM if factors is None else factors)
+            NO_TRANSFORM if factors is None else factors, tables_of(bp, sp, sout.size, counted))
     sums = deal(lambda b0, b1: kernel(x, out, sout, b0, b1, *args), pieces(bands, workers),
                 workers)
     return np.stack(sums) if counted else None

@@ -23,7 +23,8 @@ from .columns import hadamard_amax, run_columns, takes_columns, takes_hadamard
 from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
-from .kernels import NO_COUNTS, run_blocks, run_kernel, takes_words, word_kernel_entry
+from .kernels import (NO_COUNTS, run_blocks, run_kernel, tables_of, takes_words,
+                      word_kernel_entry)
 from .layout import moved_contiguous
 
 
@@ -275,7 +276,7 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
     s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
     run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, NO_COUNTS, bam),
                (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
-                CHUNK), s2.size, x.size)
+                CHUNK, tables_of(bp, words.sp, s2.size, False)), s2.size, x.size)
     return result
 
 

@@ -28,8 +28,8 @@ from .counters import BLOCK_COUNTERS
 from .decisions import (_element_params, bits_value, block_params, block_recip, block_scale,
                         element_exact, element_fast, element_params32, i2f, scaled_bits)
 from .formats import PRESETS
-from .word_counts import _nonfinite_block, tally_scratch
-from .word_scales import _reciprocals, _scale_steps
+from .word_counts import _nonfinite_block, clip_bounds, tally_scratch
+from .word_scales import STEPS_FROM, _reciprocals, _scale_steps
 from .words import _chunk_words, scale_ahead_scratch
 
 #: elements per extra thread, and the size below which a call runs in the calling thread: an
@@ -200,12 +200,13 @@ def _blocks_range(x, out, qout, sout, counts, t0, t1, mode, k, p, sp, bp, seed_l
 
 @literal_jitable
 def _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp, bp, seed_lo,
-                 seed_hi, stream, offset, chunk):
+                 seed_hi, stream, offset, chunk, tables):
     """Blocks t0 .. t1-1 (row-major) of the 2-D float32 ``x`` into out and sout by
     :func:`_chunk_words`, a chunk of about ``chunk`` elements at a time for stochastic
     rounding (one draw of random words per chunk), the whole range at once otherwise.
     ``counted`` (a literal): 0 no counters, 1 each block's into its row of counts, 2 the
-    range's sums; returns the counters' rows (a new (1, 9) array of sums for 2)."""
+    range's sums; returns the counters' rows (a new (1, 9) array of sums for 2).
+    ``tables``: the call's :func:`word_tables`."""
     stochastic = _constant(mode) >= STOCHASTIC
     length = x.shape[1]
     nblk = sout.shape[1]
@@ -213,11 +214,10 @@ def _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp
     counting = _constant(counted)
     cf = np.zeros((1, counts.shape[2]), np.int64) if counting == 2 \
         else counts.reshape(-1, counts.shape[2])
-    tally = tally_scratch(bp, sp, counted)
+    rct, ri0, rsh, steps, clip_lo, clip_hi = tables
+    tally = tally_scratch(clip_lo, clip_hi, counted)
     per_chunk = max(1, chunk // bp.block) if stochastic else max(1, t1 - t0)
     r = np.empty(per_chunk * bp.block + 8 if stochastic else 1, np.uint32)
-    rct, ri0, rsh = _reciprocals(bp, sp)
-    steps = _scale_steps(bp, sp, rct, ri0, rsh, t1 - t0)
     ahead = scale_ahead_scratch()
     t = t0
     while t < t1:
@@ -233,6 +233,41 @@ def _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp
 WORD_COUNTING = {"": 0, "counted_": 1, "totals_": 2}
 
 
+@njit(cache=True, nogil=True)
+def word_tables(bp, sp, blocks, counting):
+    """What the word kernels (:func:`_words_range`, :func:`lpsim.blocks.columns._bands`) look
+    scales up in, made once a call of ``blocks`` blocks and shared by its threads' ranges:
+    (the reciprocals of the scale's values, :func:`_reciprocals`' table, first index and
+    shift; :func:`_scale_steps`' table; :func:`clip_bounds`' lo and hi where ``counting``,
+    else 0 and 0).  Made once a range, the step table (about 20 us) cost a 2-core VM a
+    third of an NVFP4 call of 2048 x 256 elements."""
+    rct, ri0, rsh = _reciprocals(bp, sp)
+    steps = _scale_steps(bp, sp, rct, ri0, rsh, blocks)
+    lo = hi = np.int64(0)
+    if counting:
+        lo, hi = clip_bounds(bp, sp)
+    return rct, ri0, rsh, steps, lo, hi
+
+
+@functools.cache
+def _tables_entry():
+    bfmt = PRESETS["mxfp4"]
+    return entry_point(word_tables, (block_params(bfmt), kernel_params(bfmt.scale, np.float64),
+                                     0, False), "lpsim.blocks' scale tables")
+
+
+def tables_of(bp, sp, blocks: int, counting) -> tuple:
+    """:func:`word_tables` of a call of ``blocks`` blocks from Python, without numba's
+    dispatch, and kept for the next call of the same parameters (MX formats' always are;
+    NVFP4's change with the tensor scale)."""
+    return _tables(bp, sp, int(blocks) >= STEPS_FROM, bool(counting))
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(bp, sp, large: bool, counting: bool) -> tuple:
+    return _tables_entry()(bp, sp, STEPS_FROM if large else 0, counting)
+
+
 def _words_kernel(mode: int, counted: int = 0):
     """The float32 word kernel of rounding mode ``mode``: without counters (lpsim.quantize
     without stats, ``blocks_words_<mode>``), each block's counters in its row
@@ -242,14 +277,14 @@ def _words_kernel(mode: int, counted: int = 0):
     compiles nothing else."""
     if counted == 2:
         def kernel(x, out, sout, counts, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi,
-                   stream, offset, chunk):
+                   stream, offset, chunk, tables):
             return _words_range(x, out, sout, counts, bam, t0, t1, mode, 2, k, p, p32, sp, bp,
-                                seed_lo, seed_hi, stream, offset, chunk)
+                                seed_lo, seed_hi, stream, offset, chunk, tables)
     else:
         def kernel(x, out, sout, counts, bam, t0, t1, k, p, p32, sp, bp, seed_lo, seed_hi,
-                   stream, offset, chunk):
+                   stream, offset, chunk, tables):
             _words_range(x, out, sout, counts, bam, t0, t1, mode, counted, k, p, p32, sp, bp,
-                         seed_lo, seed_hi, stream, offset, chunk)
+                         seed_lo, seed_hi, stream, offset, chunk, tables)
 
     name = next(name for name, code in MODES.items() if code == mode)
     kind = next(kind for kind, code in WORD_COUNTING.items() if code == counted)
@@ -307,9 +342,10 @@ def word_kernel_entry(mode: int, counted: int = 0):
     dispatcher = COUNTED_WORD_KERNELS[mode, counted] if counted else WORD_KERNELS[mode]
     bfmt = PRESETS["mxfp4"]
     x = np.zeros((1, 1), np.float32)
+    sp, bp = kernel_params(bfmt.scale, np.float64), block_params(bfmt)
     args = (x, x.copy(), np.zeros((1, 1)), NO_COUNTS, NO_AMAXES, 0, 1, 1,
-            _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
-            kernel_params(bfmt.scale, np.float64), block_params(bfmt), 0, 0, 0, 0, CHUNK)
+            _element_params(bfmt.saturating_element, 32), element_params32(bfmt), sp, bp, 0, 0,
+            0, 0, CHUNK, tables_of(bp, sp, 1, counted))
     return entry_point(dispatcher, args, f"the CPU block kernel {dispatcher.py_func.__name__} "
                        "for float32 arrays")
 
@@ -344,7 +380,8 @@ def run_blocks(x2, out2, q2, s2, counts, request, p, p32, sp, bp, want_q,
         counted = 2 if want_counts == "totals" else int(bool(want_counts))
         kernel = word_kernel_entry(request.mode, counted)
         head = (x2, out2, s2, counts if counted == 1 else NO_COUNTS, bam)
-        args = (int(request.k), p, p32, sp, bp, *seeds, int(CHUNK))
+        args = (int(request.k), p, p32, sp, bp, *seeds, int(CHUNK),
+                tables_of(bp, sp, s2.size, counted))
         sums = run_kernel(kernel, head, args, s2.size, x2.size)
         return np.stack(sums) if counted == 2 else counts
     kernel = kernel_entry(request.mode, x2.dtype)

@@ -80,22 +80,18 @@ def _least_side(lo, side, bp, sp):
     return lo
 
 
-def tally_scratch(bp, sp, counted):
-    """What the counted word kernel keeps for a call (compiled code only): (:func:`clip_bounds`'
-    lo and hi, the per-lane sums of :func:`_lanes_nearest`); nothing (no work, no
-    allocation) where ``counted`` is the literal 0."""
+def tally_scratch(lo, hi, counted):
+    """What the counted word kernel keeps for a range (compiled code only): (:func:`clip_bounds`'
+    ``lo`` and ``hi``, found once a call, the per-lane sums of :func:`_lanes_nearest`);
+    nothing (no allocation) where ``counted`` is the literal 0."""
     raise NotImplementedError
 
 
 @overload(tally_scratch, prefer_literal=True)
-def _tally_scratch(bp, sp, counted):
+def _tally_scratch(lo, hi, counted):
     if isinstance(counted, types.IntegerLiteral) and counted.literal_value == 0:
-        return lambda bp, sp, counted: (np.int64(0), np.int64(0), None)
-
-    def scratch(bp, sp, counted):
-        lo, hi = clip_bounds(bp, sp)
-        return lo, hi, np.zeros(LANES, np.uint32)
-    return scratch
+        return lambda lo, hi, counted: (np.int64(0), np.int64(0), None)
+    return lambda lo, hi, counted: (lo, hi, np.zeros(LANES, np.uint32))
 
 
 @register_jitable

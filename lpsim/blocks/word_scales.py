@@ -144,10 +144,12 @@ def _reciprocals(bp, sp):
     return table, i0, shift
 
 
-#: blocks of a call (of a thread's range) from which the word kernel finds scales rounded
-#: to nearest (``snear32``: NVFP4's UE4M3) in :func:`_scale_steps`' table instead of by two
-#: divisions and a rounding per block: the table costs about 20 us, what 6000 blocks save
-STEPS_FROM = 1 << 13
+#: blocks of a call from which the word kernel finds scales rounded to nearest
+#: (``snear32``: NVFP4's UE4M3) in :func:`_scale_steps`' table instead of by two divisions
+#: and a rounding per block: the table costs about 20 us, made once a call (not once a
+#: thread's range: :func:`lpsim.blocks.kernels.word_tables`), what about 2000 blocks save
+#: (10 ns a block on a 2-core VM)
+STEPS_FROM = 1 << 11
 
 
 @register_jitable(forceinline=True)
