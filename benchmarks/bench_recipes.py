@@ -112,7 +112,7 @@ def labelled():
     import lpsim.torch.gemms as gemms
     from torch.profiler import record_function
     saved = {name: getattr(gemms, name) for name in ("lp_quantize", "_product", "rht_transposed",
-                                                     "rht_tokens")}
+                                                     "rht_tokens", "_rht_columns")}
 
     def wrap(name, fn):
         def run(*args, **kwargs):
@@ -124,7 +124,7 @@ def labelled():
                 return fn(*args, **kwargs)
         return run
     labels = {"lp_quantize": None, "_product": "lpsim product", "rht_transposed": "lpsim rht",
-              "rht_tokens": "lpsim rht"}
+              "rht_tokens": "lpsim rht", "_rht_columns": "lpsim rht and quantize (CPU, wgrad)"}
     for name, fn in saved.items():
         setattr(gemms, name, wrap(labels[name] or name, fn))
     try:

@@ -9,8 +9,10 @@ parallel``), lpsim's ranges go to the spinning threads themselves.
 
 A sleeping team is not used: the region's closing barrier would wait for each thread to
 wake (about 6 ms on a 2-core VM), where lpsim's pool does not wait for a worker that has
-not started.  :func:`hot_team` looks at the team's threads (their state in ``/proc``,
-about 10 us) and offers the team only while one of them runs.  On a 2-core VM a simulated
+not started.  :func:`hot_team` looks at the team's threads (whether a thread's CPU clock
+advances between two reads) and offers the team only while one of them runs; within
+:data:`RECENT` of this thread's last region it does not look (the team spins after that
+region as after torch's).  On a 2-core VM a simulated
 mxfp8 or nvfp4 training step took 10% to 12% less time so, in alternating steps of one
 process (``bench_recipes.py --own-pool`` times both routes), and calls between idle gaps
 kept their time.
@@ -23,6 +25,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 #: the process that imported lpsim: a forked child's OpenMP runtime believes in threads its
 #: parent had, which the child does not have, so only this process uses it
@@ -34,6 +37,13 @@ _local = threading.local()
 #: per calling thread (native id), the other threads its last team ran on (libgomp keeps a
 #: team per thread that starts regions)
 _members: dict[int, tuple[int, ...]] = {}
+#: per calling thread, when (time.perf_counter) its last region ended
+_ended: dict[int, float] = {}
+#: seconds after a region of its own within which a thread offers the team without looking
+#: at its threads: libgomp's threads spin for milliseconds after every region, and a look
+#: right after a torch operation cost 40 to 200 us on a 2-core VM (a quantization of an
+#: NVFP4 operand deals out two passes, the amax and the blocks, back to back)
+RECENT = 1e-3
 
 
 #: OpenMP threads whose Python thread state is kept between regions (:func:`_keep_thread_state`)
@@ -77,17 +87,16 @@ def openmp_parallel():
 
 
 def _running(tid: int) -> bool | None:
-    """Whether thread ``tid`` of this process runs or waits for a core (state R), None where
-    it is gone."""
+    """Whether thread ``tid`` of this process runs on a core now: its CPU clock advances
+    between two reads (Linux's per-thread clock of another thread, ``~tid << 3 | 6``), None
+    where it is gone.  Two reads cost about 3 us, and 15 to 30 us while the thread spins on
+    another core, against 40 to 200 us for its state in ``/proc`` on a 2-core VM."""
+    clock = (~tid << 3) | 6                 # CPUCLOCK_SCHED of one thread (posix-cpu-timers)
     try:
-        fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+        first = time.clock_gettime_ns(clock)
+        return time.clock_gettime_ns(clock) != first
     except OSError:
         return None
-    try:
-        stat = os.read(fd, 512)
-    finally:
-        os.close(fd)
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] == b"R"
 
 
 def mark_pool_thread() -> None:
@@ -110,8 +119,9 @@ def hot_team():
     parallel = openmp_parallel() if _OWN == 0 else None
     if parallel is None:
         return None
-    members = _members.get(threading.get_native_id())
-    if members is not None:
+    caller = threading.get_native_id()
+    members = _members.get(caller)
+    if members is not None and time.perf_counter() - _ended.get(caller, -RECENT) >= RECENT:
         states = [_running(tid) for tid in members]
         if None not in states and not any(states):
             return None
@@ -153,6 +163,7 @@ def _region(parallel, work, threads: int) -> None:
             _local.in_region = False
 
     parallel(_REGION(body), None, threads, 0)
+    _ended[caller] = time.perf_counter()
     _members[caller] = tuple(sorted(seen - {caller}))
     if errors:
         raise errors[0]

@@ -73,6 +73,7 @@ def test_a_pool_thread_never_starts_a_team():
 def test_the_team_is_offered_only_while_one_of_its_threads_runs(monkeypatch):
     caller = threading.get_native_id()
     monkeypatch.setitem(openmp_team._members, caller, (11, 12))
+    monkeypatch.setitem(openmp_team._ended, caller, -1.0)      # no region of late
     states = {11: False, 12: False}
     monkeypatch.setattr(openmp_team, "_running", lambda tid: states[tid])
     assert openmp_team.hot_team() is None                  # asleep: lpsim's pool
@@ -80,6 +81,60 @@ def test_the_team_is_offered_only_while_one_of_its_threads_runs(monkeypatch):
     assert callable(openmp_team.hot_team())                # one spins: the team
     states[12] = None
     assert callable(openmp_team.hot_team())                # one is gone: a region relearns
+
+
+@needs_libgomp
+def test_right_after_its_own_region_a_thread_offers_the_team_without_looking(monkeypatch):
+    """Within RECENT of a region this thread started, its team still spins: hot_team offers
+    it without reading the threads' clocks; later it looks again."""
+    caller = threading.get_native_id()
+    monkeypatch.setitem(openmp_team._members, caller, (11,))
+    looked = []
+    monkeypatch.setattr(openmp_team, "_running", lambda tid: looked.append(tid) or False)
+    now = openmp_team.time.perf_counter()
+    monkeypatch.setitem(openmp_team._ended, caller, now)
+    assert callable(openmp_team.hot_team()) and looked == []
+    monkeypatch.setitem(openmp_team._ended, caller, now - 2 * openmp_team.RECENT)
+    assert openmp_team.hot_team() is None and looked == [11]
+
+
+def test_a_running_thread_is_seen_by_its_cpu_clock():
+    """_running reads a thread's CPU clock twice: a thread spinning in compiled code without
+    the GIL runs, one blocked on an event does not, a thread that ended is gone (None)."""
+    from numba import njit
+
+    @njit(nogil=True)
+    def spin(n):
+        x = np.uint64(1)                        # xorshift steps: no closed form to fold
+        for _ in range(n):
+            x ^= x << np.uint64(13)
+            x ^= x >> np.uint64(7)
+            x ^= x << np.uint64(17)
+        return x
+    spin(1)                                     # compiled before the threads start
+    stop, ids = threading.Event(), {}
+
+    def spinner():
+        ids["spin"] = threading.get_native_id()
+        spin(1 << 29)                           # about a second
+
+    def waiter():
+        ids["wait"] = threading.get_native_id()
+        stop.wait()
+    threads = [threading.Thread(target=spinner), threading.Thread(target=waiter)]
+    for t in threads:
+        t.start()
+    while len(ids) < 2:
+        threading.Event().wait(0.01)
+    try:
+        # the spinner may be off its core for a moment (another process): a few looks
+        assert any(openmp_team._running(ids["spin"]) for _ in range(100))
+        assert not any(openmp_team._running(ids["wait"]) for _ in range(20))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert openmp_team._running(ids["wait"]) is None
 
 
 @needs_libgomp
