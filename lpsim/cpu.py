@@ -56,11 +56,11 @@ PARALLEL_GRAIN = 1 << 18
 #: arrays shorter than this run in the calling thread
 SERIAL_BELOW = 2 * PARALLEL_GRAIN
 #: PARALLEL_GRAIN of the float32 nearest kernel (:func:`round_nearest32`), three to six
-#: times faster an element: a second thread cost about 0.1 ms more than it saved up to 2**20
-#: elements on a 2-core VM (2026-11-28, in place, idle and after a torch operation); right
-#: after a product (a simulated GEMM's output rounded to bfloat16, 63 calls a training
-#: step), up to 2**21 (2026-11-29: 2**20 elements 161-285 us on two threads, 152-185 on
-#: one; 2**21 424-469 against 338-402; 2**22 alike), a pass bound by memory
+#: times faster an element, so arrays below 2**22 elements run in the calling thread: right
+#: after a product (a simulated GEMM's output rounded to bfloat16 in place, 63 calls a
+#: training step) a second thread cost more than it saved up to 2**21 elements on a 2-core
+#: VM (2026-11-29: 2**21 elements 424-469 us on two threads, 338-402 on one; 2**22 alike),
+#: a pass bound by memory
 NEAREST32_GRAIN = 1 << 21
 #: elements per group whose slow elements are counted together, so that the slow pass
 #: looks only into groups that have some
