@@ -116,7 +116,7 @@ def test_a_running_thread_is_seen_by_its_cpu_clock():
 
     def spinner():
         ids["spin"] = threading.get_native_id()
-        spin(1 << 29)                           # about a second
+        spin(1 << 30)                           # a second or two
 
     def waiter():
         ids["wait"] = threading.get_native_id()
@@ -126,10 +126,15 @@ def test_a_running_thread_is_seen_by_its_cpu_clock():
         t.start()
     while len(ids) < 2:
         threading.Event().wait(0.01)
+    def looks(tid, count):
+        # each after a pause that releases the GIL: the spinner needs it to enter the
+        # compiled loop, and may be off its core for a moment (another process)
+        for _ in range(count):
+            threading.Event().wait(0.002)
+            yield openmp_team._running(tid)
     try:
-        # the spinner may be off its core for a moment (another process): a few looks
-        assert any(openmp_team._running(ids["spin"]) for _ in range(100))
-        assert not any(openmp_team._running(ids["wait"]) for _ in range(20))
+        assert any(looks(ids["spin"], 200))
+        assert not any(looks(ids["wait"], 20))
     finally:
         stop.set()
         for t in threads:
