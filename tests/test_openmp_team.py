@@ -98,9 +98,17 @@ def test_right_after_its_own_region_a_thread_offers_the_team_without_looking(mon
     assert openmp_team.hot_team() is None and looked == [11]
 
 
+def test_a_thread_whose_clock_stands_still_is_asked_in_proc(monkeypatch):
+    """Where the clock does not advance between the two reads (a thread waiting for a core
+    another process holds), the thread's state decides: this thread's is R (running)."""
+    monkeypatch.setattr(openmp_team.time, "clock_gettime_ns", lambda clock: 7)
+    assert openmp_team._running(threading.get_native_id()) is True
+
+
 def test_a_running_thread_is_seen_by_its_cpu_clock():
-    """_running reads a thread's CPU clock twice: a thread spinning in compiled code without
-    the GIL runs, one blocked on an event does not, a thread that ended is gone (None)."""
+    """_running reads a thread's CPU clock twice, then its state: a thread spinning in
+    compiled code without the GIL runs (or waits for a core, where other processes hold
+    them), one blocked on an event does not, a thread that ended is gone (None)."""
     from numba import njit
 
     @njit(nogil=True)
