@@ -40,11 +40,22 @@ _local = threading.local()
 _members: dict[int, tuple[int, ...]] = {}
 #: per calling thread, when (time.perf_counter) its last region ended
 _ended: dict[int, float] = {}
+
+
+def spins_after_regions(env) -> bool:
+    """Whether libgomp's threads spin after a region under the environment ``env``: not
+    with ``OMP_WAIT_POLICY=passive`` or ``GOMP_SPINCOUNT=0`` (they sleep at once)."""
+    if env.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return False
+    return env.get("GOMP_SPINCOUNT", "").strip() != "0"
+
+
 #: seconds after a region of its own within which a thread offers the team without looking
 #: at its threads: libgomp's threads spin for milliseconds after every region, and a look
 #: right after a torch operation cost 40 to 200 us on a 2-core VM (a quantization of an
-#: NVFP4 operand deals out two passes, the amax and the blocks, back to back)
-RECENT = 1e-3
+#: NVFP4 operand deals out two passes, the amax and the blocks, back to back); 0 (always
+#: look) where they sleep at once
+RECENT = 1e-3 if spins_after_regions(os.environ) else 0.0
 
 
 #: OpenMP threads whose Python thread state is kept between regions (:func:`_keep_thread_state`)

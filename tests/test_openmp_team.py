@@ -98,6 +98,20 @@ def test_right_after_its_own_region_a_thread_offers_the_team_without_looking(mon
     assert openmp_team.hot_team() is None and looked == [11]
 
 
+def test_no_region_counts_as_recent_where_the_team_sleeps_at_once():
+    """OMP_WAIT_POLICY=passive or GOMP_SPINCOUNT=0: libgomp's threads sleep after each
+    region, so hot_team must look every time (RECENT 0 under them)."""
+    spins = openmp_team.spins_after_regions
+    assert spins({}) and spins({"OMP_WAIT_POLICY": "active"}) and spins({"GOMP_SPINCOUNT": "1000"})
+    assert not spins({"OMP_WAIT_POLICY": " PASSIVE "}) and not spins({"GOMP_SPINCOUNT": "0"})
+    script = "import lpsim.openmp_team as t; print(t.RECENT)"
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    for env, want in (({"OMP_WAIT_POLICY": "passive"}, "0.0"), ({}, "0.001")):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env={**base, **env}, timeout=300)
+        assert done.stdout.strip() == want, done.stderr[-2000:]
+
+
 def test_a_thread_whose_clock_stands_still_is_asked_in_proc(monkeypatch):
     """Where the clock does not advance between the two reads (a thread waiting for a core
     another process holds), the thread's state decides: this thread's is R (running)."""
