@@ -10,11 +10,10 @@ Each round runs one process per tree (old first, then new) and each process time
 wall-clock of a call on a 1-element tensor (nearest and SR, with torch's ``add_`` as the
 machine's own yardstick; through ``lpsim.quantize`` too, in place and SR with a generator
 and counters, as simulated training calls it) and of a block call (MXFP8, NVFP4), bf16
-nearest/SR and e4m3fn SR
-quantize of 2**26 float32 (CUDA events, with the device copy), MXFP8/MXFP4/NVFP4 nearest of
-the same elements and MXFP8 of their bfloat16 copy (in float32 GB/s), and a bf16 SR AdamW
-step at 2**25 parameters beside torch's fused FP32 AdamW, and at 2**16 (its fixed cost).  It prints each figure's median
-over the rounds and new / old.
+nearest/SR and e4m3fn SR quantize of 2**26 float32 (CUDA events, with the device copy),
+MXFP8/MXFP4/NVFP4 nearest of the same elements and MXFP8 of their bfloat16 copy (in float32
+GB/s), and a bf16 SR AdamW step at 2**25 parameters beside torch's fused FP32 AdamW, and at
+2**16 (its fixed cost).  It prints each figure's median over the rounds and new / old.
 """
 
 import argparse

@@ -193,9 +193,7 @@ def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, key
     and check its request's route, keyed on the format as the caller gave it."""
     def build():
         route = route_class(kern, mode, bp, parse_block_format(given))
-        if counts is not None:
-            return route, route.check(xb, outf, n, keys, 0, counts)
-        return route, route.check(xb, outf, n, keys, 0)
+        return route, route.check(xb, outf, n, keys, 0, counts)
     specialised.keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
                            (given, rounding, sr_bits, type(sr_bits), device), build)
 

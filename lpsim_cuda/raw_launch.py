@@ -19,6 +19,7 @@ the parameters when the launch is enqueued, so the next call may overwrite them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 
@@ -68,6 +69,13 @@ class ParamBlock:
         return list(struct.unpack_from(self.format, self.slots, 0))
 
 
+@functools.cache
+def _driver():
+    """cuda.bindings' driver module, imported at the first launch (not on every one)."""
+    from cuda.bindings import driver
+    return driver
+
+
 def launch(block: ParamBlock, function, blocks: int, threads: int, stream, flat) -> bool:
     """Launch ``function`` (cuda.core's kernel) on ``blocks`` x ``threads`` on ``stream``
     (cuda.core's) with ``flat`` packed into ``block``: True, or False where the raw path is
@@ -75,7 +83,7 @@ def launch(block: ParamBlock, function, blocks: int, threads: int, stream, flat)
     if not STATE["on"]:
         return False
     try:
-        from cuda.bindings import driver
+        driver = _driver()
         if block.handle is None:
             block.handle = driver.CUfunction(int(function.handle))
         with block.lock:
