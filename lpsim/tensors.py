@@ -10,6 +10,8 @@ the front (:mod:`lpsim.quantize`, which passes its element rounder), a block bac
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ._extras import require
@@ -19,6 +21,15 @@ torch = require("torch", extra="torch", feature="rounding torch tensors")
 _CONTAINERS = (torch.float32, torch.float64)
 #: 16-bit dtypes a CUDA rounder may read directly (``round_with.reads_halves``)
 _HALVES = (torch.bfloat16, torch.float16)
+
+
+def autocast_off(device_type: str):
+    """A context in which ``torch.autocast`` leaves the operations on ``device_type``
+    ("cpu", "cuda") in their operands' dtypes: lpsim's products define their own arithmetic,
+    which autocast would otherwise move to bfloat16 or float16 (a no-op where it is off)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _is_tensor(x) -> bool:

@@ -326,3 +326,18 @@ def test_sampler_names_are_checked():
     from lpsim.casgd.solvers import index_stream
     np.testing.assert_array_equal(index_stream("numpy", 20, 7).take(9),
                                   np.random.default_rng(7).integers(0, 20, 1 << 14)[:9])
+
+
+def test_fp32_slots_keep_their_arithmetic_under_autocast():
+    """Inside ``torch.autocast`` an fp32 slot still multiplies fp32 inputs with fp32
+    accumulation (autocast would run torch.mm in bfloat16): the same bits as outside."""
+    from lpsim.casgd.native import slot_mm
+    rng = np.random.default_rng(0)
+    a = torch.from_numpy(rng.standard_normal((64, 256)).astype(np.float32))
+    slot = RECIPES["A"].u_G
+    want = slot_mm(a, a.t(), slot)
+    with torch.autocast("cpu", torch.bfloat16):
+        got = slot_mm(a, a.t(), slot)
+        fused = slot_mm(a, a.t(), slot, beta_c=want, alpha=0.5)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(fused, torch.addmm(want, a, a.t(), alpha=0.5))

@@ -273,6 +273,21 @@ def test_blas_path_of_torch_tensors_is_torch_matmul_bit_for_bit():
     assert torch.equal(ops.matmul(a, r), torch.matmul(a, torch.from_numpy(r.copy())))
 
 
+def test_products_of_tensors_keep_their_arithmetic_under_autocast():
+    """Inside ``torch.autocast`` (bfloat16 or float16) lpsim.ops.matmul of float32 tensors is
+    still the product its model defines, bit for bit the one outside the region (autocast
+    would run torch.matmul in 16 bits), in float32."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(32, 512, generator=g), torch.randn(512, 24, generator=g)
+    want = {m: ops.matmul(a, b, model=m) for m in (None, "bf16-fp32")}
+    for low in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", low):
+            for m, w in want.items():
+                got = ops.matmul(a, b, model=m)
+                assert got.dtype == torch.float32 and torch.equal(got, w), (low, m)
+
+
 def test_torch_results_have_torch_shapes():
     """1-D tensors give a 0-d tensor, as torch.dot / torch.sum / torch.matmul do (numpy's
     ascontiguousarray made it 1-d), on the BLAS and the per-step paths."""

@@ -192,22 +192,28 @@ class HandLinear(torch.autograd.Function):
         return dx, dw, db if ctx.has_bias else None, None
 
 
-def attention_by_hand(m, hands, query, key, value):
-    """(L, N, E) inputs, need_weights=True, no masks: torch's steps, projections by hand."""
+def attention_by_hand(m, hands, query, key, value, low=None):
+    """(L, N, E) inputs, need_weights=True, no masks: torch's steps, projections by hand;
+    low: the dtype of an enclosing autocast, which the projections' outputs are cast to
+    (exact there), as nn.Linear's are."""
     tgt, bsz, src = query.shape[0], query.shape[1], key.shape[0]
     e, heads = m.embed_dim, m.num_heads
     hd = e // heads
     w = m.in_proj_weight.chunk(3) if m._qkv_same_embed_dim else \
         (m.q_proj_weight, m.k_proj_weight, m.v_proj_weight)
     b = m.in_proj_bias.chunk(3)
-    q, k, v = (HandLinear.apply(x.reshape(-1, x.shape[-1]), wi, bi, hand).reshape(
-        x.shape[0], bsz, e) for x, wi, bi, hand in zip((query, key, value), w, b, hands))
+    with torch.autocast("cpu", enabled=False):      # the hand's GEMMs are lpsim's own
+        q, k, v = (HandLinear.apply(x.reshape(-1, x.shape[-1]), wi, bi, hand).reshape(
+            x.shape[0], bsz, e).to(low or x.dtype)
+            for x, wi, bi, hand in zip((query, key, value), w, b, hands))
     q = q.view(tgt, bsz * heads, hd).transpose(0, 1)
     k = k.view(src, bsz * heads, hd).transpose(0, 1)
     v = v.view(src, bsz * heads, hd).transpose(0, 1)
     weights = torch.softmax(torch.bmm(q * math.sqrt(1.0 / hd), k.transpose(-2, -1)), dim=-1)
     o = torch.bmm(weights, v).transpose(0, 1).reshape(tgt * bsz, e)
-    out = HandLinear.apply(o, m.out_proj.weight, m.out_proj.bias, hands[3])
+    with torch.autocast("cpu", enabled=False):
+        out = HandLinear.apply(o, m.out_proj.weight, m.out_proj.bias, hands[3]).to(
+            low or o.dtype)
     return out.view(tgt, bsz, e), weights.view(bsz, heads, tgt, src).mean(dim=1)
 
 
@@ -244,6 +250,33 @@ def test_each_projection_equals_the_composition_by_hand(name, options):
         for n, got, ref in zip(names, grads, want_grads, strict=True):
             assert same(got, ref), (step, n)
     assert [sim.projections[p].steps for p in sim.projections] == [2] * 4
+
+
+def test_under_autocast_the_projections_stay_the_recipes_and_come_in_its_dtype():
+    """Inside ``torch.autocast(bfloat16)`` the four projections are the recipe's GEMMs (not
+    autocast's bfloat16 ones), their outputs in bfloat16 as nn.Linear's there, and the
+    attention between them autocast's own, as nn.MultiheadAttention's: equal bit for bit
+    to the composition by hand cast so, forward and backward."""
+    r, width = PRESETS["mxfp8"], 32
+    torch.manual_seed(0)
+    plain = nn.MultiheadAttention(width, HEADS)
+    hand_module = copy.deepcopy(plain)
+    sim = SimulatedMultiheadAttention.from_attention(plain, r, generator=lpsim.Generator(SEED))
+    g = lpsim.Generator(SEED)
+    hands = [Hand(r, generator=g, layer=i) for i in range(4)]
+    query = torch.randn(32, 2, width).requires_grad_()
+    dy = torch.randn(32, 2, width) * 1e-2
+    with torch.autocast("cpu", torch.bfloat16):
+        out, weights = sim(query, query, query)
+        want, want_weights = attention_by_hand(hand_module, hands, query, query, query,
+                                               low=torch.bfloat16)
+    assert out.dtype == want.dtype == torch.bfloat16
+    assert same(out, want) and same(weights, want_weights)
+    grads = torch.autograd.grad((out.float() * dy).sum(), [query] + list(plain.parameters()))
+    want_grads = torch.autograd.grad((want.float() * dy).sum(),
+                                     [query] + list(hand_module.parameters()))
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert same(got, ref)
 
 
 # --- telemetry, simulate ----------------------------------------------------------------

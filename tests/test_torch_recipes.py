@@ -174,9 +174,12 @@ def same(a, b):
         a.nan_to_num(), b.nan_to_num())
 
 
-def equal_over_steps(recipe, device, steps=3, hand=None, scales=None, **dims):
+def equal_over_steps(recipe, device, steps=3, hand=None, scales=None, autocast=None,
+                     **dims):
     """The layer and the composition by hand (``hand``: a class like Hand) step by step;
-    scales: x's factor at each step (default 1, 2, 3, ...); dims: layer_and_data's sizes."""
+    scales: x's factor at each step (default 1, 2, 3, ...); dims: layer_and_data's sizes.
+    autocast: None, or the dtype of a ``torch.autocast`` the layer's forward runs in (its
+    output comes in that dtype, the gradient too; the composition by hand runs without)."""
     layer, x, dy = layer_and_data(recipe, device, **dims)
     hand = (hand or Hand)(layer.recipe)
     for step in range(steps):
@@ -184,12 +187,15 @@ def equal_over_steps(recipe, device, steps=3, hand=None, scales=None, **dims):
         scale = 1.0 + step if scales is None else scales[step]
         xs = (x.detach() * scale).requires_grad_()
         layer.weight.grad = layer.bias.grad = None
-        y = layer(xs)
-        y.backward(dy)
+        with torch.autocast(device, autocast or torch.bfloat16, enabled=autocast is not None):
+            y = layer(xs)
+        assert y.dtype == (autocast or torch.float32), (step, y.dtype)
+        g = dy.to(y.dtype)
+        y.backward(g)
         with torch.no_grad():
             y_hand = hand.forward(xs, layer.weight, layer.bias)
-            dx, dw, db = hand.backward(xs, layer.weight, dy)
-        assert same(y, y_hand), (step, "fprop")
+            dx, dw, db = hand.backward(xs, layer.weight, g.float())
+        assert same(y.float(), y_hand), (step, "fprop")
         assert same(xs.grad, dx), (step, "dgrad")
         assert same(layer.weight.grad, dw), (step, "wgrad")
         assert same(layer.bias.grad, db), (step, "bias")
@@ -233,6 +239,45 @@ def test_delayed_scaling_takes_the_amax_of_its_last_history_steps(device):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_equals_its_composition_by_hand(name, device):
     equal_over_steps(PRESETS[name], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_under_autocast_equals_its_composition_by_hand(name, device):
+    """Inside ``torch.autocast(bfloat16)``, where users train, the GEMMs stay the recipe's
+    (autocast would make lpsim's FP32 products bfloat16 ones) and the output, exact in
+    bfloat16, comes in bfloat16 as nn.Linear's does there."""
+    equal_over_steps(PRESETS[name], device, steps=2, autocast=torch.bfloat16)
+
+
+def test_under_autocast_an_output_not_exact_in_its_dtype_stays_float32():
+    """The output's dtype: x's without autocast (float64 too), autocast's where the recipe's
+    fprop output is exact in it, float32 where not (bf16 values under float16 autocast, an
+    FP32 output): the values are the recipe's either way; a backward pass inside the
+    autocast region gives the same gradients as one outside."""
+    from lpsim.torch.gemms import holds
+    assert holds(lpsim.parse_format("bf16"), torch.bfloat16)
+    assert holds(lpsim.parse_format("e4m3fn"), torch.float16)
+    assert not holds(lpsim.parse_format("bf16"), torch.float16)     # range
+    assert not holds(lpsim.parse_format("fp(5,10,15)"), torch.bfloat16)     # mantissa
+    assert not holds(lpsim.parse_format("fp(8,7,140)"), torch.bfloat16)     # subnormals
+    assert not holds(None, torch.bfloat16) and holds(None, torch.float32)
+    mx = PRESETS["mxfp8"]
+    wide = mx.with_(fprop=Gemm(mx.fprop.a, mx.fprop.b, out=None), name="wide")
+    cases = [(mx, torch.float16, torch.float32), (wide, torch.bfloat16, torch.float32),
+             (mx, torch.bfloat16, torch.bfloat16)]
+    for recipe, low, want in cases:
+        layer, x, dy = layer_and_data(recipe, "cpu")
+        twin, _, _ = layer_and_data(recipe, "cpu")
+        with torch.autocast("cpu", low):
+            y = layer(x)
+            y.backward(dy.to(y.dtype))     # inside the region: the same GEMMs
+            assert layer(x.detach().double()).dtype == torch.float64
+        y_plain = twin(x.detach())
+        y_plain.backward(dy.to(y.dtype).float())
+        assert y.dtype == want, (recipe.name, low)
+        assert same(y.float(), y_plain), (recipe.name, low)
+        assert same(layer.weight.grad, twin.weight.grad), (recipe.name, low)
 
 
 @pytest.mark.parametrize("device", DEVICES)

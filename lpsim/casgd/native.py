@@ -112,11 +112,12 @@ def slot_mm(a, b, slot, beta_c=None, alpha: float = 1.0):
     """fl_out(a @ b) at a GEMM slot: inputs in the slot's format, fp32 (fp64) accumulation
     and output; with ``beta_c``, the fused beta_c + alpha (a @ b) of cuBLAS's epilogue."""
     torch = _torch()
+    from ..tensors import autocast_off
     in_name = _name(slot.fmt)
     acc = torch.float64 if _name(slot.acc_fmt) == "fp64" else torch.float32
     if in_name == "tf32" and not a.is_cuda:          # no TF32 units: round the inputs
         a, b = round_to(a, "tf32"), round_to(b, "tf32")
-    with _tf32(in_name == "tf32"):
+    with _tf32(in_name == "tf32"), autocast_off(a.device.type):   # the slot's arithmetic
         res = None
         if a.dtype in (torch.bfloat16, torch.float16) and a.is_cuda and acc == torch.float32:
             res = _mixed_mm(a, b, beta_c, alpha)

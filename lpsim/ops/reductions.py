@@ -210,14 +210,18 @@ def _torch_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``torch.matmul`` of two float32 or float64 arrays (views where torch can take them):
     the BLAS of torch's own thread pool, so a product between torch operations on the CPU
     does not share the cores with the threads torch's pool keeps spinning after them (which
-    made numpy's BLAS there several times slower)."""
+    made numpy's BLAS there several times slower); in the operands' dtype under
+    ``torch.autocast`` too."""
     import torch
+
+    from ..tensors import autocast_off
 
     def tensor(x):
         if x.flags.writeable and min(x.strides, default=0) >= 0:
             return torch.from_numpy(x)
         return torch.from_numpy(np.array(x))      # read-only or reversed: a copy
-    return torch.matmul(tensor(a), tensor(b)).numpy()
+    with autocast_off("cpu"):
+        return torch.matmul(tensor(a), tensor(b)).numpy()
 
 
 def _run(a, b, m: AccumulationModel, *, seed, stream, stats, op, torch_blas=False):

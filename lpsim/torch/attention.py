@@ -120,7 +120,7 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
 
     def _project(self, p: str, x: torch.Tensor, weight, bias) -> torch.Tensor:
         y = self.projections[p].linear(x.reshape(-1, x.shape[-1]), weight, bias)
-        return y.reshape(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+        return y.reshape(*x.shape[:-1], y.shape[-1]).to(self.projections[p].output_dtype(x))
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):

@@ -41,11 +41,13 @@ from ..blocks.decisions import block_params
 from ..blocks.fake_quantize import (quantize_blocks, quantize_hadamard_columns,
                                     takes_hadamard_columns)
 from ..blocks.formats import BlockFormat
+from ..formats import PRESETS, Format
 from ..generator import Generator, resolve as resolve_generator
 from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
 from ..quantize import quantize as lp_quantize
 from ..rounding import mode_code
+from ..tensors import autocast_off
 from .hadamard import factors, rht, rht_signs, rht_tokens, rht_transposed  # noqa: F401
 from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 
@@ -269,7 +271,8 @@ def _product(a: torch.Tensor, b: torch.Tensor, accumulate) -> torch.Tensor:
         flag = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
-            return torch.matmul(a, b)
+            with autocast_off(a.device.type):
+                return torch.matmul(a, b)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = flag
     # the models of lpsim.ops are CPU kernels: the operands go there and back
@@ -460,10 +463,38 @@ class LinearGemms:
         self.recipe.check_dims(in_features, out_features, tokens,
                                where=f"layer {self.layer_name!r}: ")
 
+    def output_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the map returns for the input ``x``: x's own; under ``torch.autocast``
+        for x's device (x float32, float16 or bfloat16) autocast's dtype, as nn.Linear's
+        there, where the recipe's fprop output is exact in it, else float32 (the values
+        stay the recipe's)."""
+        device = x.device.type
+        if x.dtype not in _AUTOCAST_CASTS or not torch.is_autocast_enabled(device):
+            return x.dtype
+        low = torch.get_autocast_dtype(device)
+        return low if holds(self.recipe.fprop.out, low) else torch.float32
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
         """``x @ weight.T + bias`` for a 2-D ``x`` (tokens, in_features) through the
         recipe's three GEMMs (checked beforehand by :meth:`check_dims`)."""
         return _LinearFunction.apply(x, weight, bias, self)
+
+
+#: the input dtypes autocast casts (it leaves float64 as it is)
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
+#: the formats of torch's floating dtypes
+_DTYPE_FORMATS = {torch.bfloat16: PRESETS["bf16"], torch.float16: PRESETS["fp16"],
+                  torch.float32: PRESETS["fp32"], torch.float64: PRESETS["fp64"]}
+
+
+def holds(fmt, dtype: torch.dtype) -> bool:
+    """Whether every value of the format ``fmt`` (an element format, or None: float32) is
+    exact in the torch floating dtype ``dtype``."""
+    fmt = PRESETS["fp32"] if fmt is None else fmt
+    wide = _DTYPE_FORMATS.get(dtype)
+    if wide is None or not isinstance(fmt, Format):
+        return False
+    return fmt.m <= wide.m and fmt.emax <= wide.emax and fmt.emin - fmt.m >= wide.emin - wide.m
 
 
 def wgrad_follows(weight: torch.Tensor) -> bool:

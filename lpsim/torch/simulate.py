@@ -84,7 +84,7 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         tokens = x2.shape[0] if wgrad_follows(self.weight) else None
         self.check_dims(self.in_features, self.out_features, tokens)
         y = self.linear(x2, self.weight, self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features).to(self.output_dtype(x))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
@@ -112,7 +112,9 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
     pass): the counting kernels cost about as much as the rest of a simulated step on the
     CPU (``benchmarks/bench_recipes.py``).  Layers and attention modules already simulated
     take the new recipe.  Every layer is checked before any is swapped: a refused call
-    leaves the model as it was.
+    leaves the model as it was.  Under ``torch.autocast`` the GEMMs stay the recipe's and a
+    layer's output comes in autocast's dtype where the recipe's output is exact in it
+    (:meth:`lpsim.torch.gemms.LinearGemms.output_dtype`).
     """
     r = as_recipe(recipe)
     if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
