@@ -99,7 +99,10 @@ class RoundingStats:
         """Add one call's element count and its counters (in COUNTERS order)."""
         # host fields only: counts still on a device are added when read
         self.counts[0] += int(elements)
-        self.counts[1:] += np.asarray([int(c) for c in counts], np.int64)
+        if type(counts) is np.ndarray and counts.dtype == np.int64:     # a kernel's sums
+            self.counts[1:] += counts
+        else:
+            self.counts[1:] += np.asarray([int(c) for c in counts], np.int64)
 
     def as_dict(self) -> dict:
         self.sync()

@@ -471,6 +471,52 @@ def test_cached_calls_equal_the_general_path(bfmt, monkeypatch):
                         general(y, bfmt, rounding, axis=axis, **kw).values)
 
 
+@pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4", blocks.block("e4m3fn", 16)], ids=str)
+def test_counted_and_generated_calls_on_the_cached_path_equal_the_general_path(bfmt,
+                                                                              monkeypatch):
+    """With stats (RoundingStats or BlockStats) and a Generator, a numpy array's or a plain
+    CPU float32 tensor's call runs from the cached plan too: the general path's values,
+    counters and generator counters; a stats subclass, a tensor autograd follows and a
+    strided tensor take the general paths, with the same values."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(32)
+    x = (rng.standard_normal((4, 64)) * 2.0 ** rng.integers(-40, 40, (4, 64))).astype(np.float32)
+    x[0, :3] = [np.inf, np.nan, 1e38]
+
+    class Mine(BlockStats):
+        pass
+
+    def run(data, rounding, stats_type, general):
+        g, stats = lpsim.Generator(9), stats_type()
+        with monkeypatch.context() as m:
+            if general:
+                m.setattr(blocks.fake_quantize, "quantize_cached", lambda *a, **k: None)
+            else:       # the cached path never calls these
+                m.setattr(blocks.fake_quantize, "quantize_blocks", None)
+                m.setattr(lpsim.tensors, "quantize_tensor", None)
+            for _ in range(2):
+                q = lpsim.quantize(data, bfmt, rounding, generator=g, stats=stats)
+        q = q.numpy() if isinstance(q, torch.Tensor) else q
+        return q, stats.as_dict(), g.get_state()
+
+    for rounding in ("nearest", "stochastic"):
+        lpsim.quantize(x, bfmt, rounding)                   # leaves a plan
+        for stats_type in (lpsim.RoundingStats, BlockStats):
+            want = run(x, rounding, stats_type, general=True)
+            assert want[1]["elements"] == 2 * x.size
+            for data in (x, torch.from_numpy(x)):
+                got = run(data, rounding, stats_type, general=False)
+                assert same(got[0], want[0]) and got[1:] == want[1:], (rounding, stats_type)
+        mine = run(x, rounding, Mine, general=True)        # as BlockStats' (the last want)
+        assert same(mine[0], want[0]) and mine[1:] == want[1:]
+    # tensors left to lpsim.tensors' rules: the values of their numpy copies
+    want = lpsim.quantize(x, bfmt, "nearest")
+    q = lpsim.quantize(torch.from_numpy(x.copy()).requires_grad_(), bfmt, "nearest")
+    assert q.requires_grad and same(q.detach().numpy(), want)
+    strided = torch.from_numpy(np.ascontiguousarray(x.T)).T
+    assert not strided.is_contiguous() and same(lpsim.quantize(strided, bfmt).numpy(), want)
+
+
 def test_offsets_past_the_counters_are_refused():
     """Element i uses counter offset + i: a block call whose last counter passes 2**62 is
     refused naming the offset, on the first call and on the cached path, as rounding to an

@@ -49,6 +49,11 @@ class BlockStats(RoundingStats):
         super().__init__(**counts)
         self._block = np.array(block, np.int64)
 
+    def add_blocks(self, blocks: int, counts) -> None:
+        """Add one call's block count and its clipped, flushed and NaN blocks (int64)."""
+        self._block[0] += int(blocks)
+        self._block[1:] += counts
+
     def _fold(self, name: str, value: int) -> None:
         if name in _FOLDED:
             self._block[self.BLOCK_FIELDS.index(_FOLDED[name])] += value
@@ -116,7 +121,5 @@ def add_counts(stats, counts, elements, blocks=None) -> None:
     totals = counts.reshape(-1, len(BLOCK_COUNTERS)).sum(axis=0)
     stats.add(elements, totals[:6])
     if isinstance(stats, BlockStats):
-        stats.blocks += counts.shape[0] * counts.shape[1] if blocks is None else int(blocks)
-        stats.clipped_scales += int(totals[6])
-        stats.flushed_blocks += int(totals[7])
-        stats.nan_blocks += int(totals[8])
+        stats.add_blocks(counts.shape[0] * counts.shape[1] if blocks is None else blocks,
+                         totals[6:9])

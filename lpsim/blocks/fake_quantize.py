@@ -1,10 +1,11 @@
 """Block quantization of numpy arrays: :func:`quantize` (what ``lpsim.quantize`` runs for a
 block format: values in x's layout, with stats and ``out``; CUDA arrays and torch tensors
 go to their own paths), :func:`quantize_blocks` (values, element values, scales, tensor
-scale and per-block counts: :class:`Blocked`), and the plan cache: a float32 call without
-stats leaves the word kernel's arguments under (format as given, rounding, sr_bits), and
-the next such call runs from them (:func:`quantize_cached`, which lpsim.quantize tries
-before parsing the format: a few microseconds).
+scale and per-block counts: :class:`Blocked`), and the plan cache: a float32 call leaves
+the word kernel's arguments under (format as given, rounding, sr_bits), and the next such
+call runs from them, with stats and a generator's counters too (:func:`quantize_cached`,
+which lpsim.quantize tries before parsing the format: a few microseconds; a simulated
+training step's counted calls, about 50 us each before, on a 2-core VM).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cpu import CHUNK
+from ..generator import resolve as resolve_generator
 from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
 from ..rounding import Params, kernel_params, mode_code
-from ..stats import check_stats
+from ..stats import RoundingStats, check_stats
 from .amax import (NO_AMAXES, checked_tensor_scale, tensor_scale_from, tensor_scale_of,
                    word_tensor_scale)
 from .columns import hadamard_amax, run_columns, takes_columns, takes_hadamard
-from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
+from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, BlockStats, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
 from .formats import BlockFormat, parse_block_format
 from .kernels import (NO_COUNTS, run_blocks, run_kernel, tables_of, takes_words,
@@ -209,9 +211,9 @@ def writes_into(out, x, axis) -> bool:
 
 
 class _Words(NamedTuple):
-    """What a float32 call without stats needs besides its arrays and keys (the word
-    kernel's arguments), cached by :func:`_remember_words` after a first call validated
-    the request."""
+    """What a float32 call needs besides its arrays, keys and stats (the word kernel's
+    arguments), cached by :func:`_remember_words` after a first call validated the
+    request."""
 
     bfmt: BlockFormat
     mode: int
@@ -221,8 +223,12 @@ class _Words(NamedTuple):
     sp: Params
     bp: BlockParams         # with pts = 1 (formats with a tensor scale take theirs per call)
     kernel: object
+    counts: bool            # whether the counted word kernel takes the format (its scales
+    #                         are more than one value: lpsim.blocks.word_counts.clip_bounds)
 
 
+#: the stats a cached call counts into (subclasses take the general path)
+_STATS_TYPES = (RoundingStats, BlockStats)
 #: (format as given, rounding, sr_bits, type(sr_bits)) -> _Words; cleared when full
 _WORDS: dict = {}
 MAX_CACHED = 256
@@ -240,17 +246,20 @@ def _remember_words(given, bfmt, rounding, sr_bits) -> None:
         _WORDS[given, rounding, sr_bits, type(sr_bits)] = _Words(
             bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
             element_params32(bfmt), kernel_params(bfmt.scale, np.float64), bp,
-            word_kernel_entry(request.mode))
+            word_kernel_entry(request.mode), bool(bp.smin < bp.smax))
     except TypeError:                   # an unhashable argument: no cached path
         pass
 
 
-def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
-    """:func:`quantize` of a float32 numpy array without stats by the word kernel, from the
-    plan a first call of the same (format as given, rounding, sr_bits) left; None where the
-    general path must run (no plan yet, other layouts, an ``out`` it cannot write straight
-    into, keys or offsets that need checking).  A few microseconds: lpsim.quantize calls it
-    before parsing the format."""
+def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None,
+                    generator=None):
+    """:func:`quantize` of a float32 numpy array by the word kernel, from the plan a first
+    call of the same (format as given, rounding, sr_bits) left; None where the general path
+    must run (no plan yet, other layouts, an ``out`` it cannot write straight into, keys,
+    offsets or stats that need checking), before anything is drawn or counted.  stats: None,
+    an lpsim.RoundingStats or a BlockStats (the counted kernel's sums); generator: None or
+    an lpsim.Generator with seed None (its next counters).  A few microseconds: lpsim.quantize
+    calls it before parsing the format."""
     try:
         words = _WORDS.get((fmt, rounding, sr_bits, type(sr_bits)))
     except TypeError:                   # an unhashable argument
@@ -262,8 +271,25 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
         return None
     if (seed is not None and type(seed) is not int) or type(stream) is not int:
         return None
+    if stats is not None and (type(stats) not in _STATS_TYPES or not words.counts):
+        return None
     if out is not None and not writes_into(out, x, axis):
         return None
+    if generator is not None:
+        return generator.run(_words_generated, words, x, generator, rounding, stream, out,
+                             offset, stats)
+    return _run_words(words, x, seed, stream, out, offset, stats)
+
+
+def _words_generated(words, x, generator, rounding, stream, out, offset, stats):
+    """:func:`_run_words` with the generator's next counters."""
+    seed, stream, offset = resolve_generator(generator, x, rounding, None, stream, offset)
+    return _run_words(words, x, seed, stream, out, offset, stats)
+
+
+def _run_words(words, x, seed, stream, out, offset, stats):
+    """The word kernel over ``x``'s rows from a cached plan (checked by the caller), counted
+    into ``stats`` where given."""
     seed_lo, seed_hi, stream = keys(seed, stream, words.mode)
     bfmt = words.bfmt
     length = x.shape[-1]
@@ -274,9 +300,14 @@ def quantize_cached(x, fmt, rounding, axis, seed, stream, sr_bits, out, offset):
         bp = block_params(bfmt, pts)
     result = np.empty_like(x) if out is None else out
     s2 = np.empty((x2.shape[0], -(-length // bfmt.block)), np.float64)
-    run_kernel(words.kernel, (x2, result.reshape(x2.shape), s2, NO_COUNTS, bam),
-               (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream, offset,
-                CHUNK, tables_of(bp, words.sp, s2.size, False)), s2.size, x.size)
+    counted = 0 if stats is None else 2
+    kernel = words.kernel if not counted else word_kernel_entry(words.mode, counted)
+    sums = run_kernel(kernel, (x2, result.reshape(x2.shape), s2, NO_COUNTS, bam),
+                      (words.k, words.p, words.p32, words.sp, bp, seed_lo, seed_hi, stream,
+                       offset, CHUNK, tables_of(bp, words.sp, s2.size, counted)),
+                      s2.size, x.size)
+    if counted:
+        add_counts(stats, np.stack(sums), x.size, s2.size)
     return result
 
 
@@ -286,8 +317,9 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
     """Fake-quantize ``x`` to the block format: the container values q * s (``lpsim.quantize``
     with a block format lands here).  stats: a RoundingStats (element counters) or a
     :class:`BlockStats` (also block counters)."""
-    if stats is None and tensor_scale is None and type(x) is np.ndarray:
-        done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset)
+    if tensor_scale is None and type(x) is np.ndarray:
+        done = quantize_cached(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset,
+                               stats)
         if done is not None:
             return done
     check_stats(stats, STATS_ACCEPTED)
@@ -324,7 +356,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
                              want_counts="totals" if stats is not None else False,
                              out=out if direct else None)
     add_counts(stats, result.counts, x.size, result.scales.size)
-    if stats is None and x.dtype == np.float32:
+    if x.dtype == np.float32:
         _remember_words(given, bfmt, rounding, sr_bits)
     if out is not None:
         if not direct:
