@@ -18,6 +18,8 @@ transpose's rows, as a GPU's kernels quantize them.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from numba import njit
@@ -56,9 +58,14 @@ def factors(signs, dtype: torch.dtype, device) -> torch.Tensor:
     """The per-element factors ``c = d * fl(1/sqrt(n))`` in ``dtype`` on ``device`` (d: a
     numpy array or a tensor of +-1, n its length): a sign changes no rounding of the
     scale, so these are exact multiples of it."""
-    n = len(signs)
-    scale = float(torch.tensor(1.0 / np.sqrt(n), dtype=dtype))
-    return torch.as_tensor(signs, dtype=dtype, device=device) * scale
+    return torch.as_tensor(signs, dtype=dtype, device=device) * _scale(len(signs), dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _scale(n: int, dtype: torch.dtype) -> float:
+    """fl(1/sqrt(n)) in ``dtype``, as a float (once per size and dtype: a backward pass of
+    a simulated layer asks for it twice)."""
+    return float(torch.tensor(1.0 / np.sqrt(n), dtype=dtype))
 
 
 def _checked_run(n: int, length: int) -> None:
