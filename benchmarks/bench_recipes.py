@@ -26,8 +26,9 @@ threaded kernels take by default (:mod:`lpsim.openmp_team`).
         [--own-pool] [--replay] [--profile]
 
 ``--replay`` then times, per lpsim case with telemetry, the fake quantizations of one step
-alone (recorded, then run again back to back; best of 7): a figure to compare from one
-commit to the next, where whole steps on a shared VM vary by about 10%.
+alone (recorded, then run again back to back; best of 7), the CPU wgrad's fused RHT and
+quantization included (and shown apart): a figure to compare from one commit to the next,
+where whole steps on a shared VM vary by about 10%.
 
 ``--profile`` then runs one more step of each lpsim case under torch.profiler and prints where
 it went: the step's wall time, the device's kernel time, the host's synchronisations and
@@ -162,28 +163,37 @@ def profile_step(case, step, device, top=8):
 
 def replay_quantizations(step, repeats=7):
     """The time of the fake quantizations of one step of a simulated model alone: every
-    ``lpsim.quantize`` call a step makes through :mod:`lpsim.torch.gemms` is recorded (its
-    input copied), then all are run again back to back ``repeats`` times; (calls, best ms).
-    The same figure from one commit to the next, where whole steps vary by 10% on a VM."""
+    ``lpsim.quantize`` call a step makes through :mod:`lpsim.torch.gemms`, and every fused
+    RHT and quantization of a CPU wgrad operand (``_rht_columns``), is recorded (its input
+    copied), then all are run again back to back ``repeats`` times; (calls, best ms, the
+    fused calls' share of it).  The same figure from one commit to the next, where whole
+    steps vary by 10% on a VM."""
     import lpsim.torch.gemms as gemms
-    quantize, calls = gemms.lp_quantize, []
+    saved, calls = {name: getattr(gemms, name) for name in ("lp_quantize", "_rht_columns")}, []
 
-    def record(values, fmt, *args, **kwargs):
-        calls.append((values.clone(), fmt, args,
-                      {k: v for k, v in kwargs.items() if k != "out"}))
-        return quantize(values, fmt, *args, **kwargs)
-    gemms.lp_quantize = record
+    def recorder(name):
+        def record(values, *args, **kwargs):
+            calls.append((name, values.clone(), args,
+                          {k: v for k, v in kwargs.items() if k != "out"}))
+            return saved[name](values, *args, **kwargs)
+        return record
+    for name in saved:
+        setattr(gemms, name, recorder(name))
     try:
         step()
     finally:
-        gemms.lp_quantize = quantize
-    best = float("inf")
+        for name, fn in saved.items():
+            setattr(gemms, name, fn)
+    best = (float("inf"), 0.0)
     for _ in range(repeats):
-        start = time.perf_counter()
-        for values, fmt, args, kwargs in calls:
-            quantize(values, fmt, *args, **kwargs)
-        best = min(best, time.perf_counter() - start)
-    return len(calls), 1e3 * best
+        fused, start = 0.0, time.perf_counter()
+        for name, values, args, kwargs in calls:
+            begun = time.perf_counter()
+            saved[name](values, *args, **kwargs)
+            if name == "_rht_columns":
+                fused += time.perf_counter() - begun
+        best = min(best, (time.perf_counter() - start, fused))
+    return len(calls), 1e3 * best[0], 1e3 * best[1]
 
 
 def main(argv=None):
@@ -249,9 +259,10 @@ def main(argv=None):
     if args.replay:
         for case, step in steps.items():
             if case.startswith("lpsim ") and not case.endswith(")"):
-                calls, best = replay_quantizations(step)
+                calls, best, fused = replay_quantizations(step)
                 print(f"# replay {case}: {calls} quantizations of one step, {best:.1f} ms "
-                      "alone (best of 7)", flush=True)
+                      f"alone (best of 7; the CPU wgrad's fused RHT and quantization "
+                      f"{fused:.1f} of it)", flush=True)
     if args.profile:
         for case, step in steps.items():
             if case.startswith("lpsim "):

@@ -147,3 +147,15 @@ def test_a_tensor_that_is_not_floating_point_is_refused(dtype, transform):
 def test_a_0d_tensor_is_refused():
     with pytest.raises(ValueError, match="a 0-d tensor is not accepted"):
         rht(torch.tensor(1.0), np.ones(16))
+
+
+def test_factors_of_a_cpu_float32_row_equal_those_of_its_signs():
+    """A layer's signs come as a float32 row of its window (numpy's product there): the
+    factors equal those made from the numpy signs by torch, bit for bit, for every size."""
+    from lpsim.torch.hadamard import factors
+    for n in (2, 16, 32, 64, 128):
+        signs = rht_signs(5, 2, 7, n)
+        want = factors(signs, torch.float32, "cpu")
+        got = factors(torch.from_numpy(signs).float(), torch.float32, "cpu")
+        assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32),
+                                                          want.view(torch.int32)), n

@@ -58,6 +58,11 @@ def factors(signs, dtype: torch.dtype, device) -> torch.Tensor:
     """The per-element factors ``c = d * fl(1/sqrt(n))`` in ``dtype`` on ``device`` (d: a
     numpy array or a tensor of +-1, n its length): a sign changes no rounding of the
     scale, so these are exact multiples of it."""
+    if isinstance(signs, torch.Tensor) and signs.dtype == dtype == torch.float32 \
+            and signs.device.type == "cpu" and torch.device(device).type == "cpu":
+        # the same products in numpy (+-1 times a float32 scale is exact either way): a
+        # wgrad's call right after torch's operations spent about 50 us in torch's
+        return torch.from_numpy(signs.numpy() * np.float32(_scale(len(signs), dtype)))
     return torch.as_tensor(signs, dtype=dtype, device=device) * _scale(len(signs), dtype)
 
 
