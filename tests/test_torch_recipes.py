@@ -262,6 +262,10 @@ def test_under_autocast_an_output_not_exact_in_its_dtype_stays_float32():
     assert not holds(lpsim.parse_format("fp(5,10,15)"), torch.bfloat16)     # mantissa
     assert not holds(lpsim.parse_format("fp(8,7,140)"), torch.bfloat16)     # subnormals
     assert not holds(None, torch.bfloat16) and holds(None, torch.float32)
+    assert holds("e5m2", torch.bfloat16) and not holds("fp32", torch.bfloat16)
+    assert not holds(lpsim.fixed(8, 4), torch.bfloat16) and not holds("bf16", torch.int32)
+    with pytest.raises(ValueError):
+        holds("fp99", torch.bfloat16)
     mx = PRESETS["mxfp8"]
     wide = mx.with_(fprop=Gemm(mx.fprop.a, mx.fprop.b, out=None), name="wide")
     cases = [(mx, torch.float16, torch.float32), (wide, torch.bfloat16, torch.float32),

@@ -41,7 +41,7 @@ from ..blocks.decisions import block_params
 from ..blocks.fake_quantize import (quantize_blocks, quantize_hadamard_columns,
                                     takes_hadamard_columns)
 from ..blocks.formats import BlockFormat
-from ..formats import PRESETS, Format
+from ..formats import PRESETS, Format, parse_format
 from ..generator import Generator, resolve as resolve_generator
 from ..ops.instruction_models import InstructionModel, scaled_matmul
 from ..ops.reductions import matmul as lp_matmul
@@ -488,9 +488,10 @@ _DTYPE_FORMATS = {torch.bfloat16: PRESETS["bf16"], torch.float16: PRESETS["fp16"
 
 
 def holds(fmt, dtype: torch.dtype) -> bool:
-    """Whether every value of the format ``fmt`` (an element format, or None: float32) is
-    exact in the torch floating dtype ``dtype``."""
-    fmt = PRESETS["fp32"] if fmt is None else fmt
+    """Whether every value of the format ``fmt`` (an element format or its name, or None:
+    float32) is exact in the torch floating dtype ``dtype``; False for other formats."""
+    fmt = PRESETS["fp32"] if fmt is None else parse_format(fmt) if isinstance(fmt, str) \
+        else fmt
     wide = _DTYPE_FORMATS.get(dtype)
     if wide is None or not isinstance(fmt, Format):
         return False
