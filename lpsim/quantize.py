@@ -230,12 +230,16 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                                           offset, stats, generator)
             if done is not None:
                 return done
-    elif out is None and (type(x).__module__, type(x).__name__) == _TENSOR:
+    elif (out is None or out is x) and (type(x).__module__, type(x).__name__) == _TENSOR:
         array = _cpu_float32(x)
         if array is not None:   # a plain CPU float32 tensor: its numpy view's routes
-            return _from_numpy(quantize(array, fmt, rounding, seed=seed, stream=stream,
-                                        sr_bits=sr_bits, stats=stats, offset=offset,
-                                        generator=generator, axis=axis))
+            done = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
+                            stats=stats, offset=offset, generator=generator, axis=axis,
+                            out=None if out is None else array)
+            if out is None:
+                return _from_numpy(done)
+            sys.modules["torch"].autograd.graph.increment_version(x)   # as torch's in place
+            return x
     if (type(x).__module__, type(x).__name__) in _TORCH_TYPES and x.is_cuda:
         # a request a torch CUDA tensor took before: its cached route, a few microseconds
         front = _cuda_front()

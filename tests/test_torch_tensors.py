@@ -263,3 +263,25 @@ def test_a_tensor_is_asked_is_cuda_not_its_array_interface():
     assert is_cuda_array(torch.zeros(2).as_subclass(Parameterlike))
     assert not is_cuda_array(torch.zeros(2, requires_grad=True))
     assert not is_cuda_array(np.zeros(2)) and not is_cuda_array(3.0)
+
+
+def test_a_plain_cpu_tensor_rounded_in_place_is_the_same_tensor_bumped_as_torch_does():
+    """lpsim.quantize(t, fmt, out=t) of a plain CPU float32 tensor (its numpy view's route):
+    t itself comes back with the values of a copy's rounding, its version bumped as torch's
+    in-place operations do, so autograd refuses a graph that saved it; element and block
+    formats, counted, with a generator."""
+    for fmt in ("bf16", "nvfp4"):
+        g, g_copy = lpsim.Generator(3), lpsim.Generator(3)
+        stats, stats_copy = lpsim.blocks.BlockStats(), lpsim.blocks.BlockStats()
+        t = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+        want = lpsim.quantize(t.clone(), fmt, "stochastic", generator=g_copy, stats=stats_copy)
+        version = t._version
+        assert lpsim.quantize(t, fmt, "stochastic", out=t, generator=g, stats=stats) is t
+        assert torch.equal(t, want) and t._version > version
+        assert stats.as_dict() == stats_copy.as_dict() and g.get_state() == g_copy.get_state()
+    a = torch.randn(8, requires_grad=True)
+    b = a.exp()                         # exp's backward reads its saved output
+    d = b.detach()
+    lpsim.quantize(d, "bf16", out=d)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        b.sum().backward()
