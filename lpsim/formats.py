@@ -198,6 +198,13 @@ class Format:
                 return name
         return None
 
+    def within(self, other: "Format") -> bool:
+        """Whether every value of this format is exact in the format ``other``: as many
+        mantissa bits or fewer, a largest exponent and a finest spacing that ``other``
+        reaches."""
+        return (self.m <= other.m and self.emax <= other.emax
+                and self.emin - self.m >= other.emin - other.m)
+
     # --- containers -------------------------------------------------------------------
     def fits(self, dtype) -> tuple[bool, str]:
         """Whether every value of the format is exact in ``dtype``; the reason when not."""

@@ -495,7 +495,7 @@ def holds(fmt, dtype: torch.dtype) -> bool:
     wide = _DTYPE_FORMATS.get(dtype)
     if wide is None or not isinstance(fmt, Format):
         return False
-    return fmt.m <= wide.m and fmt.emax <= wide.emax and fmt.emin - fmt.m >= wide.emin - wide.m
+    return fmt.within(wide)
 
 
 def wgrad_follows(weight: torch.Tensor) -> bool:
