@@ -114,12 +114,20 @@ def test_training_gives_the_same_gradients_and_telemetry_as_the_two_passes(prese
     recipe = replace(lpsim.torch.PRESETS[preset], rht=16, keep_first_last=False,
                      name=f"{preset} test")
     results, taken = [], []
-    route = gemms.quantize_hadamard_columns
+    route, cached = gemms.quantize_hadamard_columns, gemms.quantize_hadamard_cached
     monkeypatch.setattr(gemms, "quantize_hadamard_columns",
-                        lambda *a, **k: taken.append(1) or route(*a, **k))
+                        lambda *a, **k: taken.append("planned") or route(*a, **k))
+
+    def from_plan(*args):
+        done = cached(*args)
+        if done is not None:
+            taken.append("cached")
+        return done
+    monkeypatch.setattr(gemms, "quantize_hadamard_cached", from_plan)
     for fused in (True, False):
         if not fused:
             assert len(taken) == 3 * 2 * 2, taken      # steps x layers x operands
+            assert "cached" in taken                    # the later steps from the plan
             monkeypatch.setattr(gemms, "_rht_columns", lambda *a: None)
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32))
@@ -148,3 +156,77 @@ def test_factors_that_are_not_float32_values_and_non_arrays_are_refused():
             quantize_hadamard_columns(x, factors, "nvfp4")
     with pytest.raises(TypeError, match="x of type Tensor is not accepted"):
         quantize_hadamard_columns(torch.ones(64, 32), _factors(), "nvfp4")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8_e4m3", lpsim.blocks.block("e2m1fn", 32)],
+                         ids=str)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_cached_calls_equal_the_general_path(fmt, rounding, monkeypatch):
+    """After a first quantize_hadamard_columns call of a (format as given, rounding, sr_bits,
+    counting), quantize_hadamard_cached runs from its plan: the general path's values,
+    counters (RoundingStats and BlockStats) and generator counters, over two calls, with
+    the general path unreachable; what it does not take (no plan, float64, a strided view,
+    factors as a list, rows the runs do not divide, stats without counting) it declines
+    before anything is drawn or counted."""
+    from lpsim.blocks import BlockStats
+    from lpsim.blocks import fake_quantize as fq
+    from lpsim.blocks.counters import add_counts
+    x = _data((128, 96), 7)
+    c = _factors(step=4)
+
+    def general(g, stats):
+        want = "totals" if stats is not None else False
+        seed, stream, offset = lpsim.generator.resolve(g, x, rounding, None, 0, 0)
+        q = quantize_hadamard_columns(x, c, fmt, rounding, seed=seed, stream=stream,
+                                      offset=offset, want_counts=want)
+        add_counts(stats, q.counts, x.size, q.scales.size)
+        return q.values
+
+    for stats_type in (None, lpsim.RoundingStats, BlockStats):
+        want_counts = "totals" if stats_type else False
+        fq._HADAMARD.clear()
+        g0 = lpsim.Generator(3)
+        s0 = stats_type() if stats_type else None
+        wants = [general(g0, s0) for _ in range(2)]         # the second leaves nothing new
+        assert len(fq._HADAMARD) == 1
+        g1 = lpsim.Generator(3)
+        s1 = stats_type() if stats_type else None
+        with monkeypatch.context() as m:
+            m.setattr(fq, "quantize_hadamard_columns", None)
+            gots = [fq.quantize_hadamard_cached(x, c, fmt, rounding, None, want_counts, g1, s1)
+                    for _ in range(2)]
+        assert all(_same(got, want) for got, want in zip(gots, wants))
+        assert g1.get_state() == g0.get_state()
+        if stats_type:
+            assert s1.as_dict() == s0.as_dict() and s1.elements == 2 * x.size
+    general(lpsim.Generator(0), None)                       # a plan without counting too
+    assert len(fq._HADAMARD) == 2
+    declined = [
+        (x.astype(np.float64), c, None, "totals", BlockStats()),
+        (np.repeat(x, 2, axis=1)[:, ::2], c, None, "totals", BlockStats()),
+        (x, list(c), None, "totals", BlockStats()),
+        (x[:120], c, None, "totals", BlockStats()),
+        (x, c, None, False, BlockStats()),                  # stats need counting
+        (x, c, 4, "totals", BlockStats()),                  # no plan for sr_bits=4
+    ]
+    for args in declined:
+        g = lpsim.Generator(3)
+        stats = args[-1]
+        assert fq.quantize_hadamard_cached(args[0], args[1], fmt, rounding, args[2], args[3],
+                                           g, stats) is None
+        assert g.get_state() == lpsim.Generator(3).get_state() and stats.elements == 0
+
+
+def test_a_layer_keeps_its_factors_only_for_the_same_unchanged_signs():
+    """LinearGemms transforms dy and x of a backward pass with one step's factors made
+    once; signs changed in place, or other signs, get their own factors."""
+    layer = gemms.LinearGemms("nvfp4", generator=lpsim.Generator(5), index=3)
+    signs = layer.rht_signs(16, torch.device("cpu"))
+    c = layer._cpu_factors(signs)
+    assert _same(c, factors(signs, torch.float32, "cpu").numpy())
+    assert layer._cpu_factors(signs) is c
+    signs.neg_()                                    # in place: a new version
+    assert _same(layer._cpu_factors(signs), -c)
+    other = torch.ones(16)
+    assert _same(layer._cpu_factors(other), np.full(16, 0.25, np.float32))
+    assert layer._cpu_factors(torch.ones(16, dtype=torch.float64)) is None

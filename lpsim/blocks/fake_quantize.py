@@ -15,9 +15,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..cpu import CHUNK
-from ..generator import resolve as resolve_generator
-from ..request import MAX_COUNTER, is_cuda_array, is_torch, keys
-from ..rounding import Params, kernel_params, mode_code
+from ..generator import Generator, resolve as resolve_generator
+from ..request import MAX_COUNTER, Plan, is_cuda_array, is_torch, keys
+from ..rounding import STOCHASTIC, Params, kernel_params, mode_code
 from ..stats import RoundingStats, check_stats
 from .amax import (NO_AMAXES, checked_tensor_scale, tensor_scale_from, tensor_scale_of,
                    word_tensor_scale)
@@ -75,13 +75,25 @@ def _blocked_view(x, axis):
 def _columns_blocked(x, bfmt, request, pts, want_counts, factors) -> Blocked:
     """The blocks down the columns of the 2-D float32 ``x`` (of its transform with
     ``factors``): :func:`lpsim.blocks.columns.run_columns`."""
+    values, s2, counts = _columns_run(x, bfmt, request.mode, request.k, request.seed_lo,
+                                      request.seed_hi, request.stream, request.offset,
+                                      _element_params(bfmt.saturating_element, 32),
+                                      element_params32(bfmt),
+                                      kernel_params(bfmt.scale, np.float64),
+                                      block_params(bfmt, pts), want_counts, factors)
+    return Blocked(values, None, s2.T, pts, counts)
+
+
+def _columns_run(x, bfmt, mode, k, seed_lo, seed_hi, stream, offset, p, p32, sp, bp,
+                 want_counts, factors):
+    """(values, scales a band a row, counts or None): the band kernel over ``x`` with the
+    call's keys and parameters, shared by the general path and :func:`quantize_hadamard_cached`."""
     values = np.empty_like(x)
     # the scales a band at a time, in rows (a column at a time strides through memory)
     s2 = np.empty((-(-x.shape[0] // bfmt.block), x.shape[1]), np.float64)
-    counts = run_columns(x, values, s2, request, _element_params(bfmt.saturating_element, 32),
-                         element_params32(bfmt), kernel_params(bfmt.scale, np.float64),
-                         block_params(bfmt, pts), want_counts, factors)
-    return Blocked(values, None, s2.T, pts, counts)
+    request = Plan(p32, mode, k, seed_lo, seed_hi, stream, offset, 4)
+    counts = run_columns(x, values, s2, request, p, p32, sp, bp, want_counts, factors)
+    return values, s2, counts
 
 
 def takes_hadamard_columns(x, n: int, bfmt, rounding: str, want_counts, offset: int = 0) -> bool:
@@ -109,7 +121,7 @@ def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, se
     if not isinstance(x, np.ndarray):
         raise TypeError(f"quantize_hadamard_columns: x of type {type(x).__name__} is not "
                         "accepted; accepted: a C-contiguous 2-D float32 numpy array")
-    bfmt = parse_block_format(bfmt)
+    given_fmt, bfmt = bfmt, parse_block_format(bfmt)
     request = plan(bfmt.saturating_element, rounding, np.float32, seed=seed, stream=stream,
                    sr_bits=sr_bits, offset=offset, size=x.size)
     given = factors
@@ -132,7 +144,86 @@ def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, se
             "format, rounding, "
             "offset and counting that takes_hadamard_columns accepts")
     pts = tensor_scale_from(hadamard_amax(x, factors), bfmt) if bfmt.tensor_scale else 1.0
-    return _columns_blocked(x, bfmt, request, pts, want_counts, factors)
+    result = _columns_blocked(x, bfmt, request, pts, want_counts, factors)
+    _remember_hadamard(given_fmt, bfmt, rounding, sr_bits, want_counts, request)
+    return result
+
+
+class _Hadamard(NamedTuple):
+    """What a first :func:`quantize_hadamard_columns` call of a (format as given, rounding,
+    sr_bits, counting) validated, for the band kernel: all but a call's keys, tensor scale
+    and shape."""
+
+    bfmt: BlockFormat
+    mode: int
+    k: int
+    p: Params
+    p32: Params
+    sp: Params
+    bp: BlockParams             # with a tensor scale of 1
+    stochastic: bool
+
+
+#: (format as given, rounding, sr_bits, type(sr_bits), want_counts) -> _Hadamard
+_HADAMARD: dict = {}
+
+
+def _remember_hadamard(given, bfmt, rounding, sr_bits, want_counts, request) -> None:
+    if len(_HADAMARD) >= MAX_CACHED:
+        _HADAMARD.clear()
+    try:
+        _HADAMARD[given, rounding, sr_bits, type(sr_bits), want_counts] = _Hadamard(
+            bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
+            element_params32(bfmt), kernel_params(bfmt.scale, np.float64), block_params(bfmt),
+            request.mode >= STOCHASTIC)
+    except TypeError:                   # an unhashable argument: no cached path
+        pass
+
+
+def quantize_hadamard_cached(x, factors, fmt, rounding, sr_bits, want_counts, generator,
+                             stats):
+    """:func:`quantize_hadamard_columns`' values (the same bits, random counters and counts)
+    with the keys from ``generator`` (an lpsim.Generator) and the counts added to ``stats``
+    (None, or an lpsim.RoundingStats or BlockStats where ``want_counts`` is "totals"), from
+    what a first call of the same (format as given, rounding, sr_bits, want_counts) left;
+    None, before anything is drawn or counted, where that call must run (no plan yet, an
+    ``x`` or ``factors`` it does not take as they are).  Why: a simulated training step
+    makes 30 such calls, each of which parsed, planned and checked its format, rounding and
+    factors again (about 250 us a call in a step on a 2-core VM, for kernels of 0.5 to 3 ms)."""
+    try:
+        plan_ = _HADAMARD.get((fmt, rounding, sr_bits, type(sr_bits), want_counts))
+    except TypeError:                   # an unhashable argument
+        return None
+    if plan_ is None or type(x) is not np.ndarray or x.dtype != np.float32 or x.ndim != 2 \
+            or x.size == 0 or not x.flags.c_contiguous or type(factors) is not np.ndarray \
+            or factors.dtype != np.float32 or factors.ndim != 1 \
+            or not isinstance(generator, Generator):
+        return None
+    n, rows = factors.size, x.shape[0]
+    if n == 0 or n & (n - 1) or rows % n or plan_.bp.block % n \
+            or plan_.stochastic and rows % 4:
+        return None
+    if not (stats is None if want_counts is False else type(stats) in _STATS_TYPES):
+        return None
+    return generator.run(_hadamard_generated, plan_, x, factors, generator, rounding,
+                         want_counts, stats)
+
+
+def _hadamard_generated(plan_, x, factors, generator, rounding, want_counts, stats):
+    """:func:`quantize_hadamard_cached`'s call, keyed by the generator's next counters."""
+    seed, stream, offset = resolve_generator(generator, x, rounding, None, 0, 0)
+    if plan_.stochastic and offset % 4:     # a generator's counters start its blocks
+        raise ValueError(f"quantize_hadamard_columns: offset={offset} is not accepted; "
+                         "accepted: a multiple of 4 for stochastic rounding")
+    seed_lo, seed_hi, stream = keys(seed, stream, plan_.mode)
+    bfmt, bp = plan_.bfmt, plan_.bp
+    if bfmt.tensor_scale:
+        bp = block_params(bfmt, tensor_scale_from(hadamard_amax(x, factors), bfmt))
+    values, s2, counts = _columns_run(x, bfmt, plan_.mode, plan_.k, seed_lo, seed_hi, stream,
+                                      offset, plan_.p, plan_.p32, plan_.sp, bp, want_counts,
+                                      factors)
+    add_counts(stats, counts, x.size, s2.size)
+    return values
 
 
 def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,

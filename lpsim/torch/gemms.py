@@ -38,8 +38,8 @@ from ..blocks.amax import tensor_amax
 from ..blocks.columns import takes_columns
 from ..blocks.counters import BlockStats, add_counts
 from ..blocks.decisions import block_params
-from ..blocks.fake_quantize import (quantize_blocks, quantize_hadamard_columns,
-                                    takes_hadamard_columns)
+from ..blocks.fake_quantize import (quantize_blocks, quantize_hadamard_cached,
+                                    quantize_hadamard_columns, takes_hadamard_columns)
 from ..blocks.formats import BlockFormat
 from ..formats import PRESETS, Format, parse_format
 from ..generator import Generator, resolve as resolve_generator
@@ -213,19 +213,24 @@ def _down_columns(t: torch.Tensor, fmt, op: Operand) -> bool:
                               False))
 
 
-def _rht_columns(t: torch.Tensor, signs, op: Operand, generator, stats):
+def _rht_columns(t: torch.Tensor, signs, op: Operand, generator, stats, c=None):
     """``quantize_operand(rht_tokens(t, signs), op, 0, ...)`` (the same bits, random counters
     and counts) with the transform made band by band in the cache as the blocks down the
     columns are quantized (:func:`lpsim.blocks.quantize_hadamard_columns`: the transformed
     tensor never in memory), or None where that route does not take ``t`` (not a float32
-    2-D CPU tensor, a format or rounding of other routes, 2-D blocks)."""
+    2-D CPU tensor, a format or rounding of other routes, 2-D blocks).  ``c``: the signs'
+    float32 factors as a numpy array, where the caller has them."""
     fmt = op.fmt
     if not (isinstance(fmt, BlockFormat) and not op.blocks_2d and op.scaling != "delayed"
             and t.device.type == "cpu" and t.dtype == torch.float32 and t.ndim == 2):
         return None
     x = t.detach().contiguous().numpy()
-    c = factors(signs, torch.float32, "cpu").numpy()
+    if c is None:
+        c = factors(signs, torch.float32, "cpu").numpy()
     want = "totals" if stats is not None else False
+    done = quantize_hadamard_cached(x, c, fmt, op.rounding, op.sr_bits, want, generator, stats)
+    if done is not None:                # what a first call planned and checked
+        return torch.from_numpy(done)
     if not takes_hadamard_columns(x, c.size, fmt, op.rounding, want):
         return None
 
@@ -410,6 +415,7 @@ class LinearGemms:
         self.sites = {(g, role): _Site(BlockStats())
                       for g, roles in GEMMS.items() for role in roles}
         self._rht_window = None             # (seed, n, device, first step, signs tensor)
+        self._rht_factors = None            # (signs tensor, its version, its CPU factors)
 
     def rht_signs(self, n: int, device: torch.device) -> torch.Tensor:
         """This step's RHT signs (:func:`rht_signs`), a float32 row on ``device`` of the
@@ -422,6 +428,20 @@ class LinearGemms:
             found = self._rht_window = (seed, n, device, step, torch.from_numpy(signs).to(
                 device, torch.float32))
         return found[4][step - found[3]]
+
+    def _cpu_factors(self, signs):
+        """The float32 factors of ``signs`` (a CPU float32 tensor) as a numpy array, kept
+        for the next call with the same tensor unchanged (a backward pass transforms dy and
+        x with one step's signs); None for signs elsewhere."""
+        kept = self._rht_factors
+        if kept is not None and kept[0] is signs and kept[1] == signs._version:
+            return kept[2]
+        if not (isinstance(signs, torch.Tensor) and signs.device.type == "cpu"
+                and signs.dtype == torch.float32):
+            return None
+        c = factors(signs, torch.float32, "cpu").numpy()
+        self._rht_factors = (signs, signs._version, c)
+        return c
 
     def quantize(self, t, gemm: str, role: str, axis: int) -> torch.Tensor:
         """The operand ``role`` of ``gemm`` quantized along ``axis``, counted and with its
@@ -439,7 +459,8 @@ class LinearGemms:
         counted = every is not None and self.steps % every == 0
         stats = site.stats if counted else None
         if signs is not None:
-            done = None if keep else _rht_columns(t, signs, op, self.generator, stats)
+            done = None if keep else _rht_columns(t, signs, op, self.generator, stats,
+                                                  self._cpu_factors(signs))
             if done is not None:
                 return done, None
             t = rht_tokens(t, signs)
