@@ -220,6 +220,8 @@ def _min_tensor_scale(bfmt: BlockFormat) -> float:
 
 #: float32's largest value: the per-tensor amax saturates there (:func:`tensor_scale_from`)
 FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+_FLOAT32_MAX_PY = float(FLOAT32_MAX)    # compared as float64 (a Python float against a
+#                                         float32 scalar would be cast to float32 first)
 
 
 def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
@@ -232,9 +234,12 @@ def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     a tensor reaching float32's largest value (an infinite scale would make every value NaN),
     so the blocks reaching further take the largest block scale and their largest elements
     the element format's largest value."""
-    with np.errstate(over="ignore"):
+    if amax > _FLOAT32_MAX_PY:          # np.float32 would overflow to inf (and warn)
+        amax32 = FLOAT32_MAX
+    else:
         amax32 = min(np.float32(amax), FLOAT32_MAX)
-    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, min_tensor_scale(bfmt)))
+    least = _min_tensor_scale(bfmt) if type(bfmt) is BlockFormat else min_tensor_scale(bfmt)
+    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, least))
 
 
 @register_jitable

@@ -381,17 +381,24 @@ def bits_value(a, M, EB):
 
 # --- host side: the kernels' parameters -----------------------------------------------------
 
-@functools.lru_cache(maxsize=256)
 def block_params(bfmt: BlockFormat, pts: float = 1.0) -> BlockParams:
-    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts`` (cached: a small
-    call would otherwise spend much of its time here)."""
+    """The kernels' BlockParams for ``bfmt`` and a per-tensor scale ``pts``: the format's
+    own made once (a small call would otherwise spend much of its time here), the tensor
+    scale's two fields set per call (NVFP4's changes with every tensor)."""
+    base = _format_block_params(bfmt)
+    if pts == 1.0:
+        return base
+    return base._replace(pts=float(pts), pts_inv=float(np.float32(1.0 / np.float32(pts))))
+
+
+@functools.lru_cache(maxsize=256)
+def _format_block_params(bfmt: BlockFormat) -> BlockParams:
     el, sc = bfmt.saturating_element, bfmt.scale
     smin, smax = sc.min_subnormal, sc.max_finite
     return BlockParams(bfmt.block, RULES[bfmt.rule], int(bfmt.pow2), el.emax, el.m,
                        float(el.max_finite), int(np.log2(smin)) if bfmt.pow2 else 0,
                        sc.emax if bfmt.pow2 else 0, float(smin), float(smax),
-                       int(bfmt.nonfinite == "nan"), float(pts),
-                       float(np.float32(1.0 / np.float32(pts))), int(words_exact(bfmt)),
+                       int(bfmt.nonfinite == "nan"), 1.0, 1.0, int(words_exact(bfmt)),
                        int(words_exact(bfmt) and nearest_words_exact(el)),
                        int(not bfmt.pow2 and bfmt.rule == "even" and nearest_words_exact(sc)))
 
