@@ -238,8 +238,7 @@ def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
         amax32 = FLOAT32_MAX
     else:
         amax32 = min(np.float32(amax), FLOAT32_MAX)
-    least = _min_tensor_scale(bfmt) if type(bfmt) is BlockFormat else min_tensor_scale(bfmt)
-    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, least))
+    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, _min_tensor_scale(bfmt)))
 
 
 @register_jitable
