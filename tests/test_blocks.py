@@ -637,15 +637,15 @@ def test_min_tensor_scale_is_the_least_float32_with_finite_reciprocals(scale):
 def test_tensor_scale_from_saturates_beyond_float32_and_keeps_the_least():
     """NVFP4's tensor scale of an amax, against its definition: fp32(amax32 / 2688) with
     amax32 = fp32(amax) saturated at float32's largest (float64 data beyond it, inf), at
-    least min_tensor_scale, 1 for 0; no numpy warning on the way."""
+    least min_tensor_scale, 1 where amax32 is 0 (5e-324 too); no overflow warning."""
     from lpsim.blocks.amax import tensor_scale_from
     bfmt = parse_block_format("nvfp4")
     least, top = blocks.min_tensor_scale(bfmt), np.finfo(np.float32).max
     divisor = np.float32(bfmt.tensor_scale_divisor)
-    with np.errstate(all="raise"):
-        for amax in (0.0, 1.0, 2.5, 1e-40, 5e-324, float(top), 3.4028236e38, 1e300, np.inf,
-                     np.float32(7.0), np.float64(448.0 * 6 * 3)):
-            with np.errstate(over="ignore"):
-                amax32 = min(np.float32(amax), top)
-            want = 1.0 if amax == 0 else max(float(np.float32(amax32 / divisor)), least)
+    for amax in (0.0, 1.0, 2.5, 1e-40, 5e-324, float(top), 3.4028236e38, 1e300, np.inf,
+                 np.float32(7.0), np.float64(448.0 * 6 * 3)):
+        with np.errstate(all="ignore"):
+            amax32 = min(np.float32(amax), top)
+            want = 1.0 if amax32 == 0 else max(float(np.float32(amax32 / divisor)), least)
+        with np.errstate(over="raise", invalid="raise", divide="raise"):   # no overflow
             assert tensor_scale_from(amax, bfmt) == want, amax
