@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import sys
 import threading
@@ -162,27 +163,45 @@ def _keep_thread_state(tid: int) -> None:
     _kept.add(tid)
 
 
+#: the regions in flight, by the key GOMP_parallel hands every thread of a team as its data:
+#: (work, errors raised, native ids of the threads that ran it)
+_IN_FLIGHT: dict[int, tuple] = {}
+_keys = itertools.count(1)
+
+
+def _body(key) -> None:
+    """A team thread's part of the region ``key`` (:data:`_IN_FLIGHT`)."""
+    work, errors, seen = _IN_FLIGHT[key]
+    tid = threading.get_native_id()
+    seen.add(tid)
+    if tid not in _kept:
+        _keep_thread_state(tid)
+    _local.in_region = True
+    try:
+        work()
+    except BaseException as error:      # noqa: BLE001 -- raised in the calling thread
+        errors.append(error)
+    finally:
+        _local.in_region = False
+
+
+#: the one C callback of every region (made once: making one took about 25 us after a torch
+#: operation on a 2-core VM, a sixth of a region's cost there)
+_BODY = _REGION(_body)
+
+
 def _region(parallel, work, threads: int) -> None:
     """``work()`` on every thread of an OpenMP team of ``threads`` (the calling thread one of
     them), the GIL released while the team runs; an error any thread raised is raised here
     once the region has ended."""
     errors, seen = [], set()
     caller = threading.get_native_id()
-
-    def body(_):
-        tid = threading.get_native_id()
-        seen.add(tid)
-        if tid not in _kept:
-            _keep_thread_state(tid)
-        _local.in_region = True
-        try:
-            work()
-        except BaseException as error:  # noqa: BLE001 -- raised in the calling thread
-            errors.append(error)
-        finally:
-            _local.in_region = False
-
-    parallel(_REGION(body), None, threads, 0)
+    key = next(_keys)
+    _IN_FLIGHT[key] = (work, errors, seen)
+    try:
+        parallel(_BODY, key, threads, 0)
+    finally:
+        del _IN_FLIGHT[key]
     _ended[caller] = time.perf_counter()
     _members[caller] = tuple(sorted(seen - {caller}))
     if errors:

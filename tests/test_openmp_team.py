@@ -36,6 +36,40 @@ def test_a_region_runs_on_two_threads_and_learns_the_others():
 
 
 @needs_libgomp
+def test_regions_of_two_python_threads_at_once_each_run_their_own_work():
+    """Every region goes through one C callback, which finds its work by the key the team
+    hands it: two Python threads, each with a team of its own, running regions at the same
+    time never run each other's work, and each region's error is raised in its own caller."""
+    parallel = openmp_team.openmp_parallel()
+    done = {0: [], 1: []}
+    failures = []
+
+    def caller(me):
+        try:
+            for i in range(200):
+                def work(i=i):
+                    done[me].append((i, threading.get_native_id()))
+                openmp_team._region(parallel, work, 2)
+            def boom():
+                raise KeyError(me)
+            with pytest.raises(KeyError, match=str(me)):
+                openmp_team._region(parallel, boom, 2)
+        except BaseException as error:      # noqa: BLE001 -- reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=caller, args=(me,)) for me in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures
+    for me in (0, 1):
+        assert sorted({i for i, _ in done[me]}) == list(range(200))
+        assert len(done[me]) == 2 * 200             # each region on its two threads
+    assert not openmp_team._IN_FLIGHT               # nothing left behind
+
+
+@needs_libgomp
 def test_a_team_thread_keeps_its_python_state_from_one_region_to_the_next():
     """A thread-local value set in one region is there in the next: the OpenMP thread's
     Python thread state is kept (a state made per callback would start empty each time)."""
