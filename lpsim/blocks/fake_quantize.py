@@ -149,35 +149,14 @@ def quantize_hadamard_columns(x, factors, bfmt, rounding: str = "nearest", *, se
     return result
 
 
-class _Hadamard(NamedTuple):
-    """What a first :func:`quantize_hadamard_columns` call of a (format as given, rounding,
-    sr_bits, counting) validated, for the band kernel: all but a call's keys, tensor scale
-    and shape."""
-
-    bfmt: BlockFormat
-    mode: int
-    k: int
-    p: Params
-    p32: Params
-    sp: Params
-    bp: BlockParams             # with a tensor scale of 1
-    stochastic: bool
-
-
-#: (format as given, rounding, sr_bits, type(sr_bits), want_counts) -> _Hadamard
+#: (format as given, rounding, sr_bits, type(sr_bits), want_counts) -> _Words (kernel None:
+#: run_columns picks the band kernel)
 _HADAMARD: dict = {}
 
 
 def _remember_hadamard(given, bfmt, rounding, sr_bits, want_counts, request) -> None:
-    if len(_HADAMARD) >= MAX_CACHED:
-        _HADAMARD.clear()
-    try:
-        _HADAMARD[given, rounding, sr_bits, type(sr_bits), want_counts] = _Hadamard(
-            bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
-            element_params32(bfmt), kernel_params(bfmt.scale, np.float64), block_params(bfmt),
-            request.mode >= STOCHASTIC)
-    except TypeError:                   # an unhashable argument: no cached path
-        pass
+    _remember(_HADAMARD, (given, rounding, sr_bits, type(sr_bits), want_counts), bfmt, request,
+              None)
 
 
 def quantize_hadamard_cached(x, factors, fmt, rounding, sr_bits, want_counts, generator,
@@ -199,9 +178,8 @@ def quantize_hadamard_cached(x, factors, fmt, rounding, sr_bits, want_counts, ge
             or factors.dtype != np.float32 or factors.ndim != 1 \
             or not isinstance(generator, Generator):
         return None
-    n, rows = factors.size, x.shape[0]
-    if n == 0 or n & (n - 1) or rows % n or plan_.bp.block % n \
-            or plan_.stochastic and rows % 4:
+    n, rows, stochastic = factors.size, x.shape[0], plan_.mode >= STOCHASTIC
+    if n == 0 or n & (n - 1) or rows % n or plan_.bp.block % n or stochastic and rows % 4:
         return None
     if not (stats is None if want_counts is False else type(stats) in _STATS_TYPES):
         return None
@@ -212,7 +190,7 @@ def quantize_hadamard_cached(x, factors, fmt, rounding, sr_bits, want_counts, ge
 def _hadamard_generated(plan_, x, factors, generator, rounding, want_counts, stats):
     """:func:`quantize_hadamard_cached`'s call, keyed by the generator's next counters."""
     seed, stream, offset = resolve_generator(generator, x, rounding, None, 0, 0)
-    if plan_.stochastic and offset % 4:     # a generator's counters start its blocks
+    if plan_.mode >= STOCHASTIC and offset % 4:     # a generator's counters start its blocks
         raise ValueError(f"quantize_hadamard_columns: offset={offset} is not accepted; "
                          "accepted: a multiple of 4 for stochastic rounding")
     seed_lo, seed_hi, stream = keys(seed, stream, plan_.mode)
@@ -303,8 +281,8 @@ def writes_into(out, x, axis) -> bool:
 
 class _Words(NamedTuple):
     """What a float32 call needs besides its arrays, keys and stats (the word kernel's
-    arguments), cached by :func:`_remember_words` after a first call validated the
-    request."""
+    arguments, or the band kernel's: :func:`quantize_hadamard_cached`), cached by
+    :func:`_remember` after a first call validated the request."""
 
     bfmt: BlockFormat
     mode: int
@@ -313,7 +291,7 @@ class _Words(NamedTuple):
     p32: Params
     sp: Params
     bp: BlockParams         # with pts = 1 (formats with a tensor scale take theirs per call)
-    kernel: object
+    kernel: object          # the word kernel's entry (None: the band kernel, run_columns')
     counts: bool            # whether the counted word kernel takes the format (its scales
     #                         are more than one value: lpsim.blocks.word_counts.clip_bounds)
 
@@ -329,16 +307,23 @@ def _remember_words(given, bfmt, rounding, sr_bits) -> None:
     from ..request import plan
     request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
     bp = block_params(bfmt, 1.0)
-    if not bp.f32:
-        return
-    if len(_WORDS) >= MAX_CACHED:
-        _WORDS.clear()
+    if bp.f32:
+        _remember(_WORDS, (given, rounding, sr_bits, type(sr_bits)), bfmt, request,
+                  word_kernel_entry(request.mode))
+
+
+def _remember(cache: dict, key, bfmt, request, kernel) -> None:
+    """cache[key] = the _Words of a validated request (cleared when full); nothing for an
+    unhashable key (no cached path)."""
+    if len(cache) >= MAX_CACHED:
+        cache.clear()
+    bp = block_params(bfmt)
     try:
-        _WORDS[given, rounding, sr_bits, type(sr_bits)] = _Words(
-            bfmt, request.mode, int(request.k), _element_params(bfmt.saturating_element, 32),
-            element_params32(bfmt), kernel_params(bfmt.scale, np.float64), bp,
-            word_kernel_entry(request.mode), bool(bp.smin < bp.smax))
-    except TypeError:                   # an unhashable argument: no cached path
+        cache[key] = _Words(bfmt, request.mode, int(request.k),
+                            _element_params(bfmt.saturating_element, 32), element_params32(bfmt),
+                            kernel_params(bfmt.scale, np.float64), bp, kernel,
+                            bool(bp.smin < bp.smax))
+    except TypeError:
         pass
 
 
