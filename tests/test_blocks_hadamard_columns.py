@@ -205,6 +205,8 @@ def test_cached_calls_equal_the_general_path(fmt, rounding, monkeypatch):
         (x.astype(np.float64), c, None, "totals", BlockStats()),
         (np.repeat(x, 2, axis=1)[:, ::2], c, None, "totals", BlockStats()),
         (x, list(c), None, "totals", BlockStats()),
+        (x, np.repeat(c, 2)[::2], None, "totals", BlockStats()),    # strided: the kernel
+        #                                                   would read every other factor
         (x[:120], c, None, "totals", BlockStats()),
         (x, c, None, False, BlockStats()),                  # stats need counting
         (x, c, 4, "totals", BlockStats()),                  # no plan for sr_bits=4

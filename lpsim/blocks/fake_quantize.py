@@ -175,7 +175,7 @@ def quantize_hadamard_cached(x, factors, fmt, rounding, sr_bits, want_counts, ge
         return None
     if plan_ is None or type(x) is not np.ndarray or x.dtype != np.float32 or x.ndim != 2 \
             or x.size == 0 or not x.flags.c_contiguous or type(factors) is not np.ndarray \
-            or factors.dtype != np.float32 or factors.ndim != 1 \
+            or factors.dtype != np.float32 or factors.ndim != 1 or not factors.flags.c_contiguous \
             or not isinstance(generator, Generator):
         return None
     n, rows, stochastic = factors.size, x.shape[0], plan_.mode >= STOCHASTIC
