@@ -2,7 +2,6 @@
 casts (their scale rules) and lpsim.reference (every rule and rounding mode); SR unbiased
 given the scale; counters; errors."""
 
-import math
 import re
 
 import numpy as np

@@ -151,9 +151,9 @@ def test_factors_that_are_not_float32_values_and_non_arrays_are_refused():
     exact = quantize_hadamard_columns(x, [0.25] * 16, "nvfp4")     # float32 values: taken
     assert _same(exact.values, quantize_hadamard_columns(x, np.full(16, 0.25, np.float32),
                                                          "nvfp4").values)
-    for factors in (np.full(16, 0.1), "x", None):
+    for bad in (np.full(16, 0.1), "x", None):
         with pytest.raises(ValueError, match="accepted: a 1-D array of float32 values"):
-            quantize_hadamard_columns(x, factors, "nvfp4")
+            quantize_hadamard_columns(x, bad, "nvfp4")
     with pytest.raises(TypeError, match="x of type Tensor is not accepted"):
         quantize_hadamard_columns(torch.ones(64, 32), _factors(), "nvfp4")
 
