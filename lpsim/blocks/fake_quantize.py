@@ -5,7 +5,9 @@ scale and per-block counts: :class:`Blocked`), and the plan cache: a float32 cal
 the word kernel's arguments under (format as given, rounding, sr_bits), and the next such
 call runs from them, with stats and a generator's counters too (:func:`quantize_cached`,
 which lpsim.quantize tries before parsing the format: a few microseconds; a simulated
-training step's counted calls, about 50 us each before, on a 2-core VM).
+training step's counted calls, about 50 us each before, on a 2-core VM).  The blocks of a
+Hadamard transform down the columns (:func:`quantize_hadamard_columns`, a recipe's wgrad
+operands) leave the band kernel's arguments likewise (:func:`quantize_hadamard_cached`).
 """
 
 from __future__ import annotations
