@@ -308,18 +308,18 @@ MAX_CACHED = 256
 def _remember_words(given, bfmt, rounding, sr_bits) -> None:
     from ..request import plan
     request = plan(bfmt.saturating_element, rounding, np.float32, sr_bits=sr_bits)
-    bp = block_params(bfmt, 1.0)
-    if bp.f32:
-        _remember(_WORDS, (given, rounding, sr_bits, type(sr_bits)), bfmt, request,
-                  word_kernel_entry(request.mode))
+    _remember(_WORDS, (given, rounding, sr_bits, type(sr_bits)), bfmt, request,
+              word_kernel_entry(request.mode))
 
 
 def _remember(cache: dict, key, bfmt, request, kernel) -> None:
-    """cache[key] = the _Words of a validated request (cleared when full); nothing for an
-    unhashable key (no cached path)."""
+    """cache[key] = the _Words of a validated request (cleared when full); nothing for a
+    format the float32 word step does not take or an unhashable key (no cached path)."""
+    bp = block_params(bfmt)
+    if not bp.f32:
+        return
     if len(cache) >= MAX_CACHED:
         cache.clear()
-    bp = block_params(bfmt)
     try:
         cache[key] = _Words(bfmt, request.mode, int(request.k),
                             _element_params(bfmt.saturating_element, 32), element_params32(bfmt),

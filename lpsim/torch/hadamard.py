@@ -68,8 +68,8 @@ def factors(signs, dtype: torch.dtype, device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _scale(n: int, dtype: torch.dtype) -> float:
-    """fl(1/sqrt(n)) in ``dtype``, as a float (once per size and dtype: a backward pass of
-    a simulated layer asks for it twice)."""
+    """fl(1/sqrt(n)) in ``dtype``, as a float, made once per size and dtype (a torch
+    tensor's round trip for each step's factors otherwise)."""
     return float(torch.tensor(1.0 / np.sqrt(n), dtype=dtype))
 
 
