@@ -164,19 +164,29 @@ def _lanes_words(xf, outf, rs, lanes, lo, r0, size, rc, s, mode, k, p32, bp, non
     two kept from vectorising).  ``nonzero`` (a constant at each call): the caller knows a
     result is nonzero, and the loop does not look (bit 0 set; the look cost the SR loop
     a third of its time)."""
-    rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
     state = word(np.int32(0))
-    for i in range(size):
-        j = lo + np.uint64(i)
-        q, v, ok, flags = element_fast32_packed(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
-                                                mode, k, p32, bp)
-        outf[j] = v
-        lanes[i] = as_int64(word(lanes[i]) + flags)
-        if nonzero:
-            state |= (1 - ok) << 1
-        else:
-            state |= (ok & like(ok, q != 0)) | ((1 - ok) << 1)
+    if mode >= STOCHASTIC:          # words in order (see _elements_words: not gathered)
+        for i in range(size):
+            state |= _lane_word(xf, outf, lanes, lo, i, word(rs[r0 + np.uint64(i)]), rc, s,
+                                mode, k, p32, bp, nonzero)
+    else:
+        r = word(rs[0])
+        for i in range(size):
+            state |= _lane_word(xf, outf, lanes, lo, i, r, rc, s, mode, k, p32, bp, nonzero)
     return state | 1 if nonzero else state
+
+
+@register_jitable(forceinline=True)
+def _lane_word(xf, outf, lanes, lo, i, r, rc, s, mode, k, p32, bp, nonzero):
+    """Element lo + i of :func:`_lanes_words` with the random word ``r``: its bits of the
+    state (without bit 0 where ``nonzero``)."""
+    j = lo + np.uint64(i)
+    q, v, ok, flags = element_fast32_packed(xf[j], r, rc, s, mode, k, p32, bp)
+    outf[j] = v
+    lanes[i] = as_int64(word(lanes[i]) + flags)
+    if nonzero:
+        return (1 - ok) << 1
+    return (ok & like(ok, q != 0)) | ((1 - ok) << 1)
 
 
 @register_jitable(forceinline=True)
@@ -279,16 +289,29 @@ def _piece_words(xf, outf, rs, lo, r0, size, rc, s, mode, k, p32, bp):
     """:func:`element_fast32` over the ``size`` (at most PIECE) elements from ``lo`` (random
     words from ``r0``): (the sum of their packed flags, nonzero results + 65536 * elements
     left to the exact step)."""
-    rmask = np.uint64(0) if mode < STOCHASTIC else ~np.uint64(0)
     acc = rest = word(np.int32(0))
-    for i in range(size):
-        j = lo + np.uint64(i)
-        q, v, ok, flags = element_fast32_packed(xf[j], word(rs[(r0 + np.uint64(i)) & rmask]), rc, s,
-                                                mode, k, p32, bp)
-        outf[j] = v
-        acc += flags
-        rest += (ok & like(ok, q != 0)) | ((1 - ok) << 16)
+    if mode >= STOCHASTIC:          # words in order (see _elements_words: not gathered)
+        for i in range(size):
+            flags, left = _piece_word(xf, outf, lo + np.uint64(i), word(rs[r0 + np.uint64(i)]),
+                                      rc, s, mode, k, p32, bp)
+            acc += flags
+            rest += left
+    else:
+        r = word(rs[0])
+        for i in range(size):
+            flags, left = _piece_word(xf, outf, lo + np.uint64(i), r, rc, s, mode, k, p32, bp)
+            acc += flags
+            rest += left
     return acc, rest
+
+
+@register_jitable(forceinline=True)
+def _piece_word(xf, outf, j, r, rc, s, mode, k, p32, bp):
+    """Element j of :func:`_piece_words` with the random word ``r``: (its packed flags, 1 for
+    a nonzero result + 65536 where it is left to the exact step)."""
+    q, v, ok, flags = element_fast32_packed(xf[j], r, rc, s, mode, k, p32, bp)
+    outf[j] = v
+    return flags, (ok & like(ok, q != 0)) | ((1 - ok) << 16)
 
 
 @register_jitable(forceinline=True)
