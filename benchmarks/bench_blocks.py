@@ -206,17 +206,22 @@ def cpu_rows(log2n: int, repeats: int):
 @contextlib.contextmanager
 def general_counting():
     """Counted calls take the general kernel (the route before the word kernel counted):
-    :func:`lpsim.blocks.kernels.takes_words` refuses counters while this is open."""
+    :func:`lpsim.blocks.kernels.takes_words` refuses counters while this is open, and no
+    call takes a plan an earlier call cached (``quantize_cached``, which runs the word
+    kernel without asking takes_words)."""
+    import lpsim.blocks
     from lpsim.blocks import fake_quantize, kernels
-    real = kernels.takes_words
+    real, cached = kernels.takes_words, fake_quantize.quantize_cached
 
     def takes_words(x2, bp, want_q, want_counts):
         return real(x2, bp, want_q, want_counts) and not want_counts
     fake_quantize.takes_words = kernels.takes_words = takes_words
+    fake_quantize.quantize_cached = lpsim.blocks.quantize_cached = lambda *a, **k: None
     try:
         yield
     finally:
         fake_quantize.takes_words = kernels.takes_words = real
+        fake_quantize.quantize_cached = lpsim.blocks.quantize_cached = cached
 
 
 def alternating_best(cases: dict, repeats: int):
