@@ -643,8 +643,8 @@ def main() -> None:
                     verdict = [f"vs copy {r['vs_copy']:.2f} "
                                f"({'met' if r['vs_copy'] >= TARGETS['copy'] else 'NOT met'})"]
                     if g:
-                        verdict.append(f"vs gfloat {g['ratio']:.0f}x ("
-                                       f"{'met' if g['ratio'] >= TARGETS['gfloat'] else 'NOT met'})")
+                        met = "met" if g["ratio"] >= TARGETS["gfloat"] else "NOT met"
+                        verdict.append(f"vs gfloat {g['ratio']:.0f}x ({met})")
                     print(f"#   {r['format']}: " + ", ".join(verdict))
     if args.png and not (args.scaled_mm or args.counted or args.columns):
         plot(rows, header, args.png)

@@ -23,7 +23,7 @@ from numba.extending import overload, register_jitable
 
 from ..cpu import _constant, as_bits, literal_jitable
 from ..rounding import NEAREST, STOCHASTIC, nearest32_words
-from ..word32 import as_int64, bits_float32, word
+from ..word32 import as_int64, word
 from .amax import _block_amax32, _finite_amax
 from .decisions import (block_recip, block_scale, element_exact, element_fast32,
                         element_nearest32, element_ok32)
