@@ -618,7 +618,6 @@ def stub_cold_paths() -> None:
     import numpy as np
     from numba.extending import register_jitable
     from lpsim.word32 import word
-    groups = importlib.import_module("lpsim_cuda.block_groups")
 
     @register_jitable
     def round_bits(bits, mode, r, k, p):
@@ -650,7 +649,12 @@ def stub_cold_paths() -> None:
     for name, stub in (("round_bits", round_bits), ("element_exact", element_exact),
                        ("element_fast", element_fast), ("block_scale", block_scale)):
         _replace_everywhere(name, stub)
-    groups.overflowed_element, groups.tally_nonfinite = overflowed_element, tally_nonfinite
+    # the counted block kernels' cold steps, under these names wherever they are imported
+    # (overflowed_element is another name of element32, which stays)
+    counting = importlib.import_module("lpsim_cuda.block_counting")
+    for name, stub in (("overflowed_element", overflowed_element),
+                       ("tally_nonfinite", tally_nonfinite)):
+        _replace_everywhere(name, stub, getattr(counting, name))
 
     @register_jitable
     def declined_quad(q, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, pw, pc, ps,
@@ -660,9 +664,10 @@ def stub_cold_paths() -> None:
     importlib.import_module("lpsim_cuda.optim")._general_quad = declined_quad
 
 
-def _replace_everywhere(name: str, stub) -> None:
+def _replace_everywhere(name: str, stub, original=None) -> None:
     """Bind ``name`` to ``stub`` in every lpsim and lpsim_cuda module that holds the
-    original (imported there or defined there)."""
+    original (imported there or defined there) under that name; ``original``: the object,
+    where it is not the function of that name (an alias)."""
     import importlib
     import pkgutil
     import lpsim
@@ -674,11 +679,14 @@ def _replace_everywhere(name: str, stub) -> None:
                 modules.append(importlib.import_module(info.name))
             except ImportError:
                 continue
-    original = next(vars(m)[name] for m in modules if vars(m).get(name) is not None
-                    and getattr(vars(m)[name], "__name__", "") == name)
-    for module in modules:
-        if vars(module).get(name) is original:
-            setattr(module, name, stub)
+    if original is None:
+        original = next(vars(m)[name] for m in modules if vars(m).get(name) is not None
+                        and getattr(vars(m)[name], "__name__", "") == name)
+    held = [module for module in modules if vars(module).get(name) is original]
+    if not held:            # a stub that replaces nothing leaves a cold path in the count
+        raise RuntimeError(f"no lpsim module holds {name} to stub")
+    for module in held:
+        setattr(module, name, stub)
 
 
 def _straight_rows(argv: list[str]):
