@@ -80,3 +80,28 @@ def test_zeros_keep_their_sign_and_the_edges_decline():
     # the largest accepted quotient and the first one beyond it
     assert divide_by(np.float32(2.0 ** 120) * c, c, y)[1]
     assert not divide_by(np.float32(2.0 ** 121) * c, c, y)[1]
+
+
+@njit(cache=True)
+def _both(a, c, y):
+    """(elements where divide_by with zeros=False differs from zeros=True where it takes
+    them, elements it takes that zeros=True does not, zeros it takes)."""
+    differ = extra = zeros = 0
+    for i in range(a.size):
+        q, ok = divide_by(a[i], c, y)
+        q2, ok2 = divide_by(a[i], c, y, False)
+        if ok2:
+            extra += np.int64(not ok)
+            zeros += np.int64(a[i] == 0)
+            differ += np.int64(np.float32(q).view(np.int32) != np.float32(q2).view(np.int32))
+    return differ, extra, zeros
+
+
+def test_without_zeros_the_same_quotients_and_zeros_declined():
+    rng = np.random.default_rng(20261129)
+    a = (rng.choice([-1, 1], 100_000) * 2.0 ** rng.uniform(-101, 122, 100_000)).astype(np.float32)
+    a = np.concatenate([a, np.float32([0.0, -0.0, np.nan, np.inf, -np.inf, 2.0 ** -149])])
+    for c, y in (DIVISORS[0], DIVISORS[13], DIVISORS[-1]):
+        assert _both(a, c, y) == (0, 0, 0), c
+        for zero in (np.float32(0.0), np.float32(-0.0)):
+            assert not divide_by(zero, c, y, False)[1]

@@ -176,7 +176,7 @@ _TINY_DIVIDEND, _HUGE_QUOTIENT = np.float32(2.0 ** -100), np.float32(2.0 ** 120)
 
 
 @register_jitable
-def divide_by(a, c, y):
+def divide_by(a, c, y, zeros=True):
     """(a / c, ok): a float32 ``a`` over a divisor ``c`` in (0, 1] by its reciprocal ``y`` =
     fl32(1 / c), which the host gives (hp), in one product and two FMAs: q = fl(a y), the
     remainder r = a - q c is exact (one FMA), and fl(q + r y) is a / c correctly rounded
@@ -184,12 +184,18 @@ def divide_by(a, c, y):
     keeps a zero's sign.  ``ok`` is 0 where the remainder could leave float32's normal range
     or the quotient overflow (a NaN, inf, 0 < |a| < 2**-100, |q| > 2**120): the caller takes
     the IEEE division there.  The wide CUDA step's division by the bias corrections: IEEE
-    division there is a reciprocal, a check and a call (a division is ~16 instructions)."""
+    division there is a reciprocal, a check and a call (a division is ~16 instructions).
+    ``zeros`` (a constant): False declines a zero too, and fl(q + r y) is then the quotient
+    wherever ok is 1 (r is +0 where it is exact, and q + 0 is q), so neither the test for a
+    zero nor the choice of q is made: for a dividend that a straight-path rounding, which
+    declines zeros itself, has just made."""
     q = fmul(a, y)
     r = fma32(-q, c, a)
     q1 = fma32(r, y, q)
-    ok = (a == 0) | ((abs(a) >= _TINY_DIVIDEND) & (abs(q) <= _HUGE_QUOTIENT))
-    return q if r == 0 else q1, ok
+    ok = (abs(a) >= _TINY_DIVIDEND) & (abs(q) <= _HUGE_QUOTIENT)
+    if zeros:
+        return q if r == 0 else q1, (a == 0) | ok
+    return q1, ok
 
 
 @register_jitable(error_model="numpy")
@@ -226,9 +232,9 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
     m, v = adamw_moments(g, m, v, hp)
     m, okm, _ = round32(m, smode, rm, sk, ps, fast)
     v, okv, _ = round32(v, smode, rv, sk, ps, fast)
-    if fast:
-        mh, ok1 = divide_by(m, hp[6], hp[12])
-        vh, ok2 = divide_by(v, hp[7], hp[13])
+    if fast:                # rounded moments (smode >= 0): round_fast declined the zeros
+        mh, ok1 = divide_by(m, hp[6], hp[12], smode < 0)
+        vh, ok2 = divide_by(v, hp[7], hp[13], smode < 0)
         return adamw_scaled(mh, vh, w, hp), m, v, okm & okv & np.int64(ok1 & ok2)
     return adamw_update(m, v, w, hp), m, v, okm & okv
 
