@@ -232,7 +232,7 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
     m, v = adamw_moments(g, m, v, hp)
     m, okm, _ = round32(m, smode, rm, sk, ps, fast)
     v, okv, _ = round32(v, smode, rv, sk, ps, fast)
-    if fast:                # rounded moments (smode >= 0): round_fast declined the zeros
+    if fast:        # moments rounded (smode >= 0): round_fast has declined a zero one
         mh, ok1 = divide_by(m, hp[6], hp[12], smode < 0)
         vh, ok2 = divide_by(v, hp[7], hp[13], smode < 0)
         return adamw_scaled(mh, vh, w, hp), m, v, okm & okv & np.int64(ok1 & ok2)
