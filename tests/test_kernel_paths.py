@@ -492,3 +492,54 @@ def test_stochastic_rounding_below_min_subnormal_at_its_threshold_words(fmt, con
             reference = [round_bits(int(b), mode, int(r), k, p)[0]
                          for b, r in zip(bits[sel], words[sel])]
             assert out.tolist() == reference, (k, as_words)
+
+
+@functools.cache
+def _round_sr_word_mismatches():
+    from numba import njit
+    from lpsim.rounding import STOCHASTIC, round_fast_sub, round_sr_word
+    from lpsim.word32 import as_int64, word
+
+    @njit
+    def mismatches(start, stop, step, p, words):
+        """(magnitudes in start..stop-1 by step, both signs, each with ``words`` and the
+        three words around its decision point: where round_sr_word's ok or, where ok, its
+        bits differ from round_fast_sub's, how many; round_fast_sub's ok count)."""
+        bad = taken = 0
+        for a in range(start, stop, step):
+            lo = p.emin + p.EB
+            s = min(p.M - p.m + (lo - min(a >> p.M, lo)), p.M)
+            point = (a << (32 - s)) & 0xFFFFFFFF
+            for sign in range(2):
+                bits = np.int32(np.uint32(a | (sign << 31)))
+                for j in range(words.size + 3):
+                    r = words[j] if j < words.size else (point + j - words.size - 1) & 0xFFFFFFFF
+                    w = word(np.uint32(r))
+                    o1, ok1, _ = round_fast_sub(word(bits), STOCHASTIC, w, 32, p)
+                    o2, ok2 = round_sr_word(word(bits), w, p)
+                    k1, k2 = as_int64(ok1), as_int64(ok2)
+                    bad += np.int64(k1 != k2 or (k1 == 1 and as_int64(o1) != as_int64(o2)))
+                    taken += k1
+        return bad, taken
+    return mismatches
+
+
+@pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3", "e2m1fn", "e3m2fn", "e2m3fn", "fp(6,9,0)"])
+def test_round_sr_word_is_round_fast_sub_with_full_words(fmt):
+    """lpsim.rounding.round_sr_word (the specialised CUDA kernels' full-word SR) gives
+    round_fast_sub's ok and, where ok, its bits: every 65537th float32 magnitude (both
+    signs), every magnitude around the smallest subnormal, the smallest normal and the
+    largest finite value, each with six random words and the three words at its decision
+    point (the discarded bits as a fraction of 2**32, and one either side)."""
+    p = plan(fmt, "stochastic", np.float32, seed=SEED).params
+    words = np.array([0, 1, 2 ** 31, 2 ** 32 - 1, 123456789, 3000000000], np.int64)
+    mismatches = _round_sr_word_mismatches()
+    taken = 0
+    for start, stop, step in [(0, 1 << 31, 65537), (0, 2 * p.tiny, max(1, p.tiny // 20000)),
+                              (p.tiny - 3000, p.tiny + 3000, 1),
+                              (p.minnorm - 3000, p.minnorm + 3000, 1),
+                              (p.maxb - 3000, p.maxb + 3000, 1)]:
+        bad, ok = mismatches(start, stop, step, p, words)
+        assert bad == 0, (fmt, start, stop, step)
+        taken += ok
+    assert taken > 100_000          # most of what was tried is on the straight path
