@@ -377,6 +377,13 @@ def round_fast_sub(bits, mode, r, k, p):
     return out, ok, pack_conditions(inexact, over, under, sub, 1) & -ok
 
 
+def sr_word_applies(p, mode: int, k: int) -> bool:
+    """Whether :func:`round_sr_word` makes round_fast_sub's decisions for mode ``mode`` with
+    ``k`` random bits and the float32-container Params ``p``."""
+    return (mode == STOCHASTIC and k == p.W == 32 and p.M == 23 and p.uzero == 0
+            and p.unsigned == 0 and 32 - p.qsub <= 127)
+
+
 @register_jitable(forceinline=True)
 def round_sr_word(bits, r, p):
     """:func:`round_fast_sub`'s (bits, ok) for stochastic rounding with a full 32-bit random

@@ -44,7 +44,8 @@ from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys
 from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_params, mode_code,
                             nearest32_consts, nearest32_exact, nearest32_step, round_bits,
-                            round_one_word, round_sr_word, tally)
+                            round_one_word, round_sr_word, sr_word_applies,
+                            tally)
 from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
 from lpsim.word32 import as_signed64, bits_float32, float32_bits, word
 
@@ -105,10 +106,9 @@ def _stochastic(b, r, p):
 
 def takes_sr_word(params, mode: int, k: int, count: bool) -> bool:
     """Whether an uncounted kernel rounds by :func:`_stochastic`: full-word SR to a format
-    whose subnormals data reaches (:data:`SUB_FROM`), signed zero, and 2**(32 - qsub) a
-    float32 (round_sr_word's scaling of what lies below the smallest subnormal)."""
-    return (mode == STOCHASTIC and k == params.W and not count and params.emin >= SUB_FROM
-            and params.uzero == 0 and params.unsigned == 0 and 32 - params.qsub <= 127)
+    whose subnormals data reaches (:data:`SUB_FROM`), where
+    :func:`lpsim.rounding.sr_word_applies` holds."""
+    return not count and params.emin >= SUB_FROM and sr_word_applies(params, mode, k)
 
 
 @register_jitable

@@ -9,7 +9,10 @@ from numba import njit
 
 import lpsim
 from lpsim import blocks, reference
-from lpsim.rounding import DETERMINISTIC_MODES, MODES, kernel_params, round_bits, round_fast_sub
+from lpsim.rounding import (DETERMINISTIC_MODES, MODES, STOCHASTIC, kernel_params, round_bits,
+                            round_fast_sub)
+from lpsim.blocks.decisions import (block_params, element_fast32, element_params32,
+                                    element_stochastic32)
 from lpsim.blocks.word_scales import pow2_words
 from lpsim.word32 import as_int64, word
 
@@ -489,3 +492,42 @@ def test_word_kernel_with_the_blocks_amaxes_equals_the_counted_kernel(bfmt, monk
         lpsim.quantize(np.ascontiguousarray(y), bfmt, rounding, **kw)
         got = lpsim.quantize(np.ascontiguousarray(y), bfmt, rounding, **kw)
         assert np.array_equal(got.view(np.uint32), counted.values.view(np.uint32))
+
+
+@njit
+def _stochastic32_mismatches(x, words, recips, scales, p32, bp):
+    """Elements where element_stochastic32's ok differs from element_fast32's full-word SR,
+    or, where both take it, its quotient or value bits do; and how many element_fast32
+    took."""
+    bad = taken = 0
+    for i in range(x.size):
+        for j in range(recips.size):
+            r = word(np.uint32(words[i]))
+            q1, v1, ok1, _ = element_fast32(x[i], r, recips[j], scales[j], STOCHASTIC, 32,
+                                            p32, bp)
+            q2, v2, ok2 = element_stochastic32(x[i], words[i], recips[j], scales[j], p32, bp)
+            k1, k2 = as_int64(ok1), as_int64(ok2)
+            differ = (np.float32(q1).view(np.int32) != np.float32(q2).view(np.int32)
+                      or np.float32(v1).view(np.int32) != np.float32(v2).view(np.int32))
+            bad += np.int64(k1 != k2 or (k1 == 1 and differ))
+            taken += k1
+    return bad, taken
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4", "mxfp8_e4m3", "mxfp6_e2m3"])
+def test_element_stochastic32_is_element_fast32_with_full_words(name):
+    """lpsim.blocks.decisions.element_stochastic32 (the uncounted GPU block kernels'
+    full-word SR step) gives element_fast32's ok and, where ok, its quotient and value:
+    values of every binade the blocks meet, zeros, NaN, inf, against power-of-two and
+    NVFP4-style scales (with a tensor scale), random words."""
+    bfmt = blocks.PRESETS[name]
+    p32 = element_params32(bfmt)
+    bp = block_params(bfmt, 0.75)
+    rng = np.random.default_rng(20261129)
+    x = (rng.standard_normal(20_000) * np.exp2(rng.integers(-40, 40, 20_000))).astype(np.float32)
+    x[:5] = [0.0, -0.0, np.inf, np.nan, 1e-45]
+    words = rng.integers(0, 2 ** 32, x.size).astype(np.int64)
+    scales = np.float32([2.0 ** -3, 1.0, 2.0 ** 5, 0.8125, 3.5])
+    recips = (np.float32(1) / scales).astype(np.float32)
+    bad, taken = _stochastic32_mismatches(x, words, recips, scales, p32, bp)
+    assert bad == 0 and taken > x.size, (name, bad, taken)

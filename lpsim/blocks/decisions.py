@@ -23,8 +23,8 @@ from ..formats import Format
 from ..philox import block_words, lane_word
 from ..rounding import (DOWN, INEXACT, NEAREST, OVERFLOW, STOCHASTIC, UP, Params, fast_sub_ok,
                         kernel_params, nearest32, nearest32_exact, pack_conditions, round_bits,
-                        round_fast_sub, round_fast_sub_conditions)
-from ..word32 import bits_float32, float32_bits, like
+                        round_fast_sub, round_fast_sub_conditions, round_sr_word)
+from ..word32 import bits_float32, float32_bits, like, word
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat
 
 _MAG64 = np.int64(0x7FFFFFFFFFFFFFFF)
@@ -231,6 +231,18 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
     q, v, ok, inexact, over, under, sub = element_fast32_conditions(xv, r, recip, s, mode, k,
                                                                     p, bp)
     return q, v, ok, pack_conditions(inexact, over, under, sub, 1) & -ok
+
+
+@register_jitable(forceinline=True)
+def element_stochastic32(xv, r, recip, s, p, bp):
+    """:func:`element_fast32`'s (q, q * s, ok) for stochastic rounding with a full 32-bit
+    word ``r``, without flags: the quotient rounded by :func:`lpsim.rounding.round_sr_word`
+    (round_fast_sub's decisions in fewer operations; ``p`` as it needs), for a GPU kernel
+    that does not count."""
+    yb = float32_bits(xv * recip)
+    b, ok = round_sr_word(yb, word(r), p)
+    q = bits_float32(b)
+    return q, q * s * np.float32(bp.pts), ok & _exact_product(xv, yb)
 
 
 @register_jitable(forceinline=True)
