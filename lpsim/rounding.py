@@ -388,8 +388,8 @@ def sr_word_applies(p, mode: int, k: int) -> bool:
 def round_sr_word(bits, r, p):
     """:func:`round_fast_sub`'s (bits, ok) for stochastic rounding with a full 32-bit random
     word ``r`` (k = W = 32) of a float32 container word, in fewer operations (the bits are
-    valid where ok is 1): the GPU's specialised SR kernel for a format whose subnormals data
-    reaches (e4m3fn, FP6, FP4).
+    valid where ok is 1): the GPU's uncounted SR kernels (lpsim_cuda.specialised for formats
+    whose subnormals data reaches, such as e4m3fn, FP6 and FP4; block formats' elements).
 
     Above the smallest subnormal the quantum is 2**s container units (s = M - m, plus one a
     binade below min_normal) and the result rounds up iff r < rem * 2**(32 - s) (the

@@ -140,7 +140,8 @@ else:
 def element32_sr(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
     """:func:`lpsim_cuda.block_counting.element32` for full-word stochastic rounding in a
     kernel that does not count: :func:`lpsim.blocks.decisions.element_stochastic32` (the
-    same decisions in fewer operations; no flags), element_exact where it declines."""
+    same decisions in fewer operations; no flags, and a nonzero word only counting kernels
+    read), element_exact where it declines."""
     q, v, ok = element_stochastic32(xv, r, rc, s32, p32, bp)
     if ok == 0:
         _, v, _ = element_exact(xv, block_recip(s, bp), s, mode, r, k, p, bp)

@@ -44,8 +44,7 @@ from lpsim.philox import block_words
 from lpsim.request import MAX_COUNTER, keys
 from lpsim.rounding import (DETERMINISTIC_MODES, NEAREST, STOCHASTIC, kernel_params, mode_code,
                             nearest32_consts, nearest32_exact, nearest32_step, round_bits,
-                            round_one_word, round_sr_word, sr_word_applies,
-                            tally)
+                            round_one_word, round_sr_word, sr_word_applies, tally)
 from lpsim.storage import NO_PACKING, code_bits, pack_bits, storage_name
 from lpsim.word32 import as_signed64, bits_float32, float32_bits, word
 
