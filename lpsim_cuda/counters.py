@@ -133,29 +133,31 @@ def prepare(stats, device: int) -> None:
 
 if SIMULATOR:               # the simulator has no warp shuffles: each thread adds its own
     @cuda.jit(device=True)
-    def add_warp_counts(counts, first, c0, c1, c2, c3, c4, c5):
-        """Add one thread's six counters into ``counts`` (slots first .. first + 5; a zero
-        counter's slot is not touched)."""
-        for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
-            if v:
-                cuda.atomic.add(counts, first + f, v)
+    def add_warp_count(counts, slot, v):
+        """Add one thread's counter ``v`` into ``counts[slot]`` (not touched where it is 0)."""
+        if v:
+            cuda.atomic.add(counts, slot, v)
 else:
     @cuda.jit(device=True)
-    def add_warp_counts(counts, first, c0, c1, c2, c3, c4, c5):
-        """Sum six counters over the warp by shuffles and add them into ``counts`` (slots
-        first .. first + 5; a zero sum's slot is not touched) from its first lane: one
-        atomic per warp and counter, no shared memory.  Every lane of the warp must call
-        it."""
+    def add_warp_count(counts, slot, v):
+        """Sum the counter ``v`` over the warp by shuffles and add it into ``counts[slot]``
+        from the first lane (not touched where the sum is 0): one atomic a warp, no shared
+        memory, where one a thread put as many atomics on one address as the grid has
+        threads.  Every lane of the warp must call it."""
         width = 16
         while width > 0:
-            c0 += cuda.shfl_down_sync(FULL_MASK, c0, width)
-            c1 += cuda.shfl_down_sync(FULL_MASK, c1, width)
-            c2 += cuda.shfl_down_sync(FULL_MASK, c2, width)
-            c3 += cuda.shfl_down_sync(FULL_MASK, c3, width)
-            c4 += cuda.shfl_down_sync(FULL_MASK, c4, width)
-            c5 += cuda.shfl_down_sync(FULL_MASK, c5, width)
+            v += cuda.shfl_down_sync(FULL_MASK, v, width)
             width >>= 1
-        if cuda.laneid == 0:
-            for f, v in enumerate((c0, c1, c2, c3, c4, c5)):
-                if v:
-                    cuda.atomic.add(counts, first + f, v)
+        if cuda.laneid == 0 and v:
+            cuda.atomic.add(counts, slot, v)
+
+
+@cuda.jit(device=True)
+def add_warp_counts(counts, first, c0, c1, c2, c3, c4, c5):
+    """:func:`add_warp_count` of six counters, into slots first .. first + 5."""
+    add_warp_count(counts, first, c0)
+    add_warp_count(counts, first + 1, c1)
+    add_warp_count(counts, first + 2, c2)
+    add_warp_count(counts, first + 3, c3)
+    add_warp_count(counts, first + 4, c4)
+    add_warp_count(counts, first + 5, c5)

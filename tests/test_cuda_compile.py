@@ -68,6 +68,9 @@ with mock.patch.object(dispatcher, "get_current_device",
             args = O.kernel_arguments(arrays, hp, keys, offset, np.zeros(7, np.int64))
             ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(numba.typeof(a) for a in args),
                                       cc=(9, 0), launch_bounds=(128, O.BLOCKS_PER_SM))
+            # the counters summed over the warp before one atomic a warp (one a thread put
+            # as many on one address as the grid has threads)
+            assert "shfl.sync.down" in ptx, "the counters are added thread by thread"
             # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
             print(cls.__name__, dtype, wide, "ok", len(ptx), "fma", ptx.count("fma.rn"))
             report(f"optim {cls.__name__} {dtype} {kw['update_rounding']} wide={wide}", ptx)
