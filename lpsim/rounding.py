@@ -377,9 +377,11 @@ def round_fast_sub(bits, mode, r, k, p):
     return out, ok, pack_conditions(inexact, over, under, sub, 1) & -ok
 
 
+@register_jitable
 def sr_word_applies(p, mode: int, k: int) -> bool:
     """Whether :func:`round_sr_word` makes round_fast_sub's decisions for mode ``mode`` with
-    ``k`` random bits and the float32-container Params ``p``."""
+    ``k`` random bits and the float32-container Params ``p`` (on the host, and in compiled
+    code once a call, before its loops)."""
     return (mode == STOCHASTIC and k == p.W == 32 and p.M == 23 and p.uzero == 0
             and p.unsigned == 0 and 32 - p.qsub <= 127)
 
@@ -399,6 +401,15 @@ def round_sr_word(bits, r, p):
     :func:`_small_increment`).  Needs a signed format with signed zero (``uzero`` 0), float32
     containers and 2**(32 - qsub) a float32; ``ok`` as round_fast_sub's (NaN, inf, container
     subnormals and, unless the format saturates, the top binade left to round_bits)."""
+    out, ok, _, _, _, _ = round_sr_word_conditions(bits, r, p)
+    return out, ok
+
+
+@register_jitable(forceinline=True)
+def round_sr_word_conditions(bits, r, p):
+    """:func:`round_sr_word` with :func:`round_fast_sub_conditions`' flags: (bits, ok,
+    inexact, overflow, underflow, subnormal), each flag 0 or 1 (valid where ok is 1), read
+    off the magnitude before and after the clamp to the largest value, as there."""
     M, m, tiny = p.M, p.m, p.tiny
     bits = widen(bits)
     a = bits & p.MAG
@@ -406,15 +417,20 @@ def round_sr_word(bits, r, p):
     lo = p.emin + p.EB                          # min_normal's exponent field
     s = min(M - m + (lo - min(biased, lo)), M)  # at most M: past it (below tiny) unused
     f = (a << (32 - s)) & 0xFFFFFFFF            # the discarded bits, a fraction of 2**32
-    out = min(((a >> s) + like(a, r < f)) << s, p.maxb)
-    # below tiny: t < 2**32 (above it, t is that of the largest float32 below tiny, unused)
-    t = bits_float32(min(a, tiny - 1)) * np.float32(2.0 ** (32 - p.qsub))
+    up = ((a >> s) + like(a, r < f)) << s
+    # below tiny: t < 2**32 (above it, t is that of the largest float32 below tiny, unused);
+    # 2**(32 - qsub) from its bits: where p is data, not constants (the CPU), a power was a
+    # call per element that kept a loop from vectorising (5.5 against 0.3 ns an element)
+    t = bits_float32(min(a, tiny - 1)) * bits_float32(like(a, (32 - p.qsub + 127) << 23))
     ceil = like(a, np.uint32(math.ceil(t)))
     small = tiny if r < ceil else 0             # cheap arms: selects, not branches
-    out = small if a < tiny else out
+    up = small if a < tiny else up
+    out = min(up, p.maxb)
     top = (p.EMAXF << M) if p.ovf_inf == p.maxb else ((p.fast_hi + 1) << M)
     ok = like(a, a < top) & (like(a, biased >= 1) | like(a, a == 0))
-    return out | (bits & p.SIGN), ok
+    zero = like(a, out == 0)
+    return (out | (bits & p.SIGN), ok, like(a, out != a), like(a, up > p.maxb),
+            zero & like(a, a != 0), (1 - zero) & like(a, out < p.minnorm))
 
 
 @register_jitable(forceinline=True)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks.decisions import block_recip, element_exact, element_fast32_conditions
+from lpsim.blocks.decisions import (block_recip, element_exact, element_fast32_conditions,
+                                    element_stochastic32_conditions)
 from lpsim.word32 import as_int64, like, word
 
 from .counters import add_warp_counts
@@ -65,6 +66,22 @@ def element32(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
     :func:`lpsim.blocks.element_exact` where it declines, whose inf or NaN flag (a quotient
     that overflowed) goes into the counters ``c`` here."""
     q, v, ok, i, o, u, b = element_fast32_conditions(xv, r, rc, s32, mode, k, p32, bp)
+    return _exact_where_declined(q, v, ok, i, o, u, b, xv, s, r, bp, mode, k, p, c)
+
+
+@cuda.jit(device=True)
+def element32_sr_counted(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
+    """:func:`element32` for full-word stochastic rounding (where
+    :func:`lpsim.rounding.sr_word_applies` holds): the same decisions and flags in fewer
+    operations (:func:`lpsim.blocks.decisions.element_stochastic32_conditions`)."""
+    q, v, ok, i, o, u, b = element_stochastic32_conditions(xv, r, rc, s32, p32, bp)
+    return _exact_where_declined(q, v, ok, i, o, u, b, xv, s, r, bp, mode, k, p, c)
+
+
+@cuda.jit(device=True)
+def _exact_where_declined(q, v, ok, i, o, u, b, xv, s, r, bp, mode, k, p, c):
+    """A float32 step's (value, flags, nonzero, c), or element_exact's where the step
+    declined (ok 0), its inf or NaN flag added into ``c``."""
     nz = like(i, q != 0)
     if ok == 0:
         q64, v, f64 = element_exact(xv, block_recip(s, bp), s, mode, r, k, p, bp)

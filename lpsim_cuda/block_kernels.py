@@ -40,8 +40,8 @@ from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import launch, vector
-from .block_counting import (add_counts9, element32, overflowed_element, tally_flags,
-                             tally_nonfinite, tally_quad)
+from .block_counting import (add_counts9, element32, element32_sr_counted, overflowed_element,
+                             tally_flags, tally_nonfinite, tally_quad)
 from .launch import FULL_MASK, SIMULATOR
 from .tensor_amax import INF32, finite32
 
@@ -231,8 +231,8 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # largest quotient overflows float32 (block_counting.overflowed_element, cold), others
     # for every element (looked up here, so that a stub set before the kernel is made is used)
     STEP32 = overflowed_element if NEAR and COUNT else element32
-    if WORDS and not COUNT and sr_word_applies(p32, mode, k):
-        STEP32 = element32_sr
+    if WORDS and sr_word_applies(p32, mode, k):
+        STEP32 = element32_sr_counted if COUNT else element32_sr
 
     def blocks(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values whose bits are ``xb`` (with HALF, bfloat16 or

@@ -497,14 +497,16 @@ def test_stochastic_rounding_below_min_subnormal_at_its_threshold_words(fmt, con
 @functools.cache
 def _round_sr_word_mismatches():
     from numba import njit
-    from lpsim.rounding import STOCHASTIC, round_fast_sub, round_sr_word
+    from lpsim.rounding import (STOCHASTIC, round_fast_sub_conditions, round_sr_word,
+                                round_sr_word_conditions)
     from lpsim.word32 import as_int64, word
 
     @njit
     def mismatches(start, stop, step, p, words):
         """(magnitudes in start..stop-1 by step, both signs, each with ``words`` and the
         three words around its decision point: where round_sr_word's ok or, where ok, its
-        bits differ from round_fast_sub's, how many; round_fast_sub's ok count)."""
+        bits or round_sr_word_conditions' bits or flags differ from
+        round_fast_sub_conditions', how many; round_fast_sub's ok count)."""
         bad = taken = 0
         for a in range(start, stop, step):
             lo = p.emin + p.EB
@@ -515,10 +517,14 @@ def _round_sr_word_mismatches():
                 for j in range(words.size + 3):
                     r = words[j] if j < words.size else (point + j - words.size - 1) & 0xFFFFFFFF
                     w = word(np.uint32(r))
-                    o1, ok1, _ = round_fast_sub(word(bits), STOCHASTIC, w, 32, p)
+                    o1, ok1, i1, v1, u1, s1 = round_fast_sub_conditions(word(bits), STOCHASTIC,
+                                                                        w, 32, p)
                     o2, ok2 = round_sr_word(word(bits), w, p)
+                    o3, ok3, i3, v3, u3, s3 = round_sr_word_conditions(word(bits), w, p)
                     k1, k2 = as_int64(ok1), as_int64(ok2)
-                    bad += np.int64(k1 != k2 or (k1 == 1 and as_int64(o1) != as_int64(o2)))
+                    bad += np.int64(k1 != k2 or k1 != as_int64(ok3) or (k1 == 1 and (
+                        as_int64(o1) != as_int64(o2) or as_int64(o1) != as_int64(o3)
+                        or i1 != i3 or v1 != v3 or u1 != u3 or s1 != s3)))
                     taken += k1
         return bad, taken
     return mismatches
@@ -526,8 +532,8 @@ def _round_sr_word_mismatches():
 
 @pytest.mark.parametrize("fmt", ["e4m3fn", "e4m3", "e2m1fn", "e3m2fn", "e2m3fn", "fp(6,9,0)"])
 def test_round_sr_word_is_round_fast_sub_with_full_words(fmt):
-    """lpsim.rounding.round_sr_word (the specialised CUDA kernels' full-word SR) gives
-    round_fast_sub's ok and, where ok, its bits: every 65537th float32 magnitude (both
+    """lpsim.rounding.round_sr_word (the specialised and block CUDA kernels' full-word SR) gives round_fast_sub's ok and, where ok, its bits, and
+    round_sr_word_conditions its flags too: every 65537th float32 magnitude (both
     signs), every magnitude around the smallest subnormal, the smallest normal and the
     largest finite value, each with six random words and the three words at its decision
     point (the discarded bits as a fraction of 2**32, and one either side)."""

@@ -23,7 +23,7 @@ from ..formats import Format
 from ..philox import block_words, lane_word
 from ..rounding import (DOWN, INEXACT, NEAREST, OVERFLOW, STOCHASTIC, UP, Params, fast_sub_ok,
                         kernel_params, nearest32, nearest32_exact, pack_conditions, round_bits,
-                        round_fast_sub, round_fast_sub_conditions, round_sr_word)
+                        round_fast_sub, round_fast_sub_conditions, round_sr_word_conditions)
 from ..word32 import bits_float32, float32_bits, like, word
 from .formats import CEIL, EVEN, FLOOR, PRESETS, RCEIL, RULES, BlockFormat
 
@@ -237,12 +237,24 @@ def element_fast32(xv, r, recip, s, mode, k, p, bp):
 def element_stochastic32(xv, r, recip, s, p, bp):
     """:func:`element_fast32`'s (q, q * s, ok) for stochastic rounding with a full 32-bit
     word ``r``, without flags: the quotient rounded by :func:`lpsim.rounding.round_sr_word`
-    (round_fast_sub's decisions in fewer operations; ``p`` as it needs), for a GPU kernel
-    that does not count."""
+    (round_fast_sub's decisions in fewer operations; ``p`` as it needs,
+    :func:`lpsim.rounding.sr_word_applies` says where), for a GPU kernel that does not
+    count."""
+    q, v, ok, _, _, _, _ = element_stochastic32_conditions(xv, r, recip, s, p, bp)
+    return q, v, ok
+
+
+@register_jitable(forceinline=True)
+def element_stochastic32_conditions(xv, r, recip, s, p, bp):
+    """:func:`element_fast32_conditions` for stochastic rounding with a full 32-bit word
+    ``r`` by :func:`lpsim.rounding.round_sr_word_conditions`: (q, q * s, ok, inexact,
+    overflow, underflow, subnormal), the flags valid where ok is 1; a counting GPU kernel's
+    step where :func:`lpsim.rounding.sr_word_applies` holds."""
     yb = float32_bits(xv * recip)
-    b, ok = round_sr_word(yb, word(r), p)
+    b, ok, inexact, over, under, sub = round_sr_word_conditions(yb, word(r), p)
     q = bits_float32(b)
-    return q, q * s * np.float32(bp.pts), ok & _exact_product(xv, yb)
+    return (q, q * s * np.float32(bp.pts), ok & _exact_product(xv, yb), inexact, over, under,
+            sub)
 
 
 @register_jitable(forceinline=True)
