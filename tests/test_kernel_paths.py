@@ -534,9 +534,10 @@ def _round_sr_word_mismatches():
 def test_round_sr_word_is_round_fast_sub_with_full_words(fmt):
     """lpsim.rounding.round_sr_word (the specialised and block CUDA kernels' full-word SR)
     gives round_fast_sub's ok and, where ok, its bits, and round_sr_word_conditions its
-    flags too: every 65537th float32 magnitude (both signs), every magnitude around the smallest subnormal, the smallest normal and the
-    largest finite value, each with six random words and the three words at its decision
-    point (the discarded bits as a fraction of 2**32, and one either side)."""
+    flags too: every 65537th float32 magnitude (both signs), every magnitude around the
+    smallest subnormal, the smallest normal and the largest finite value, each with six
+    random words and the three words at its decision point (the discarded bits as a
+    fraction of 2**32, and one either side)."""
     p = plan(fmt, "stochastic", np.float32, seed=SEED).params
     words = np.array([0, 1, 2 ** 31, 2 ** 32 - 1, 123456789, 3000000000], np.int64)
     mismatches = _round_sr_word_mismatches()
