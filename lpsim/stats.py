@@ -161,3 +161,23 @@ def check_stats(stats, accepted: str = "an lpsim.RoundingStats or None", where: 
         raise TypeError(f"{where}stats={stats!r} is a {type(stats).__name__}; accepted: "
                         f"{accepted}")
     return stats
+
+
+def staged(stats):
+    """A fresh, empty stats object of ``stats``' own kind (a RoundingStats, a BlockStats)
+    for a call to count into, added into ``stats`` by :func:`commit` once the call has
+    succeeded: a call refused after it counted (a bad ``out``, seed or offset found late)
+    changes nothing.  None and other kinds (the call's check names them) pass through, as
+    does a subclass that needs arguments to be made."""
+    if not isinstance(stats, RoundingStats):
+        return stats
+    try:
+        return type(stats)()
+    except TypeError:
+        return stats
+
+
+def commit(stats, scratch) -> None:
+    """Add what a call counted into ``scratch`` (:func:`staged`'s) into ``stats``."""
+    if scratch is not stats:
+        stats += scratch

@@ -5,6 +5,7 @@ import re
 import numpy as np
 import pytest
 
+import lpsim
 import lpsim.ops as ops
 from lpsim.ops.hardware import HARDWARE_MODELS
 
@@ -119,3 +120,38 @@ def test_blocked_order_takes_the_largest_int64():
                               ops.matmul(a, B, acc_fmt="bf16", order="sequential", **kw))
         assert ops.sum(a, acc_fmt="bf16", order=("blocked", np.uint64(k)), **kw) == \
             ops.sum(a, acc_fmt="bf16", order="sequential", **kw)
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: ops.matmul(A, B, acc_fmt="bf16", stats=s, out=np.zeros((3, 3), np.float32)),
+    lambda s: ops.dot(A, A, acc_fmt="bf16", stats=s, out=np.zeros(7, np.float32)),
+    lambda s: ops.sum(A, acc_fmt="bf16", stats=s, out=np.zeros(7, np.float32)),
+    lambda s: ops.add(A, A, "bf16", in_fmt="e4m3fn", stats=s, out=np.zeros(3, np.float32)),
+    lambda s: ops.add(A, A, "bf16", in_fmt="e4m3fn", stats=s, offset=-1),
+    lambda s: ops.matmul(A, B, in_fmt="e4m3fn", acc_fmt="bf16", acc_rounding="stochastic",
+                         seed=-1, stats=s),
+    lambda s: ops.matmul(np.ones((2, 3, 4), np.float32), B, in_fmt="mxfp8", stats=s,
+                         out=np.zeros(1, np.float32)),
+])
+def test_a_refused_call_leaves_its_stats_as_they_were(call):
+    """The inputs' roundings (and the whole product) were counted before a bad out, offset
+    or seed was found: the call raised, and its stats had grown."""
+    stats = lpsim.RoundingStats()
+    ops.matmul(np.full((3, 4), 1.1, np.float32), B, acc_fmt="bf16", stats=stats)
+    before = stats.as_dict()
+    assert before["inexact"] > 0
+    with pytest.raises(ValueError):
+        call(stats)
+    assert stats.as_dict() == before
+
+
+@pytest.mark.parametrize("fused", ["False", "no", 2, [1], np.array([True])])
+def test_fused_takes_a_bool_only(fused):
+    """The string "False" ran as fused=True."""
+    with pytest.raises(TypeError, match=r"fused=.* is not accepted; accepted: True or False"):
+        ops.matmul(A, B, in_fmt="fp32", acc_fmt="bf16", order="sequential", fused=fused)
+    with pytest.raises(TypeError, match=r"fused="):
+        ops.AccumulationModel(None, "bf16", "bf16", fused, None, "nearest", "nearest")
+    x = np.array([[1.0, 2.0 ** -8 + 2.0 ** -18]], np.float32)
+    kw = dict(in_fmt="fp32", acc_fmt="bf16", order="sequential")
+    assert ops.matmul(x, np.ones((2, 1), np.float32), fused=np.bool_(False), **kw)[0, 0] == 1.0

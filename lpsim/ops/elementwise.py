@@ -48,7 +48,7 @@ from ..formats import parse_format
 from ..philox import WORD_BITS, block_words, lane_word, random_words
 from ..quantize import MAX_COUNTER, check_offset, keys, plan
 from ..rounding import DOWN, STOCHASTIC, kernel_params, round_bits
-from ..stats import COUNTERS, RoundingStats, check_stats
+from ..stats import COUNTERS, RoundingStats, check_stats, commit, staged
 from ..exact import check_exact, f2i, fma as fma_, i2f, product_to_odd, quotient_to_odd
 from ..exact import sqrt_to_odd, sum_to_odd, zero_sum_bits
 from .operands import as_array, check_out, round_inputs
@@ -387,6 +387,19 @@ def _remember_fast(op, fmt, rounding, dtype, sr_bits, route, bits, exact):
 
 
 def _apply(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
+    """The public functions' call: with stats, counted into a staged object and added into
+    ``stats`` only once the call has succeeded (lpsim.stats.staged)."""
+    if stats is None:
+        return _applied(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, None,
+                        offset, out)
+    scratch = staged(stats)
+    result = _applied(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, scratch,
+                      offset, out)
+    commit(stats, scratch)
+    return result
+
+
+def _applied(op, operands, fmt, rounding, in_fmt, seed, stream, sr_bits, stats, offset, out):
     first = operands[0]
     if type(first) is float:
         # Python floats to a deterministic mode with nothing else asked: the scalar kernel

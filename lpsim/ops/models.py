@@ -9,6 +9,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
+
 from ..formats import Format, parse_format
 from ..rounding import mode_code
 
@@ -66,6 +68,10 @@ class AccumulationModel:
             if value is not None or name != "in_fmt":
                 object.__setattr__(self, name, parse_format(value))
         object.__setattr__(self, "order", check_order(self.order))
+        if not isinstance(self.fused, (bool, np.bool_)):    # "False" would be true
+            raise TypeError(f"fused={self.fused!r} is not accepted; accepted: True or False "
+                            "(a bool)")
+        object.__setattr__(self, "fused", bool(self.fused))
         mode_code(self.acc_rounding)
         mode_code(self.out_rounding)
 

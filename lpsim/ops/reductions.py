@@ -44,7 +44,7 @@ from ..cpu import threads as cpu_threads
 from ..formats import PRESETS, parse_format
 from ..quantize import keys, plan, quantize
 from ..rounding import STOCHASTIC, kernel_params
-from ..stats import check_stats
+from ..stats import check_stats, commit, staged
 from ..exact import check_exact
 from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, chain, gemm
 from .kernels import gemm_items, gemm_kernel, run
@@ -77,7 +77,7 @@ def _resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding
         return get_model(model).with_(**changes)
     acc = parse_format(acc_fmt) if acc_fmt is not None else container_format(dtype)
     return AccumulationModel(in_fmt, acc, out_fmt if out_fmt is not None else acc,
-                             True if fused is None else bool(fused), order,
+                             True if fused is None else fused, order,
                              acc_rounding or "nearest", out_rounding or "nearest")
 
 
@@ -376,6 +376,21 @@ def _remember_product(key, a, b, m: AccumulationModel, op):
         kernel=entry_point(kernel, args, f"lpsim.ops' {kernel.__name__} kernel"))
 
 
+def _counted_on_success(func):
+    """``func`` (matmul, dot or sum) with its ``stats`` staged (lpsim.stats.staged): added
+    into only once the call has succeeded, so that a call refused after it counted (a bad
+    ``out`` is found as the result is delivered) changes nothing."""
+    @functools.wraps(func)
+    def call(*args, stats=None, **kwargs):
+        if stats is None:
+            return func(*args, **kwargs)
+        scratch = staged(stats)
+        result = func(*args, stats=scratch, **kwargs)
+        commit(stats, scratch)
+        return result
+    return call
+
+
 def _finish(result, like_torch, out, op):
     """The result as the caller's kind: a torch tensor for torch inputs, else numpy's
     conventions (``out=``, 0-d results as numpy scalars)."""
@@ -388,6 +403,7 @@ def _finish(result, like_torch, out, op):
     return deliver(result, out, op)
 
 
+@_counted_on_success
 def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
            out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None,
            out=None):
@@ -459,6 +475,7 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
     return _finish(result, like_torch, out, op)
 
 
+@_counted_on_success
 def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
         out_rounding=None, fused=None, order=None, seed=None, stream=0, stats=None, out=None):
     """Inner products over the last axis of x and y (shapes (..., K), broadcast), simulated.
@@ -494,6 +511,7 @@ def dot(x, y, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_roundi
     return _finish(result[..., 0, 0], like_torch, out, op)
 
 
+@_counted_on_success
 def sum(x, axis=None, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None,  # noqa: A001
         acc_rounding=None, out_rounding=None, fused=None, order=None, seed=None, stream=0,
         stats=None, out=None):
