@@ -15,7 +15,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks.amax import checked_tensor_scale, tensor_scale_from
+from lpsim.blocks.amax import checked_tensor_scale, refuse_tensor_scale, tensor_scale_from
 from lpsim.blocks.counters import BLOCK_COUNTERS, STATS_ACCEPTED, add_counts
 from lpsim.blocks.decisions import (_element_params, block_params, block_recip, block_scale,
                                     element_exact, element_fast, element_word)
@@ -208,6 +208,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
     arrays.refuse_negated(out, "out")
     if stats is not None:
         check_stats(stats, STATS_ACCEPTED)
+    if tensor_scale is not None:
+        refuse_tensor_scale(tensor_scale, parse_block_format(bfmt))
     if tensor_scale is None and launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
                                        offset, stats)         # a request seen before

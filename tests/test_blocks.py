@@ -374,6 +374,39 @@ def test_encode_decode_round_trip(name):
         assert np.array_equal(unpack_nibbles(packed), enc.codes)
 
 
+def test_decode_of_a_block_longer_than_its_rows_makes_no_block_sized_array():
+    """decode repeated each scale block times before trimming to the row: a block of 2**40
+    (accepted, and quantized as one block a row) asked numpy for 8 TiB."""
+    x = np.random.default_rng(2).standard_normal((3, 70)).astype(np.float32)
+    for bfmt in (block("e4m3fn", 2 ** 40), block("e4m3fn", 7)):
+        assert same(lpsim.blocks.decode(lpsim.blocks.encode(x, bfmt)), lpsim.quantize(x, bfmt))
+
+
+def test_decode_refuses_what_encode_did_not_make_by_name():
+    with pytest.raises(TypeError, match=r"decode: encoded=3 is not accepted; accepted: what "
+                                        r"lpsim\.blocks\.encode returns"):
+        lpsim.blocks.decode(3)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: blocks.quantize(x, "mxfp4", tensor_scale=1e-3),
+    lambda x: blocks.quantize_blocks(x, "mxfp8", tensor_scale=2.0),
+    lambda x: blocks.encode(x, "mxfp6_e3m2", tensor_scale=1.0),
+])
+def test_a_tensor_scale_for_a_format_without_one_is_refused(call):
+    """It was ignored: the values came back as if no scale had been given."""
+    with pytest.raises(ValueError, match=r"tensor_scale=.* is not accepted for mx.*, which "
+                                         r"has no per-tensor scale"):
+        call(block_data(2, 64, seed=3))
+
+
+def test_numpy_integer_scalars_come_back_as_numbers_as_element_formats_give_them():
+    for value in (np.int64(3), np.int32(-5), np.uint8(7)):
+        got = lpsim.quantize(value, "mxfp4")
+        assert type(got) is float and got == float(lpsim.quantize(float(value), "mxfp4"))
+        assert type(lpsim.quantize(value, "bf16")) is float
+
+
 def test_mxfp4_codes_view_as_ml_dtypes():
     import ml_dtypes
     x = block_data(2, 64, seed=8)

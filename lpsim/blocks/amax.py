@@ -251,6 +251,15 @@ def scale_of_amax32(amax32, divisor, least):
     return max(np.float64(amax32 / divisor), least)
 
 
+def refuse_tensor_scale(value, bfmt: BlockFormat) -> None:
+    """A ValueError where a per-tensor scale is given to a format that has none (MX): it
+    would be ignored, and the caller would take the values for scaled ones."""
+    if value is not None and not bfmt.tensor_scale:
+        raise ValueError(f"tensor_scale={value!r} is not accepted for {bfmt.name or bfmt}, "
+                         "which has no per-tensor scale; accepted: None, or a format with one "
+                         "(such as nvfp4)")
+
+
 def checked_tensor_scale(value, bfmt: BlockFormat) -> float:
     """A per-tensor scale given by the caller, as the kernels take it: rounded to float32
     (NVFP4's is an FP32, and both CPU kernels must see the same value), and refused unless

@@ -73,9 +73,15 @@ def _torch_host(t):
 def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
     """The values q * s (* tensor scale) of :func:`encode`'s codes, in x's layout."""
     from ..storage import decode_codes
+    if not isinstance(encoded, Encoded):
+        raise TypeError(f"decode: encoded={encoded!r} is not accepted; "
+                        "accepted: what lpsim.blocks.encode returns (an Encoded)")
     bfmt = encoded.format
     q = decode_codes(encoded.codes, bfmt.element)
-    s = np.repeat(decode_codes(encoded.scales, bfmt.scale), bfmt.block, axis=1)[:, :q.shape[1]]
+    # each element's block by index: repeating the scales block times first would make
+    # block x blocks values however short the rows (a block of 2**40 asked for terabytes)
+    block_of = np.arange(q.shape[1]) // bfmt.block
+    s = decode_codes(encoded.scales, bfmt.scale)[:, block_of]
     values = q * s * (encoded.tensor_scale if bfmt.tensor_scale else 1.0)
     values = np.where(np.isnan(s), np.nan, values).astype(dtype)
     if encoded.shape == ():                                 # a 0-d x: one block of one

@@ -21,8 +21,8 @@ from ..generator import Generator, resolve as resolve_generator
 from ..request import MAX_COUNTER, Plan, is_cuda_array, is_torch, keys
 from ..rounding import STOCHASTIC, Params, kernel_params, mode_code
 from ..stats import RoundingStats, check_stats
-from .amax import (NO_AMAXES, checked_tensor_scale, tensor_scale_from, tensor_scale_of,
-                   word_tensor_scale)
+from .amax import (NO_AMAXES, checked_tensor_scale, refuse_tensor_scale, tensor_scale_from,
+                   tensor_scale_of, word_tensor_scale)
 from .columns import hadamard_amax, run_columns, takes_columns, takes_hadamard
 from .counters import BLOCK_COUNTERS, STATS_ACCEPTED, BlockStats, add_counts
 from .decisions import BlockParams, _element_params, block_params, element_params32
@@ -222,6 +222,7 @@ def quantize_blocks(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=
     """
     from ..request import plan
     bfmt = parse_block_format(bfmt)
+    refuse_tensor_scale(tensor_scale, bfmt)
     if not isinstance(x, np.ndarray):
         raise TypeError(f"cannot block-quantize a {type(x).__name__}; accepted: a float32/"
                         "float64 numpy array (lpsim.quantize also takes torch tensors)")
@@ -402,6 +403,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
             return done
     check_stats(stats, STATS_ACCEPTED)
     given, bfmt = bfmt, parse_block_format(bfmt)
+    refuse_tensor_scale(tensor_scale, bfmt)
     torch_tensor = is_torch(x)
     if is_cuda_array(x):
         # the CPU backend: lpsim.quantize dispatches CUDA arrays to lpsim_cuda.blocks
@@ -418,7 +420,8 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
         return quantize_tensor(x, bfmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                                stats=stats, out=out, offset=offset, round_with=round_with)
     from ..request import as_container_array, check_out as _check_out
-    if isinstance(x, (int, float, np.floating)) and not isinstance(x, (bool, np.bool_)):
+    if isinstance(x, (int, float, np.floating, np.integer)) \
+            and not isinstance(x, (bool, np.bool_)):      # numbers: a number, as elements give
         value = quantize(as_container_array(x).reshape(1), bfmt, rounding, seed=seed,
                          stream=stream, sr_bits=sr_bits, stats=stats, offset=offset,
                          tensor_scale=tensor_scale)[0]
