@@ -225,6 +225,11 @@ def encode_values(values, fmt) -> np.ndarray:
     if fmt.has_inf:
         code = np.where(np.isinf(v), (np.signbit(v).astype(np.int64) << shift)
                         | (((1 << fmt.e) - 1) << fmt.m), code)
+    if fmt.specials == "ieee" and fmt.m == 0 and nan.any():
+        # the top exponent code with no mantissa bits is inf's: a NaN would decode as inf
+        raise ValueError(f"encode_values: {fmt!r} has no NaN code (an IEEE-style format "
+                         "without mantissa bits), and the values hold a NaN; accepted: values "
+                         "without NaN, or a format with a NaN code")
     nan_code = {"ieee": (((1 << fmt.e) - 1) << fmt.m) | (1 << max(fmt.m - 1, 0)),
                 "fn": (1 << shift) - 1, "fnuz": 1 << shift, "fnu": (1 << shift) - 1,
                 "saturate": 0}[fmt.specials]
@@ -263,15 +268,31 @@ def decode_codes(codes, fmt) -> np.ndarray:
 def pack_nibbles(codes) -> np.ndarray:
     """Two 4-bit codes per byte along the last axis, the first in the low nibble (torchao's
     float4_e2m1fn_x2 layout); the last axis must be even."""
-    codes = np.asarray(codes, np.uint8)
+    codes = _integer_codes(codes, 15, "pack_nibbles", "codes")
     if codes.shape[-1] % 2:
         raise ValueError(f"pack_nibbles needs an even last axis, not {codes.shape[-1]}")
     return (codes[..., ::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
 
 
+def _integer_codes(codes, top: int, name: str, what: str) -> np.ndarray:
+    """``codes`` as a uint8 array of at least one dimension, or an error naming what is
+    wrong: floats would be truncated and codes past ``top`` cut to their low bits."""
+    given = np.asarray(codes)
+    if given.dtype.kind not in "ui":
+        raise TypeError(f"{name}: {what} of dtype {given.dtype} are not accepted; accepted: "
+                        f"integer codes 0 .. {top}")
+    if given.ndim == 0:
+        raise ValueError(f"{name}: a 0-d array of {what} is not accepted; accepted: an "
+                         "array of at least one dimension (pairs along the last)")
+    if given.size and (given.min() < 0 or given.max() > top):
+        raise ValueError(f"{name}: {what} from {given.min()} to {given.max()} are not "
+                         f"accepted; accepted: 0 .. {top}")
+    return given.astype(np.uint8)
+
+
 def unpack_nibbles(packed) -> np.ndarray:
     """The inverse of :func:`pack_nibbles`."""
-    packed = np.asarray(packed, np.uint8)
+    packed = _integer_codes(packed, 255, "unpack_nibbles", "bytes")
     out = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.uint8)
     out[..., ::2], out[..., 1::2] = packed & 0xF, packed >> 4
     return out

@@ -8,8 +8,9 @@ import pytest
 from numba import njit
 
 import lpsim
-from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, code_bits, pack, pack_bits,
-                           storage_name, storage_params)
+from lpsim.storage import (BFLOAT16_CODES, FLOAT16_CODES, code_bits, decode_codes,
+                           encode_values, pack, pack_bits, pack_nibbles, storage_name,
+                           storage_params, unpack_nibbles)
 from lpsim.word32 import as_signed64, word
 
 CASES = [("bfloat16", "bf16", ml_dtypes.bfloat16), ("float16", "fp16", np.float16),
@@ -128,3 +129,29 @@ def test_code_bits_reads_every_16_bit_code_as_its_peer_does(half, peer):
     assert np.array_equal(out, expected)
     picks = codes[::97]
     assert [int(code_bits(c, half)) for c in picks] == expected[::97].tolist()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: pack_nibbles(np.uint8(3)), ValueError, r"a 0-d array of codes is not accepted"),
+    (lambda: pack_nibbles([17, 2]), ValueError, r"codes from 2 to 17 are not accepted; "
+                                                r"accepted: 0 \.\. 15"),
+    (lambda: pack_nibbles([-1, 2]), ValueError, r"codes from -1 to 2"),
+    (lambda: pack_nibbles([300, 2]), ValueError, r"codes from 2 to 300"),
+    (lambda: pack_nibbles([1.5, 2.7]), TypeError, r"codes of dtype float64 are not accepted"),
+    (lambda: unpack_nibbles(np.uint8(3)), ValueError, r"a 0-d array of bytes"),
+    (lambda: unpack_nibbles([256, 0]), ValueError, r"bytes from 0 to 256"),
+])
+def test_nibble_packing_refuses_what_it_would_cut_or_truncate(call, error, match):
+    """A code past 15 was cut to its low nibble and a float truncated, silently."""
+    with pytest.raises(error, match=match):
+        call()
+    assert pack_nibbles(np.array([[1, 2], [3, 15]], np.int64)).tolist() == [[0x21], [0xF3]]
+    assert unpack_nibbles([0x21, 0xF3]).tolist() == [1, 2, 3, 15]
+
+
+def test_a_nan_in_a_format_without_a_nan_code_is_refused():
+    """fp(5, 0) has no NaN code (its top exponent code is inf's): the NaN came back as inf."""
+    with pytest.raises(ValueError, match=r"fp\(5,0,0\) has no NaN code"):
+        encode_values([1.0, np.nan], "fp(5,0)")
+    assert decode_codes(encode_values([np.inf, -2.0], "fp(5,0)"), "fp(5,0)").tolist() == [
+        np.inf, -2.0]
