@@ -159,3 +159,20 @@ def test_factors_of_a_cpu_float32_row_equal_those_of_its_signs():
         got = factors(torch.from_numpy(signs).float(), torch.float32, "cpu")
         assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32),
                                                           want.view(torch.int32)), n
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((0, 2 ** 64, 0, 16), ValueError, r"layer=18446744073709551616 is not accepted"),
+    ((0, -1, 0, 16), ValueError, r"layer=-1 is not accepted"),
+    ((0, 0, -1, 16), ValueError, r"step=-1 is not accepted"),
+    ((0, 0, 2 ** 61, 16), ValueError, r"step=2305843009213693952 is not accepted"),
+    ((0, 0, 0, 0), ValueError, r"n=0 is not accepted; accepted: 1 <= n"),
+    ((0, 1.0, 0, 16), TypeError, r"layer=1\.0 is not accepted; accepted: an integer"),
+    ((0, True, 0, 16), TypeError, r"layer=True"),
+])
+def test_rht_signs_refuse_what_would_wrap_or_be_empty(args, error, match):
+    """A layer past the 64-bit stream wrapped onto another layer's signs; n <= 0 gave no
+    signs."""
+    with pytest.raises(error, match=match):
+        rht_signs(*args)
+    assert np.array_equal(rht_signs(0, np.int64(3), np.uint64(5), 16), rht_signs(0, 3, 5, 16))

@@ -527,6 +527,22 @@ def test_a_refused_call_changes_nothing():
         assert model(x).shape == (24, 32)    # no backward to follow: no wgrad to refuse
 
 
+@pytest.mark.parametrize("x, error, match", [
+    (torch.ones(2, 32, dtype=torch.int64), TypeError, r"input of dtype torch\.int64 is not "
+                                                      r"accepted; accepted: a floating point"),
+    (torch.tensor(1.0), ValueError, r"a 0-d input is not accepted"),
+    ([1.0] * 32, TypeError, r"input of type list is not accepted"),
+])
+def test_an_input_nn_linear_refuses_is_refused_and_changes_nothing(x, error, match):
+    """An integer input came back as the float32 result cast to its dtype (truncated), a
+    0-d one raised an IndexError from the shape."""
+    model = simulate(mlp(), "nvfp4")
+    before = [dict(s.as_dict()) for s in model[0].telemetry.values()]
+    with pytest.raises(error, match=match):
+        model[0](x)
+    assert [s.as_dict() for s in model[0].telemetry.values()] == before
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: simulate(nn.Linear(40, 32), "mxfp8"),
      r"fprop\.a\.fmt: block 32 does not divide K = 40 of fprop \(its in_features\)"),

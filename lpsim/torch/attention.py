@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generator import Generator
-from .gemms import LinearGemms, keep_out_of_fast_paths, wgrad_follows
+from .gemms import LinearGemms, check_float_input, keep_out_of_fast_paths, wgrad_follows
 from .recipes import recipe as as_recipe
 
 #: the projections of an attention module, in the order their GEMMs run and are indexed
@@ -233,6 +233,7 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
                                  f"{query.dim()}-D query; accepted: a {query.dim()}-D {what}")
         feature = {"query": self.embed_dim, "key": self.kdim, "value": self.vdim}
         for what, t in (("query", query), ("key", key), ("value", value)):
+            check_float_input(t, what, where)
             if t.shape[-1] != feature[what]:
                 raise ValueError(f"{where}{what} of shape {_shape(t)}: its last dimension "
                                  f"is {t.shape[-1]}; accepted: {feature[what]}")

@@ -398,6 +398,20 @@ def _telemetry_every(telemetry) -> int | None:
 
 
 
+def check_float_input(x, what: str, where: str) -> None:
+    """A TypeError unless ``x`` is a floating point tensor, a ValueError for a 0-d one
+    (``where`` names the layer or module, ``what`` the argument)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}{what} of type {type(x).__name__} is not accepted; accepted: "
+                        "a floating point torch tensor")
+    if not x.is_floating_point():
+        raise TypeError(f"{where}{what} of dtype {x.dtype} is not accepted; accepted: a "
+                        "floating point tensor (as nn.Linear's weights need)")
+    if x.dim() == 0:
+        raise ValueError(f"{where}a 0-d {what} is not accepted; accepted: a tensor of at "
+                         "least one dimension, its last the features")
+
+
 class LinearGemms:
     """The state of one simulated linear map's GEMMs: ``recipe``, ``generator`` (stochastic
     rounding and the RHT's seed), ``layer_name``, ``layer_index`` (the RHT's Philox stream
@@ -477,6 +491,12 @@ class LinearGemms:
     def reset_telemetry(self) -> None:
         for site in self.sites.values():
             site.stats.reset()
+
+    def check_input(self, x, what: str = "input") -> None:
+        """A clear error for an input nn.Linear refuses too: not a tensor, 0-d, or not
+        floating point (the GEMMs' float32 values would come back cast to x's dtype,
+        an integer input's truncated), naming the layer."""
+        check_float_input(x, what, f"layer {self.layer_name!r}: ")
 
     def check_dims(self, in_features: int, out_features: int, tokens: int | None = None):
         """The recipe's refusal of block sizes these dimensions do not divide, naming the

@@ -49,9 +49,24 @@ def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None
         raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
                          "integer >= 1")
     rows = 1 if steps is None else int(steps)
+    n = _checked_index("n", n, 1, 1 << 32)
+    # the stream and the counters are 64-bit: past them two layers (or steps) would share
+    # their signs
+    layer = _checked_index("layer", layer, 0, (1 << 64) - RHT_STREAM)
+    step = _checked_index("step", step, 0, ((1 << 64) - 1) // n - rows + 1)
     words = random_words(n * rows, 4, seed, RHT_STREAM + layer, step * n)
     signs = np.where(np.array(words, dtype=np.uint64) >> np.uint64(31), -1.0, 1.0)
     return signs if steps is None else signs.reshape(rows, n)
+
+
+def _checked_index(name: str, value, least: int, limit: int) -> int:
+    """``value`` as an int in least .. limit - 1, or an error naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"rht_signs: {name}={value!r} is not accepted; accepted: an integer")
+    if not least <= int(value) < limit:
+        raise ValueError(f"rht_signs: {name}={value} is not accepted; accepted: {least} <= "
+                         f"{name} < {limit}")
+    return int(value)
 
 
 def factors(signs, dtype: torch.dtype, device) -> torch.Tensor:

@@ -75,6 +75,7 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         return {"": self}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"layer {self.layer_name!r}: input of shape {tuple(x.shape)}; "
                              f"accepted: (..., {self.in_features})")
