@@ -563,3 +563,65 @@ def test_numpy_scalar_hyperparameters_give_the_python_floats_bits():
     assert_same(*runs)
     with pytest.raises(TypeError, match="real number"):
         AdamW([torch.nn.Parameter(torch.zeros(1))], lr=np.bool_(True))
+
+
+def test_load_state_dict_runs_torchs_hooks_on_the_whole_dict():
+    """The pre-hooks saw each state as just its step (the tensors were set aside first) and
+    what one returned was overwritten; the post-hooks ran before the moments were back."""
+    p = torch.nn.Parameter(torch.randn(4))
+    opt = AdamW([p], seed=0)
+    p.grad = torch.randn(4)
+    opt.step()
+    q = torch.nn.Parameter(torch.randn(4))
+    loaded = AdamW([q], seed=0)
+    seen = []
+
+    def pre(optimizer, state_dict):
+        seen.append(sorted(state_dict["state"][0]))
+        state_dict = copy.deepcopy(state_dict)
+        state_dict["state"][0]["exp_avg"] = torch.zeros(4)
+        return state_dict
+    loaded.register_load_state_dict_pre_hook(pre)
+    loaded.register_load_state_dict_post_hook(lambda o: seen.append(sorted(o.state[q])))
+    loaded.load_state_dict(opt.state_dict())
+    assert seen == [["exp_avg", "exp_avg_sq", "step"]] * 2
+    assert torch.equal(loaded.state[q]["exp_avg"], torch.zeros(4))
+    assert torch.equal(loaded.state[q]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+
+
+def test_load_state_dict_keeps_states_of_unknown_ids_as_torch_does():
+    """A KeyError, raised with the groups and part of the state already replaced."""
+    p = torch.nn.Parameter(torch.randn(4))
+    opt = AdamW([p], seed=0)
+    p.grad = torch.randn(4)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    saved["state"][7] = {"step": torch.tensor(1.0), "extra": torch.ones(2)}
+    q = torch.nn.Parameter(torch.randn(4))
+    loaded = AdamW([q], lr=0.5, seed=1)
+    loaded.load_state_dict(saved)
+    assert loaded.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    assert loaded.state[7]["step"] == 1 and torch.equal(loaded.state[7]["extra"], torch.ones(2))
+    q.grad = torch.randn(4)
+    loaded.step()
+
+
+def test_another_algorithms_state_dict_is_refused_before_anything_changes():
+    """SGD's state dict loaded into AdamW silently, and the next step raised KeyError: 'eps';
+    a group emptied of a hyperparameter is named at the step too."""
+    s = torch.nn.Parameter(torch.randn(3))
+    sgd = SGD([s], lr=0.1, momentum=0.9)
+    s.grad = torch.randn(3)
+    sgd.step()
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = AdamW([p], lr=0.3)
+    with pytest.raises(ValueError, match=r"a param group has no 'betas'; AdamW's "
+                                         r"hyperparameters \(lr, betas, eps"):
+        opt.load_state_dict(sgd.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.3 and len(opt.state) == 0
+    del opt.param_groups[0]["eps"]
+    p.grad = torch.randn(3)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match=r"a param group has no 'eps'"):
+        opt.step()
+    assert torch.equal(p.detach(), before)

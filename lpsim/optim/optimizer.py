@@ -7,6 +7,8 @@ The class validates and holds hyperparameters and state; the math of a step live
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import operator
 from itertools import chain
 import secrets
@@ -30,6 +32,21 @@ _PLAIN = (torch.nn.Parameter, torch.Tensor)
 _ABSENT = object()
 #: (state names, update, state dtype) -> LowPrecisionOptimizer._needed's answer
 _NEEDED: dict = {}
+
+
+@contextlib.contextmanager
+def _hooks_set_aside(optimizer):
+    """torch's load_state_dict hooks of ``optimizer`` set aside for the duration (lpsim's
+    load_state_dict runs them around its whole load, not around torch's part of it)."""
+    names = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+    held = {name: getattr(optimizer, name) for name in names if hasattr(optimizer, name)}
+    try:
+        for name in held:
+            setattr(optimizer, name, collections.OrderedDict())
+        yield
+    finally:
+        for name, hooks in held.items():
+            setattr(optimizer, name, hooks)
 
 
 class LowPrecisionOptimizer(torch.optim.Optimizer):
@@ -226,31 +243,64 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         master), which that cast would round or convert, so they are set back afterwards,
         copied to the parameter's device.  A torch.optim state dict (no lpsim options in its
         groups, its step a tensor) loads its hyperparameters and states; the groups keep
-        their lpsim options.  The next step checks every state against its parameter.
+        their lpsim options.  torch's load hooks see what torch's own would: the pre-hooks
+        the whole dict first (what one returns is loaded), the post-hooks the states as
+        loaded.  A dict whose groups lack one of this optimizer's hyperparameters (another
+        algorithm's) or hold an option it does not accept is refused before anything
+        changes; states of ids no group lists are kept under those ids, as torch keeps
+        them.  The next step checks every state against its parameter.
         """
+        state_dict = dict(state_dict)
+        for hook in list(getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values()):
+            returned = hook(self, state_dict)
+            state_dict = state_dict if returned is None else returned
+        merged = [self._merged_group(saved, own)
+                  for saved, own in zip(state_dict["param_groups"], self.param_groups)]
         tensors = {k: {name: v for name, v in s.items() if torch.is_tensor(v)}
                    for k, s in state_dict["state"].items()}
         stripped = dict(state_dict)
         stripped["state"] = {k: {name: v for name, v in s.items() if not torch.is_tensor(v)}
                              for k, s in state_dict["state"].items()}
-        options = [{name: group[name] for name in OPTIONS} for group in self.param_groups]
-        super().load_state_dict(stripped)
+        options = [{name: group[name] for name in OPTIONS} for group in merged]
+        with _hooks_set_aside(self):        # run here, around the whole load
+            super().load_state_dict(stripped)
         for group, own in zip(self.param_groups, options):
-            for name, value in own.items():     # a torch.optim state dict has none of them
-                if name not in group or (name == "foreach" and group[name] is None):
-                    group[name] = value             # (torch's own foreach is None or a bool)
-            check_options(group)
+            group.update(own)
         ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         params = [p for group in self.param_groups for p in group["params"]]
         by_id = dict(zip(ids, params))
         for k, values in tensors.items():
-            p = by_id[k]
+            p = by_id.get(k, k)
             for name, value in values.items():
                 if name == "step":      # torch.optim keeps its step count as a tensor
                     self.state[p][name] = int(value.item())
                     continue
                 self.state[p][name] = value.detach().to(
-                    device=p.device, memory_format=torch.contiguous_format, copy=True)
+                    device=getattr(p, "device", value.device),
+                    memory_format=torch.contiguous_format, copy=True)
+        for hook in list(getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values()):
+            hook(self)
+
+    def _merged_group(self, saved: dict, own: dict) -> dict:
+        """A saved param group as loading makes it (its lpsim options from ``own``, the
+        group it replaces, where a torch.optim dict has none), checked: the options as
+        :func:`check_options` does, and every hyperparameter of this optimizer present."""
+        merged = dict(saved)
+        for name in OPTIONS:
+            if name not in merged or (name == "foreach" and merged[name] is None):
+                merged[name] = own[name]    # (torch's own foreach is None or a bool)
+        check_options(merged)
+        self._check_present(merged)
+        return merged
+
+    def _check_present(self, group: dict) -> None:
+        """A ValueError naming the first of this optimizer's hyperparameters ``group``
+        lacks (a group of another algorithm's state dict, or one a user emptied)."""
+        missing = [name for name in self.defaults if name not in group]
+        if missing:
+            names = ", ".join(name for name in self.defaults if name not in OPTIONS)
+            raise ValueError(f"a param group has no {missing[0]!r}; {type(self).__name__}'s "
+                             f"hyperparameters ({names}) must be in every group")
 
     def memory_bytes(self) -> float:
         """Bytes per parameter element of weights plus optimizer state, from the options.
@@ -322,6 +372,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             check_options(group)
+            self._check_present(group)
             self._check_hyper(group)        # a scheduler or a user may have set them
         plans, base = [], 0
         for group in self.param_groups:
