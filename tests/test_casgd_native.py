@@ -341,3 +341,14 @@ def test_fp32_slots_keep_their_arithmetic_under_autocast():
         fused = slot_mm(a, a.t(), slot, beta_c=want, alpha=0.5)
     assert got.dtype == torch.float32 and torch.equal(got, want)
     assert torch.equal(fused, torch.addmm(want, a, a.t(), alpha=0.5))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="the refusal is of a machine torch sees no CUDA device on")
+def test_a_cuda_device_torch_cannot_see_is_refused_by_name(monkeypatch):
+    """torch's AssertionError ("Torch not compiled with CUDA enabled") came from inside the
+    run (the simulator set aside, as a user's process runs without it)."""
+    monkeypatch.setattr(config, "ENABLE_CUDASIM", False)
+    A, y, _ = make_synth(64, 4, loss="linear", seed=0)
+    with pytest.raises(ValueError, match=r"device='cuda': torch sees no CUDA device here"):
+        casgd(A, y, loss="linear", b=4, s=2, H=1, backend="cuda", device="cuda")

@@ -290,3 +290,21 @@ def test_compat_quantizers_pickle_and_load_with_the_same_outputs(tmp_path):
     quant.quantizer(qnumber.FixedPoint(6, 2), qnumber.FloatingPoint(8, 7), "nearest",
                     "nearest", clamping_grad_zero=True)(want).sum().backward()
     assert np.array_equal(bits(xg.grad), bits(want.grad))
+
+
+def test_numpy_integer_widths_are_taken_as_qtorch_takes_them():
+    """qtorch accepts numpy integers for its widths; the drop-in refused them with a range
+    error that named an in-range value."""
+    x = torch.tensor(np.random.default_rng(3).standard_normal(256).astype(np.float32))
+    five, two, eight, four = np.int64(5), np.int32(2), np.uint8(8), np.int64(4)
+    assert np.array_equal(bits(qc.float_quantize(x, five, two, "nearest")),
+                          bits(quant.float_quantize(x, five, two, "nearest")))
+    assert np.array_equal(bits(qc.fixed_point_quantize(x, eight, four, rounding="nearest")),
+                          bits(quant.fixed_point_quantize(x, eight, four, rounding="nearest")))
+    assert np.array_equal(bits(qc.block_quantize(x, eight, np.int64(-1), "nearest")),
+                          bits(quant.block_quantize(x, eight, -1, "nearest")))
+    assert repr(qc.FloatingPoint(five, two)) == repr(qc.FloatingPoint(5, 2))
+    assert repr(qc.FixedPoint(eight, four)) == repr(qc.FixedPoint(8, 4))
+    assert repr(qc.BlockFloatingPoint(eight, np.int64(0))) == repr(qc.BlockFloatingPoint(8, 0))
+    with pytest.raises(ValueError, match=r"exp=5\.0"):
+        qc.float_quantize(x, 5.0, 2, "nearest")

@@ -260,3 +260,15 @@ def test_the_default_loss_scaler_steps_a_well_behaved_model_every_step():
         stepped.append(scaler.step(opt))
         pm.end_step()
     assert stepped == [False] + [True] * 7 and scaler.value == 2.0 ** 15
+
+
+def test_site_stats_names_an_unknown_tensor():
+    """It stripped the name's first character and looked that up: 'weight' gave
+    KeyError: 'eight'."""
+    pm = PrecisionModel(nn.Sequential(nn.Linear(4, 3)), torch.randn(2, 4))
+    for name in ("weight", "v9", "x", "d"):
+        with pytest.raises(KeyError, match=rf"no tensor '{name}' in this model; accepted: a "
+                                           r"name of self\.tensors \(v1, dv1"):
+            pm.site_stats(name)
+    for slot in pm.tensors:
+        assert pm.site_stats(slot.name).elements == 0

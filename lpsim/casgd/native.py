@@ -391,6 +391,9 @@ def casgd_native(A, y, *, loss="logistic", eta=0.5, b=32, s=16, H=100, recipe="C
     if device.type == "cuda" and config.ENABLE_CUDASIM:
         raise ValueError("device='cuda' with NUMBA_ENABLE_CUDASIM=1: the simulated kernels "
                          "take CPU tensors; accepted: device='cpu' under the simulator")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: torch sees no CUDA device here (a CPU-only "
+                         "torch, or no GPU); accepted: a machine with one, or backend='cpu'")
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs a CUDA device (CUDA graphs)")
     if graphs and reduce is not None and not isinstance(reduce, NativeAllReduce):

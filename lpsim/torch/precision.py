@@ -413,7 +413,10 @@ class PrecisionModel(nn.Module):
         """The counters of tensor ``name`` since the last :meth:`end_step`."""
         if name in self._sites:
             return self._sites[name].fwd.stats
-        return self._sites[name[1:]].bwd.stats
+        if isinstance(name, str) and name.startswith("d") and name[1:] in self._sites:
+            return self._sites[name[1:]].bwd.stats
+        raise KeyError(f"no tensor {name!r} in this model; accepted: a name of "
+                       f"self.tensors ({', '.join(slot.name for slot in self.tensors)})")
 
     def end_step(self) -> list[str]:
         """Record this step's per-tensor counters, then (Algorithm 2, when ``promote``)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch.optim import SGD, Adam, Optimizer
 
@@ -53,6 +54,7 @@ class FixedPoint(Number):
     """wl-bit fixed point with fl fraction bits (qtorch.FixedPoint)."""
 
     def __init__(self, wl, fl, clamp=True, symmetric=False):
+        wl, fl = _width(wl), _width(fl)
         if not (isinstance(wl, int) and wl > 0 and isinstance(fl, int) and fl > 0):
             raise ValueError(f"FixedPoint(wl={wl!r}, fl={fl!r}): both must be positive integers")
         self.wl, self.fl, self.clamp, self.symmetric = wl, fl, bool(clamp), bool(symmetric)
@@ -65,6 +67,7 @@ class BlockFloatingPoint(Number):
     """Block floating point: wl bits, one exponent per slice along dim (qtorch's)."""
 
     def __init__(self, wl, dim=-1):
+        wl, dim = _width(wl), _width(dim)
         if not (isinstance(wl, int) and wl > 0 and isinstance(dim, int) and dim >= -1):
             raise ValueError(f"BlockFloatingPoint(wl={wl!r}, dim={dim!r}): wl > 0, dim >= -1")
         self.wl, self.dim = wl, dim
@@ -78,6 +81,7 @@ class FloatingPoint(Number):
     them; (8, 23) is float32 itself, which its quantizers keep bit for bit (-0 aside)."""
 
     def __init__(self, exp, man):
+        exp, man = _width(exp), _width(man)
         if not (isinstance(exp, int) and 0 < exp <= 8 and isinstance(man, int)
                 and 0 < man <= 23):
             raise ValueError(f"FloatingPoint(exp={exp!r}, man={man!r}): 1 <= exp <= 8, "
@@ -89,6 +93,12 @@ class FloatingPoint(Number):
 
 
 # --- checks ---------------------------------------------------------------------------------
+def _width(value):
+    """A width or axis as qtorch's pybind11 arguments take it: a numpy integer as its int
+    (qtorch accepts one), anything else as it is, for the range checks to refuse."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
 def _check(x, rounding):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x is a {type(x).__name__}; qtorch quantizers take a torch.float32 "
@@ -140,6 +150,7 @@ def float_quantize(x, exp, man, rounding="stochastic", *, generator=None):
     the exponent, which is qtorch's "stochastic" result, where its "nearest" shifts by -1,
     undefined in C, and flips the sign)."""
     _check(x, rounding)
+    exp, man = _width(exp), _width(man)
     if not (isinstance(exp, int) and 1 <= exp <= MAX_EXP and isinstance(man, int)
             and 0 <= man <= 23):
         raise ValueError(f"float_quantize(exp={exp!r}, man={man!r}): accepted 1 <= exp <= "
@@ -191,6 +202,7 @@ def _bounds(wl, fl, symmetric):
 def _fixed_point(x, wl, fl, clamp, symmetric, rounding, generator):
     """(quantized x, mask of the clamped elements), as qtorch's *_mask kernels."""
     _check(x, rounding)
+    wl, fl = _width(wl), _width(fl)
     if not (isinstance(wl, int) and isinstance(fl, int) and wl >= 1 and -100 <= fl <= 100):
         raise ValueError(f"fixed_point_quantize(wl={wl!r}, fl={fl!r}): wl >= 1, |fl| <= 100")
     x = x.detach().contiguous()
@@ -224,6 +236,7 @@ def _block_max(x, dim):
 def block_quantize(x, wl, dim=-1, rounding="stochastic", *, generator=None):
     """qtorch's block_quantize: x (float32) to wl-bit block floating point along ``dim``."""
     _check(x, rounding)
+    wl, dim = _width(wl), _width(dim)
     if not (isinstance(wl, int) and 1 <= wl <= 22 and isinstance(dim, int)
             and -1 <= dim < max(x.dim(), 1)):
         raise ValueError(f"block_quantize(wl={wl!r}, dim={dim!r}): 1 <= wl <= 22 and dim -1 "
