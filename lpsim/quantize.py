@@ -470,13 +470,17 @@ def _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
         return None
     rest = flat.copy()
     big = [i for i in ints if not _exact_in_float64(int(flat[i]))]
+    # a placeholder each such int's result replaces: a value of the format (its smallest
+    # normal), which rounds to itself with no flags in every format (0 became NaN, flagged
+    # inexact, in fnu formats, which have no zero: counted once more than the int's own)
+    placeholder = parse_format(fmt).min_normal
     for i in ints:
-        rest[i] = float(flat[i]) if _exact_in_float64(int(flat[i])) else 0.0
+        rest[i] = float(flat[i]) if _exact_in_float64(int(flat[i])) else placeholder
     array = as_container_array(rest.tolist()).reshape(objects.shape)
     check_offset(offset, array.size)
     result = quantize(array.astype(np.float64), fmt, rounding, seed=seed, stream=stream,
                       sr_bits=sr_bits, stats=stats, out=out, offset=offset)
-    for i in big:        # the zero in its place was counted as an element with no flags
+    for i in big:        # the placeholder was counted as an element with no flags
         result[np.unravel_index(i, result.shape)] = _round_exact(
             int(flat[i]), fmt, rounding, seed, stream, sr_bits, stats, offset + i, count=0)
     return result

@@ -150,3 +150,14 @@ def test_integer_arrays_at_the_dtypes_top_are_refused_without_a_cast_warning():
         np.testing.assert_array_equal(lpsim.quantize(np.int64([-2 ** 63]), "bf16"),
                                       [-2.0 ** 63])
         np.testing.assert_array_equal(lpsim.quantize(np.uint64([2 ** 63]), "bf16"), [2.0 ** 63])
+
+
+@pytest.mark.parametrize("fmt", ["e8m0fnu", "fp(8,3,0,fnu)", "bf16", "e4m3fn"])
+def test_a_list_of_big_ints_counts_each_once(fmt):
+    """Each int float64 cannot hold stood in as 0 while the rest was rounded, and an fnu
+    format (no zero) rounds 0 to NaN, flagged inexact: the int was counted twice."""
+    stats, alone = lpsim.RoundingStats(), lpsim.RoundingStats()
+    lpsim.quantize([2 ** 70 + 1, 1.0], fmt, stats=stats)
+    lpsim.quantize(2 ** 70 + 1, fmt, stats=alone)
+    lpsim.quantize(1.0, fmt, stats=alone)
+    assert stats.as_dict() == alone.as_dict()
