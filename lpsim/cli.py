@@ -107,9 +107,19 @@ def parse_value(text: str) -> Fraction | float:
             except ValueError:                  # sNaN
                 raise bad from None
         sign, digits, exp = number.as_tuple()
-        value = _bounded(-1 if sign else 1, int("".join(map(str, digits)) or "0"), None, exp)
+        value = _bounded(-1 if sign else 1, _digits_int(digits), None, exp)
         zero = -0.0 if sign else 0.0
     return Number(value, text=s) if value else zero
+
+
+def _digits_int(digits) -> int:
+    """The integer of a decimal's digits, in pieces: int() of one string refuses more than
+    sys.get_int_max_str_digits() (4300) digits, a limit on conversion, not on the value."""
+    n = 0
+    for i in range(0, len(digits), 4000):
+        piece = digits[i:i + 4000]
+        n = n * 10 ** len(piece) + int("".join(map(str, piece)))
+    return n
 
 
 def _is_number(text: str) -> bool:

@@ -77,13 +77,16 @@ def formats(*, max_e: int = 8, max_m: int = 23, max_bias: int | None = 4, specia
     max_e, max_m = _count("max_e", max_e, 1), _count("max_m", max_m, 0)
     if max_bias is not None:
         max_bias = _count("max_bias", max_bias, 0)
-    policies = (specials,) if isinstance(specials, str) else tuple(specials)
-    unknown = [p for p in policies if p not in POLICIES]
+    try:
+        policies = (specials,) if isinstance(specials, str) else tuple(specials)
+        unknown = [p for p in policies if not isinstance(p, str) or p not in POLICIES]
+    except TypeError:                       # None, a number: not a sequence
+        policies, unknown = (), [specials]
     if not policies or unknown:
         raise ValueError(f"specials={specials!r} is not a policy or a sequence of them; "
                          f"accepted: {', '.join(POLICIES)}")
     for name, value in (("subnormals", subnormals), ("saturate", saturate)):
-        if value not in (None, True, False):
+        if not (value is None or isinstance(value, (bool, np.bool_))):    # 0 == False
             raise ValueError(f"{name}={value!r}; accepted: True, False or None (both)")
     table = {}   # policy -> e -> m -> (lo, hi), a non-empty interval of biases that fit
     for policy in policies:

@@ -327,3 +327,11 @@ def test_warmup_without_lpsim_warmup_compiles_every_mode(monkeypatch, capsys):
     monkeypatch.delattr(lpsim, "warmup", raising=False)
     assert main(["warmup"]) == 0
     assert "ready" in capsys.readouterr().out
+
+
+def test_a_decimal_past_pythons_digit_limit_is_read_exactly():
+    """int() of one string refuses more than 4300 digits: argparse's generic "invalid
+    parse_value value" came back for a valid number."""
+    from lpsim.cli import HUGE
+    assert parse_value("1" + "0" * 9000 + "7") == 2 ** HUGE      # past HUGE: its stand-in
+    assert parse_value("-" + "1" + "0" * 4301 + "3e-4301") == -(1 + Fraction(3, 10 ** 4302)) * 10

@@ -84,6 +84,12 @@ def test_formats_reach_both_ends_and_reject_bad_options():
         testing.formats(dtype=np.int32)
     with pytest.raises(ValueError, match="no format .* fits a float32"):
         testing.formats(max_e=1, specials="ieee")   # e = 1 leaves ieee no normal numbers
+    # 0 == False let these through, and every draw then failed inside fp()
+    for kwargs, words in ((dict(saturate=0), "saturate=0"), (dict(subnormals=1), "subnormals=1"),
+                          (dict(specials=None), "specials=None is not a policy"),
+                          (dict(specials=["ieee", 5]), r"specials=\['ieee', 5\]")):
+        with pytest.raises(ValueError, match=words):
+            testing.formats(**kwargs)
 
 
 @given(small_case(testing.representable, np.float64))
