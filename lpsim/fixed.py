@@ -184,7 +184,8 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         stats.add(x.size, counts)
         return y
     raise TypeError(f"cannot round a {type(x).__name__} to {fmt}; accepted: a float32/float64 "
-                    "numpy array or array-like, a Python or numpy number, a CPU torch tensor")
+                    "numpy array or array-like, a Python or numpy number, a torch tensor (on a "
+                    "GPU too; other device arrays are not: copy one to the host first)")
 
 
 __all__ = ["Fixed", "fixed", "quantize_fixed"]

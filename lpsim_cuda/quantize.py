@@ -122,6 +122,10 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
         if done is not None:
             return done
     key = fmt
+    if as_block_format(fmt) is not None:
+        raise ValueError(f"lpsim_cuda.quantize rounds to element formats, and {fmt!r} is a block "
+                         "format; accepted there: lpsim.quantize(x, fmt) or "
+                         "lpsim_cuda.blocks.quantize(x, fmt)")
     fmt = parse_format(fmt)
     check_stats(stats)
     with launch.device_of(x):

@@ -272,10 +272,23 @@ def test_presets_and_repr_round_trip():
     ({"element": "e2m1fn", "tensor_scale": 1}, TypeError, "tensor_scale=1"),
     ({"element": "e12m9"}, ValueError, "e=12"),
     ({"element": "float4"}, ValueError, "unknown format"),
+    ({"element": "e2m1fn", "rule": ["floor"]}, ValueError, r"rule=\['floor'\] is unknown"),
 ])
 def test_bad_block_formats_name_the_value(kwargs, error, words):
     with pytest.raises(error, match=words):
         lpsim.blocks.BlockFormat(**kwargs)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("block(e4m3fn,-16)", r"block=-16 is not accepted; accepted: an integer >= 1"),
+    ("block(e4m3fn,16,e8m0fnu,rceil,bogus=1)", r"option 'bogus' is unknown; accepted: "
+                                               r"tensor_scale=, nonfinite="),
+    ("block(e4m3fn,x)", r"block size 'x' is not an integer"),
+])
+def test_bad_block_format_strings_name_the_part(spec, words):
+    """A negative size was "not an integer"; an unknown option a positional argument."""
+    with pytest.raises(ValueError, match=words):
+        parse_block_format(spec)
 
 
 def test_bad_calls_name_the_value():

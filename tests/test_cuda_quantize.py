@@ -174,6 +174,9 @@ def test_errors_name_the_problem():
         lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=x)
     with pytest.raises(ValueError, match="does not fit"):
         lpsim_cuda.quantize(x, "fp64")
+    with pytest.raises(ValueError, match=r"'mxfp4' is a block format; accepted there: "
+                                         r"lpsim\.quantize\(x, fmt\)"):   # "unknown format"
+        lpsim_cuda.quantize(x, "mxfp4")
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.float8_e4m3fn, torch.int32])

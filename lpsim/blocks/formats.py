@@ -48,7 +48,7 @@ class BlockFormat:
             raise ValueError(f"block={self.block!r} is not accepted; accepted: an integer >= 1 "
                              "and <= 2**63 - 1 (the kernels index blocks in int64)")
         object.__setattr__(self, "block", int(self.block))
-        if self.rule not in RULES:
+        if not isinstance(self.rule, str) or self.rule not in RULES:    # a list: unhashable
             raise ValueError(f"rule={self.rule!r} is unknown; accepted: {', '.join(RULES)}")
         if self.nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite={self.nonfinite!r} is unknown; accepted: "
@@ -162,12 +162,15 @@ def as_block_format(spec) -> BlockFormat | None:
             name, _, value = part.partition("=")
             value = value.strip("'\"")
             kwargs[name] = {"true": True, "false": False}.get(value, value)
+        elif re.fullmatch(r"[a-z_]\w*=.*", part):      # an option block() does not take
+            raise ValueError(f"block format {spec!r}: option {part.partition('=')[0]!r} is "
+                             "unknown; accepted: tensor_scale=, nonfinite=")
         else:
             args.append(part.strip("'\""))
     if len(args) >= 2:
-        if not re.fullmatch(r"\d+", args[1]):
+        if not re.fullmatch(r"[+-]?\d+", args[1]):
             raise ValueError(f"block format {spec!r}: block size {args[1]!r} is not an integer")
-        args[1] = int(args[1])
+        args[1] = int(args[1])                  # a negative one: block() names its range
     return block(*args, **kwargs)
 
 
