@@ -53,6 +53,11 @@ def _check(x, out):
                              "they must match")
         if out.device != x.device:
             raise ValueError(f"out is on {out.device}, x on {x.device}; they must match")
+        if out.is_inference() and not torch.is_inference_mode_enabled():
+            raise RuntimeError("out is an inference tensor (made under torch.inference_mode) "
+                               "and this call is outside inference mode, where torch refuses "
+                               "to write one too; accepted: out.clone(), or the call inside "
+                               "torch.inference_mode()")
         if _overlaps(out):
             raise ValueError(f"out has elements that share one memory location (strides "
                              f"{tuple(out.stride())}, e.g. an expanded tensor), which torch "

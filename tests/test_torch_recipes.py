@@ -705,3 +705,13 @@ def test_the_device_amax_is_the_host_amax():
     assert float(device_amax(x.to(torch.bfloat16))) == \
         tensor_amax(x.to(torch.bfloat16).float().numpy())
     assert float(device_amax(torch.full((5,), float("nan")))) == 0.0
+
+
+def test_delayed_scaling_trains_after_an_inference_pass():
+    """The amax history made in an inference pass (a validation step first) is an
+    inference tensor, which the next training step could not write."""
+    model = simulate(mlp(), "fp8_delayed", generator=lpsim.Generator(0))
+    with torch.inference_mode():
+        model(torch.randn(16, 32))
+    model(torch.randn(16, 32)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

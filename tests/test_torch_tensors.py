@@ -285,3 +285,15 @@ def test_a_plain_cpu_tensor_rounded_in_place_is_the_same_tensor_bumped_as_torch_
     lpsim.quantize(d, "bf16", out=d)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         b.sum().backward()
+
+
+def test_an_inference_tensor_out_is_refused_outside_inference_mode():
+    """torch refuses to write an inference tensor outside inference mode (copy_, out=):
+    lpsim.quantize wrote it silently."""
+    with torch.inference_mode():
+        made = torch.zeros(3)
+    with pytest.raises(RuntimeError, match="out is an inference tensor"):
+        lpsim.quantize(torch.full((3,), 1.1), "bf16", out=made)
+    assert torch.equal(made, torch.zeros(3))
+    with torch.inference_mode():
+        assert lpsim.quantize(torch.full((3,), 1.1), "bf16", out=made)[0] == 1.1015625

@@ -317,6 +317,10 @@ class _Site:
         if self.history is None or self.history.numel() != length:
             self.history, self.seen = torch.zeros(length, dtype=torch.float32), 0
         self.history = self.history.to(t.device)
+        if self.history.is_inference() and not torch.is_inference_mode_enabled():
+            # made in an inference pass (a validation step first): such a tensor cannot be
+            # written outside one, so training went on with a copy that can
+            self.history = self.history.clone()
         largest = self.history.max()
         self.history[self.seen % length] = _amax(t)
         self.seen += 1
