@@ -386,7 +386,12 @@ def test_scaled_matmul_takes_the_decomposed_operands_and_refuses_by_name():
                 ((e4, e4[:, :1], e4.T, None, "hopper-wgmma-e4m3"), "sa=None"),
                 ((e4, None, e4.T, None, "hopper-deepgemm-e4m3"), "scale_blocks"),
                 ((e4, None, e4.T, None, "no-such-model"), "model='no-such-model'"),
-                ((a, None, b, None, "hopper-wgmma-e4m3"), "scaled_matmul")]
+                ((a, None, b, None, "hopper-wgmma-e4m3"), "scaled_matmul"),
+                # the caller's names, not mma's ("a[0, 0]", "mma: scale_a[0, 0]")
+                ((np.full((2, 32), 1.01), np.ones((2, 1)), np.ones((32, 2)), np.ones((1, 2)),
+                  "blackwell-mxfp8"), r"scaled_matmul: qa\[0, 0\] = 1\.01 is not a value"),
+                ((np.ones((2, 32)), np.full((2, 1), 3.0), np.ones((32, 2)), np.ones((1, 2)),
+                  "blackwell-mxfp8"), r"scaled_matmul: sa\[0, 0\] = 3\.0 is not an E8M0 scale")]
     for args, words in refusals:
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
             scaled_matmul(*args)

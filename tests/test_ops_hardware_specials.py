@@ -166,3 +166,39 @@ def test_stats_count_nan_and_inf():
     # inputs (6: one inf, one NaN), one partial sum per output, the outputs
     assert stats.as_dict() == dict(elements=10, inexact=0, overflow=0, underflow=0,
                                    subnormal=0, nan=3, inf=3)
+
+
+@pytest.mark.parametrize("a, b, kw", [
+    ([[1e200, -1e200]], [[1e200], [1e200]], dict(model="hopper-fp8", in_fmt="fp64")),
+    ([[1e-300] * 4], [[1e-10]] * 4, dict(model=TensorCoreModel(
+        in_fmt=None, chunk=4, partial_fmt="fp64", acc_fmt="fp64", out_fmt="fp64"))),
+])
+def test_operands_whose_float64_products_are_not_exact_are_refused(a, b, kw):
+    """The models multiply in float64, exactly only for operands float32 holds: 1e200 *
+    1e200 became inf (NaN for the pair, where the exact model gives 0) and 1e-300 * 1e-10
+    a rounded subnormal."""
+    with pytest.raises(ValueError, match=r"multiplies in float64, exactly for operands "
+                                         r"float32 holds, and a"):
+        lpsim.ops.matmul(np.array(a), np.array(b), **kw)
+
+
+def test_a_chunk_of_tiny_products_is_aligned_without_leaving_float64s_range():
+    """The alignment scaled by 2**-q, which overflowed to inf for q < -1023 and zeroed tiny
+    chunks; float32 operands near its least subnormal give products near 2**-298."""
+    model = TensorCoreModel(in_fmt=None, chunk=4, partial_fmt="fp64", acc_fmt="fp64",
+                            out_fmt="fp64", align_bits=40)
+    a = np.full((1, 4), 2.0 ** -149) * np.array([1, 3, 5, 7])
+    b = np.full((4, 1), 2.0 ** -149)
+    got = lpsim.ops.matmul(a, b, model=model)
+    assert got[0, 0] == hw.reference_matmul(a, b, model)[0, 0] == 16 * 2.0 ** -298
+
+
+@pytest.mark.parametrize("kw", [dict(model="hopper-fp8"), dict(model="hopper-wgmma-e4m3"),
+                                dict(in_fmt="mxfp8_e4m3")])
+def test_the_derived_streams_wrap_as_the_streams_do(kw):
+    """stream + 1 and stream + 2 (b's and the output's) were refused past 2**64 - 1, naming
+    a value the caller never passed."""
+    a, b = np.ones((2, 32), np.float32), np.ones((32, 2), np.float32)
+    assert lpsim.ops.matmul(a, b, stream=2 ** 64 - 1, **kw)[0, 0] == 32
+    with pytest.raises(ValueError, match=r"stream=18446744073709551616 is out of range"):
+        lpsim.ops.matmul(a, b, stream=2 ** 64, **kw)

@@ -18,7 +18,8 @@ blocks' scales exactly, as block-scaled MMA applies them):
    nearest (``acc_fmt``; without promotion the partial sum is the accumulator).
 4. The output is the accumulator rounded to ``out_fmt`` with ``out_rounding`` by
    :func:`lpsim.quantize` (random words: counter o, C order over the output, of
-   ``(seed, stream + 2)``; the inputs use streams ``stream`` and ``stream + 1``).
+   ``(seed, stream + 2)``; the inputs use streams ``stream`` and ``stream + 1``; each
+   modulo 2**64).
 
 NaN and inf follow IEEE 754, as an FP32 accumulator does: a chunk with a NaN or infinite
 term (a product, or the partial sum) sums to the IEEE sum of those terms alone (finite
@@ -60,6 +61,7 @@ from ..formats import Format, parse_format
 from ..rounding import NEAREST, TOWARD_ZERO, mode_code, kernel_params, round_bits, tally
 from ..exact import f2i, i2f, sum_to_odd
 from .instruction_models import INSTRUCTION_MODELS, InstructionModel, instruction_matmul
+from .operands import stream_after
 
 
 @dataclass(frozen=True)
@@ -144,15 +146,16 @@ def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0, stats=N
     """a and b block-quantized along K (a's last axis, b's first): the exact values q * s."""
     from ..blocks.fake_quantize import quantize as quantize_blocks
     a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream, stats=stats)
-    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream + 1, stats=stats)
+    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream_after(stream, 1),
+                        stats=stats)
     return np.ascontiguousarray(a), np.ascontiguousarray(b)
 
 
 @njit(cache=True)
 def _trunc_to(t, q):
     """t truncated toward zero to a multiple of 2**q (exact in float64: |t| < 2**(q+51))."""
-    s = math.ldexp(1.0, -q)
-    return float(math.trunc(t * s)) / s
+    # ldexp of t itself: 2**-q alone leaves float64's range once q < -1023 (tiny chunks)
+    return math.ldexp(float(math.trunc(math.ldexp(t, -q))), q)
 
 
 @njit(cache=True)
@@ -228,7 +231,7 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
     RoundingStats counting every rounding (the module's docstring)."""
     from ..blocks.formats import BlockFormat
     from ..quantize import quantize
-    from .operands import matrix_operands
+    from .operands import fits_float32, matrix_operands
     model = hardware_model(model)
     a, b, dtype, shaped = matrix_operands(a, b, model.out_fmt, "a tensor-core model")
     if isinstance(model.in_fmt, BlockFormat):
@@ -236,7 +239,14 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
                             stats=stats)
     elif model.in_fmt is not None:
         a = quantize(a, model.in_fmt, rounding, seed=seed, stream=stream, stats=stats)
-        b = quantize(b, model.in_fmt, rounding, seed=seed, stream=stream + 1, stats=stats)
+        b = quantize(b, model.in_fmt, rounding, seed=seed, stream=stream_after(stream, 1),
+                     stats=stats)
+    for name, x in (("a", a), ("b", b)):
+        if not fits_float32(x):
+            raise ValueError(
+                f"a tensor-core model multiplies in float64, exactly for operands float32 "
+                f"holds, and {name} (after in_fmt={model.in_fmt}) holds values it does not; "
+                "accepted: an in_fmt that fits float32, or such data")
     acc = np.empty((a.shape[0], b.shape[1]))
     counts = np.zeros((acc.size, 7), np.int64)
     f64 = np.float64
@@ -246,8 +256,8 @@ def tc_matmul(a, b, model, *, rounding="nearest", seed=None, stream=0, stats=Non
     if stats is not None:
         total = counts.sum(axis=0)
         stats.add(total[6], total[:6])
-    out = quantize(acc, model.out_fmt, model.out_rounding, seed=seed, stream=stream + 2,
-                   stats=stats).astype(dtype, copy=False)
+    out = quantize(acc, model.out_fmt, model.out_rounding, seed=seed,
+                   stream=stream_after(stream, 2), stats=stats).astype(dtype, copy=False)
     return shaped(out)
 
 

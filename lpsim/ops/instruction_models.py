@@ -14,11 +14,11 @@ and B per 128 x 128 block as its ``per_token_cast_to_fp8`` and ``per_block_cast_
 each promotion ``final += (scale_a * scale_b) * partial`` one float32 product and one FFMA.
 
 In :func:`lpsim.ops.matmul` the inputs are first rounded to the instruction's A and B types
-(``rounding``, random words of streams ``stream`` and ``stream + 1``; for a block-scaled
-instruction, to blocks along K by :mod:`lpsim.blocks`, whose scales the instruction applies:
-OCP MX blocks of 32, or NVFP4's blocks of 16 whose two FP32 tensor scales multiply the
-result as the epilogue's alpha, their product rounded to float32 and one float32
-multiplication), and the float32 (or float16) result is rounded to ``out_fmt`` (stream
+(``rounding``, random words of streams ``stream`` and ``stream + 1``, modulo 2**64; for a
+block-scaled instruction, to blocks along K by :mod:`lpsim.blocks`, whose scales the
+instruction applies: OCP MX blocks of 32, or NVFP4's blocks of 16 whose two FP32 tensor
+scales multiply the result as the epilogue's alpha, their product rounded to float32 and
+one float32 multiplication), and the float32 (or float16) result is rounded to ``out_fmt`` (stream
 ``stream + 2``), as an epilogue writes it; other per-tensor scales are the caller's,
 applied to the result as the epilogue does. Stats count those roundings; the nodes' own roundings are
 the instruction's arithmetic and are not counted.
@@ -40,6 +40,7 @@ import numpy as np
 from ..formats import Format, parse_format
 from ..rounding import mode_code
 from .mma_table import FORMATS, Instruction, lookup
+from .operands import stream_after
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,11 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
         result = _chain(a, b, model, promote_scales=promote_scales)
     else:
         a = quantize(a, FORMATS[ins.a_type], rounding, seed=seed, stream=stream, stats=stats)
-        b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream + 1,
+        b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream_after(stream, 1),
                      stats=stats)
         result = _chain(a, b, model)
     out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
-                   stream=stream + 2, stats=stats).astype(dtype, copy=False)
+                   stream=stream_after(stream, 2), stats=stats).astype(dtype, copy=False)
     return shaped(out)
 
 
@@ -234,7 +235,8 @@ def scaled_matmul(qa, sa, qb, sb, model, alpha=1.0, *, who="scaled_matmul"):
         alpha = float(alpha)
     except (TypeError, ValueError):
         raise TypeError(f"{who}: alpha={alpha!r} is not a real number") from None
-    return _chain(qa, qb, model, scales=scales, alpha=alpha, who=who)
+    return _chain(qa, qb, model, scales=scales, alpha=alpha, who=who,
+                  names=("qa", "qb", "sa", "sb"))
 
 
 def _as_model(model, who) -> InstructionModel:
@@ -263,14 +265,16 @@ def _matrix(x, name, who, shape=None) -> np.ndarray:
     return array
 
 
-def _chain(a, b, model, *, scales=None, promote_scales=None, alpha=1.0, who="matmul"):
+def _chain(a, b, model, *, scales=None, promote_scales=None, alpha=1.0, who="matmul",
+           names=("a", "b", "scale_a", "scale_b")):
     """The model's chain on element values a and b (:func:`lpsim.ops.mma.chained_matmul`),
-    as float32, times alpha rounded to float32 (one float32 multiplication) unless it is 1."""
+    as float32, times alpha rounded to float32 (one float32 multiplication) unless it is 1;
+    ``names``: the caller's names of a, b and the scales, for its errors."""
     from .mma import chained_matmul
     with np.errstate(invalid="ignore"):          # signalling NaN codes
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     result = chained_matmul(a, b, model.spec, model.promote, who=who, scales=scales,
-                            promote_scales=promote_scales)
+                            promote_scales=promote_scales, names=names)
     with np.errstate(invalid="ignore", over="ignore"):
         result = result.astype(np.float32)
         if alpha != 1.0:       # per-tensor factors: the epilogue's float32 alpha
@@ -306,7 +310,7 @@ def _fine_grained_operands(a, b, ins, g, rounding, seed, stream, stats):
                 for x in (a, b))
     qa, sa = _fp8_blocks(a32, g, 1, ins.a_type, rounding, seed, stream, stats)
     qbt, sbt = _fp8_blocks(np.ascontiguousarray(b32.T), g, g, ins.b_type, rounding, seed,
-                           stream + 1, stats)
+                           stream_after(stream, 1), stats)
     sb = np.repeat(sbt.T, g, axis=1)[:, :b.shape[1]]
     return qa, qbt.T, (sa, sb)
 
@@ -327,7 +331,8 @@ def _block_operands(a, b, ins, rounding, seed, stream, stats):
     from ..blocks.counters import add_counts
     from ..blocks.fake_quantize import quantize_blocks
     parts = []
-    for x, t, axis, s in ((a, ins.a_type, 1, stream), (b, ins.b_type, 0, stream + 1)):
+    for x, t, axis, s in ((a, ins.a_type, 1, stream),
+                          (b, ins.b_type, 0, stream_after(stream, 1))):
         q = quantize_blocks(np.ascontiguousarray(x), _BLOCK_FORMATS[t, ins.block,
                                                                     ins.scale_type],
                             rounding, axis=axis, seed=seed, stream=s,

@@ -474,7 +474,7 @@ def wgmma_matmul(a, b, *, types: str = "e4m3.e4m3", promote: int | None = 128):
 
 
 def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=None,
-                   promote_scales=None):
+                   promote_scales=None, names=("a", "b", "scale_a", "scale_b")):
     """A @ B (float64 arrays of values of the instruction's A and B types) as a GEMM kernel
     computes it from ``ins`` chained along K: K padded with zeros to a multiple of the
     instruction's k, each instruction's D fed back as its C from C = +0, and every
@@ -494,7 +494,7 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
         A = np.concatenate([A, np.zeros((m, kp - k))], axis=1)
         B = np.concatenate([B, np.zeros((kp - k, n))], axis=0)
     parts = []
-    for name, x, ptx_type in (("a", A, ins.a_type), ("b", B, ins.b_type)):
+    for name, x, ptx_type in ((names[0], A, ins.a_type), (names[1], B, ins.b_type)):
         try:
             parts.append(decoded(x, ptx_type, name, ZERO_E))
         except ValueError as err:      # a value the type cannot hold
@@ -507,10 +507,13 @@ def chained_matmul(A, B, ins: Instruction, promote=None, who="matmul", scales=No
                          nodes)
     if ins.block:
         blocks = kp // ins.block
-        fold_scales(am, ae, acl, scale_exponents(scales[0], "scale_a", (m, blocks)),
-                     ins.block, 1)
-        fold_scales(bm, be, bcl, scale_exponents(scales[1], "scale_b", (blocks, n)),
-                     ins.block, 0)
+        try:
+            ea = scale_exponents(scales[0], names[2], (m, blocks))
+            eb = scale_exponents(scales[1], names[3], (blocks, n))
+        except ValueError as err:      # a scale its type cannot hold
+            raise ValueError(f"{who}: {str(err).removeprefix('mma: ')}") from None
+        fold_scales(am, ae, acl, ea, ins.block, 1)
+        fold_scales(bm, be, bcl, eb, ins.block, 0)
     am <<= ins.F - type_params(ins.a_type)[1] - type_params(ins.b_type)[1]
     zero = np.zeros((m, n), np.int32)
     codes = np.empty((m, n), np.int32)

@@ -120,3 +120,24 @@ def check_out(out, shape, dtype, op: str):
                          f"shape {tuple(shape)}, dtype {dtype}")
     if not out.flags.writeable:
         raise ValueError(f"{op}: out is read-only; accepted: a writable array")
+
+
+def fits_float32(x) -> bool:
+    """Whether every value of the array ``x`` is a float32 value (NaN and inf included):
+    then each product of two of them is exact in float64 (48 significant bits, exponents
+    within float64's range), as the simulated products need."""
+    if x.dtype == np.float32:
+        return True
+    with np.errstate(over="ignore"):
+        narrow = x.astype(np.float32)
+    return bool(np.all((narrow == x) | np.isnan(x)))
+
+
+def stream_after(stream, k: int):
+    """The stream ``k`` after ``stream`` (a call's inputs and output draw from stream,
+    stream + 1 and stream + 2), modulo 2**64 as the streams are 64-bit; anything but an
+    integer in range is returned as it is, for the rounding's own check to name."""
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, (bool, np.bool_)) \
+            and 0 <= stream < 1 << 64:
+        return (int(stream) + k) % (1 << 64)
+    return stream

@@ -50,7 +50,8 @@ from .kernels import NCOUNTS, ORDER_BLOCKED, ORDER_PAIRWISE, PARALLEL_STEPS, cha
 from .kernels import gemm_items, gemm_kernel, run
 from .hardware import _passes_through, dispatch
 from .models import AccumulationModel, check_order, get_model
-from .operands import as_array, container_format, deliver, is_torch, round_inputs
+from .operands import (as_array, container_format, deliver, fits_float32, is_torch,
+                       round_inputs)
 
 
 def resolve(model, dtype, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rounding=None,
@@ -178,15 +179,6 @@ def _setup(m: AccumulationModel, dtype: np.dtype, same_dtype: bool, op: str) -> 
     common = (acc_plan.mode, out_plan.mode, 32, 32, pva, pvo)
     return _Setup(in_fmt, dtype, blas, hw, acc_plan.mode, out_plan.mode, pva, pvo, order, blk,
                   bool(m.fused), common)
-
-
-def _fit_float32(x) -> bool:
-    """Whether every value of the array ``x`` is a float32 value (NaN and inf included)."""
-    if x.dtype == np.float32:
-        return True
-    with np.errstate(over="ignore"):
-        narrow = x.astype(np.float32)
-    return bool(np.all((narrow == x) | np.isnan(x)))
 
 
 def _kernel_array(x, keep=False):
@@ -445,7 +437,7 @@ def matmul(a, b, *, model=None, in_fmt=None, acc_fmt=None, out_fmt=None, acc_rou
         if in_fmt is None and given is not None:
             block, key = given, None    # not cached: a cached product would skip the blocks
     a, b = as_array(a, "a", op), as_array(b, "b", op)
-    if block is not None and _fit_float32(a) and _fit_float32(b):
+    if block is not None and fits_float32(a) and fits_float32(b):
         in_fmt = PRESETS["fp32"]        # block values that float32 holds: taken as they are
     m = resolve(model, _dtype_of(a, b), in_fmt, acc_fmt, out_fmt, acc_rounding, out_rounding,
                 fused, order)
