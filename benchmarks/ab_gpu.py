@@ -103,6 +103,9 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=2 ** 25)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timing import require_cuda
+    require_cuda("ab_gpu")
     if args.child:
         print(json.dumps(child(args.log2n, args.params)))
         return

@@ -65,7 +65,7 @@ TARGETS = {"copy": 0.5, "gfloat": 20.0}
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
-from timing import revision  # noqa: E402
+from timing import require_cuda, revision  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -567,6 +567,8 @@ def main() -> None:
     parser.add_argument("--png", help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
     args = parser.parse_args()
+    if args.device == "cuda" or args.scaled_mm:
+        require_cuda("bench_blocks" + (" --scaled-mm" if args.scaled_mm else " --device cuda"))
     log2n = args.log2n or (26 if args.device == "cuda" else 22)
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
@@ -646,7 +648,8 @@ def main() -> None:
                         met = "met" if g["ratio"] >= TARGETS["gfloat"] else "NOT met"
                         verdict.append(f"vs gfloat {g['ratio']:.0f}x ({met})")
                     print(f"#   {r['format']}: " + ", ".join(verdict))
-    if args.png and not (args.scaled_mm or args.counted or args.columns):
+    if args.png and not (args.scaled_mm or args.counted or args.columns or args.moved
+                         or args.hadamard):      # tables of their own columns
         plot(rows, header, args.png)
     if args.json:
         with open(args.json, "w") as handle:

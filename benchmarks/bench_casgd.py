@@ -43,6 +43,9 @@ TARGETS = {("C", 8, 64): 8.0, ("C", 1, 256): 20.0}
 GRAM_TARGET = 0.90
 
 
+if "--simulate" in sys.argv[1:]:
+    # numba reads this once, when it is first imported (the next line imports it)
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
@@ -209,8 +212,7 @@ def main():
     args = parse()
     if args.cpu_only:
         return cpu_only(args)
-    if args.simulate:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if args.simulate:              # (the simulator was switched on before numba's import)
         args.rows, args.features = min(args.rows, 512), min(args.features, 64)
         args.repeats, args.cpu_rows = min(args.repeats, 2), min(args.cpu_rows, 512)
     import torch

@@ -1,6 +1,7 @@
 """First-call time: import, compile (empty numba cache) and cache load (warm cache).
 
-    python benchmarks/bench_compile.py [--cases quantize-nearest-f32,ops-matmul] [--json out.json]
+    python benchmarks/bench_compile.py [--cases "quantize nearest f32,ops.matmul fp16 in and acc"]
+                                       [--json out.json]
 
 Each case runs in a fresh Python process: with an empty ``NUMBA_CACHE_DIR`` (every kernel it
 needs compiles) and again with the cache that run left behind (every kernel loads from disk).

@@ -1,15 +1,15 @@
 """CPU rounding throughput: lpsim.quantize against qtorch, ml_dtypes, torch casts and a copy.
 
-Rounds 2**24 float32 values (numpy, into a preallocated output) to bf16, e5m2 and fp(6,9,0),
-nearest and stochastic, and prints million elements per second next to, measured in the same
-run: qtorch's CPU ``float_quantize``, the ml_dtypes round trip
+Rounds 2**24 float32 values (numpy, into a preallocated output) to bf16, e5m2, e4m3fn, e2m1fn
+and fp(6,9,0), nearest and stochastic, and prints million elements per second next to,
+measured in the same run: qtorch's CPU ``float_quantize``, the ml_dtypes round trip
 ``x.astype(ml_dtypes.<type>).astype(np.float32)``, torch's ``t.to(<dtype>).float()`` and the
 memory ceiling: the faster of ``np.copyto(out, x)`` (one thread) and a numba ``prange`` copy on
 every thread lpsim uses.  Each time is the median of several runs after a warm-up.
 
     python benchmarks/bench_quantize.py [--log2n 24] [--repeats 7] [--json out.json]
 
-With ``--sweep``, it times float32 -> bf16 at every size 2**4 .. 2**26 instead: lpsim nearest
+With ``--sweep``, it times float32 -> bf16 at sizes 2**4, 2**6, .., 2**26 instead: lpsim nearest
 and stochastic, with and without a RoundingStats, against the ml_dtypes round trip, torch's
 ``.to(bfloat16).float()`` and qtorch, per call (microseconds) and per element, and checks
 the targets at every size; ``--plot`` draws throughput against size.

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import lpsim  # noqa: E402
 from lpsim.torch import simulate  # noqa: E402
 from train_lm import ByteLM  # noqa: E402
-from timing import cpu_model, revision  # noqa: E402
+from timing import cpu_model, require_cuda, revision  # noqa: E402
 
 PRESETS = ["bf16", "fp8_current", "mxfp8", "mxfp4", "nvfp4"]
 #: (case, least ratio to the BF16 step) per device
@@ -220,6 +220,8 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="then profile one step of each lpsim case (torch.profiler)")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        require_cuda("bench_recipes --device cuda")
     cases = ["bf16 autocast", "fp32"] + [f"lpsim {p}" for p in args.presets] + \
         [f"lpsim {p} (no telemetry)" for p in args.presets] + \
         [f"lpsim {p} (one lpsim thread)" for p in args.presets if args.one_thread] + \

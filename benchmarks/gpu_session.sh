@@ -126,4 +126,6 @@ esac
 )
 rc=$?
 record "$stage" "$rc" $(( $(date +%s) - t0 ))
+[ "$rc" -ne 0 ] && failed=$rc      # the script's status: the last failing stage's
 done
+exit "${failed:-0}"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
+import sys
 
 import numpy as np
 import torch
@@ -52,6 +54,9 @@ def main():
     parser.add_argument("--out", required=True, help="the .npz to write")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timing import require_cuda
+    require_cuda("probe_tensor_cores")
     dev = torch.device("cuda")
     one = torch.ones((), device=dev)
     record = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -30,7 +30,7 @@ from lpsim.quantize import plan
 from lpsim.rounding import STOCHASTIC, round_bits, round_fast
 from lpsim_cuda import launch
 
-from timing import cuda_time  # the script's folder is on sys.path
+from timing import cuda_time, require_cuda  # the script's folder is on sys.path
 
 
 @cuda.jit
@@ -91,6 +91,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sass", help="write the rounding kernel's SASS here")
     args = parser.parse_args()
+    require_cuda("profile_cuda")
     q = sys.modules["lpsim_cuda.quantize"]      # the module (lpsim_cuda.quantize is the function)
     dev = torch.device("cuda")
 

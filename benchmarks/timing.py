@@ -104,3 +104,12 @@ def cuda_time(fn, repeats: int = 20) -> float:
         stop.synchronize()
         times.append(start.elapsed_time(stop) / 1e3)
     return float(np.median(times))
+
+
+def require_cuda(what: str) -> None:
+    """Stop with a clear message where torch sees no CUDA device (a GPU-only mode), not a
+    traceback from inside torch."""
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{what}: no CUDA device is visible; this runs on a GPU "
+                         "(benchmarks/gpu_session.sh runs it on a lent one)")
