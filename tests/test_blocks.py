@@ -420,6 +420,29 @@ def test_numpy_integer_scalars_come_back_as_numbers_as_element_formats_give_them
         assert type(lpsim.quantize(value, "bf16")) is float
 
 
+def test_mxint8_codes_are_ocp_twos_complement_int8():
+    """They were sign-magnitude (lpsim's Format layout): OCP's INT8 readers took -0.5 for
+    -1.5 and -1/64 for -127/64."""
+    x = np.array([[1.0, -1.0, 0.5, -0.5, -1 / 64, -127 / 64] + [0.0] * 26], np.float32)
+    enc = lpsim.blocks.encode(x, "mxint8")
+    assert enc.codes[0, :6].tolist() == [0x40, 0xC0, 0x20, 0xE0, 0xFF, 0x81]
+    y = block_data(4, 64, seed=9)
+    enc = lpsim.blocks.encode(y, "mxint8")
+    scale = np.repeat(2.0 ** (enc.scales.astype(np.float64) - 127), 32, axis=1)
+    assert same(enc.codes.view(np.int8) / 64 * scale, lpsim.quantize(y, "mxint8"))
+    assert same(lpsim.blocks.decode(enc), lpsim.quantize(y, "mxint8"))
+
+
+def test_a_nan_element_no_code_can_hold_is_refused():
+    """e2m1fn has no NaN code, and with nonfinite="finite" its block's scale is finite:
+    encode wrote code 0, so decode gave 0 where quantize gives NaN."""
+    bfmt = block("e2m1fn", 4, "e8m0fnu", "floor", nonfinite="finite")
+    with pytest.raises(ValueError, match=r"a NaN element of .* has no code"):
+        lpsim.blocks.encode(np.array([[1.0, np.nan, 2.0, 3.0]], np.float32), bfmt)
+    x = np.array([[1.0, 2.0, 2.0, 3.0]], np.float32)
+    assert same(lpsim.blocks.decode(lpsim.blocks.encode(x, bfmt)), lpsim.quantize(x, bfmt))
+
+
 def test_mxfp4_codes_view_as_ml_dtypes():
     import ml_dtypes
     x = block_data(2, 64, seed=8)

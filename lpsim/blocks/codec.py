@@ -11,7 +11,7 @@ import numpy as np
 
 from ..formats import Format
 from .fake_quantize import quantize_blocks
-from .formats import BlockFormat, parse_block_format
+from .formats import INT8_MX, BlockFormat, parse_block_format
 
 
 class Encoded(NamedTuple):
@@ -21,7 +21,7 @@ class Encoded(NamedTuple):
     ``codes.view(ml_dtypes.float4_e2m1fn)`` etc. where ml_dtypes has the dtype, and
     :func:`lpsim.storage.pack_nibbles` packs 4-bit codes two a byte.  scales: codes of the
     scale format (rows, blocks per row), e.g. ``float8_e8m0fnu``.  NaN blocks carry a NaN
-    scale code.
+    scale code.  MXINT8's element codes are OCP's two's complement INT8 (k / 64).
     """
 
     codes: np.ndarray
@@ -51,10 +51,36 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
     x = as_container_array(x)
     r = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,
                         sr_bits=sr_bits, offset=offset, tensor_scale=tensor_scale)
+    if bfmt.element.specials == "saturate":
+        # no NaN code: a NaN element is marked by its block's NaN scale, which
+        # nonfinite="finite" does not make (the NaN would decode as 0)
+        block_of = np.arange(r.elements.shape[-1]) // bfmt.block
+        lost = np.isnan(r.elements) & ~np.isnan(r.scales[:, block_of])
+        if lost.any():
+            raise ValueError(f"encode: a NaN element of {bfmt} has no code: its element format "
+                             "has none, and with nonfinite='finite' its block's scale does not "
+                             "mark it; accepted: data without NaN, or nonfinite='nan'")
     codes = encode_values(r.elements, bfmt.element).astype(_code_dtype(bfmt.element))
+    if bfmt.element == INT8_MX:
+        codes = _twos_complement(codes)
     scales = encode_values(r.scales, bfmt.scale).astype(_code_dtype(bfmt.scale))
     shape = np.moveaxis(x, axis, -1).shape if x.ndim else ()
     return Encoded(codes, scales, r.tensor_scale, bfmt, shape, axis)
+
+
+def _twos_complement(codes):
+    """MXINT8's element codes as OCP's two's complement INT8 (value k / 64) from lpsim's
+    sign-magnitude ones; 0x80 (OCP's -2.0, which lpsim never produces) stays the NaN code."""
+    sign, k = codes >> 7, (codes & 0x7F).astype(np.int64)
+    return np.where(codes == 0x80, 0x80, np.where(sign == 1, (256 - k) & 0xFF, k)).astype(
+        codes.dtype)
+
+
+def _sign_magnitude(codes):
+    """The inverse of :func:`_twos_complement`."""
+    c = np.asarray(codes).astype(np.int64)
+    return np.where(c == 0x80, 0x80, np.where(c > 0x80, 0x80 | (256 - c), c)).astype(
+        np.asarray(codes).dtype)
 
 
 def _torch_host(t):
@@ -77,7 +103,8 @@ def decode(encoded: Encoded, dtype=np.float32) -> np.ndarray:
         raise TypeError(f"decode: encoded={encoded!r} is not accepted; "
                         "accepted: what lpsim.blocks.encode returns (an Encoded)")
     bfmt = encoded.format
-    q = decode_codes(encoded.codes, bfmt.element)
+    codes = _sign_magnitude(encoded.codes) if bfmt.element == INT8_MX else encoded.codes
+    q = decode_codes(codes, bfmt.element)
     # each element's block by index: repeating the scales block times first would make
     # block x blocks values however short the rows (a block of 2**40 asked for terabytes)
     block_of = np.arange(q.shape[1]) // bfmt.block
