@@ -21,7 +21,7 @@ from lpsim.blocks.decisions import (block_recip, element_exact, element_fast32_c
                                     element_stochastic32_conditions)
 from lpsim.word32 import as_int64, like, word
 
-from .counters import add_warp_counts
+from .counters import add_warp_count
 
 #: float32 bits of inf
 INF32 = 0x7F800000
@@ -70,7 +70,7 @@ def element32(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
 
 
 @cuda.jit(device=True)
-def element32_sr_counted(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
+def element32_sr(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
     """:func:`element32` for full-word stochastic rounding (where
     :func:`lpsim.rounding.sr_word_applies` holds): the same decisions and flags in fewer
     operations (:func:`lpsim.blocks.decisions.element_stochastic32_conditions`)."""
@@ -101,10 +101,7 @@ overflowed_element = element32
 @cuda.jit(device=True)
 def add_counts9(counts, c):
     """Add one thread's nine counters (32-bit words) into ``counts`` (slots 0 .. 8) as the
-    quantize kernels add their six (:func:`lpsim_cuda.counters.add_warp_counts`: per warp,
-    in int64, one atomic a counter).  Every lane of the warp calls it."""
-    zero = np.int64(0)
-    add_warp_counts(counts, 0, as_int64(c[0]), as_int64(c[1]), as_int64(c[2]),
-                    as_int64(c[3]), as_int64(c[4]), as_int64(c[5]))
-    add_warp_counts(counts, 6, as_int64(c[6]), as_int64(c[7]), as_int64(c[8]), zero, zero,
-                    zero)
+    quantize kernels add theirs (:func:`lpsim_cuda.counters.add_warp_count`: per warp, in
+    int64, one atomic a counter).  Every lane of the warp calls it."""
+    for f in range(9):
+        add_warp_count(counts, f, as_int64(c[f]))

@@ -30,7 +30,7 @@ from numba import cuda
 from lpsim.blocks.decisions import (BlockParams, _element_params, block_params,
                                     block_recip, block_scale, element_exact, element_fast,
                                     element_nearest32_conditions, element_params32,
-                                    element_stochastic32, nearest_words_exact, words_exact)
+                                    nearest_words_exact, words_exact)
 from lpsim.blocks.word_scales import pow2_exponent, pow2_float32, pow2_words, scale_words
 from lpsim.blocks.words import element_nearest32
 from lpsim.philox import block_words
@@ -40,7 +40,7 @@ from lpsim.storage import code_bits
 from lpsim.word32 import as_int64, bits_float32, like, word
 
 from . import launch, vector
-from .block_counting import (add_counts9, element32, element32_sr_counted, overflowed_element,
+from .block_counting import (add_counts9, element32, element32_sr, overflowed_element,
                              tally_flags, tally_nonfinite, tally_quad)
 from .launch import FULL_MASK, SIMULATOR
 from .tensor_amax import INF32, finite32
@@ -137,19 +137,6 @@ else:
 
 
 @cuda.jit(device=True)
-def element32_sr(xv, rc, s32, s, r, bp, mode, k, p32, p, c):
-    """:func:`lpsim_cuda.block_counting.element32` for full-word stochastic rounding in a
-    kernel that does not count: :func:`lpsim.blocks.decisions.element_stochastic32` (the
-    same decisions in fewer operations; no flags, and a nonzero word only counting kernels
-    read), element_exact where it declines."""
-    q, v, ok = element_stochastic32(xv, r, rc, s32, p32, bp)
-    if ok == 0:
-        _, v, _ = element_exact(xv, block_recip(s, bp), s, mode, r, k, p, bp)
-    z = word(np.int32(0))
-    return np.float32(v), (z, z, z, z), like(z, q != 0), c
-
-
-@cuda.jit(device=True)
 def _value(b):
     """The float32 whose bits are the int32 ``b``."""
     return np.int32(b).view(np.float32)
@@ -232,7 +219,7 @@ def _make(p, sp, mode: int, k: int, lanes: int, p32=None, near: bool = False,
     # for every element (looked up here, so that a stub set before the kernel is made is used)
     STEP32 = overflowed_element if NEAR and COUNT else element32
     if WORDS and sr_word_applies(p32, mode, k):
-        STEP32 = element32_sr_counted if COUNT else element32_sr
+        STEP32 = element32_sr       # its flags unread where nothing counts: compiled away
 
     def blocks(xb, out, n, pts, pts_inv, seed_lo, seed_hi, stream, block0, ts, counts):
         """Fake-quantize the n float32 values whose bits are ``xb`` (with HALF, bfloat16 or

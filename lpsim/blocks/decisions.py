@@ -238,8 +238,8 @@ def element_stochastic32(xv, r, recip, s, p, bp):
     """:func:`element_fast32`'s (q, q * s, ok) for stochastic rounding with a full 32-bit
     word ``r``, without flags: the quotient rounded by :func:`lpsim.rounding.round_sr_word`
     (round_fast_sub's decisions in fewer operations; ``p`` as it needs,
-    :func:`lpsim.rounding.sr_word_applies` says where), for a GPU kernel that does not
-    count."""
+    :func:`lpsim.rounding.sr_word_applies` says where): what the GPU block kernels' step
+    (:func:`element_stochastic32_conditions`) gives where nothing counts."""
     q, v, ok, _, _, _, _ = element_stochastic32_conditions(xv, r, recip, s, p, bp)
     return q, v, ok
 
