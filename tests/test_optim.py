@@ -323,6 +323,26 @@ def test_load_master_weights_keeps_the_fp32_master():
     assert torch.equal(r.detach().float() - kahan.state[r]["kahan_comp"], -w32)
 
 
+@pytest.mark.parametrize("weights, error, match", [
+    (lambda: [torch.full((4,), 1.2345678), torch.ones(5)], ValueError,
+     r"master weight 1 has shape \(5,\), its parameter \(3,\)"),
+    (lambda: [torch.ones(4), "x"], TypeError, "master weight 1 is str; accepted"),
+    (lambda: [torch.ones(4), torch.ones(3, dtype=torch.int32)], TypeError,
+     "master weight 1 is torch.int32"),
+    (lambda: [torch.ones(4), torch.full((3,), 0.1, dtype=torch.float64)], ValueError,
+     "master weight 1 is float64 with values float32 does not hold")])
+def test_a_refused_load_master_weights_changes_nothing(weights, error, match):
+    """Every weight is checked before any parameter or state is written: a bad second
+    weight once left the first parameter and its remainder already set."""
+    a, b = (torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in (4, 3))
+    opt = AdamW([a, b], update_rounding="remainder")
+    with pytest.raises(error, match=match):
+        opt.load_master_weights(weights())
+    assert torch.equal(a.detach(), torch.zeros(4, dtype=torch.bfloat16)) and not opt.state
+    opt.load_master_weights([torch.ones(4), torch.full((3,), 0.5, dtype=torch.float64)])
+    assert torch.equal(b.detach().float(), torch.full((3,), 0.5))
+
+
 @pytest.mark.parametrize("dtype,kw,expect", [
     (torch.bfloat16, dict(update_rounding="stochastic"), 6),
     (torch.bfloat16, dict(update_rounding="kahan"), 8),

@@ -445,6 +445,9 @@ def test_a_refused_step_changes_nothing(route, bad):
     (AdamW, {"lr": -1.0}, ValueError, "lr=-1.0 is out of range"),
     (AdamW, {"lr": float("nan")}, TypeError, "lr=nan must be a real number"),
     (AdamW, {"lr": "0.1"}, TypeError, "lr='0.1' must be a real number"),
+    (AdamW, {"lr": 10 ** 400}, ValueError, "lr=1000.* is out of range; accepted: a number "
+     "float64 holds"),
+    (SGD, {"momentum": -10 ** 400}, ValueError, "momentum=-1000.* is out of range"),
     (AdamW, {"eps": -1.0}, ValueError, "eps=-1.0 is out of range"),
     (AdamW, {"betas": (1.5, 0.9)}, ValueError, r"betas\[0\]=1.5 is out of range"),
     (SGD, {"dampening": 2.0}, ValueError, "dampening=2.0 is out of range"),
@@ -472,3 +475,16 @@ def test_float64_parameters_are_refused_in_init_and_add_param_group():
     with pytest.raises(TypeError, match="parameter 0 .* torch.float64"):
         opt.add_param_group({"params": [r]})
     assert len(opt.param_groups) == 1
+
+
+def test_a_refused_group_leaves_the_optimizer_able_to_step():
+    """A group refused by add_param_group (here an integer lr past float64's range, which
+    once raised a bare OverflowError and kept the group) is not added: the next step runs."""
+    p = Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = AdamW([p], lr=0.5, seed=0)
+    with pytest.raises(ValueError, match="lr="):
+        opt.add_param_group({"params": [Parameter(torch.ones(3, dtype=torch.bfloat16))],
+                             "lr": 10 ** 400})
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert len(opt.param_groups) == 1 and torch.all(p < 1)

@@ -434,6 +434,30 @@ def test_bad_simulate_calls_are_refused(make, error, match):
         make()
 
 
+class _OwnAttention(nn.MultiheadAttention):
+    def forward(self, query, key, value, **kwargs):
+        out, weights = super().forward(query, key, value, **kwargs)
+        return out * 2, weights
+
+
+def test_attention_with_a_forward_of_its_own_is_refused_and_hooks_move():
+    """A subclass's own forward would be replaced by the simulated one: refused by name,
+    before any layer is made; a plain module's hooks move to its simulated module."""
+    model = nn.Sequential(nn.Linear(32, 32), _OwnAttention(32, 4))
+    with pytest.raises(ValueError, match=r"module '1' is a _OwnAttention, an "
+                                         r"nn.MultiheadAttention subclass with its own forward"):
+        simulate(model, "mxfp8", attention=True)
+    assert type(model[0]) is nn.Linear and not model[0]._forward_pre_hooks
+    attn = nn.MultiheadAttention(32, 4).eval()
+    seen = []
+    attn.register_forward_hook(lambda module, args, out: seen.append(out[0].shape))
+    model = simulate(nn.Sequential(attn), "mxfp8", attention=True, generator=0)
+    assert isinstance(model[0], SimulatedMultiheadAttention) and not model[0].training
+    x = torch.randn(32, 2, 32)
+    model[0](x, x.clone(), x.clone())
+    assert seen == [(32, 2, 32)]
+
+
 def test_a_refused_simulate_leaves_the_model_unswapped():
     model = nn.Sequential(nn.Linear(32, 40), Block(40, kdim=32))
     with pytest.raises(ValueError, match=r"layer '1\.attn\.q_proj': fprop\.a\.fmt: block 32 "

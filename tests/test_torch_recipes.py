@@ -559,6 +559,12 @@ def test_an_input_nn_linear_refuses_is_refused_and_changes_nothing(x, error, mat
     (lambda: Operand("e4m3fn", "stochastic", sr_bits=33), r"sr_bits=33 is out of range"),
     (lambda: Operand("e4m3fn", "stochastic", sr_bits=2.0), r"sr_bits=2.0 is not an integer"),
     (lambda: Operand("e4m3fn", scaling="delayed", history=0), r"history=0 is not accepted"),
+    (lambda: Operand("e4m3fn", scaling="delayed", history=2 ** 40),
+     r"history=1099511627776 is not accepted; accepted: an integer 1 \.\. 1048576"),
+    (lambda: Operand("e8m0fnu"), r"fmt='e8m0fnu' holds no negative values"),
+    (lambda: Gemm(out="e8m0fnu"), r"out='e8m0fnu' holds no negative values"),
+    (lambda: Gemm(Operand("e4m3fn"), Operand(None), out="fp64"),
+     r"out='fp64' does not fit the float32 result of a GEMM of quantized operands"),
     (lambda: Operand("mxfp8", scaling="current"), r"scaling='current' needs an element format"),
     (lambda: Operand("e4m3fn", scaling="amax"), r"scaling='amax' is unknown"),
     (lambda: Operand("bf16", blocks_2d=True), r"blocks_2d=True needs a block format"),
@@ -601,6 +607,115 @@ def test_a_parametrized_layer_is_refused_and_the_model_left_as_it_was():
         simulate(model, "mxfp8")
     assert [n for n, _ in model.named_parameters()] == names
     assert all(not isinstance(m, SimulatedLinear) for m in model.modules())
+
+
+def test_out_wider_than_float32_is_taken_where_both_operands_are_exact():
+    """A float64 model under an exact recipe keeps float64 outputs (gradcheck's case)."""
+    exact = Gemm(out="fp64")
+    layer = SimulatedLinear.from_linear(nn.Linear(3, 2).double(), Recipe(exact, exact, exact))
+    x = torch.randn(4, 3, dtype=torch.float64)
+    assert torch.equal(layer(x), x @ layer.weight.t() + layer.bias)
+
+
+class _Adapter(nn.Linear):
+    """An nn.Linear subclass with a parameter and a forward of its own (LoRA's shape)."""
+
+    def __init__(self):
+        super().__init__(32, 32)
+        self.a = nn.Parameter(torch.ones(2, 32))
+
+    def forward(self, x):
+        return super().forward(x) + (x @ self.a.t()).sum(-1, keepdim=True)
+
+
+class _Residual(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) + x
+
+
+def _legacy_weight_norm(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # torch's deprecation of the legacy form
+        nn.utils.weight_norm(model[2])
+
+
+def _spectral_norm(model):
+    nn.utils.spectral_norm(model[2])
+
+
+def _adapter(model):
+    model[2] = _Adapter()
+
+
+def _residual(model):
+    model[2] = _Residual(32, 32)
+
+
+def _lazy(model):
+    model[2] = nn.LazyLinear(32)
+
+
+@pytest.mark.parametrize("change, match", [
+    (_legacy_weight_norm, r"layer '2' \(Linear\) has the parameters \['weight_g', 'weight_v'\]"),
+    (_spectral_norm, r"layer '2' \(Linear\) has the parameters \['weight_orig'\]"),
+    (_adapter, r"layer '2' \(_Adapter\) has the parameters \['a'\] besides"),
+    (_residual, r"layer '2' is a _Residual, an nn.Linear subclass with its own forward"),
+    (_lazy, r"layer '2' \(LazyLinear\) has uninitialized parameters")])
+def test_layers_whose_state_a_simulated_layer_would_drop_are_refused(change, match):
+    """A simulated layer holds a weight, a bias and nn.Linear's map: a weight computed from
+    other parameters (legacy weight_norm, spectral_norm), an adapter's parameters or forward,
+    and a lazy layer's unmade weight were once dropped silently (the weight never trained, a
+    residual vanished); refused by name, the model left as it was (no hook added either)."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 32))
+    change(model)
+    names = [n for n, _ in model.named_parameters()]
+    with pytest.raises(ValueError, match=match):
+        simulate(model, "mxfp8", skip=["4"])
+    assert [n for n, _ in model.named_parameters()] == names
+    assert all(not isinstance(m, SimulatedLinear) and not m._forward_pre_hooks
+               for m in (model[0], model[4]))
+    simulate(model, "mxfp8", skip=["2"])       # skipped, the rest is simulated
+    assert isinstance(model[0], SimulatedLinear) and not isinstance(model[2], SimulatedLinear)
+
+
+def test_a_simulated_layer_keeps_the_hooks_and_mode_of_the_layer_it_replaces():
+    """Hooks registered on a layer fire on its simulated layer and their handles still
+    remove them; an eval-mode layer stays in eval mode (they were once dropped)."""
+    model = mlp().eval()
+    seen = []
+    handle = model[2].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    model[2].register_forward_pre_hook(lambda module, args: seen.append("pre"))
+    simulate(model, "mxfp8", generator=0)
+    assert isinstance(model[2], SimulatedLinear)
+    assert [m.training for m in model] == [False] * 5
+    model(torch.randn(32, 32))
+    assert seen == ["pre", (32, 64)]
+    handle.remove()
+    model(torch.randn(32, 32))
+    assert seen == ["pre", (32, 64), "pre"]
+    simulate(model, "nvfp4", generator=0)      # simulated again: the guard hook not doubled
+    assert len(model[2]._forward_pre_hooks) == 2
+
+
+def test_a_second_derivative_through_a_simulated_layer_is_refused():
+    """The backward pass's GEMMs are quantized compositions of detached tensors: a gradient
+    penalty through them was once silently zero; torch now refuses it by name."""
+    exact = Gemm(out=None)
+    layer = SimulatedLinear.from_linear(nn.Linear(4, 3).double(), Recipe(exact, exact, exact))
+    x = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tanh(layer(x))
+    g, = torch.autograd.grad(y.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        (g ** 2).sum().backward()
+
+
+def test_report_worst_is_none_before_anything_is_counted():
+    model = simulate(mlp(), "mxfp8", generator=0)
+    assert report(model).worst() is None
+    model(torch.randn(32, 32)).sum().backward()
+    worst = report(model).worst()
+    assert worst is not None and worst["elements"] > 0
 
 
 def test_a_layer_used_in_several_places_is_simulated_in_each():

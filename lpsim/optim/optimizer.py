@@ -121,7 +121,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         try:
             check_options(self.param_groups[-1])
             self._check_hyper(self.param_groups[-1])
-        except (TypeError, ValueError):
+        except Exception:               # refused: the optimizer as it was
             self.param_groups.pop()
             raise
         params = self.param_groups[-1]["params"]
@@ -337,28 +337,26 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if len(weights) != len(params):
             raise ValueError(f"load_master_weights got {len(weights)} tensors for "
                              f"{len(params)} parameters (one per parameter, in order)")
-        position = 0
+        loads, position = [], 0         # every weight checked before any parameter is set
         for group in self.param_groups:
             for p in group["params"]:
-                w32 = weights[position].detach().to(device=p.device, dtype=torch.float32)
+                w32 = _master_weight(weights[position], position, p)
                 position += 1
-                if w32.shape != p.shape:
-                    raise ValueError(f"a master weight has shape {tuple(w32.shape)}, its "
-                                     f"parameter {tuple(p.shape)}")
                 local = p.to_local() if hasattr(p, "to_local") else p
-                setup = resolve(group, local, local.dtype)
-                state = self._init_state(p, local, group, setup)
-                if setup.update == REMAINDER:
-                    code, rem = reference.split_remainder(w32.contiguous())
-                    local.copy_(code)
-                    state["remainder"].copy_(rem)
-                    continue
-                w = quantize(w32.cpu().contiguous(), setup.weight_format, "nearest")
-                local.copy_(w)
-                if setup.update == KAHAN:
-                    c = quantize((w.double() - w32.cpu().double()).contiguous(),
-                                 setup.state_format, "nearest")
-                    state["kahan_comp"].copy_(c.float())
+                loads.append((p, w32, group, local, resolve(group, local, local.dtype)))
+        for p, w32, group, local, setup in loads:
+            state = self._init_state(p, local, group, setup)
+            if setup.update == REMAINDER:
+                code, rem = reference.split_remainder(w32.contiguous())
+                local.copy_(code)
+                state["remainder"].copy_(rem)
+                continue
+            w = quantize(w32.cpu().contiguous(), setup.weight_format, "nearest")
+            local.copy_(w)
+            if setup.update == KAHAN:
+                c = quantize((w.double() - w32.cpu().double()).contiguous(),
+                             setup.state_format, "nearest")
+                state["kahan_comp"].copy_(c.float())
 
     # -- the step --------------------------------------------------------------------------
     @torch.no_grad()
@@ -666,6 +664,27 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
 _PTR, _SHAPE = torch.Tensor.data_ptr, operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
+
+
+def _master_weight(weight, position: int, p: torch.Tensor) -> torch.Tensor:
+    """Master weight ``position`` as float32 on ``p``'s device: a real floating tensor of
+    p's shape whose values float32 holds (float64 ones rounded would be lost), else an
+    error naming it."""
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        kind = type(weight).__name__ if not isinstance(weight, torch.Tensor) else weight.dtype
+        raise TypeError(f"master weight {position} is {kind}; accepted: a floating-point "
+                        "torch tensor (float32)")
+    if weight.shape != p.shape:
+        raise ValueError(f"master weight {position} has shape {tuple(weight.shape)}, its "
+                         f"parameter {tuple(p.shape)}")
+    w32 = weight.detach().to(device=p.device, dtype=torch.float32)
+    if weight.dtype == torch.float64:
+        w = weight.detach().to(p.device)
+        if not ((w32.double() == w) | w.isnan()).all():
+            raise ValueError(f"master weight {position} is float64 with values float32 does "
+                             "not hold (they would be rounded, not kept); accepted: float32 "
+                             "weights")
+    return w32
 
 
 def _signature(tensors) -> tuple:

@@ -30,8 +30,14 @@ def check_number(name, value, low=0.0, high=None, open_high=False):
             raise (ValueError if value.numel() != 1 else TypeError)(
                 f"{name}={value!r} must be a real number or a 1-element real tensor")
         value = value.item()
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
-            math.isnan(value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} must be a real number")
+    try:
+        nan = math.isnan(value)
+    except OverflowError:               # an integer past float64's range
+        raise ValueError(f"{name}={value!r} is out of range; accepted: a number float64 "
+                         "holds") from None
+    if nan:
         raise TypeError(f"{name}={value!r} must be a real number")
     if value < low or (high is not None and (value >= high if open_high else value > high)):
         bound = f"< {high}" if open_high else f"<= {high}"

@@ -12,7 +12,9 @@ Between the projections, the attention itself (bias_k and bias_v, add_zero_attn,
 the scaled scores, softmax, dropout, the weights averaged over heads) runs in ordinary torch,
 the same operations in the same order as ``torch.nn.functional.multi_head_attention_forward``:
 with the projections exact, outputs and attention weights equal ``nn.MultiheadAttention``'s
-bit for bit.  The module never takes ``nn.MultiheadAttention``'s inference fast path
+bit for bit where query, key and value are different tensors (given one tensor as two or
+three of them, torch projects them by one packed GEMM, which BLAS may sum in another order:
+float32 rounding apart).  The module never takes ``nn.MultiheadAttention``'s inference fast path
 (``torch._native_multi_head_attention``, which runs the projections inside), and its no-op
 forward pre-hook keeps ``nn.TransformerEncoderLayer`` out of its own fast path, which reads
 the projection weights directly.
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generator import Generator
-from .gemms import LinearGemms, check_float_input, keep_out_of_fast_paths, wgrad_follows
+from .gemms import LinearGemms, adopt_module_state, check_float_input, wgrad_follows
 from .recipes import recipe as as_recipe
 
 #: the projections of an attention module, in the order their GEMMs run and are indexed
@@ -67,16 +69,12 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
                        telemetry: bool | int = True):
         """The simulated module of ``attention`` (its Parameters, shared); the projections'
         layer indices (the RHT's streams) are index .. index + 3."""
-        if not isinstance(attention, nn.MultiheadAttention):
-            raise TypeError(f"attention={type(attention).__name__}: accepted: an "
-                            "nn.MultiheadAttention")
         r = as_recipe(recipe)
+        cls.check(attention, r, name)
         generator = generator if generator is not None else Generator()
         projections = {p: LinearGemms(r, generator=generator, name=_join(name, p),
                                       index=index + i, telemetry=telemetry)
                        for i, p in enumerate(PROJECTIONS)}
-        for p, (in_features, out_features) in _dims(attention).items():
-            projections[p].check_dims(in_features, out_features)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         for key, value in vars(attention).items():
@@ -85,8 +83,26 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
             elif key == "training" or key not in _MODULE_STATE:
                 self.__dict__[key] = value
         self.layer_name, self.projections = name, projections
-        self.register_forward_pre_hook(keep_out_of_fast_paths)
+        adopt_module_state(self, attention)
         return self
+
+    @classmethod
+    def check(cls, attention: nn.MultiheadAttention, recipe, name: str = "") -> None:
+        """Refuse what :meth:`from_attention` cannot simulate (before anything is made): not
+        an nn.MultiheadAttention, a subclass with a forward of its own (which the simulated
+        forward would replace), projection sizes the recipe's blocks do not divide."""
+        if not isinstance(attention, nn.MultiheadAttention):
+            raise TypeError(f"attention={type(attention).__name__}: accepted: an "
+                            "nn.MultiheadAttention")
+        if not isinstance(attention, cls) and \
+                type(attention).forward is not nn.MultiheadAttention.forward:
+            raise ValueError(f"module {name!r} is a {type(attention).__name__}, an "
+                             "nn.MultiheadAttention subclass with its own forward, which the "
+                             "simulated module's would replace; accepted: nn.MultiheadAttention"
+                             f" and subclasses that keep its forward (skip=[{name!r}])")
+        r = as_recipe(recipe)
+        for p, (in_features, out_features) in _dims(attention).items():
+            r.check_dims(in_features, out_features, where=f"layer {_join(name, p)!r}: ")
 
     @property
     def recipe(self):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..blocks.amax import tensor_amax
 from ..blocks.columns import takes_columns
@@ -348,7 +349,11 @@ class _LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
+        # once differentiable: the GEMMs of the backward pass are quantized, detached
+        # compositions, so a second derivative through them (create_graph=True: gradient
+        # penalties, MAML) is refused by torch with an error, not silently zero
         layer = ctx.layer
         r = layer.recipe
         keep = _keeps(r)
@@ -555,3 +560,18 @@ def keep_out_of_fast_paths(module, args) -> None:
     ``nn.TransformerEncoderLayer``'s inference fast path does not take, as that path reads
     the weights directly and would run none of the simulated GEMMs."""
     return None
+
+
+#: nn.Module's hook registries (forward, backward, state-dict and load hooks)
+_HOOKS = tuple(sorted(key for key in vars(torch.nn.Module()) if "hook" in key))
+
+
+def adopt_module_state(new: torch.nn.Module, old: torch.nn.Module) -> None:
+    """``new`` (a simulated module made to replace ``old``) takes ``old``'s training flag and
+    its hooks: the same registries, so the handles a user holds still remove them; then the
+    fast-path guard (:func:`keep_out_of_fast_paths`), once."""
+    new.training = old.training
+    for key in _HOOKS:
+        setattr(new, key, getattr(old, key))
+    if keep_out_of_fast_paths not in new._forward_pre_hooks.values():
+        new.register_forward_pre_hook(keep_out_of_fast_paths)

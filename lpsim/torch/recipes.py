@@ -41,6 +41,8 @@ from ..rounding import NEAREST, STOCHASTIC, mode_code
 #: per-tensor scaling of an element format: none, from this tensor's amax (``current``), or
 #: from the largest amax of the tensor's last ``history`` steps (``delayed``)
 SCALINGS = ("none", "current", "delayed")
+#: the most steps of amax a delayed-scaling operand keeps (4 MiB of float32 each)
+MAX_HISTORY = 1 << 20
 #: the GEMMs of a linear layer and their operands, in order
 GEMMS = {"fprop": ("x", "w"), "dgrad": ("dy", "w"), "wgrad": ("dy", "x")}
 
@@ -80,6 +82,10 @@ class Operand:
             except (TypeError, ValueError) as error:
                 raise ValueError(f"fmt={self.fmt!r}: {error}") from None
             element = fmt if isinstance(fmt, Format) else fmt.saturating_element
+            if not element.signed:
+                raise ValueError(f"fmt={self.fmt!r} holds no negative values (an unsigned "
+                                 "format: a negative operand would become NaN); accepted: a "
+                                 "signed format")
             fits, why = element.fits(np.float32)
             if not fits and not _is_fp32(fmt):  # the operands round in float32 containers
                 raise ValueError(f"fmt={self.fmt!r} does not fit the float32 containers the "
@@ -110,9 +116,10 @@ class Operand:
             raise ValueError(f"scaling={self.scaling!r} is asked of an operand kept exact "
                              f"(fmt={self.fmt!r})")
         if isinstance(self.history, bool) or not isinstance(self.history, (int, np.integer)) \
-                or self.history < 1:
+                or not 1 <= self.history <= MAX_HISTORY:
             raise ValueError(f"history={self.history!r} is not accepted; accepted: an "
-                             "integer >= 1 (steps of amax kept by scaling='delayed')")
+                             f"integer 1 .. {MAX_HISTORY} (steps of amax kept by "
+                             "scaling='delayed', a float32 each)")
         object.__setattr__(self, "history", int(self.history))
         if not isinstance(self.blocks_2d, bool):
             raise TypeError(f"blocks_2d={self.blocks_2d!r} must be True or False")
@@ -250,9 +257,19 @@ class Gemm:
         object.__setattr__(self, "accumulate", model)
         if self.out is not None:
             try:
-                object.__setattr__(self, "out", parse_format(self.out))
+                out = parse_format(self.out)
             except (TypeError, ValueError) as error:
                 raise ValueError(f"out={self.out!r}: {error}") from None
+            if not out.signed:
+                raise ValueError(f"out={self.out!r} holds no negative values (an unsigned "
+                                 "format); accepted: a signed format")
+            fits, why = out.fits(np.float32)
+            if not fits and (self.a.fmt is not None or self.b.fmt is not None):
+                raise ValueError(f"out={self.out!r} does not fit the float32 result of a GEMM"
+                                 f" of quantized operands ({why}); accepted: formats whose "
+                                 "values float32 holds (wider ones only where both operands "
+                                 "are kept exact, fmt=None, as float64 models' are)")
+            object.__setattr__(self, "out", out)
 
 
 @dataclass(frozen=True)

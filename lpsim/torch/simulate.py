@@ -21,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
 
 from ..generator import Generator
 # the GEMM machinery lives in lpsim.torch.gemms; its public names (and _Site, which the
 # pickles of earlier SimulatedLinear layers name here) stay importable from this module
-from .gemms import (LinearGemms, _Site, _telemetry_every, gemm,  # noqa: F401
-                    keep_out_of_fast_paths, quantize_operand, tensor_scale, wgrad_follows)
+from .gemms import (LinearGemms, _Site, _telemetry_every, adopt_module_state,  # noqa: F401
+                    gemm, keep_out_of_fast_paths, quantize_operand, tensor_scale,
+                    wgrad_follows)
 from .hadamard import RHT_STREAM, hadamard, rht, rht_signs  # noqa: F401
 from .attention import PROJECTIONS, SimulatedMultiheadAttention
 from .recipes import PRESETS, Recipe, recipe as as_recipe
@@ -53,13 +55,7 @@ class SimulatedLinear(LinearGemms, nn.Linear):
     def from_linear(cls, linear: nn.Linear, recipe, *, generator: Generator | None = None,
                     name: str = "", index: int = 0, telemetry: bool = True):
         r = as_recipe(recipe)
-        r.check_dims(linear.in_features, linear.out_features, where=f"layer {name!r}: ")
-        if parametrize.is_parametrized(linear):
-            raise ValueError(f"layer {name!r} has parametrized {sorted(linear.parametrizations)}"
-                             " (weight_norm, say), which a simulated layer cannot keep: it "
-                             "would hold one computed weight; accepted: a plain nn.Linear "
-                             "(torch.nn.utils.parametrize.remove_parametrizations first, or "
-                             "skip the layer)")
+        cls.check(linear, r, name)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -67,8 +63,18 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         self.bias = linear.bias
         LinearGemms.__init__(self, r, generator=generator, name=name, index=index,
                              telemetry=telemetry)
-        self.register_forward_pre_hook(keep_out_of_fast_paths)
+        adopt_module_state(self, linear)
         return self
+
+    @classmethod
+    def check(cls, linear: nn.Linear, recipe, name: str = "") -> None:
+        """Refuse what :meth:`from_linear` cannot simulate, before anything is made: block
+        sizes the layer's dimensions do not divide, and a layer whose state or behaviour a
+        SimulatedLinear (the weight, the bias and nn.Linear's map) would drop, naming what
+        it has and what is accepted."""
+        as_recipe(recipe).check_dims(linear.in_features, linear.out_features,
+                                     where=f"layer {name!r}: ")
+        _check_plain_linear(linear, name)
 
     def gemm_layers(self) -> dict:
         """The simulated linear maps of this module by name suffix (report's rows)."""
@@ -89,6 +95,40 @@ class SimulatedLinear(LinearGemms, nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name!r}"
+
+
+def _check_plain_linear(linear: nn.Linear, name: str) -> None:
+    """Refuse a layer whose state or behaviour a simulated layer (the weight, the bias and
+    nn.Linear's map) would silently drop, naming what it has and what is accepted."""
+    if parametrize.is_parametrized(linear):
+        raise ValueError(f"layer {name!r} has parametrized {sorted(linear.parametrizations)}"
+                         " (weight_norm, say), which a simulated layer cannot keep: it "
+                         "would hold one computed weight; accepted: a plain nn.Linear "
+                         "(torch.nn.utils.parametrize.remove_parametrizations first, or "
+                         "skip the layer)")
+    if isinstance(linear, SimulatedLinear):
+        return                      # already simulated: it takes the new recipe
+    if any(is_lazy(t) for t in (linear.weight, linear.bias) if t is not None):
+        raise ValueError(f"layer {name!r} ({type(linear).__name__}) has uninitialized "
+                         "parameters; accepted: a layer whose parameters are made (run one "
+                         "forward pass of the model before simulate)")
+    extra = sorted(set(linear._parameters) - {"weight", "bias"})
+    if extra or not isinstance(linear.weight, nn.Parameter):
+        raise ValueError(f"layer {name!r} ({type(linear).__name__}) has the parameters "
+                         f"{extra} besides its weight and bias (torch.nn.utils.weight_norm and "
+                         "spectral_norm compute the weight from theirs; an adapter adds its "
+                         "own), which a simulated layer would drop; accepted: a layer whose "
+                         "weight is a Parameter and that has no others (remove_weight_norm "
+                         f"first, or skip the layer: simulate(..., skip=[{name!r}]))")
+    own = [what for what, there in (("forward", type(linear).forward is not nn.Linear.forward),
+                                    ("buffers", bool(linear._buffers)),
+                                    ("submodules", bool(linear._modules))) if there]
+    if own:
+        raise ValueError(f"layer {name!r} is a {type(linear).__name__}, an nn.Linear subclass "
+                         f"with its own {' and '.join(own)}, which a SimulatedLinear (nn.Linear's"
+                         " map of the weight and bias) would drop; accepted: nn.Linear and "
+                         "subclasses that add none (skip the layer: simulate(..., skip=["
+                         f"{name!r}]))")
 
 
 def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
@@ -159,10 +199,20 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
                       "forward reads their weights directly; they are not simulated "
                       "(simulate(..., attention=True) simulates the attention projections)",
                       stacklevel=2)
+    chosen_of = [PRESETS["bf16"] if r.keep_first_last and position in (0, len(units) - 1)
+                 else r for position in range(len(units))]
+    for (name, module), chosen in zip(units, chosen_of):  # every layer checked before any
+        kind = SimulatedMultiheadAttention if isinstance(module, nn.MultiheadAttention) \
+            else SimulatedLinear                        # is made (which moves its hooks)
+        kind.check(module, chosen, name)
+    if units and units[0][0] == "":
+        kind = "SimulatedLinear.from_linear" if isinstance(model, nn.Linear) else \
+            "SimulatedMultiheadAttention.from_attention"
+        raise ValueError(f"model is itself the layer to swap ({type(model).__name__}), which "
+                         "simulate cannot replace in place; accepted: a model that holds it, "
+                         f"or {kind}(model, recipe)")
     made, index = [], 0
-    for position, (name, module) in enumerate(units):   # every layer made before any swap
-        first_last = r.keep_first_last and position in (0, len(units) - 1)
-        chosen = PRESETS["bf16"] if first_last else r
+    for (name, module), chosen in zip(units, chosen_of):  # every layer made before any swap
         options = dict(generator=generator, name=name, index=index, telemetry=telemetry)
         if isinstance(module, nn.MultiheadAttention):
             made.append((name, SimulatedMultiheadAttention.from_attention(module, chosen,
@@ -171,11 +221,6 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
         else:
             made.append((name, SimulatedLinear.from_linear(module, chosen, **options)))
             index += 1
-    if made and made[0][0] == "":
-        made_from = "from_linear" if isinstance(model, nn.Linear) else "from_attention"
-        raise ValueError(f"model is itself the layer to swap ({type(model).__name__}), which "
-                         "simulate cannot replace in place; accepted: a model that holds it, "
-                         f"or {type(made[0][1]).__name__}.{made_from}(model, recipe)")
     # a module used in several places (named_modules lists it once) is swapped in each
     places = {}
     for name, module in model.named_modules(remove_duplicate=False):
@@ -215,12 +260,12 @@ class Report:
                "underflow", "blocks", "clipped_scales", "flushed_blocks")
 
     def worst(self) -> dict | None:
-        """The row with the largest fraction of saturated, underflowed or flushed values."""
+        """The row with the largest fraction of saturated, underflowed or flushed values
+        among those that counted any element; None before anything was counted."""
         def badness(row):
-            n = max(row["elements"], 1)
-            return (row["saturated"] + row["underflow"]) / n + \
+            return (row["saturated"] + row["underflow"]) / row["elements"] + \
                 row["flushed_blocks"] / max(row["blocks"], 1)
-        return max(self.rows, key=badness, default=None)
+        return max((row for row in self.rows if row["elements"]), key=badness, default=None)
 
     def __str__(self) -> str:
         table = [self.COLUMNS] + [tuple(str(row[c]) for c in self.COLUMNS) for row in self.rows]
