@@ -227,7 +227,10 @@ def _rounded(value, fmt: Format, mode: str, seed: int) -> float:
 def _shown(value) -> str:
     """A value for a title: its float64 repr and hex float when it is one, else as typed."""
     if isinstance(value, Fraction):
-        as_float = float(value) if abs(value) < 2 ** 1024 else math.inf
+        try:
+            as_float = float(value)
+        except OverflowError:           # at or past 2**1024 - 2**970: no float64 rounds it
+            as_float = math.inf if value > 0 else -math.inf
         if as_float != value:
             return f"{value!r} (exact, not a float64)"
         value = as_float

@@ -200,10 +200,15 @@ class Format:
 
     def within(self, other: "Format") -> bool:
         """Whether every value of this format is exact in the format ``other``: as many
-        mantissa bits or fewer, a largest exponent and a finest spacing that ``other``
-        reaches."""
-        return (self.m <= other.m and self.emax <= other.emax
-                and self.emin - self.m >= other.emin - other.m)
+        mantissa bits or fewer, a largest finite value and a finest spacing that ``other``
+        reaches, a smallest value it holds where it has no subnormals, its signs and zero
+        and its infinities (zeros compare equal: -0 may become +0; NaN stays NaN in every
+        format)."""
+        if (self.signed and not other.signed) or (self.has_inf and not other.has_inf):
+            return False
+        return (self.m <= other.m and self.max_finite <= other.max_finite
+                and self.emin - self.m >= other.emin - other.m
+                and (other.subnormals or self.min_subnormal >= other.min_normal))
 
     # --- containers -------------------------------------------------------------------
     def fits(self, dtype) -> tuple[bool, str]:

@@ -241,7 +241,14 @@ def decode_codes(codes, fmt) -> np.ndarray:
     """float64 values of the bit patterns ``codes`` of ``fmt`` (the inverse of encode_values)."""
     fmt = parse_format(fmt)
     shift, mmask = _code_layout(fmt)
-    c = np.asarray(codes).astype(np.int64)
+    given, top = np.asarray(codes), (1 << fmt.bits) - 1
+    if given.dtype.kind not in "ui":    # floats would be truncated, bools read as codes
+        raise TypeError(f"decode_codes: codes of dtype {given.dtype} are not accepted; "
+                        f"accepted: integer codes 0 .. {top} of {fmt!r}")
+    if given.size and (int(given.min()) < 0 or int(given.max()) > top):
+        raise ValueError(f"decode_codes: codes from {given.min()} to {given.max()} are not "
+                         f"accepted; accepted: 0 .. {top} ({fmt.bits} bits of {fmt!r})")
+    c = given.astype(np.int64)
     if fmt.specials == "fnu":
         mag = c + 1
         sign = np.zeros_like(c, bool)

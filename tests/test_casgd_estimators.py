@@ -59,8 +59,9 @@ EXPECTED = {"check_sample_weight_equivalence_on_dense_data": SHUFFLED,
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.SkipTestWarning")
-@pytest.mark.parametrize("estimator", [CASGDClassifier(**SMALL), CASGDRegressor(**SMALL)],
-                         ids=["classifier", "regressor"])
+@pytest.mark.parametrize("estimator", [CASGDClassifier(**SMALL), CASGDRegressor(**SMALL),
+                                       CASGDRegressor(loss="poisson", **SMALL)],
+                         ids=["classifier", "regressor", "poisson"])
 def test_check_estimator(estimator):
     results = check_estimator(estimator, on_fail=None, expected_failed_checks=EXPECTED)
     failed = [(r["check_name"], r["exception"]) for r in results if r["status"] == "failed"]
@@ -121,12 +122,18 @@ def test_estimators_without_sklearn():
             CASGDClassifier().set_params(gamma=1)
         except ValueError as err:
             print(err)
+        try:                    # once a ZeroDivisionError from numpy's average
+            clf.score(A, y, sample_weight=np.zeros(200))
+        except ValueError as err:
+            print(err)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ), check=True).stdout.splitlines()
     assert out[0] == "None 1.0 True (200,)"      # the stand-in base classes ran
     assert out[1].startswith("unknown parameter 'gamma'; accepted: P, b, device, eta, "
                              "fit_intercept, intercept_scaling, n_iter")
+    assert out[2] == ("sample_weight: every weight is 0; accepted: at least one non-zero "
+                      "weight (as scikit-learn's metrics)")
 
 
 # --- issue 16: scikit-learn's conventions -------------------------------------------------
@@ -476,3 +483,26 @@ def test_valid_flags_of_numpy_types_are_taken(tiny):
                         verbose=np.int64(0), progress=np.bool_(False)).fit(X, labels)
     b = CASGDClassifier(**TINY, fit_intercept=False).fit(X, labels)
     np.testing.assert_array_equal(a.coef_, b.coef_)
+
+
+def test_predict_checks_the_loss_it_was_given():
+    """A loss changed after fit (set_params) once changed predict's mean silently (the
+    regressor's predict gave logistic probabilities); predict refuses it by name."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    reg = CASGDRegressor(**SMALL).fit(X, X[:, 0])
+    before = reg.predict(X[:3])
+    for bad in ("logistic", "bogus", ["linear"]):
+        reg.set_params(loss=bad)
+        with pytest.raises(ValueError, match=rf"loss={re.escape(repr(bad))} is not accepted; "
+                                             r"accepted: 'linear', 'poisson'"):
+            reg.predict(X[:3])
+    np.testing.assert_array_equal(reg.set_params(loss="linear").predict(X[:3]), before)
+
+
+@pytest.mark.parametrize("recipe", ["e8m0fnu", "fp(4,3,0,fnu)"])
+def test_an_unsigned_recipe_format_is_refused_by_name(recipe):
+    """An unsigned format (no zero, no negatives) made every weight NaN at once and the fit
+    blamed the step size; refused when the recipe is made."""
+    with pytest.raises(ValueError, match="holds no negative values and no zero"):
+        CASGDClassifier(recipe=recipe, **SMALL).fit(np.eye(8), [0, 1] * 4)

@@ -275,6 +275,20 @@ def test_decimals_are_rounded_as_typed_not_through_float64():
     assert _rounded(parse_value("1e-999999999"), lpsim.parse_format("fp64"), "up", 0) == 5e-324
 
 
+@pytest.mark.parametrize("text, shown", [
+    ("0x1.fffffffffffff8p1023", "inf"), ("-1.797693134862315808e308", "-inf")])
+def test_values_just_below_two_to_the_1024_are_shown(text, shown):
+    """Between 2**1024 - 2**970 and 2**1024 a value has no float64 (Fraction's float()
+    overflows there): its title once failed with "integer division result too large";
+    fp64 to nearest is inf, toward zero float64's largest."""
+    done = lpsim_cmd("round", "-f", "fp64", "-r", "nearest", "-r", "toward_zero", text,
+                     columns=200)
+    assert done.returncode == 0, done.stderr
+    assert f"{text} (exact, not a float64)" in done.stdout
+    assert f"│ {shown} " in done.stdout.replace("  ", " ") or f" {shown} " in done.stdout
+    assert float.hex(math.copysign(1.7976931348623157e308, float(shown))) in done.stdout
+
+
 def test_exact_values_take_the_draws_of_lpsim_quantize():
     """A typed value that is a float64 gives lpsim.quantize's bits in every mode and seed
     (the stochastic word of counter 0 in a float64 container)."""

@@ -399,3 +399,14 @@ def test_the_reference_rounds_a_long_double_from_its_own_value():
         pytest.skip("this platform's long double is float64")
     assert reference.round_exact(x, "bf16", "up").value == 1.0078125 == \
         quantize(x, "bf16", "up")
+
+
+def test_adding_stats_past_int64_is_refused_and_adds_nothing():
+    """int64 counters once wrapped to negative counts (which repr could not read back)."""
+    big = lpsim.RoundingStats(elements=2 ** 63 - 1, inexact=5)
+    with pytest.raises(OverflowError, match=r"elements would pass 2\*\*63 - 1"):
+        big += lpsim.RoundingStats(elements=1, inexact=1)
+    assert big == lpsim.RoundingStats(elements=2 ** 63 - 1, inexact=5)
+    with pytest.raises(OverflowError, match="inexact would pass"):
+        lpsim.RoundingStats(inexact=1) + lpsim.RoundingStats(inexact=2 ** 63 - 1)
+    assert (big + lpsim.RoundingStats(inexact=1)).inexact == 6

@@ -155,3 +155,17 @@ def test_a_nan_in_a_format_without_a_nan_code_is_refused():
         encode_values([1.0, np.nan], "fp(5,0)")
     assert decode_codes(encode_values([np.inf, -2.0], "fp(5,0)"), "fp(5,0)").tolist() == [
         np.inf, -2.0]
+
+
+@pytest.mark.parametrize("codes, error, match", [
+    ([1.7], TypeError, r"codes of dtype float64 are not accepted; accepted: integer codes "
+                       r"0 \.\. 255"),
+    ([True], TypeError, r"codes of dtype bool"),
+    ([1000], ValueError, r"codes from 1000 to 1000 are not accepted; accepted: 0 \.\. 255"),
+    ([-1, 3], ValueError, r"codes from -1 to 3 are not accepted")])
+def test_decode_codes_refuses_what_it_would_truncate_or_wrap(codes, error, match):
+    """1.7 was read as code 1, 1000 as its low byte and -1 as NaN, silently."""
+    with pytest.raises(error, match=match):
+        decode_codes(codes, "e4m3fn")
+    assert decode_codes(np.array([], np.int64), "e4m3fn").size == 0
+    assert decode_codes(np.uint8(0x38), "e4m3fn") == 1.0

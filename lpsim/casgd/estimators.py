@@ -167,6 +167,9 @@ def _score_targets(y, pred: np.ndarray, sample_weight):
             raise ValueError(f"sample_weight has shape {sample_weight.shape}; accepted: "
                              f"{pred.shape}, one weight per row of X")
         check_finite("sample_weight", sample_weight, "finite weights")
+        if pred.size and not np.any(sample_weight):     # an average of no weight
+            raise ValueError("sample_weight: every weight is 0; accepted: at least one "
+                             "non-zero weight (as scikit-learn's metrics)")
     return y, sample_weight
 
 
@@ -333,9 +336,9 @@ class _CASGD(BaseEstimator):
             if not isinstance(self.random_state, (type(None), np.random.RandomState,
                                                   np.random.Generator)):
                 check_seed(self.random_state, "random_state")
+            as_recipe(self.recipe)
         except ValueError as err:
             raise InvalidParameterError(f"{owner}: {err}") from None
-        as_recipe(self.recipe)
         for name in ("normalize", "fit_intercept", "progress"):
             _check_flag(owner, name, getattr(self, name))
         _check_verbose(owner, self.verbose)
@@ -542,14 +545,15 @@ class CASGDRegressor(RegressorMixin, _CASGD):
         self.loss = loss
 
     def _check_loss(self):
-        if self.loss not in ("linear", "poisson"):
-            raise ValueError(f"loss={self.loss!r} is not accepted; accepted: 'linear', "
+        if not isinstance(self.loss, str) or self.loss not in ("linear", "poisson"):
+            raise InvalidParameterError(f"loss={self.loss!r} is not accepted; accepted: 'linear', "
                              "'poisson' (use CASGDClassifier for logistic)")
 
     @_refusal_changes_nothing
     def fit(self, X, y, sample_weight=None):
-        """Fit on features X (m x n, dense or scipy.sparse) and real (linear) or count
-        (Poisson) targets y, n_iter outer iterations from zero weights."""
+        """Fit on features X (m x n, dense or scipy.sparse) and real (linear) or non-negative
+        (Poisson: counts, or any y >= 0) targets y, n_iter outer iterations from zero
+        weights."""
         self._check_loss()
         X, y = self._validate(X, y)
         return self._fit(X, y, self.loss, sample_weight, self.n_iter)
@@ -566,6 +570,7 @@ class CASGDRegressor(RegressorMixin, _CASGD):
 
     def predict(self, X):
         """Predicted mean: the margin (linear) or exp(margin) (Poisson)."""
+        self._check_loss()
         return get_loss(self.loss).mean(self._margins(X))
 
     def __sklearn_tags__(self):

@@ -17,11 +17,12 @@ def _logistic_labels(y):
 
 
 def _poisson_labels(y):
-    bad = y[(y < 0) | (y != np.floor(y))]
+    """Counts, or any real y >= 0 (the loss e^r - y r is defined there, as scikit-learn's
+    PoissonRegressor takes it)."""
+    bad = y[~(y >= 0)]
     if bad.size:
-        raise ValueError(f"Poisson labels must be non-negative integer counts; got "
-                         f"{float(bad[0])!r} "
-                         f"({bad.size} labels outside {{0, 1, 2, ...}})")
+        raise ValueError(f"Poisson labels must be non-negative; got {float(bad[0])!r} "
+                         f"({bad.size} labels below 0 or NaN)")
 
 
 def _no_check(y):

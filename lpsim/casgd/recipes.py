@@ -58,6 +58,12 @@ class Slot:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, parse_format(value))
+        for name in ("fmt", "acc", "out"):
+            fmt = getattr(self, name)
+            if fmt is not None and not fmt.signed:
+                raise ValueError(f"{name}={fmt!r} holds no negative values and no zero (an "
+                                 "unsigned format: weights, margins and gradients would be "
+                                 "NaN); accepted: a signed format")
 
     @property
     def acc_fmt(self) -> Format:
@@ -191,10 +197,14 @@ def as_recipe(spec) -> Recipe:
     if isinstance(spec, str) and spec in RECIPES:
         return RECIPES[spec]
     try:
-        return Recipe.uniform(spec)
+        fmt = parse_format(spec)
     except (ValueError, TypeError):
         raise ValueError(f"unknown recipe {spec!r}; accepted: a Recipe, one of "
                          f"{', '.join(RECIPES)}, or a format name for a uniform recipe") from None
+    try:
+        return Recipe.uniform(fmt)
+    except ValueError as error:         # a format, but not one a recipe can hold
+        raise ValueError(f"recipe={spec!r}: {error}") from None
 
 
 class Rounder:
