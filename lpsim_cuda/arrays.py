@@ -113,10 +113,11 @@ def target(out, like: Source, storage: str | None, name: str = "out", packs: boo
             raise ValueError(f"{name} has dtype {array.dtype}; it must be x's {like.dtype}"
                              f"{hint}")
         width = STORAGE[storage][1] if storage else None
-        if storage and (array.dtype.kind not in "iu" or array.dtype.itemsize * 8 != width):
+        if storage and (array.dtype.kind not in "iu" or array.dtype.itemsize * 8 != width
+                        or not array.dtype.isnative):
             raise ValueError(f"{name} has dtype {array.dtype}; storage={storage!r} writes packed "
                             f"{width}-bit codes, so {name} must be an int{width} or uint{width} "
-                            f"array (a torch.{storage} tensor for torch)")
+                            f"array in native byte order (a torch.{storage} tensor for torch)")
         bits, shape = _flat_bits(array), tuple(array.shape)
     if shape != like.shape:
         raise ValueError(f"{name} must have shape {like.shape}, got {shape}")

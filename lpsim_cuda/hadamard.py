@@ -133,12 +133,20 @@ def _torch_call(x, c, out) -> bool:
             or any(t.dtype is not torch.float32 or t.device != x.device
                    or not t.is_contiguous() for t in (x, c, out))
             or tuple(out.shape) != (features, tokens)
-            or device != torch.cuda.current_device()):
+            or device != torch.cuda.current_device()
+            or _written_over(out.data_ptr(), out.numel(), ((x.data_ptr(), x.numel()),
+                                                           (c.data_ptr(), n)))):
         return False
     route(x.data_ptr(), tokens, features, c.data_ptr(), n, out.data_ptr(),
           launch.grid_size(tokens * features // n, device),
           specialised._core_stream(launch.torch_stream_handle(device)))
     return True
+
+
+def _written_over(out_ptr: int, out_n: int, reads) -> bool:
+    """Whether ``out_n`` float32 at ``out_ptr`` share memory with any of the (address,
+    count) float32 ranges ``reads`` (in place included: the transpose's threads race)."""
+    return any(ptr < out_ptr + 4 * out_n and out_ptr < ptr + 4 * n for ptr, n in reads)
 
 
 def _transposed_rht(x, c, out) -> None:
@@ -149,16 +157,21 @@ def _transposed_rht(x, c, out) -> None:
     oa, _ = _numba_array(out, "out")
     n = ca.size
     tokens, features = xa.shape if xa.ndim == 2 else (0, 0)
-    if (xa.ndim != 2 or n not in SIZES or tokens % n or xa.dtype != np.float32
-            or ca.dtype != np.float32 or oa.dtype != np.float32
+    if (xa.ndim != 2 or ca.ndim != 1 or n not in SIZES or tokens % n
+            or xa.dtype != np.float32 or ca.dtype != np.float32 or oa.dtype != np.float32
             or tuple(oa.shape) != (features, tokens)):
         raise ValueError(
-            f"transposed_rht: x {xa.dtype} {tuple(xa.shape)}, {n} factors of {ca.dtype}, out "
-            f"{oa.dtype} {tuple(oa.shape)} are not accepted; accepted: x float32 (tokens, "
-            f"features), n in {SIZES} float32 factors with n dividing tokens, out float32 "
-            "(features, tokens)")
+            f"transposed_rht: x {xa.dtype} {tuple(xa.shape)}, factors {ca.dtype} "
+            f"{tuple(ca.shape)}, out {oa.dtype} {tuple(oa.shape)} are not accepted; accepted: "
+            f"x float32 (tokens, features), n in {SIZES} float32 factors (a 1-D array) with n "
+            "dividing tokens, out float32 (features, tokens)")
     if xa.size == 0:
         return
+    if _written_over(launch.address(oa), oa.size, ((launch.address(xa), xa.size),
+                                                   (launch.address(ca), n))):
+        raise ValueError("transposed_rht: out shares memory with x or the factors, which "
+                         "its threads would write while others still read them; accepted: "
+                         "an out of its own")
     device = launch.current_device()
     kern = transposed_kernel(n)
     launch.configured(kern, launch.grid_size(xa.size // n, device), stream)(xa, ca, oa)

@@ -48,6 +48,33 @@ def test_refusals_name_what_is_accepted(x, n, out_shape, why):
         transposed_rht(cuda.to_device(x), cuda.to_device(np.ones(n, np.float32)), out)
 
 
+def test_a_two_dimensional_factor_array_is_refused_by_name():
+    out = cuda.device_array((8, 16), np.float32)
+    with pytest.raises(ValueError, match=r"factors float32 \(2, 2\).*a 1-D array"):
+        transposed_rht(cuda.to_device(np.zeros((16, 8), np.float32)),
+                       cuda.to_device(np.ones((2, 2), np.float32)), out)
+
+
+@pytest.mark.parametrize("where", ["x", "part of x", "factors"])
+def test_an_out_sharing_memory_with_what_it_reads_is_refused(where):
+    """Threads write out[f, t] while others still read x[t, f]: an out that is x (square x),
+    overlaps it or holds the factors once gave wrong values silently."""
+    x = _data(16, 16, 1)
+    c = factors(rht_signs(7, 2, 3, 16), torch.float32, "cpu").numpy()
+    buf = cuda.to_device(np.concatenate([x.reshape(-1), c, np.zeros(256, np.float32)]))
+    xd, cd = buf[:256].reshape(16, 16), buf[256:272]
+    out = {"x": xd, "part of x": buf[8:264].reshape(16, 16),
+           "factors": buf[256:512].reshape(16, 16)}[where]
+    before = buf.copy_to_host()
+    with pytest.raises(ValueError, match="out shares memory with x or the factors"):
+        transposed_rht(xd, cd, out)
+    assert np.array_equal(buf.copy_to_host().view(np.uint32), before.view(np.uint32))
+    out = buf[272:528].reshape(16, 16)          # beside them: taken
+    transposed_rht(xd, cd, out)
+    want = rht_transposed(torch.from_numpy(x), rht_signs(7, 2, 3, 16)).numpy()
+    assert np.array_equal(out.copy_to_host().view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.skipif(SIMULATOR or not torch.cuda.is_available(),
                     reason="a torch CUDA tensor: needs a GPU (run with LPSIM_TEST_GPU=1)")
 @pytest.mark.parametrize("n", [16, 32])

@@ -172,6 +172,11 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="out has dtype float32; storage='bfloat16' writes "
                                          "packed 16-bit codes, so out must be an int16"):
         lpsim_cuda.quantize(x, "bf16", storage="bfloat16", out=x)
+    with pytest.raises(ValueError, match=r"out has dtype >u2; storage='bfloat16' writes "
+                                         r"packed 16-bit codes.*native byte order"):
+        # once written byte-swapped, silently
+        lpsim_cuda.quantize(x, "bf16", storage="bfloat16",
+                            out=cuda.to_device(np.zeros(4, ">u2")))
     with pytest.raises(ValueError, match="does not fit"):
         lpsim_cuda.quantize(x, "fp64")
     with pytest.raises(ValueError, match=r"'mxfp4' is a block format; accepted there: "
