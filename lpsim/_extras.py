@@ -1,8 +1,20 @@
-"""Optional dependencies: import one, or raise an ImportError that names the extra to install."""
+"""Optional dependencies: import one, or raise an ImportError that names the extra to install;
+tell their objects apart without importing them."""
 
 from __future__ import annotations
 
 import importlib
+import sys
+
+
+def is_torch(x) -> bool:
+    """Whether ``x`` is a torch object: a tensor (a Parameter or a user's subclass of
+    torch.Tensor too) or another object of torch's modules; torch is never imported here
+    (a tensor means torch is imported already)."""
+    if type(x).__module__.startswith("torch"):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def require(module: str, extra: str, feature: str | None = None):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._extras import is_torch
 from .formats import Format, fp
 from .request import as_container_array, check_out as _check_out, check_scalar_out
 from .request import is_cuda_array
@@ -153,7 +154,7 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         if stats is not None:
             stats.add(1, _count_scalar(x, y, lo, hi, rounded))
         return y
-    if type(x).__module__.startswith("torch"):
+    if is_torch(x):
         if out is not None:             # refused before a random word is drawn
             from .tensors import check_out
             check_out(x, out)

@@ -231,7 +231,7 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
             if done is not None:
                 return done
     elif (out is None or out is x) and (type(x).__module__, type(x).__name__) == _TENSOR:
-        array = _cpu_float32(x)
+        array = _cpu_float32(x, out is x)
         if array is not None:   # a plain CPU float32 tensor: its numpy view's routes
             done = quantize(array, fmt, rounding, seed=seed, stream=stream, sr_bits=sr_bits,
                             stats=stats, offset=offset, generator=generator, axis=axis,
@@ -251,15 +251,16 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
                            generator, axis)
 
 
-def _cpu_float32(t):
+def _cpu_float32(t, written: bool):
     """The numpy view of the torch tensor ``t`` where lpsim.tensors' rules would round
     exactly it: a C-contiguous float32 CPU tensor of one or more dimensions that autograd
-    does not follow, not a lazily negated view; else None.  (Such a tensor's own path ends
-    in the same numpy call, after about 10 us of torch's rules.)"""
+    does not follow, not a lazily negated view, nor (``written``: rounded in place) an
+    inference tensor, which torch's rules write only in inference mode; else None.  (Such a
+    tensor's own path ends in the same numpy call, after about 10 us of torch's rules.)"""
     torch = sys.modules["torch"]
     if t.dtype is not torch.float32 or t.is_cuda or t.requires_grad or t.dim() == 0 \
             or t.device.type != "cpu" or t.layout is not torch.strided or t.is_neg() \
-            or not t.is_contiguous():
+            or not t.is_contiguous() or (written and t.is_inference()):
         return None
     return t.numpy()
 

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ._extras import is_torch
 from .formats import parse_format
 from .philox import LANES, MASK32, WORD_BITS, split_key
 from .rounding import STOCHASTIC, Params, kernel_params, mode_code
@@ -116,10 +117,6 @@ def plan(fmt, rounding, dtype, *, seed=None, stream=0, sr_bits=None, offset=0,
     seed_lo, seed_hi, stream = keys(seed, stream, mode)
     return Plan(params, mode, k, seed_lo, seed_hi, stream, check_offset(offset, size),
                 LANES[dtype.itemsize])
-
-
-def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def is_cuda_array(x) -> bool:

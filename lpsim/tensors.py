@@ -36,6 +36,21 @@ def _is_tensor(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+#: floating dtypes that hold several values in one element (float4_e2m1fn_x2): no conversion
+#: to float32 exists for them
+_PACKED = tuple(getattr(torch, name) for name in dir(torch)
+                if name.startswith("float") and name.endswith(("_x2", "_x4")))
+
+
+def check_dtype(t, name: str) -> None:
+    """A TypeError naming ``t``'s dtype unless lpsim rounds it: a real floating dtype of one
+    value an element (not integer, bool, complex, or a packed float4 dtype)."""
+    if not t.is_floating_point() or t.is_complex() or t.dtype in _PACKED:
+        raise TypeError(f"{name} has dtype {t.dtype}; accepted: torch.float32, float64, "
+                        "float16, bfloat16 and the float8 dtypes (cast integer tensors to a "
+                        "float dtype first)")
+
+
 def _check(x, out):
     if not _is_tensor(x):
         raise TypeError(f"out is a torch tensor but x is a {type(x).__name__}; pass a torch "
@@ -44,9 +59,8 @@ def _check(x, out):
         raise TypeError(f"x is a torch tensor but out is a {type(out).__name__}; pass a torch "
                         "tensor out (or numpy arrays for both)")
     for name, t in (("x", x), ("out", out)):
-        if t is not None and (not t.is_floating_point() or t.is_complex()):
-            raise TypeError(f"{name} has dtype {t.dtype}; accepted: torch.float32, float64, "
-                            "float16, bfloat16 (cast integer tensors to a float dtype first)")
+        if t is not None:
+            check_dtype(t, name)
     if out is not None:
         if out.shape != x.shape:
             raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}; "

@@ -14,6 +14,8 @@ import warnings
 import numpy as np
 from numba import config, cuda
 
+from lpsim._extras import is_torch
+
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 #: threads per block; the simulator runs each thread as a Python thread, so it gets fewer
 THREADS = 32 if SIMULATOR else 128
@@ -81,10 +83,6 @@ def address(array) -> int:
     if SIMULATOR:                   # a FakeCUDAArray wraps a numpy array
         return array._ary.ctypes.data
     return array.__cuda_array_interface__["data"][0]
-
-
-def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def grid_size(nblocks: int, device: int, per_sm: int = BLOCKS_PER_SM) -> int:

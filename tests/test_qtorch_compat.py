@@ -308,3 +308,24 @@ def test_numpy_integer_widths_are_taken_as_qtorch_takes_them():
     assert repr(qc.BlockFloatingPoint(eight, np.int64(0))) == repr(qc.BlockFloatingPoint(8, 0))
     with pytest.raises(ValueError, match=r"exp=5\.0"):
         qc.float_quantize(x, 5.0, 2, "nearest")
+
+
+def test_bool_widths_are_taken_as_qtorch_takes_them():
+    """qtorch takes True as 1 (a bool is a Python int); the drop-in's range check let it
+    through and fp() then refused it in another function's words."""
+    x = torch.tensor(np.random.default_rng(4).standard_normal(64).astype(np.float32))
+    assert np.array_equal(bits(qc.float_quantize(x, 5, True, "nearest")),
+                          bits(quant.float_quantize(x, 5, True, "nearest")))
+    assert np.array_equal(bits(qc.block_quantize(x, True, rounding="nearest")),
+                          bits(quant.block_quantize(x, True, rounding="nearest")))
+
+
+@pytest.mark.parametrize("quantize", [
+    lambda x: qc.float_quantize(x, 5, 2, "nearest"),
+    lambda x: qc.fixed_point_quantize(x, 8, 4, rounding="nearest"),
+    lambda x: qc.block_quantize(x, 8, rounding="nearest")])
+def test_a_lazily_negated_view_is_rounded_as_its_values(quantize):
+    """x.conj().imag is negated lazily: float_quantize once failed reading its bits."""
+    z = torch.complex(torch.ones(64), torch.linspace(-3, 3, 64)).conj().imag
+    assert z.is_neg()
+    assert np.array_equal(bits(quantize(z)), bits(quantize(z.resolve_neg())))

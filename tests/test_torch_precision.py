@@ -272,3 +272,11 @@ def test_site_stats_names_an_unknown_tensor():
             pm.site_stats(name)
     for slot in pm.tensors:
         assert pm.site_stats(slot.name).elements == 0
+
+
+@pytest.mark.parametrize("theta, error", [("0.01", TypeError), (None, TypeError),
+                                          (True, TypeError), (1.0, ValueError)])
+def test_theta_is_refused_by_name(theta, error):
+    """A string or None once failed in a bare comparison that named nothing."""
+    with pytest.raises(error, match=f"theta={theta!r}"):
+        PrecisionModel(nn.Linear(2, 2), torch.randn(1, 2), theta=theta)

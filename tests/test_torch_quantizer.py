@@ -156,3 +156,13 @@ def test_quantizer_refuses_values_the_input_dtype_cannot_hold():
     assert g.get_state() == (0, 0) and stats == lpsim.RoundingStats()
     q(xb)
     assert g.get_state() == (0, 1) and stats.elements == 2
+
+
+@pytest.mark.parametrize("x", [torch.tensor([2 ** 24 + 1]), torch.tensor([1.1 + 2.7j]),
+                               torch.tensor([True])])
+def test_a_quantizer_refuses_integer_bool_and_complex_tensors(x):
+    """They were cast to float32 (2**24 + 1 rounded twice, an imaginary part dropped) and
+    back, silently."""
+    with pytest.raises(TypeError, match=f"the quantizer's input has dtype {x.dtype}"):
+        quantizer("fp32", None, "up")(x)
+    assert quantizer(None, None)(x) is not None          # the identity takes anything

@@ -297,3 +297,36 @@ def test_an_inference_tensor_out_is_refused_outside_inference_mode():
     assert torch.equal(made, torch.zeros(3))
     with torch.inference_mode():
         assert lpsim.quantize(torch.full((3,), 1.1), "bf16", out=made)[0] == 1.1015625
+
+    for dtype in (torch.float32, torch.float64):   # in place: float32's own fast path too
+        with torch.inference_mode():
+            made = torch.full((3,), 1.1, dtype=dtype)
+        with pytest.raises(RuntimeError, match="out is an inference tensor"):
+            lpsim.quantize(made, "e4m3fn", out=made)
+        assert torch.equal(made, torch.full((3,), 1.1, dtype=dtype))
+
+
+class _Tagged(torch.Tensor):
+    """A user's tensor subclass (lpsim once took it for a numpy-like array)."""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_subclass_is_rounded_as_a_tensor(dtype):
+    x = torch.tensor([1.1, -2.3], dtype=dtype).as_subclass(_Tagged)
+    for rounded in (lpsim.quantize(x, "e4m3fn"), lt.quantize(x, "e4m3fn")):
+        assert isinstance(rounded, torch.Tensor)
+        assert torch.equal(rounded, torch.tensor([1.125, -2.25]))
+    leaf = torch.tensor([1.1, -2.3], requires_grad=True)
+    y = lpsim.quantize(leaf.as_subclass(_Tagged), "e4m3fn")
+    y.sum().backward()                  # the straight-through gradient reaches the leaf
+    assert torch.equal(leaf.grad, torch.ones(2))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+    lambda: torch.tensor([1.1 + 2.7j]), lambda: torch.tensor([3])])
+def test_dtypes_without_one_float_an_element_are_refused_by_name(make):
+    """float4_e2m1fn_x2 (two values a byte) once crashed inside torch's copy kernel."""
+    x = make()
+    with pytest.raises(TypeError, match=f"x has dtype {x.dtype}; accepted: torch.float32"):
+        lpsim.quantize(x, "e4m3fn")

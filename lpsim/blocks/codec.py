@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._extras import is_torch
 from ..formats import Format
 from .fake_quantize import quantize_blocks
 from .formats import INT8_MX, BlockFormat, parse_block_format
@@ -46,7 +47,7 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
     from ..request import as_container_array
     from ..storage import encode_values
     bfmt = parse_block_format(bfmt)
-    if type(x).__module__.startswith("torch"):
+    if is_torch(x):
         x = _torch_host(x)
     x = as_container_array(x)
     r = quantize_blocks(x, bfmt, rounding, axis=axis, seed=seed, stream=stream,

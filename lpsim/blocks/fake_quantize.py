@@ -410,7 +410,7 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None,
         raise TypeError(f"lpsim.blocks.quantize rounds on the CPU, not a {type(x).__name__} "
                         "on a GPU; accepted there: lpsim.quantize(x, fmt, axis=...), or "
                         "lpsim_cuda.blocks.quantize(x, fmt, tensor_scale=...)")
-    if torch_tensor or type(out).__module__.startswith("torch"):
+    if torch_tensor or is_torch(out):
         # lpsim.quantize's torch rules (lpsim.tensors): dtypes, autograd, out=
         from ..tensors import quantize_tensor
 

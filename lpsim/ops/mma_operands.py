@@ -15,6 +15,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .._extras import is_torch
 from ..formats import parse_format
 from .mma_table import FORMATS
 
@@ -92,7 +93,7 @@ def as_float64(x, name, who="mma"):
     """(float64 numpy copy, library of x, torch device or None) of an operand; torch's
     8- and 16-bit floats by a table of their codes (faster than converting).  Complex
     operands are refused: their imaginary parts would be dropped."""
-    if hasattr(x, "detach") and hasattr(x, "dtype") and type(x).__module__.startswith("torch"):
+    if hasattr(x, "detach") and hasattr(x, "dtype") and is_torch(x):
         device = x.device
         if x.dtype.is_complex:
             raise ValueError(f"{who}: {name} is a complex tensor ({x.dtype}); accepted: real "
@@ -189,8 +190,8 @@ def operand(x, ptx_type, name, shape):
     ``shape``), whether it is torch's, its device and its shape.  A torch tensor of the
     instruction's own 8- or 16-bit type is decoded from its codes through a table; anything
     else through float64 values, checked."""
-    is_torch = type(x).__module__.startswith("torch") and hasattr(x, "dtype")
-    if is_torch and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
+    torch_tensor = is_torch(x) and hasattr(x, "dtype")
+    if torch_tensor and str(x.dtype) == _TORCH_NAMES.get(ptx_type) and tuple(x.shape) == shape:
         import torch
         words = x.detach().cpu().contiguous().view(
             torch.uint8 if x.dtype.itemsize == 1 else torch.int16).numpy()

@@ -7,12 +7,9 @@ import numbers
 
 import numpy as np
 
+from .._extras import is_torch
 from ..formats import PRESETS, parse_format
 from ..quantize import as_container_array, quantize
-
-
-def is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def as_array(x, name: str, op: str):
@@ -24,7 +21,6 @@ def as_array(x, name: str, op: str):
     if type(x) is float:
         return np.array(x, np.float64)
     if is_torch(x):
-        import torch
         if x.is_cuda:
             raise TypeError(f"{op}: {name} is a CUDA tensor; lpsim.ops runs on the CPU "
                             "(move it with .cpu())")

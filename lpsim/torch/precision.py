@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -279,6 +281,9 @@ class PrecisionModel(nn.Module):
                  promote: bool | None = None, rounding: str = "nearest", generator=None,
                  example_target: torch.Tensor | None = None):
         super().__init__()
+        if isinstance(theta, (bool, np.bool_)) or not isinstance(theta, numbers.Real):
+            raise TypeError(f"theta={theta!r} is not a number; accepted: a real number in "
+                            "(0, 1) (the overflow-ratio threshold)")
         if not 0 < theta < 1:
             raise ValueError(f"theta={theta!r} must be in (0, 1) (the overflow-ratio threshold)")
         self.model, self.loss_fn, self.theta = model, loss_fn, theta

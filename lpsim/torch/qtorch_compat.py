@@ -94,9 +94,9 @@ class FloatingPoint(Number):
 
 # --- checks ---------------------------------------------------------------------------------
 def _width(value):
-    """A width or axis as qtorch's pybind11 arguments take it: a numpy integer as its int
-    (qtorch accepts one), anything else as it is, for the range checks to refuse."""
-    return int(value) if isinstance(value, np.integer) else value
+    """A width or axis as qtorch's pybind11 arguments take it: a numpy integer or a bool as
+    its int (qtorch accepts them), anything else as it is, for the range checks to refuse."""
+    return int(value) if isinstance(value, (np.integer, bool)) else value
 
 
 def _check(x, rounding):
@@ -156,7 +156,7 @@ def float_quantize(x, exp, man, rounding="stochastic", *, generator=None):
         raise ValueError(f"float_quantize(exp={exp!r}, man={man!r}): accepted 1 <= exp <= "
                          f"{MAX_EXP}, 0 <= man <= 23 (the widths qtorch's kernels define)")
     mode = _mode(rounding)
-    x = x.detach().contiguous()
+    x = x.detach().resolve_neg().contiguous()     # a lazily negated view has no bits
     bits = _bits(x)
     top = (1 << (exp - 1)) + 127        # the largest stored exponent: none kept for inf/NaN
     max_man = (0x7FFFFF >> (23 - man)) << (23 - man)
@@ -205,7 +205,7 @@ def _fixed_point(x, wl, fl, clamp, symmetric, rounding, generator):
     wl, fl = _width(wl), _width(fl)
     if not (isinstance(wl, int) and isinstance(fl, int) and wl >= 1 and -100 <= fl <= 100):
         raise ValueError(f"fixed_point_quantize(wl={wl!r}, fl={fl!r}): wl >= 1, |fl| <= 100")
-    x = x.detach().contiguous()
+    x = x.detach().resolve_neg().contiguous()     # a lazily negated view has no bits
     if rounding == "nearest":   # qtorch's steps: nearbyint(float32(x 2^fl + 0.5) - 0.5)
         s = x * math.ldexp(1.0, fl) + 0.5
         y = torch.round(s.double() - 0.5).float() * math.ldexp(1.0, -fl)
@@ -241,7 +241,7 @@ def block_quantize(x, wl, dim=-1, rounding="stochastic", *, generator=None):
             and -1 <= dim < max(x.dim(), 1)):
         raise ValueError(f"block_quantize(wl={wl!r}, dim={dim!r}): 1 <= wl <= 22 and dim -1 "
                          f"(whole tensor) or an axis of x ({x.dim()} axes)")
-    x = x.detach().contiguous()
+    x = x.detach().resolve_neg().contiguous()     # a lazily negated view has no bits
     if x.numel() == 0:
         return x.clone()
     max_exp = (_bits(_block_max(x, dim).contiguous()) >> 23 & 0xFF) << 23

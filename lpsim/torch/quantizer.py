@@ -23,6 +23,7 @@ from ..formats import Format, parse_format
 from ..generator import Generator, resolve
 from ..rounding import mode_code
 from ..stats import RoundingStats
+from ..tensors import check_dtype
 from .tensors import round_detached
 
 
@@ -49,6 +50,8 @@ class Rounding:
         that leaves the counters and the generator as they were."""
         if self.fmt is None:
             return t
+        check_dtype(t, {"forward": "the quantizer's input",
+                        "backward": "the quantizer's gradient"}.get(side, "x"))
         if self.generator is None:
             return self._round(t, dtype, side)
         return self.generator.run(self._round, t, dtype, side)
@@ -139,7 +142,8 @@ def quantizer(forward_fmt=None, backward_fmt=None, forward_rounding: str = "near
 
 class Quantizer(torch.nn.Module):
     """:func:`quantizer` as a module: ``Quantizer(forward_fmt, backward_fmt, forward_rounding,
-    backward_rounding)``; its ``forward`` and ``backward`` attributes are the two sides."""
+    backward_rounding)``; its ``forward_rounding`` and ``backward_rounding`` attributes are the
+    two sides (:class:`Rounding`)."""
 
     def __init__(self, forward_fmt=None, backward_fmt=None, forward_rounding: str = "nearest",
                  backward_rounding: str = "nearest", **kwargs):
