@@ -342,7 +342,9 @@ def tensor_scale_exact(x, bfmt) -> Fraction:
     amax32 = _round_value(amax, parse_format("fp(8,23,0,saturate=True)"))
     divisor = _round_value(max_finite(bfmt.scale) * max_finite(bfmt.element),
                            parse_format("fp32"))
-    pts = _round_value(amax32 / divisor, parse_format("fp32"))
+    # the quotient saturated at float32's largest value, as the amax (it passes float32's
+    # range where scale max * element max < 1)
+    pts = _round_value(amax32 / divisor, parse_format("fp(8,23,0,saturate=True)"))
     return max(pts, Fraction(min_tensor_scale(bfmt)))
 
 

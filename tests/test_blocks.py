@@ -702,6 +702,25 @@ def test_min_tensor_scale_is_the_least_float32_with_finite_reciprocals(scale):
     assert not _reciprocal_finite(np.nextafter(least, np.float32(0)), smin)
 
 
+def test_a_tensor_scale_past_float32_saturates_and_the_values_clip():
+    """Where scale max * element max < 1 (here 3 * 2**-147) the quotient amax32 / divisor
+    passes float32's range: the per-tensor scale was inf and every value NaN, uncounted.
+    It saturates at float32's largest; the values clip to the format's largest, their block
+    scales counted as clipped; the exact reference agrees."""
+    from lpsim import reference
+    bfmt = blocks.BlockFormat(element=lpsim.fp(2, 0, 0), block=1, scale=lpsim.fp(2, 1, 148),
+                              rule="floor", tensor_scale=True)
+    x = np.array([[1.0, -0.5, 0.0]], np.float32)
+    with np.errstate(over="raise"):
+        got = blocks.quantize_blocks(x, bfmt, "nearest", want_counts=True)
+    top = float(np.finfo(np.float32).max)
+    assert got.tensor_scale == top == float(reference.tensor_scale_exact(x, bfmt))
+    values, _, scales, counts = reference.quantize_blocks(x, bfmt, "nearest")
+    assert np.array_equal(got.values, values) and np.isfinite(values).all()
+    assert np.array_equal(got.counts, counts) and counts[0, :2, 6].tolist() == [1, 1]
+    assert abs(got.values[0, 0]) == 2 * 1.5 * 2.0 ** -147 * top     # the largest value
+
+
 def test_tensor_scale_from_saturates_beyond_float32_and_keeps_the_least():
     """NVFP4's tensor scale of an amax, against its definition: fp32(amax32 / 2688) with
     amax32 = fp32(amax) saturated at float32's largest (float64 data beyond it, inf), at

@@ -67,6 +67,18 @@ def test_cuda_tensor_scales_are_checked_as_on_the_cpu():
         lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), "nvfp4", tensor_scale=0.0)
 
 
+def test_a_cuda_tensor_scale_past_float32_saturates_as_on_the_cpu():
+    """The device's scale kernel shares the host's decision (scale_of_amax32): saturated at
+    float32's largest, not inf (which made every value NaN)."""
+    bfmt = lpsim.blocks.BlockFormat(element=lpsim.fp(2, 0, 0), block=4,
+                                    scale=lpsim.fp(2, 1, 148), rule="floor", tensor_scale=True)
+    x = block_data(2, 8, seed=15)
+    got, _ = lpsim_cuda.blocks.quantize_blocks(cuda.to_device(x), bfmt)
+    want = lpsim.blocks.quantize_blocks(x, bfmt)
+    assert got.tensor_scale == want.tensor_scale == float(np.finfo(np.float32).max)
+    assert same(got.values.copy_to_host(), want.values) and np.isfinite(want.values).all()
+
+
 @pytest.mark.parametrize("bfmt", ["mxfp4", "nvfp4"])
 def test_cuda_values_without_counters_equal_the_counted_ones(bfmt):
     """stats=None skips the per-block counters (want_counts=False): same values and scales,

@@ -227,7 +227,7 @@ _FLOAT32_MAX_PY = float(FLOAT32_MAX)    # compared as float64 (a Python float ag
 def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale of a tensor whose largest finite magnitude is ``amax``:
     fp32(amax32 / (scale max * element max)) with amax32 = fp32(amax) saturated at float32's
-    largest value, at least :func:`min_tensor_scale` (NVFP4 scales a tensor below about
+    largest value, the quotient saturated there too, at least :func:`min_tensor_scale` (NVFP4 scales a tensor below about
     4e-33 as if it reached that, rather than make its zeros NaN); 1 if amax is 0.
 
     float64 data beyond float32's range saturates as the elements do: the scale is that of
@@ -238,17 +238,23 @@ def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
         amax32 = FLOAT32_MAX
     else:
         amax32 = min(np.float32(amax), FLOAT32_MAX)
-    return float(scale_of_amax32(amax32, bfmt.tensor_scale_divisor, _min_tensor_scale(bfmt)))
+    divisor = bfmt.tensor_scale_divisor
+    if divisor >= 1:                    # no quotient of a float32 amax passes float32's range
+        return float(scale_of_amax32(amax32, divisor, _min_tensor_scale(bfmt)))
+    with np.errstate(over="ignore"):    # one that does saturates (scale_of_amax32)
+        return float(scale_of_amax32(amax32, divisor, _min_tensor_scale(bfmt)))
 
 
 @register_jitable
 def scale_of_amax32(amax32, divisor, least):
     """:func:`tensor_scale_from` of a finite float32 amax: 1 if it is 0, else
-    fp32(amax32 / divisor) (divisor a float32) and at least ``least``; the host's decision
-    and lpsim_cuda's device-side one."""
+    fp32(amax32 / divisor) (divisor a float32) saturated at float32's largest value and at
+    least ``least``; the host's decision and lpsim_cuda's device-side one.  (The quotient
+    passes float32's range where scale max * element max < 1: an infinite scale would make
+    every value NaN; saturated, the tensor's largest values clip, and are counted so.)"""
     if amax32 == 0:
         return np.float64(1.0)
-    return max(np.float64(amax32 / divisor), least)
+    return max(min(np.float64(amax32 / divisor), _FLOAT32_MAX_PY), least)
 
 
 def refuse_tensor_scale(value, bfmt: BlockFormat) -> None:
