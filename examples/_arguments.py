@@ -53,3 +53,44 @@ def device_name(text: str) -> str:
     if device.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: cpu or cuda")
     return text
+
+
+def int_at_most(top: int):
+    """argparse type: an integer 1 .. ``top``."""
+    def checked(text: str) -> int:
+        value = positive_int(text)
+        if value > top:
+            raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer "
+                                             f"1 .. {top}")
+        return value
+    checked.__name__ = f"integer 1 .. {top}"
+    return checked
+
+
+def out_folder(text: str):
+    """argparse type: an output folder (made if missing), not an existing file: checked
+    before any work, rather than found by mkdir at the end."""
+    import pathlib
+    path = pathlib.Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; accepted: a folder (made if "
+                                         "missing)")
+    return path
+
+
+def file_stem(text: str) -> str:
+    """argparse type: a file name without a folder (written inside --out, never beside)."""
+    import pathlib
+    if not text or pathlib.PurePath(text).name != text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} is not accepted; accepted: a file name "
+                                         "without folders (the files go into --out)")
+    return text
+
+
+def existing_file(text: str):
+    """argparse type: a file that exists."""
+    import pathlib
+    path = pathlib.Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file")
+    return path

@@ -32,7 +32,7 @@ from lpsim.casgd import RECIPES, SLOTS, casgd, make_synth, sweep_eta
 from lpsim.casgd.recipes import SYMBOLS, as_slot
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import positive_float, positive_int, seed_int  # noqa: E402
+from _arguments import out_folder, positive_float, positive_int, seed_int  # noqa: E402
 
 PAPER = {("logistic", 16): "0", ("logistic", 64): "0", ("linear", 16): "7e-5",
          ("linear", 64): "1.1e-4", ("poisson", 16): "1.3e-4", ("poisson", 64): "3.3e-4"}
@@ -215,15 +215,19 @@ def eta_value(text: str):
 
 
 def nonnegative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
+    """argparse type: a number from 0 to MAX_MARGIN_STD (the planted margins' spread)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a finite "
-                                         "number >= 0")
+    if not 0 <= value <= MAX_MARGIN_STD:
+        raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: a number from 0 "
+                                         f"to {MAX_MARGIN_STD:g}")
     return value
+
+
+#: planted margins beyond this make Poisson labels exp(margin) and linear ones overflow
+MAX_MARGIN_STD = 100.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -266,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
     both.add_argument("--no-table", action="store_true", help="skip Table 5")
     both.add_argument("--no-figure", action="store_true", help="skip Figure 3")
     both.add_argument("--no-progress", action="store_true", help="no progress bars")
-    both.add_argument("--out", type=pathlib.Path, default=None,
+    both.add_argument("--out", type=out_folder, default=None,
                       help="directory for the .md and .png files (created if missing); "
                       "default: a new temporary directory, printed at the end.  The committed "
                       "results are in " + str(pathlib.Path(__file__).resolve().parent / "results"))
@@ -280,6 +284,11 @@ def main(argv=None):
     if unknown:
         p.error(f"--fig-recipes {' '.join(unknown)}: accepted: recipes A to I")
     args.fig_recipes = ["A"] + [key for key in "BCDEFGHI" if key in args.fig_recipes]
+    for ranks, columns in (("P", "n"), ("fig_P", "fig_n")):
+        if getattr(args, ranks) > getattr(args, columns):
+            p.error(f"--{ranks.replace('_', '-')} {getattr(args, ranks)} is more than "
+                    f"--{columns.replace('_', '-')} {getattr(args, columns)} (each simulated "
+                    "rank holds some of the features); accepted: at most the columns")
     out = args.out if args.out is not None else pathlib.Path(
         tempfile.mkdtemp(prefix="lpsim-casgd-recipes-"))
     out.mkdir(parents=True, exist_ok=True)

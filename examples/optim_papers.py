@@ -32,7 +32,7 @@ from lpsim.optim import SGD  # noqa: E402
 from test_optim_reproductions import toy_steps  # noqa: E402  (one definition of the toy)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import positive_int  # noqa: E402
+from _arguments import out_folder, positive_int  # noqa: E402
 
 
 def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
@@ -56,7 +56,7 @@ def least_squares_curve(dtype, update, steps, every, d=10, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=out_folder, default=None,
                         help="directory for optim_papers.png / .md (created if missing); "
                         "default: a new temporary directory, printed at the end.  The "
                         "committed results are in " + str(pathlib.Path(__file__).resolve()

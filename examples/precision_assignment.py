@@ -30,7 +30,8 @@ from tqdm import tqdm
 from lpsim.torch.precision import DynamicLossScaler, PrecisionModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import device_name, positive_float, positive_int  # noqa: E402
+from _arguments import (device_name, file_stem, out_folder, positive_float,  # noqa: E402
+                        positive_int)
 
 RS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -55,6 +56,10 @@ def cnn(width: int) -> nn.Sequential:
         nn.Conv2d(c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(2 * c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * c, 10))
+
+
+#: training rows of the digits split (1797 images, a quarter held out)
+TRAIN_ROWS = 1347
 
 
 def digits(device):
@@ -175,7 +180,7 @@ def plot(summary, rows, path, title):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=pathlib.Path, default=None,
+    p.add_argument("--out", type=out_folder, default=None,
                    help="directory for the PNG, table and JSON (created if missing); default: a "
                    "new temporary directory, printed at the end.  The committed results are in "
                    + str(pathlib.Path(__file__).resolve().parent / "results"))
@@ -191,13 +196,17 @@ def main(argv=None):
     p.add_argument("--lr", type=positive_float, default=0.05,
                    help="SGD learning rate, cosine-annealed (default: 0.05)")
     p.add_argument("--device", type=device_name, default="cpu", help="cpu or cuda (CUDA tensors run in lpsim_cuda)")
-    p.add_argument("--name", default="precision_assignment", help="output file stem")
+    p.add_argument("--name", type=file_stem, default="precision_assignment",
+                   help="output file stem, written inside --out")
     args = p.parse_args(argv)
     args.epochs = args.epochs or (30 if args.full else 8)
     args.width = args.width or (32 if args.full else 8)
     args.batch = args.batch or (128 if args.full else 64)
     if args.epochs < 1 or args.seeds < 1 or args.width < 1 or args.batch < 1:
         p.error("--epochs, --seeds, --width and --batch must be positive")
+    if args.batch > TRAIN_ROWS:         # every batch a full one: none would be left
+        p.error(f"--batch {args.batch} is more than the {TRAIN_ROWS} training rows; accepted: "
+                f"1 .. {TRAIN_ROWS}")
     out = args.out if args.out is not None else pathlib.Path(
         tempfile.mkdtemp(prefix="lpsim-precision-assignment-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +220,7 @@ def main(argv=None):
     summary = summarise(rows)
     device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
               else platform.processor() or platform.machine())
-    header = (f"Digits (sklearn, 1347 train / 450 test), CNN width {args.width}, "
+    header = (f"Digits (sklearn, {TRAIN_ROWS} train / 450 test), CNN width {args.width}, "
               f"{args.epochs} epochs, batch {args.batch}, {args.seeds} seeds; "
               f"{device}, {time.strftime('%Y-%m-%d', time.gmtime())}, "
               f"{time.time() - t0:.0f} s.\nHigh fp(6,9,0), low fp(4,3,4) forward / fp(5,2,0) "

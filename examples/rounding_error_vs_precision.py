@@ -30,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import positive_float, positive_int  # noqa: E402
+from _arguments import out_folder, positive_float, positive_int  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 MODES = [("nearest", {}), ("stochastic", {}), ("stochastic", {"sr_bits": 4}),
@@ -129,7 +129,7 @@ def format_name(text: str) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=out_folder, default=None,
                         help="directory for rounding_error.png (created if missing); default: a "
                              "new temporary directory, printed at the end.  The committed "
                              f"figure is {HERE / 'results'}")

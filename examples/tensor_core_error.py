@@ -32,7 +32,7 @@ from lpsim import quantize
 from lpsim.ops import AccumulationModel, matmul
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import positive_int, seed_int  # noqa: E402
+from _arguments import int_at_most, out_folder, seed_int  # noqa: E402
 
 ACCUMULATIONS = {
     "fast accumulation (wgmma chain)": "hopper-wgmma-e4m3",
@@ -44,6 +44,10 @@ FAMILIES = {
     "standard normal": lambda rng, shape: rng.standard_normal(shape),
     "uniform [0, 1)": lambda rng, shape: rng.random(shape),
 }
+
+
+#: the largest K whose int64 sums of products are exact (:func:`exact_product`)
+MAX_K = 1 << 27
 
 
 def exact_product(a, b):
@@ -122,12 +126,14 @@ def plot(ks, rows, path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=positive_int, default=64,
-                        help="rows of A and columns of B: outputs per K are rows squared")
-    parser.add_argument("--max-k", type=positive_int, default=16384,
-                        help="largest K (K doubles from 32 up to it; at least 32)")
+    parser.add_argument("--rows", type=int_at_most(1 << 12), default=64,
+                        help="rows of A and columns of B: outputs per K are rows squared "
+                        "(at most 4096)")
+    parser.add_argument("--max-k", type=int_at_most(MAX_K), default=16384,
+                        help=f"largest K (K doubles from 32 up to it; 32 .. {MAX_K}, where "
+                        "the exact products still hold)")
     parser.add_argument("--seed", type=seed_int, default=0, help="seed of the inputs")
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=out_folder, default=None,
                         help="directory for the plot, table and JSON (default: a new "
                              "temporary directory)")
     args = parser.parse_args(argv)
@@ -135,9 +141,9 @@ def main(argv=None):
         parser.error(f"argument --max-k: {args.max_k} is not accepted; accepted: an integer "
                      ">= 32")
     start = time.time()
-    ks, rows = run(args)
     out = args.out or pathlib.Path(tempfile.mkdtemp(prefix="lpsim-tensor-core-error-"))
     out.mkdir(parents=True, exist_ok=True)
+    ks, rows = run(args)
     command = "python examples/tensor_core_error.py " + " ".join(argv or sys.argv[1:])
     header = (f"# FP8 GEMM error against K (Hopper wgmma, Blackwell tcgen05)\n\n"
               f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "

@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from lpsim.optim import AdamW  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _arguments.py, beside
-from _arguments import device_name, positive_int, seed_int  # noqa: E402
+from _arguments import (device_name, existing_file, out_folder, positive_int,  # noqa: E402
+                        seed_int)
 
 #: run name -> (parameter dtype, autocast, update_rounding, default learning rate); SR runs
 #: get a larger rate, as the SR paper (Section 5) finds SR wants 2-4x the usual one
@@ -93,6 +94,19 @@ class ByteLM(torch.nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+def split_data(args, parser):
+    """(training bytes, validation bytes): ``args.data_bytes`` of the stdlib sources, the last
+    tenth held out; each must hold a sequence of ``args.context + 1`` bytes and one more
+    start, or a usage error names --data-bytes."""
+    data = stdlib_bytes(args.data_bytes)
+    split = int(0.9 * data.numel())
+    if data.numel() - split < args.context + 2:
+        parser.error(f"--data-bytes {args.data_bytes} leaves {data.numel() - split} bytes for "
+                     f"validation, fewer than --context {args.context} + 2; accepted: at least "
+                     f"{10 * (args.context + 2)}")
+    return data[:split], data[split:]
 
 
 def batches(data, batch, context, gen):
@@ -161,7 +175,7 @@ def train(name, lr, args, train_data, val_data, progress):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=out_folder, default=None,
                         help="directory for train_lm.png / .md / .json (created if missing); "
                         "default: a new temporary directory, printed at the end.  The "
                         "committed results are in " + str(pathlib.Path(__file__).resolve()
@@ -195,23 +209,31 @@ def main(argv=None):
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS),
                         metavar="RUN", help="which runs, quoted names from: "
                         + ", ".join(RUNS) + " (default: all)")
-    parser.add_argument("--replot", metavar="JSON", default=None,
+    parser.add_argument("--replot", metavar="JSON", type=existing_file, default=None,
                         help="redraw train_lm.png and .md from the train_lm.json of an earlier "
                         "run instead of training")
     args = parser.parse_args(argv)
     if args.d_model % args.heads:
         parser.error(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
+    if not args.runs and not args.replot:
+        parser.error("--runs names no run; accepted: one or more of "
+                     + ", ".join(map(repr, RUNS)))
+    saved = None
+    if args.replot:
+        try:
+            saved = json.loads(args.replot.read_text())
+            saved["results"], saved["args"]
+        except (ValueError, KeyError, TypeError) as error:
+            parser.error(f"--replot {str(args.replot)!r} is not a train_lm.json of this script "
+                         f"({type(error).__name__}: {error})")
     out = args.out if args.out is not None else pathlib.Path(
         tempfile.mkdtemp(prefix="lpsim-train-lm-"))
     out.mkdir(parents=True, exist_ok=True)
-    if args.replot:
-        saved = json.loads(pathlib.Path(args.replot).read_text())
+    if saved is not None:
         write_outputs(saved["results"], argparse.Namespace(**{**saved["args"], "out": str(out)}),
                       out)
         return
-    data = stdlib_bytes(args.data_bytes)
-    split = int(0.9 * data.numel())
-    train_data, val_data = data[:split], data[split:]
+    train_data, val_data = split_data(args, parser)
     from tqdm import tqdm
     per_run = TUNE_RUNS if args.tune else 1
     results = {}

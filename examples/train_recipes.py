@@ -33,8 +33,9 @@ sys.path.insert(0, HERE)                  # train_lm.py and _arguments.py, besid
 
 import lpsim  # noqa: E402
 from lpsim.torch import PRESETS, report, simulate  # noqa: E402
-from _arguments import device_name, positive_float, positive_int, seed_int  # noqa: E402
-from train_lm import ByteLM, run_steps, stdlib_bytes  # noqa: E402
+from _arguments import (device_name, out_folder, positive_float,  # noqa: E402
+                        positive_int, seed_int)
+from train_lm import ByteLM, run_steps, split_data  # noqa: E402
 
 
 def _nvfp4_without(**changes):
@@ -98,7 +99,7 @@ def _describe(row):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, default=None,
+    parser.add_argument("--out", type=out_folder, default=None,
                         help="directory for train_recipes.png / .md / .json (created if "
                         "missing); default: a new temporary directory, printed at the end")
     parser.add_argument("--steps", type=positive_int, default=200,
@@ -139,17 +140,19 @@ def main(argv=None):
     if args.d_model % 32 or (args.batch * args.context) % 32:
         parser.error(f"--d-model {args.d_model} and --batch x --context "
                      f"{args.batch * args.context} must be multiples of 32 (MX blocks)")
+    if not args.runs:
+        parser.error("--runs names no run; accepted: one or more of "
+                     + ", ".join(map(repr, RUNS)))
+    train_data, val_data = split_data(args, parser)
     out = args.out if args.out is not None else pathlib.Path(
         tempfile.mkdtemp(prefix="lpsim-train-recipes-"))
     out.mkdir(parents=True, exist_ok=True)
-    data = stdlib_bytes(args.data_bytes)
-    split = int(0.9 * data.numel())
     from tqdm import tqdm
     results = {}
     with tqdm(total=len(args.runs) * args.steps, desc="steps") as progress:
         for name in args.runs:
             progress.set_postfix_str(name)
-            results[name] = train(name, args, data[:split], data[split:], progress)
+            results[name] = train(name, args, train_data, val_data, progress)
     write_outputs(results, args, out)
 
 

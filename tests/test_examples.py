@@ -151,6 +151,23 @@ def test_precision_assignment_writes_to_a_temporary_directory_by_default(tmp_pat
     ("train_recipes.py", ["--runs", "fp4"], "argument --runs: invalid choice: 'fp4'"),
     ("tensor_core_error.py", ["--max-k", "16"],
      "argument --max-k: 16 is not accepted; accepted: an integer >= 32"),
+    # each once a traceback (or a write outside --out) after or during the run
+    ("precision_assignment.py", ["--name", "../escaped", "--out", "inner"],
+     "argument --name: '../escaped' is not accepted; accepted: a file name without folders"),
+    ("precision_assignment.py", ["--batch", "2000"],
+     "--batch 2000 is more than the 1347 training rows"),
+    ("train_lm.py", ["--runs"], "--runs names no run; accepted: one or more of 'FP32'"),
+    ("train_recipes.py", ["--runs"], "--runs names no run; accepted: one or more of 'bf16'"),
+    ("train_lm.py", ["--runs", "FP32", "--data-bytes", "100"],
+     "--data-bytes 100 leaves 10 bytes for validation, fewer than --context 64 + 2"),
+    ("train_lm.py", ["--replot", "missing.json"], "argument --replot: 'missing.json' is not "
+                                                  "a file"),
+    ("tensor_core_error.py", ["--max-k", str(2 ** 64)],
+     "argument --max-k: 18446744073709551616 is not accepted; accepted: an integer 1 .. "
+     "134217728"),
+    ("casgd_recipes.py", ["--n", "2", "--P", "64"], "--P 64 is more than --n 2"),
+    ("casgd_recipes.py", ["--margin-std", "1e300"], "argument --margin-std: 1e+300 is not "
+                                                    "accepted; accepted: a number from 0 to 100"),
 ])
 def test_examples_refuse_bad_arguments_by_name(tmp_path, monkeypatch, capsys, script, args,
                                                message):
