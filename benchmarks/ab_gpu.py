@@ -98,9 +98,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="the older tree (holds lpsim, lpsim_cuda)")
     parser.add_argument("--new", default=".", help="the newer tree")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--log2n", type=int, default=26)
-    parser.add_argument("--params", type=int, default=2 ** 25)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds, each the old tree then the new one (medians)")
+    parser.add_argument("--log2n", type=int, default=26,
+                        help="2**log2n elements a quantize call rounds")
+    parser.add_argument("--params", type=int, default=2 ** 25,
+                        help="parameters an optimizer step updates")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

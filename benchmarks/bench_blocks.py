@@ -65,7 +65,7 @@ TARGETS = {"copy": 0.5, "gfloat": 20.0}
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
-from timing import require_cuda, revision  # noqa: E402
+from timing import int_in, output_file, positive_int, require_cuda, revision  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -543,12 +543,16 @@ def heading(header: list[str], args, what: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log2n", type=int,
-                        help="2**log2n elements (default 22; on the GPU 26: at 2**22 each "
-                             "timed call there is mostly its synchronisation)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--scaled-mm", action="store_true")
+    parser.add_argument("--log2n", type=int_in(12, 30),
+                        help="2**log2n elements, 12 .. 30 (default 22; on the GPU 26: at 2**22 "
+                             "each timed call there is mostly its synchronisation)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed rounds (each case in turn; the minimum is kept)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the formats are rounded (cuda: lpsim_cuda's kernels)")
+    parser.add_argument("--scaled-mm", action="store_true",
+                        help="on a GPU: an MXFP8 GEMM of lpsim's codes and scales by "
+                             "torch._scaled_mm against the simulated one")
     parser.add_argument("--counted", action="store_true",
                         help="the cost of counting (stats) on the CPU, before and now")
     parser.add_argument("--columns", action="store_true",
@@ -560,16 +564,18 @@ def main() -> None:
     parser.add_argument("--hadamard", action="store_true",
                         help="a recipe's wgrad operand on the CPU: the RHT then the columns, "
                              "against the two band by band")
-    parser.add_argument("--shape", type=int, nargs=2, default=(2048, 1024),
+    parser.add_argument("--shape", type=positive_int, nargs=2, default=(2048, 1024),
                         help="--counted, --columns, --moved, --hadamard: the float32 array's "
                              "shape")
-    parser.add_argument("--json")
-    parser.add_argument("--png", help="write a bar chart of the throughput table here")
+    parser.add_argument("--json", type=output_file,
+                        help="also write the table as JSON to this path")
+    parser.add_argument("--png", type=output_file,
+                        help="write a bar chart of the throughput table here")
     parser.add_argument("--note", help="a line for the header (e.g. what else ran)")
     args = parser.parse_args()
     if args.device == "cuda" or args.scaled_mm:
         require_cuda("bench_blocks" + (" --scaled-mm" if args.scaled_mm else " --device cuda"))
-    log2n = args.log2n or (26 if args.device == "cuda" else 22)
+    log2n = args.log2n if args.log2n is not None else (26 if args.device == "cuda" else 22)
     stamp = datetime.datetime.now().isoformat(timespec="seconds")
     header = [f"# lpsim block-scaled formats, {stamp}, {machine(args.device)}",
               f"# lpsim {revision()}; command: python benchmarks/bench_blocks.py "

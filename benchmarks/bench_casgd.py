@@ -50,26 +50,55 @@ if "--simulate" in sys.argv[1:]:
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
+from timing import output_file, positive_int  # noqa: E402
+
 
 def parse():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=1_000_000, help="samples m")
-    parser.add_argument("--features", type=int, default=9984, help="features n")
-    parser.add_argument("--recipes", default=",".join(RECIPES))
-    parser.add_argument("--b", default=",".join(map(str, BS)), help="batch sizes")
-    parser.add_argument("--s", default=",".join(map(str, SS)), help="inner steps")
-    parser.add_argument("--repeats", type=int, default=20, help="timed outer iterations")
-    parser.add_argument("--cpu-outer", type=int, default=2,
+    parser.add_argument("--rows", type=positive_int, default=1_000_000, help="samples m")
+    parser.add_argument("--features", type=positive_int, default=9984, help="features n")
+    parser.add_argument("--recipes", type=_recipe_list, default=",".join(RECIPES),
+                        help="comma-separated CA-SGD recipes (A .. I) to time")
+    parser.add_argument("--b", type=_count_list, default=",".join(map(str, BS)),
+                        help="comma-separated batch sizes")
+    parser.add_argument("--s", type=_count_list, default=",".join(map(str, SS)),
+                        help="comma-separated inner steps")
+    parser.add_argument("--repeats", type=positive_int, default=20,
+                        help="timed outer iterations")
+    parser.add_argument("--cpu-outer", type=positive_int, default=2,
                         help="outer iterations of the CPU simulator per (b, s) it is timed at")
-    parser.add_argument("--cpu-rows", type=int, default=4096,
+    parser.add_argument("--cpu-rows", type=positive_int, default=4096,
                         help="rows of the CPU simulator's data (its time does not depend on m)")
     parser.add_argument("--simulate", action="store_true",
                         help="CPU tensors + numba's CUDA simulator at a tiny size (a smoke run)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="time only the CPU simulator at (b, s) = (8, 64) and (1, 256)")
-    parser.add_argument("--json", help="also write the results as JSON to this path")
-    parser.add_argument("--plot", help="write the roofline plot (PNG) to this path")
-    return parser.parse_args()
+    parser.add_argument("--json", type=output_file,
+                        help="also write the results as JSON to this path")
+    parser.add_argument("--plot", type=output_file,
+                        help="write the roofline plot (PNG) to this path")
+    args = parser.parse_args()
+    if args.simulate and not any(v <= 8 for v in map(int, args.b.split(","))):
+        parser.error(f"--simulate times batch sizes up to 8; --b {args.b} has none")
+    return args
+
+
+def _count_list(text: str) -> str:
+    """argparse type: comma-separated integers >= 1 (kept as the text)."""
+    for part in text.split(","):
+        positive_int(part)
+    return text
+
+
+def _recipe_list(text: str) -> str:
+    """argparse type: comma-separated recipe names of lpsim.casgd (kept as the text)."""
+    from lpsim.casgd.recipes import RECIPES as KNOWN
+    unknown = [key for key in text.split(",") if key not in KNOWN]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown recipes {unknown}; accepted: "
+                                         + ", ".join(KNOWN))
+    return text
 
 
 def synth_on_device(m, n, store, device, seed=0):

@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 import lpsim  # noqa: E402
 from lpsim import pool  # noqa: E402
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
-from timing import cpu_model, per_call_rounds, revision  # noqa: E402
+from timing import cpu_model, output_file, per_call_rounds, positive_int, revision  # noqa: E402
 
 
 def with_pieces(n, fn):
@@ -51,8 +51,10 @@ def with_pieces(n, fn):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--rounds", type=positive_int, default=9,
+                        help="timed rounds, each case in turn (medians)")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write the table as JSON to this path")
     args = parser.parse_args(argv)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 1024, generator=g)

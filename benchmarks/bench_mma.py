@@ -163,8 +163,10 @@ def fp4_gemm():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--outputs", type=int, default=100_000)
-    parser.add_argument("--gemm-slice", type=int, default=16)
+    parser.add_argument("--outputs", type=int, default=100_000,
+                        help="random outputs whose accumulation lpsim and mmasim compare")
+    parser.add_argument("--gemm-slice", type=int, default=16,
+                        help="instructions of the GEMM that mmasim also runs (it is slower)")
     parser.add_argument("--out", default=None, help="write the table here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -40,6 +40,9 @@ import lpsim.ops as ops
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # benchmarks/timing.py
+from timing import int_in, output_file, positive_float, positive_int  # noqa: E402
+
 
 def best(fn, repeat):
     fn()   # compile / warm up
@@ -103,8 +106,8 @@ def sweep(args):
     print(f"# lpsim.ops across sizes, {datetime.datetime.now().isoformat(timespec='seconds')}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, numba "
           f"{numba.__version__} ({lpsim_threads()} threads), numpy {np.__version__}")
-    print(f"# command: python benchmarks/bench_ops.py --sweep --max-log2n {args.max_log2n}; "
-          "load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print("# command: python benchmarks/bench_ops.py " + " ".join(sys.argv[1:])
+          + "; load average at the end: " + ", ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"# per-call times: median of {ROUNDS} rounds; each round times a batch of every case "
           "of a size in turn (timing.per_call_rounds)")
     print(f"{'case':42s} {'size':>9s} {'us/call':>10s} {'numpy us':>10s} {'per second':>12s}")
@@ -182,16 +185,20 @@ def scalars(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=512, help="matmul size n (n x n x n)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs (best is kept)")
-    parser.add_argument("--json", default=None, help="also write the results as JSON here")
+    parser.add_argument("--n", type=positive_int, default=512,
+                        help="matmul size n (n x n x n)")
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="timed runs (best is kept)")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write the results as JSON here")
     parser.add_argument("--sweep", action="store_true",
                         help="time ops.add, ops.dot and ops.matmul across sizes instead")
-    parser.add_argument("--max-log2n", type=int, default=22,
+    parser.add_argument("--max-log2n", type=int_in(0, 30), default=22,
                         help="largest elementwise / dot size of --sweep (2**N)")
-    parser.add_argument("--budget", type=float, default=0.25,
+    parser.add_argument("--budget", type=positive_float, default=0.25,
                         help="seconds of calls per case and size in --sweep")
-    parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
+    parser.add_argument("--plot", type=output_file,
+                        help="with --sweep: write a throughput-vs-size PNG here")
     parser.add_argument("--scalars", action="store_true",
                         help="time ops.add on each kind of scalar against Python floats")
     args = parser.parse_args(argv)

@@ -48,7 +48,7 @@ TARGETS = {"cpu": [("lpsim bf16 SR (fused)", "torch foreach fp32", 1.5)],
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
-from timing import revision  # noqa: E402
+from timing import output_file, positive_int, revision  # noqa: E402
 
 
 def sync(device):
@@ -238,21 +238,23 @@ def copy_bandwidth(n, device, repeats):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--n", type=int, default=None,
+    parser.add_argument("--n", type=positive_int, default=None,
                         help="elements of the one parameter (default 10**7 cpu, 10**8 cuda)")
     parser.add_argument("--shapes", choices=("one", "small-lm", "gpt2"), default="one",
                         help="one parameter of --n elements, the 30 tensors of "
                         "examples/train_lm.py's model, or the 148 of GPT-2 small "
                         "(per-tensor overhead)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per case (median)")
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed steps per case (median)")
     parser.add_argument("--no-torchao", action="store_true",
                         help="leave out torchao's bf16 SR AdamW")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="threads of torch and of lpsim's kernels (default: each one's own)")
     parser.add_argument("--cases", nargs="+", default=None, metavar="NAME",
                         help="only these cases (their names as printed; the two torch "
                              "AdamW peers are always run)")
-    parser.add_argument("--json", default=None, help="also write the table to this JSON file")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write the table to this JSON file")
     parser.add_argument("--kernel-times", action="store_true",
                         help="then profile one step of each of KERNEL_TIMED (torch.profiler): "
                              "its device time on a GPU, its costliest operations")
@@ -268,7 +270,8 @@ def main(argv=None):
     elif args.shapes == "gpt2":
         shapes = gpt2_shapes()
     else:
-        shapes = [(args.n or (10 ** 7 if args.device == "cpu" else 10 ** 8),)]
+        shapes = [(args.n if args.n is not None else
+                   (10 ** 7 if args.device == "cpu" else 10 ** 8),)]
     n = sum(int(np.prod(shape)) for shape in shapes)
     from tqdm import tqdm
     # every case is set up and warmed up first, then timed in rounds, so that the machine's

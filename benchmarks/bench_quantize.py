@@ -46,6 +46,7 @@ TARGETS = [("bf16", "nearest", "copy", 0.4), ("bf16", "nearest", "ml_dtypes", 1.
 # lpsim's threads, read without starting numba's threading layer (which would set the
 # OpenMP thread count that torch shares)
 from lpsim.cpu import threads as lpsim_threads  # noqa: E402
+from timing import int_in, output_file, positive_float, positive_int  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -154,8 +155,7 @@ def sweep(args, info) -> int:
     print(f"# python {info['python']}, numpy {info['numpy']}, numba {info['numba']}, "
           f"torch {info['torch']}, ml_dtypes {info['ml_dtypes']}, qtorch {info['qtorch']}, "
           f"lpsim {info['lpsim']}")
-    print(f"# command: python benchmarks/bench_quantize.py --sweep --min-log2n "
-          f"{args.min_log2n} --max-log2n {args.max_log2n}")
+    print("# command: python benchmarks/bench_quantize.py " + " ".join(sys.argv[1:]))
     print(f"# float32 -> bf16, microseconds per call (median of {ROUNDS} rounds; each round times "
           f"a batch of every case in turn, ~{args.budget / ROUNDS * 1e3:.0f} ms of calls each); "
           "load average at the end: "
@@ -204,17 +204,24 @@ def sweep(args, info) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log2n", type=int, default=24, help="round 2**LOG2N values")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per case")
-    parser.add_argument("--json", help="also write the results as JSON to this path")
+    parser.add_argument("--log2n", type=int_in(0, 30), default=24,
+                        help="round 2**LOG2N values (0 .. 30)")
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per case")
+    parser.add_argument("--json", type=output_file,
+                        help="also write the results as JSON to this path")
     parser.add_argument("--sweep", action="store_true",
                         help="time every size 2**MIN_LOG2N .. 2**MAX_LOG2N (step 4x) instead")
-    parser.add_argument("--min-log2n", type=int, default=4, help="smallest size of --sweep")
-    parser.add_argument("--max-log2n", type=int, default=26, help="largest size of --sweep")
-    parser.add_argument("--budget", type=float, default=0.25,
+    parser.add_argument("--min-log2n", type=int_in(0, 30), default=4,
+                        help="smallest size of --sweep")
+    parser.add_argument("--max-log2n", type=int_in(0, 30), default=26,
+                        help="largest size of --sweep")
+    parser.add_argument("--budget", type=positive_float, default=0.25,
                         help="seconds of calls per case and size in --sweep")
-    parser.add_argument("--plot", help="with --sweep: write a throughput-vs-size PNG here")
+    parser.add_argument("--plot", type=output_file,
+                        help="with --sweep: write a throughput-vs-size PNG here")
     args = parser.parse_args(argv)
+    if args.min_log2n > args.max_log2n:
+        parser.error(f"--min-log2n {args.min_log2n} is above --max-log2n {args.max_log2n}")
     if args.sweep:
         return sweep(args, machine())
 

@@ -59,7 +59,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import lpsim  # noqa: E402
 from lpsim.torch import simulate  # noqa: E402
 from train_lm import ByteLM  # noqa: E402
-from timing import cpu_model, require_cuda, revision  # noqa: E402
+from timing import cpu_model, output_file, positive_int, require_cuda, revision  # noqa: E402
 
 PRESETS = ["bf16", "fp8_current", "mxfp8", "mxfp4", "nvfp4"]
 #: (case, least ratio to the BF16 step) per device
@@ -198,15 +198,20 @@ def replay_quantizations(step, repeats=7):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--presets", nargs="+", default=PRESETS, choices=PRESETS)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the steps run (cuda: lpsim_cuda's kernels)")
+    parser.add_argument("--d-model", type=positive_int, default=256,
+                        help="the model's width (a multiple of 32 and of --heads)")
+    parser.add_argument("--layers", type=positive_int, default=4, help="transformer layers")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads")
+    parser.add_argument("--context", type=positive_int, default=128, help="tokens a sequence")
+    parser.add_argument("--batch", type=positive_int, default=16, help="sequences a step")
+    parser.add_argument("--rounds", type=positive_int, default=9,
+                        help="timed rounds, each a step of every case in turn (medians)")
+    parser.add_argument("--presets", nargs="+", default=PRESETS, choices=PRESETS,
+                        help="the recipes timed (default: all)")
+    parser.add_argument("--json", type=output_file, default=None,
+                        help="also write the table as JSON to this path")
     parser.add_argument("--one-thread", action="store_true",
                         help="also each preset with lpsim's kernels in the calling thread "
                              "alone (lpsim.pool.limited(1)), telemetry on")

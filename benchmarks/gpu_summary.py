@@ -180,9 +180,16 @@ def summary(work: pathlib.Path, command: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("work", type=pathlib.Path, help="the folder the stages wrote into")
-    parser.add_argument("--out", required=True, type=pathlib.Path)
-    parser.add_argument("--command", default="bash benchmarks/gpu_session.sh all")
+    parser.add_argument("--out", required=True, type=pathlib.Path,
+                        help="the summary JSON to write (gpu-summary.json)")
+    parser.add_argument("--command", default="bash benchmarks/gpu_session.sh all",
+                        help="the command the summary says was run")
     args = parser.parse_args()
+    if not args.work.is_dir():
+        parser.error(f"work folder {str(args.work)!r} does not exist")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out {str(args.out)!r}: the folder {str(args.out.parent)!r} does not "
+                     "exist")
     result = summary(args.work, args.command)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     t = result["tests"]

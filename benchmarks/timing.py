@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 import time
 
 import numpy as np
+
+# the argparse types the example scripts use: a bad option is argparse's usage error naming
+# it, before any work, not a traceback at the end of a run
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from _arguments import int_in, output_file, positive_float, positive_int  # noqa: E402,F401
 
 
 def cpu_model() -> str:

@@ -55,16 +55,24 @@ def device_name(text: str) -> str:
     return text
 
 
+def int_in(low: int, high: int):
+    """argparse type: an integer ``low`` .. ``high``."""
+    def checked(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer "
+                                             f"{low} .. {high}")
+        return value
+    checked.__name__ = f"integer {low} .. {high}"
+    return checked
+
+
 def int_at_most(top: int):
     """argparse type: an integer 1 .. ``top``."""
-    def checked(text: str) -> int:
-        value = positive_int(text)
-        if value > top:
-            raise argparse.ArgumentTypeError(f"{value} is not accepted; accepted: an integer "
-                                             f"1 .. {top}")
-        return value
-    checked.__name__ = f"integer 1 .. {top}"
-    return checked
+    return int_in(1, top)
 
 
 def out_folder(text: str):
@@ -94,3 +102,16 @@ def existing_file(text: str):
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"{text!r} is not a file")
     return path
+
+
+def output_file(text: str) -> str:
+    """argparse type: a file to write, in a folder that exists (checked before any work,
+    rather than found when the results are written at the end)."""
+    import pathlib
+    path = pathlib.Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; accepted: a file path")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {str(path.parent)!r} does not "
+                                         "exist")
+    return text
