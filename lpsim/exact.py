@@ -7,7 +7,8 @@ Rounding RO(x) once more to any format with m <= 50 (and spacing >= 2**-1072) gi
 same result as rounding x itself, in every deterministic mode (Boldo & Melquiond,
 "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd",
 IEEE TC 2008), so a step is rounded once, never twice.  Exact barring float64 overflow and,
-for products, quotients and roots, results below 2**-969 (their FMA residual underflows).
+for products, quotients and roots, results below 2**-969, and quotients whose dividend is
+below it (their FMA residual underflows: lpsim.ops scales such operands up first).
 """
 
 from __future__ import annotations
