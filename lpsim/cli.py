@@ -336,6 +336,9 @@ def main(argv=None) -> int:
         # quotes user input: escape it, or rich reads "[/x]" as markup
         Console(stderr=True, width=console.width).print(f"[red]error:[/red] {escape(str(error))}")
         return 2
+    except KeyboardInterrupt:           # Ctrl-C (a warmup's kernels so far stay cached)
+        Console(stderr=True, width=console.width).print("interrupted")
+        return 130
     for table in tables:
         console.print(table)
     return 0

@@ -13,7 +13,10 @@ and narrower, 2 for float64) rounds with ``seed``, its own ``stream`` and elemen
 rounding modes draw nothing and leave the generator as it was.  A call that is refused
 (a bad ``out``, ``stats`` or format found after the counters were reserved) gives its
 counters back when no other call took counters since, so a saved state still replays the
-next call; threads may share a generator (reservations are taken under a lock).
+next call; threads may share a generator (reservations are taken under a lock).  Processes
+do not: a forked child (a DataLoader worker) holds a copy at the parent's state and draws
+the parent's next words.  Give each worker its own stream (``stream=worker_id`` in its
+calls) or its own seed.
 """
 
 from __future__ import annotations

@@ -14,20 +14,28 @@ only.  Imported first by ``lpsim/__init__.py``, before any kernel is declared.  
 lacks that interface (another version) nothing is installed and numba's stamps apply.
 
 Processes sharing the cache (DDP ranks, pytest-xdist workers, a pool) compile a kernel once
-between them: an lpsim kernel compiles holding an exclusive ``flock`` on a file beside its
-cache entry (per kernel and signature), so a process that wants the same kernel meanwhile
-waits and then loads what the first one saved.  The OS drops the lock of a process that
-dies; after COMPILE_LOCK_WAIT seconds a waiter compiles anyway; where locks are unavailable
-(no fcntl, a read-only cache) kernels compile as before.  ``LPSIM_COMPILE_LOCK=0`` turns the
-locks off.
+between them: an lpsim kernel compiles holding an exclusive POSIX record lock
+(``fcntl.lockf``) on a file beside its cache entry (per kernel and signature), so a process
+that wants the same kernel meanwhile waits and then loads what the first one saved.  A
+record lock is the process's own: a child forked meanwhile (a DataLoader worker) holds no
+copy of it (an ``flock``'s would keep it until the child exits).  The OS drops the lock of a
+process that dies; after COMPILE_LOCK_WAIT seconds a waiter compiles anyway; where locks are
+unavailable (no fcntl, a read-only cache) kernels compile as before.
+``LPSIM_COMPILE_LOCK=0`` turns the locks off.
+
+A cache entry that cannot be read back (a truncated file: a full disk, a killed writer) is
+dropped from its index and the kernel compiled again, with a warning naming the folder.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
 import time
+import traceback
+import warnings
 
 PACKAGES = ("lpsim", "lpsim_cuda")
 
@@ -130,14 +138,13 @@ def _acquire(path):
     deadline = time.monotonic() + COMPILE_LOCK_WAIT
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                break
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN) or \
+                    time.monotonic() > deadline:
+                break                   # no locks here, or waited long enough
             time.sleep(0.02)
-        except OSError:
-            break
     os.close(fd)
     return None
 
@@ -155,12 +162,35 @@ def _locked(compile_):
         with global_compiler_lock:
             fd = _acquire(path)
             try:
-                return compile_(self, sig)     # loads what another process saved meanwhile
-            finally:
+                return _loaded_or_compiled(compile_, self, sig)   # loads what another
+            finally:                                               # process saved meanwhile
                 if fd is not None:
                     os.close(fd)               # closing releases the lock
     compile.lpsim_locked = True
     return compile
+
+
+def _loaded_or_compiled(compile_, dispatcher, sig):
+    """``compile_(dispatcher, sig)``; where reading the cache entry fails (numba raises the
+    unpickling error of a truncated file on every later call), the kernel's index is emptied
+    and it is compiled again (and saved anew)."""
+    try:
+        return compile_(dispatcher, sig)
+    except Exception as error:
+        frames = traceback.extract_tb(error.__traceback__)
+        if not any(frame.filename.endswith(_CACHING) for frame in frames):
+            raise
+        cache = dispatcher._cache
+        warnings.warn(f"lpsim: the cache entry of {dispatcher.__name__} in "
+                      f"{getattr(cache, '_cache_path', '?')} could not be read "
+                      f"({type(error).__name__}); it is dropped and the kernel compiled again",
+                      RuntimeWarning, stacklevel=3)
+        cache.flush()                   # an empty index: the next load misses
+        return compile_(dispatcher, sig)
+
+
+#: numba's cache module, whose frames mark an error as the cache's
+_CACHING = os.path.join("numba", "core", "caching.py")
 
 
 def install_compile_locks() -> bool:

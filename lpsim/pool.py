@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,15 +37,20 @@ from .openmp_team import hot_team, mark_pool_thread, own_threads  # noqa: F401 (
 PIECES = 4
 
 
-#: at most this many threads for lpsim's kernels, process-wide (None: no limit); see
-#: :func:`limited`
+#: at most this many threads for lpsim's kernels, process-wide (None: no limit): the count of
+#: the :func:`limited` block opened last of those open now, in any thread (_OPEN, in the
+#: order they opened, under _OPEN_LOCK)
 _LIMIT = None
+_OPEN: list = []
+_OPEN_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def limited(count):
     """Within the block, lpsim's CPU kernels use at most ``count`` threads (an integer >= 1;
-    1: the calling thread alone), process-wide, the previous limit restored after.
+    1: the calling thread alone), process-wide.  Of the blocks open at once (nested, or in
+    several threads) the one opened last holds; a block that closes hands the limit back to
+    those still open, whatever the order they close in, and the limit lifts with the last.
 
     Why: inside a torch training step torch's OpenMP threads spin on the other cores for
     milliseconds after each of its operations, and lpsim's pool threads share those cores
@@ -56,11 +62,16 @@ def limited(count):
     if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) \
             or count < 1:
         raise ValueError(f"count={count!r} is not accepted; accepted: an integer >= 1")
-    before, _LIMIT = _LIMIT, int(count)
+    block = [int(count)]                # this block's own entry (compared by identity)
+    with _OPEN_LOCK:
+        _OPEN.append(block)
+        _LIMIT = block[0]
     try:
         yield
     finally:
-        _LIMIT = before
+        with _OPEN_LOCK:
+            del _OPEN[next(i for i, b in enumerate(_OPEN) if b is block)]
+            _LIMIT = _OPEN[-1][0] if _OPEN else None
 
 
 def threads() -> int:
@@ -124,7 +135,12 @@ def deal(run, bounds, workers: int) -> list:
         team(work, min(workers, count))
         return results
     pool = thread_pool(workers - 1, os.getpid())
-    futures = [pool.submit(work) for _ in range(min(workers, count) - 1)]
+    futures = []
+    for _ in range(min(workers, count) - 1):
+        try:
+            futures.append(pool.submit(work))
+        except RuntimeError:    # the interpreter is exiting (a non-daemon thread's or an
+            break               # atexit call): the calling thread takes the other ranges
     try:
         work()
     finally:

@@ -175,7 +175,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     uses counter ``offset + i`` (C order), so a slice rounded with its offset gets the same
     bits as the whole array; 0 <= offset, offset + size <= 2**62.
     sr_bits: random bits per decision (few-bit SR).  stats: a :class:`RoundingStats` to add
-    this call's counters to.  out: array to write into (may be ``x`` itself for in-place
+    this call's counters to (one object per thread: calls of several threads adding into one
+    at once may lose counts).  out: array to write into (may be ``x`` itself for in-place
     rounding; any other overlap with ``x`` is handled as if ``x`` were copied first).
 
     Semantics of every mode, overflow, NaN, inf and signed zero: :mod:`lpsim.rounding`.

@@ -336,6 +336,15 @@ def test_warmup_calls_lpsim_warmup(monkeypatch, capsys):
     assert calls == [1] and "ready" in capsys.readouterr().out
 
 
+def test_an_interrupted_warmup_says_so_in_one_line(monkeypatch, capsys):
+    """Ctrl-C during `lpsim warmup` printed a traceback of some 230 lines."""
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(lpsim, "warmup", interrupted, raising=False)
+    assert main(["warmup"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+
+
 @pytest.mark.slow
 def test_warmup_without_lpsim_warmup_compiles_every_mode(monkeypatch, capsys):
     monkeypatch.delattr(lpsim, "warmup", raising=False)

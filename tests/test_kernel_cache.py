@@ -93,3 +93,47 @@ def test_an_edit_of_another_module_recompiles_a_cached_kernel(tmp_path):
         f.write("# an edit\n")
     assert run() == (0, 1)          # stale: compiled again
     assert run() == (1, 0)
+
+
+def test_a_forked_child_holds_no_copy_of_the_compile_lock(tmp_path):
+    """A child forked while a kernel compiles (a DataLoader worker) once kept the parent's
+    flock until it exited, so another process waited up to COMPILE_LOCK_WAIT for a kernel
+    already saved; a record lock is the parent's alone, free once it closes its descriptor."""
+    import multiprocessing
+    path = str(tmp_path / "kernel.lock")
+    fd = kernel_cache._acquire(path)
+    assert fd is not None
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    child.start()
+    try:
+        os.close(fd)                    # the parent's compile is done
+        probe = ("import sys; from lpsim import kernel_cache as k; k.COMPILE_LOCK_WAIT = 0.5; "
+                 f"sys.exit(0 if k._acquire({path!r}) is not None else 3)")
+        done = subprocess.run([sys.executable, "-c", probe], timeout=120,
+                              env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+        assert done.returncode == 0     # 3: the lock still held (by the sleeping child)
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_a_truncated_cache_entry_is_compiled_again(tmp_path):
+    """A truncated cache file (a full disk, a killed writer) made every later call raise
+    numba's UnpicklingError; the entry is now dropped with a warning and the kernel compiled
+    again, and the run after that loads it."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONWARNINGS": "default"}
+    call = ("import numpy as np, lpsim; print(lpsim.quantize(np.array([1.1], np.float32), "
+            "'fp(5,4)', 'up').tolist())")
+    runs = []
+    for corrupt in (False, True, False):
+        if corrupt:
+            entries = list(tmp_path.rglob("cpu.round_up-*.nbc"))
+            assert entries, sorted(p.name for p in tmp_path.rglob("*"))
+            for entry in entries:
+                entry.write_bytes(entry.read_bytes()[:200])
+        runs.append(subprocess.run([sys.executable, "-c", call], env=env, capture_output=True,
+                                   text=True, timeout=600))
+    assert [r.returncode for r in runs] == [0, 0, 0], runs[1].stderr[-2000:]
+    assert len({r.stdout for r in runs}) == 1
+    assert "could not be read (UnpicklingError); it is dropped" in runs[1].stderr
+    assert "could not be read" not in runs[2].stderr

@@ -115,3 +115,51 @@ def test_limited_refuses_a_count_that_is_not_an_integer_of_one_or_more(count):
         with pool.limited(count):
             pass
     assert pool.threads() == before
+
+
+def test_limited_blocks_of_several_threads_closing_out_of_order_lift_the_limit():
+    """Each block once saved and restored one process-wide value: when the first of two
+    threads' blocks closed first, the second's close restored the first's count and lpsim
+    stayed on one thread for the rest of the process (and the first's close dropped the
+    second's limit while it was open)."""
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with pool.limited(1):
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def second():
+        a_in.wait()
+        with pool.limited(2):
+            b_in.set()
+            a_out.wait()
+            seen["after the first closed"] = pool._LIMIT
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen == {"after the first closed": 2}
+    assert pool._LIMIT is None and not pool._OPEN
+
+
+def test_a_threaded_call_while_the_interpreter_exits_runs_in_the_calling_thread():
+    """concurrent.futures takes no new work once the interpreter exits: a large call from an
+    atexit handler (or a non-daemon thread still running then) raised "cannot schedule new
+    futures after shutdown"; the calling thread now takes every range."""
+    import subprocess
+    import sys
+    script = ("import atexit, numpy as np, lpsim\n"
+              "x = np.random.default_rng(0).standard_normal(1 << 21).astype(np.float32)\n"
+              "want = lpsim.quantize(x, 'e4m3fn', 'stochastic', seed=3)\n"
+              "def late():\n"
+              "    got = lpsim.quantize(x, 'e4m3fn', 'stochastic', seed=3)\n"
+              "    print('same' if np.array_equal(got.view(np.int32), want.view(np.int32))"
+              " else 'differ')\n"
+              "atexit.register(late)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-2000:]
