@@ -158,3 +158,33 @@ def test_matmul_with_a_block_in_fmt_on_float64_operands():
                                          r"cannot hold.*acc_fmt=bf16"):
         ops.matmul(huge, b.astype(np.float64), in_fmt="mxfp4", acc_fmt="bf16")
     assert np.isfinite(ops.matmul(huge, b.astype(np.float64), in_fmt="mxfp4")).all()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "fp(11,50)", "fp64"])
+@pytest.mark.parametrize("x, y, z", [(2.0 ** 600, 2.0 ** 600, -math.inf),
+                                     (2.0 ** 600, -2.0 ** 600, math.inf),
+                                     (-2.0 ** 700, 2.0 ** 700, -math.inf)])
+def test_fma_of_a_product_beyond_float64_and_an_infinite_addend_is_the_addend(fmt, x, y, z):
+    """x*y is finite (2**1200), so x*y + z is z's infinity; the float64 product overflowed to
+    inf and inf - inf gave NaN for every format narrower than float64 (arrays too)."""
+    assert ops.fma(x, y, z, fmt) == z
+    got = ops.fma(np.array([x, 1.5]), np.array([y, 2.0]), np.array([z, 0.25]), fmt)
+    assert got[0] == z and got[1] == 3.25
+
+
+def test_tensor_core_chunk_sums_are_exact_at_the_widest_alignment_accepted():
+    """A chunk's chunk + 1 aligned terms are summed in float64: with align_bits 49 or 50 and
+    chunks of 32 the sum needed more than 53 bits and rounded to nearest before its
+    rounding toward zero (17 - 2**-49 came out 17).  The widest accepted alignment is exact;
+    one more bit is refused by name."""
+    from lpsim.ops.hardware import TensorCoreModel, reference_matmul
+    for chunk in (16, 31, 32):
+        top = 53 - chunk.bit_length()
+        model = TensorCoreModel(in_fmt="fp32", chunk=chunk, align_bits=top)
+        a = np.array([[-2.0 ** -(top - 1)] + [1.0] * 17], np.float32)
+        b = np.ones((18, 1), np.float32)
+        got, want = ops.matmul(a, b, model=model), reference_matmul(a, b, model)
+        assert np.array_equal(np.float64(got), want) and got[0, 0] < 17, (chunk, got, want)
+        with pytest.raises(ValueError, match=f"align_bits={top + 1} is not accepted with "
+                                             f"chunk={chunk}; accepted: 1..{top}"):
+            TensorCoreModel(in_fmt="fp32", chunk=chunk, align_bits=top + 1)

@@ -102,6 +102,9 @@ def odd_bits(op, x, y, z, odd, mode):
             fma_(x, y, -p) != 0.0
         rn = fma_(x, y, z)
         bits = zero_sum_bits(sum_to_odd(p, z), rn, p, z, mode == DOWN) if odd else f2i(rn)
+        # a finite exact product that p misses (beyond float64) plus an infinite z is z,
+        # where p + z would be inf - inf: NaN
+        bits = f2i(z) if wild & np.isfinite(x) & np.isfinite(y) & np.isinf(z) else bits
     # & of the conditions, not `and`: no branches, so that a loop over elements vectorises
     finite = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
     nonzero = (x != 0.0) & ((y != 0.0) | (op == ADD) | (op == SUB) | (op == SQRT))

@@ -93,9 +93,13 @@ class TensorCoreModel:
                     or value < low:
                 raise ValueError(f"{name}={value!r} is not accepted; accepted: an integer "
                                  f">= {low}")
-        if self.align_bits > 50:
-            raise ValueError(f"align_bits={self.align_bits} is not accepted; accepted: 1..50 "
-                             "(chunk sums are exact in float64)")
+        # a chunk's chunk + 1 aligned terms (each below 2**align_bits units of its last
+        # place) are summed exactly in float64 only while their sum stays below 2**53
+        top = min(50, 53 - int(self.chunk).bit_length())
+        if self.align_bits > top:
+            raise ValueError(f"align_bits={self.align_bits} is not accepted with chunk="
+                             f"{self.chunk}; accepted: 1..{top} (a chunk's aligned terms are "
+                             "summed exactly in float64: align_bits + bits of chunk <= 53)")
         if self.promote is not None and (isinstance(self.promote, bool) or not isinstance(
                 self.promote, (int, np.integer)) or self.promote < 1
                 or self.promote % self.chunk):
@@ -199,7 +203,7 @@ def _tc_gemm(a, b, out, counts, chunk, align_bits, promote, pp, ap):
         partial = 0.0
         c = (0, 0, 0, 0, 0, 0)
         rounded = 0
-        terms = np.empty(chunk + 1)
+        terms = np.empty(min(chunk, K) + 1)
         for k0 in range(0, K, chunk):
             n = min(chunk, K - k0)
             terms[0] = partial
