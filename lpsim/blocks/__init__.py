@@ -24,10 +24,11 @@ max))`` when ``tensor_scale``), clamped to the scale format's range and rounded 
 nearest (``even``), up (``ceil``, ``rceil``) or down (``floor``); the elements are then
 ``fp32(x * r)`` with the float32 reciprocal ``r = fp32(fp32(1/pts) / s)``, as torchao's NVFP4
 and TransformerEngine compute them (torchao clamps the scale to E4M3's smallest normal 2^-6
-rather than its smallest subnormal: docs/guide/blocks.rst lists that difference).  The per-tensor scale is a float32 (a given one is
-rounded to float32) of at least :func:`min_tensor_scale` (about 2**-119 for NVFP4), so that
-``r`` stays finite for the smallest block scale: a tensor whose largest magnitude is below
-about 4e-33 is scaled as if it reached it.  The fake-quantized value is ``q * s``
+rather than its smallest subnormal: docs/guide/blocks.rst lists that difference).  The
+per-tensor scale is a float32 (a given one is rounded to float32) of at least
+:func:`min_tensor_scale` (about 2**-119 for NVFP4), so that ``r`` stays finite for the
+smallest block scale: a tensor whose largest magnitude is below about 4e-33 is scaled as if
+it reached it.  The fake-quantized value is ``q * s``
 (``* pts``) rounded once to the container.
 
 A block holding a NaN or inf gets a NaN scale and decodes to NaN (``nonfinite="nan"``, OCP),

@@ -227,8 +227,9 @@ _FLOAT32_MAX_PY = float(FLOAT32_MAX)    # compared as float64 (a Python float ag
 def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     """NVFP4's per-tensor FP32 scale of a tensor whose largest finite magnitude is ``amax``:
     fp32(amax32 / (scale max * element max)) with amax32 = fp32(amax) saturated at float32's
-    largest value, the quotient saturated there too, at least :func:`min_tensor_scale` (NVFP4 scales a tensor below about
-    4e-33 as if it reached that, rather than make its zeros NaN); 1 if amax is 0.
+    largest value, the quotient saturated there too, at least :func:`min_tensor_scale`
+    (NVFP4 scales a tensor below about 4e-33 as if it reached that, rather than make its
+    zeros NaN); 1 if amax is 0.
 
     float64 data beyond float32's range saturates as the elements do: the scale is that of
     a tensor reaching float32's largest value (an infinite scale would make every value NaN),
