@@ -115,10 +115,10 @@ class RoundingStats:
         self.sync()
         room = np.iinfo(np.int64).max - self.counts
         if np.any(other.counts > room):     # int64 would wrap to a negative count
-            name = FIELDS[int(np.argmax(other.counts > room))]
-            raise OverflowError(f"adding RoundingStats: {name} would pass 2**63 - 1 "
-                                f"({int(self.counts[FIELDS.index(name)])} + "
-                                f"{int(other.counts[FIELDS.index(name)])}); nothing was added")
+            i = int(np.argmax(other.counts > room))
+            raise OverflowError(f"adding RoundingStats: {FIELDS[i]} would pass 2**63 - 1 "
+                                f"({int(self.counts[i])} + {int(other.counts[i])}); nothing "
+                                "was added")
         self.counts += other.counts
         return self
 

@@ -241,14 +241,7 @@ def decode_codes(codes, fmt) -> np.ndarray:
     """float64 values of the bit patterns ``codes`` of ``fmt`` (the inverse of encode_values)."""
     fmt = parse_format(fmt)
     shift, mmask = _code_layout(fmt)
-    given, top = np.asarray(codes), (1 << fmt.bits) - 1
-    if given.dtype.kind not in "ui":    # floats would be truncated, bools read as codes
-        raise TypeError(f"decode_codes: codes of dtype {given.dtype} are not accepted; "
-                        f"accepted: integer codes 0 .. {top} of {fmt!r}")
-    if given.size and (int(given.min()) < 0 or int(given.max()) > top):
-        raise ValueError(f"decode_codes: codes from {given.min()} to {given.max()} are not "
-                         f"accepted; accepted: 0 .. {top} ({fmt.bits} bits of {fmt!r})")
-    c = given.astype(np.int64)
+    c = _checked_codes(codes, (1 << fmt.bits) - 1, "decode_codes", "codes").astype(np.int64)
     if fmt.specials == "fnu":
         mag = c + 1
         sign = np.zeros_like(c, bool)
@@ -281,19 +274,25 @@ def pack_nibbles(codes) -> np.ndarray:
     return (codes[..., ::2] & 0xF) | ((codes[..., 1::2] & 0xF) << 4)
 
 
-def _integer_codes(codes, top: int, name: str, what: str) -> np.ndarray:
-    """``codes`` as a uint8 array of at least one dimension, or an error naming what is
-    wrong: floats would be truncated and codes past ``top`` cut to their low bits."""
+def _checked_codes(codes, top: int, name: str, what: str) -> np.ndarray:
+    """``codes`` as an integer array, or an error naming what is wrong: floats would be
+    truncated (bools read as codes) and codes past ``top`` cut to their low bits."""
     given = np.asarray(codes)
     if given.dtype.kind not in "ui":
         raise TypeError(f"{name}: {what} of dtype {given.dtype} are not accepted; accepted: "
                         f"integer codes 0 .. {top}")
+    if given.size and (int(given.min()) < 0 or int(given.max()) > top):
+        raise ValueError(f"{name}: {what} from {given.min()} to {given.max()} are not "
+                         f"accepted; accepted: 0 .. {top}")
+    return given
+
+
+def _integer_codes(codes, top: int, name: str, what: str) -> np.ndarray:
+    """:func:`_checked_codes` as a uint8 array of at least one dimension."""
+    given = _checked_codes(codes, top, name, what)
     if given.ndim == 0:
         raise ValueError(f"{name}: a 0-d array of {what} is not accepted; accepted: an "
                          "array of at least one dimension (pairs along the last)")
-    if given.size and (given.min() < 0 or given.max() > top):
-        raise ValueError(f"{name}: {what} from {given.min()} to {given.max()} are not "
-                         f"accepted; accepted: 0 .. {top}")
     return given.astype(np.uint8)
 
 

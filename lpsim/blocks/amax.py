@@ -10,6 +10,7 @@ at least :func:`min_tensor_scale`; :func:`checked_tensor_scale` takes a given on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -240,9 +241,8 @@ def tensor_scale_from(amax: float, bfmt: BlockFormat) -> float:
     else:
         amax32 = min(np.float32(amax), FLOAT32_MAX)
     divisor = bfmt.tensor_scale_divisor
-    if divisor >= 1:                    # no quotient of a float32 amax passes float32's range
-        return float(scale_of_amax32(amax32, divisor, _min_tensor_scale(bfmt)))
-    with np.errstate(over="ignore"):    # one that does saturates (scale_of_amax32)
+    # below 1 the quotient may pass float32's range, where scale_of_amax32 saturates it
+    with np.errstate(over="ignore") if divisor < 1 else contextlib.nullcontext():
         return float(scale_of_amax32(amax32, divisor, _min_tensor_scale(bfmt)))
 
 
