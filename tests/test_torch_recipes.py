@@ -679,6 +679,15 @@ def test_layers_whose_state_a_simulated_layer_would_drop_are_refused(change, mat
     assert isinstance(model[0], SimulatedLinear) and not isinstance(model[2], SimulatedLinear)
 
 
+@pytest.mark.parametrize("bad", [3, nn.ReLU()])
+def test_from_linear_refuses_what_is_not_a_linear_layer(bad):
+    """Once an AttributeError (no in_features) from deep inside."""
+    for call in (SimulatedLinear.check, SimulatedLinear.from_linear):
+        with pytest.raises(TypeError, match=f"linear={type(bad).__name__}: accepted: an "
+                                            "nn.Linear"):
+            call(bad, "bf16")
+
+
 def test_a_simulated_layer_keeps_the_hooks_and_mode_of_the_layer_it_replaces():
     """Hooks registered on a layer fire on its simulated layer and their handles still
     remove them; an eval-mode layer stays in eval mode (they were once dropped)."""

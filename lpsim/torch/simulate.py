@@ -72,6 +72,8 @@ class SimulatedLinear(LinearGemms, nn.Linear):
         sizes the layer's dimensions do not divide, and a layer whose state or behaviour a
         SimulatedLinear (the weight, the bias and nn.Linear's map) would drop, naming what
         it has and what is accepted."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear={type(linear).__name__}: accepted: an nn.Linear")
         as_recipe(recipe).check_dims(linear.in_features, linear.out_features,
                                      where=f"layer {name!r}: ")
         _check_plain_linear(linear, name)
