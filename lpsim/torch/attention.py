@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generator import Generator
-from .gemms import LinearGemms, adopt_module_state, check_float_input, wgrad_follows
+from .gemms import LinearGemms, adopt_module_state, check_float_input, gemms_to_run
 from .recipes import recipe as as_recipe
 
 #: the projections of an attention module, in the order their GEMMs run and are indexed
@@ -284,16 +284,18 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
         return batched
 
     def _check_tokens(self, query, key, value, w, tgt_tokens: int, src_tokens: int):
-        """The recipe's refusal of the token counts (wgrad's K) of the projections that a
-        backward pass may run wgrad for, before any projection runs."""
+        """The recipe's refusal of the token counts (wgrad's K, k x k blocks of x and dy)
+        for the GEMMs each projection and its backward pass will run, before any runs."""
         inputs = {"q_proj": (query, w[0], tgt_tokens), "k_proj": (key, w[1], src_tokens),
                   "v_proj": (value, w[2], src_tokens)}
         for p, (x, weight, tokens) in inputs.items():
-            self.projections[p].check_dims(x.shape[-1], self.embed_dim,
-                                           tokens if wgrad_follows(weight) else None)
+            self.projections[p].check_dims(x.shape[-1], self.embed_dim, tokens,
+                                           gemms_to_run(x.requires_grad, weight))
+        # the attention's output takes a gradient where anything before it does
+        upstream = any(t.requires_grad for t in (query, key, value, *w) if t is not None)
         self.projections["out_proj"].check_dims(
-            self.embed_dim, self.embed_dim,
-            tgt_tokens if wgrad_follows(self.out_proj.weight) else None)
+            self.embed_dim, self.embed_dim, tgt_tokens,
+            gemms_to_run(upstream, self.out_proj.weight))
 
 
 def _join(name: str, projection: str) -> str:

@@ -28,6 +28,7 @@ index that keys the RHT's signs, the step count and the telemetry counters
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass, replace
 
@@ -55,6 +56,9 @@ from .recipes import GEMMS, Gemm, Operand, recipe as as_recipe
 #: steps whose RHT signs a layer draws and moves to its device at once: a copy from the host
 #: makes the host wait for a GPU, which a copy each backward pass would do twice a layer
 RHT_WINDOW = 64
+#: forwards a layer remembers for activation checkpointing's recompute (:meth:`LinearGemms.
+#: linear`): a recompute replays the latest one of the same shapes not yet replayed
+REPLAYS = 64
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -428,6 +432,9 @@ class LinearGemms:
     step) and ``sites``, per (gemm, operand) the counters and delayed-scaling amaxes.
     :meth:`linear` runs the map."""
 
+    _forward = None         # the forward being run: [generator state, key, delayed amaxes]
+    _replay = None          # the remembered forward a recompute is replaying
+
     def __init__(self, recipe, *, generator: Generator | None = None, name: str = "",
                  index: int = 0, telemetry: bool | int = True):
         self.recipe = as_recipe(recipe)
@@ -479,7 +486,8 @@ class LinearGemms:
         op = self.recipe.operand(gemm, role)
         site = self.sites[gemm, role]
         every = self.telemetry_every
-        counted = every is not None and self.steps % every == 0
+        replay = self._replay               # a recompute: counted once already
+        counted = replay is None and every is not None and self.steps % every == 0
         stats = site.stats if counted else None
         if signs is not None:
             done = None if keep else _rht_columns(t, signs, op, self.generator, stats,
@@ -489,7 +497,12 @@ class LinearGemms:
             t = rht_tokens(t, signs)
         amax = None
         if op.scaling == "delayed":
-            amax = site.delayed_amax(t, op.history)
+            if replay is not None and (gemm, role) in replay[2]:
+                amax = replay[2][gemm, role]
+            else:
+                amax = site.delayed_amax(t, op.history)
+                if self._forward is not None:
+                    self._forward[2][gemm, role] = amax
         return _quantized(t, op, axis, self.generator, stats, amax, keep)
 
     @property
@@ -504,14 +517,22 @@ class LinearGemms:
     def check_input(self, x, what: str = "input") -> None:
         """A clear error for an input nn.Linear refuses too: not a tensor, 0-d, or not
         floating point (the GEMMs' float32 values would come back cast to x's dtype,
-        an integer input's truncated), naming the layer."""
-        check_float_input(x, what, f"layer {self.layer_name!r}: ")
+        an integer input's truncated), naming the layer; and for a nested tensor, whose
+        tokens the GEMMs cannot block."""
+        where = f"layer {self.layer_name!r}: "
+        if isinstance(x, torch.Tensor) and x.is_nested:
+            raise ValueError(f"{where}{what} is a nested tensor; accepted: a dense tensor "
+                             "(nn.TransformerEncoder makes nested tensors in eval mode given a "
+                             "padding mask: build it with enable_nested_tensor=False)")
+        check_float_input(x, what, where)
 
-    def check_dims(self, in_features: int, out_features: int, tokens: int | None = None):
+    def check_dims(self, in_features: int, out_features: int, tokens: int | None = None,
+                   gemms=GEMMS):
         """The recipe's refusal of block sizes these dimensions do not divide, naming the
-        layer (tokens None: no backward pass to follow, wgrad not checked)."""
+        layer, for the ``gemms`` a forward and its backward pass will run
+        (:func:`gemms_to_run`; tokens None: not known)."""
         self.recipe.check_dims(in_features, out_features, tokens,
-                               where=f"layer {self.layer_name!r}: ")
+                               where=f"layer {self.layer_name!r}: ", gemms=gemms)
 
     def output_dtype(self, x: torch.Tensor) -> torch.dtype:
         """The dtype the map returns for the input ``x``: x's own; under ``torch.autocast``
@@ -526,8 +547,49 @@ class LinearGemms:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
         """``x @ weight.T + bias`` for a 2-D ``x`` (tokens, in_features) through the
-        recipe's three GEMMs (checked beforehand by :meth:`check_dims`)."""
-        return _LinearFunction.apply(x, weight, bias, self)
+        recipe's three GEMMs (checked beforehand by :meth:`check_dims`).
+
+        Activation checkpointing (``torch.utils.checkpoint``) runs a forward again inside
+        the backward pass and needs the same values: torch restores its own RNG for it, and
+        a layer replays its own forward.  Each forward remembers the generator's state and
+        its delayed-scaling amaxes (:data:`REPLAYS` of them); a forward that runs while
+        autograd runs a backward pass takes the latest remembered one of the same shapes
+        and weight version, draws the same counters, uses the same scales, and neither
+        counts nor records anything (the generator is left where the backward had it)."""
+        key = (tuple(x.shape), x.dtype, tuple(weight.shape), weight._version)
+        if torch._C._current_graph_task_id() != -1:
+            found = self._remembered(key)
+            if found is not None:
+                return self._replayed(found, x, weight, bias)
+        state = [self.generator.get_state(), key, {}]
+        self._forward = state
+        try:
+            y = _LinearFunction.apply(x, weight, bias, self)
+        finally:
+            self._forward = None
+        replays = self.__dict__.setdefault("_replays", collections.deque(maxlen=REPLAYS))
+        replays.append(state)
+        return y
+
+    def _remembered(self, key):
+        """The latest remembered forward with ``key``, taken off the list; None if none."""
+        replays = self.__dict__.get("_replays", ())
+        for i in range(len(replays) - 1, -1, -1):
+            if replays[i][1] == key:
+                found = replays[i]
+                del replays[i]
+                return found
+        return None
+
+    def _replayed(self, state, x, weight, bias):
+        now = self.generator.get_state()
+        self.generator.set_state(state[0])
+        self._replay = state
+        try:
+            return _LinearFunction.apply(x, weight, bias, self)
+        finally:
+            self._replay = None
+            self.generator.set_state(now)
 
 
 #: the input dtypes autocast casts (it leaves float64 as it is)
@@ -552,6 +614,16 @@ def wgrad_follows(weight: torch.Tensor) -> bool:
     """Whether a backward pass may run wgrad, whose K is the token count (checked then):
     only for a weight that takes a gradient (a frozen layer's backward runs dgrad alone)."""
     return torch.is_grad_enabled() and weight.requires_grad
+
+
+def gemms_to_run(input_grad: bool, weight: torch.Tensor) -> tuple:
+    """The GEMMs a forward and the backward pass that may follow it run: fprop; dgrad
+    where the input takes a gradient (``input_grad``, under grad mode); wgrad where the
+    weight does (:func:`wgrad_follows`).  Their operands' blocks are checked before any
+    runs, k x k blocks of x and dy against the token count too."""
+    dgrad = torch.is_grad_enabled() and input_grad
+    return ("fprop",) + (("dgrad",) if dgrad else ()) + \
+        (("wgrad",) if wgrad_follows(weight) else ())
 
 
 

@@ -316,13 +316,16 @@ class Recipe:
                 yield gemm, role, self.operand(gemm, role)
 
     def check_dims(self, in_features: int, out_features: int, tokens: int | None = None,
-                   where: str = "") -> None:
+                   where: str = "", gemms=GEMMS) -> None:
         """Refuse, naming the field, a block size that a GEMM's K (or, for k x k blocks, the
-        operand's other dimension) does not divide; tokens None: not known yet."""
+        operand's other dimension) does not divide; tokens None: not known yet.  ``gemms``:
+        the GEMMs that will run (their operands alone are checked)."""
         k_of = {"fprop": in_features, "dgrad": out_features, "wgrad": tokens}
         dims = {"x": (tokens, in_features), "w": (out_features, in_features),
                 "dy": (tokens, out_features)}
         for gemm, role, op in self.operands():
+            if gemm not in gemms:
+                continue
             label = f"{where}{gemm}.{'a' if role == GEMMS[gemm][0] else 'b'}.fmt"
             k = k_of[gemm]
             if op.block > 1 and k is not None and k % op.block:
@@ -334,7 +337,8 @@ class Recipe:
                     raise ValueError(f"{label}: {op.block} x {op.block} blocks of {role} need "
                                      f"both its dimensions divisible by {op.block}; {size} "
                                      "is not")
-        if self.rht is not None and tokens is not None and tokens % self.rht:
+        if self.rht is not None and tokens is not None and "wgrad" in gemms \
+                and tokens % self.rht:
             raise ValueError(f"{where}rht={self.rht} does not divide wgrad's K = {tokens} "
                              "tokens; accepted: a token count divisible by rht")
 

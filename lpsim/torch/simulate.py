@@ -29,7 +29,7 @@ from ..generator import Generator
 # pickles of earlier SimulatedLinear layers name here) stay importable from this module
 from .gemms import (LinearGemms, _Site, _telemetry_every, adopt_module_state,  # noqa: F401
                     gemm, keep_out_of_fast_paths, quantize_operand, tensor_scale,
-                    wgrad_follows)
+                    gemms_to_run)
 from .hadamard import RHT_STREAM, hadamard, rht, rht_signs  # noqa: F401
 from .attention import PROJECTIONS, SimulatedMultiheadAttention
 from .recipes import PRESETS, Recipe, recipe as as_recipe
@@ -88,10 +88,10 @@ class SimulatedLinear(LinearGemms, nn.Linear):
             raise ValueError(f"layer {self.layer_name!r}: input of shape {tuple(x.shape)}; "
                              f"accepted: (..., {self.in_features})")
         x2 = x.reshape(-1, self.in_features)
-        # wgrad's K is the token count: refused here, before anything is drawn or counted,
-        # when a backward pass may follow
-        tokens = x2.shape[0] if wgrad_follows(self.weight) else None
-        self.check_dims(self.in_features, self.out_features, tokens)
+        # wgrad's K and k x k blocks of x and dy count the tokens: refused here, before
+        # anything is drawn or counted, for the GEMMs this pass and its backward run
+        self.check_dims(self.in_features, self.out_features, x2.shape[0],
+                        gemms_to_run(x.requires_grad, self.weight))
         y = self.linear(x2, self.weight, self.bias)
         return y.reshape(*x.shape[:-1], self.out_features).to(self.output_dtype(x))
 
@@ -147,8 +147,9 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
     skip: names of modules to leave as they are (as ``model.named_modules()`` gives them: a
     linear layer, or an attention module as a whole), or a callable ``skip(name, module) ->
     bool`` (asked of linear layers outside attention modules and of attention modules).
-    With ``recipe.keep_first_last`` the first and last layers (in ``named_modules`` order; an
-    attention module is one layer, all four projections) run the ``bf16`` recipe.
+    With ``recipe.keep_first_last`` the first and last layers (in ``named_modules`` order,
+    skipped ones counted; an attention module is one layer, all four projections) run the
+    ``bf16`` recipe.  ``skip=None`` skips nothing.
     generator: an :class:`lpsim.Generator` (or an integer seed) for stochastic rounding and
     the RHT signs; None draws a seed.  telemetry: count every quantization (True), none
     (False) or those of every N-th step (an integer N; a step ends with a layer's backward
@@ -180,14 +181,19 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
             wanted = attention or isinstance(module, SimulatedMultiheadAttention)
             attentions[name] = ("skip" if skipped(name, module) else "swap") if wanted \
                 else "left"
-    units, left = [], []
+    # the layers in named_modules order (skipped ones too: keep_first_last's first and last
+    # are the model's, whatever is skipped), and those to swap
+    layers, units, left = [], [], []
     for name, module in model.named_modules():
         owner = next((a for a in attentions if name.startswith(a + ".") or not a), None)
-        if attentions.get(name) == "swap":
-            units.append((name, module))
+        if attentions.get(name) in ("swap", "skip"):
+            layers.append(name)
+            if attentions[name] == "swap":
+                units.append((name, module))
         elif not isinstance(module, nn.Linear):
             continue
         elif owner is None:
+            layers.append(name)
             if not skipped(name, module):
                 units.append((name, module))
         elif attentions[owner] == "left":
@@ -201,8 +207,8 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
                       "forward reads their weights directly; they are not simulated "
                       "(simulate(..., attention=True) simulates the attention projections)",
                       stacklevel=2)
-    chosen_of = [PRESETS["bf16"] if r.keep_first_last and position in (0, len(units) - 1)
-                 else r for position in range(len(units))]
+    ends = {layers[0], layers[-1]} if r.keep_first_last and layers else set()
+    chosen_of = [PRESETS["bf16"] if name in ends else r for name, _ in units]
     for (name, module), chosen in zip(units, chosen_of):  # every layer checked before any
         kind = SimulatedMultiheadAttention if isinstance(module, nn.MultiheadAttention) \
             else SimulatedLinear                        # is made (which moves its hooks)
@@ -236,14 +242,27 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
 
 def _skip_rule(model: nn.Module, skip):
     """skip as a callable (name, module) -> bool, and the set of names it was given (empty
-    for a callable); unknown names refused."""
+    for a callable; None: none); unknown names refused.  A module used in several places
+    is skipped where any of its names is given (it is one module, swapped everywhere or
+    nowhere)."""
     if callable(skip):
         return skip, set()
-    names = set(skip) if not isinstance(skip, str) else {skip}
-    unknown = names - {n for n, _ in model.named_modules()}
+    accepted = ("accepted: module names (a str or an iterable of them, as "
+                "model.named_modules() gives them), a callable skip(name, module) -> bool, "
+                "or None")
+    try:
+        names = set() if skip is None else {skip} if isinstance(skip, str) else set(skip)
+    except TypeError:
+        raise TypeError(f"skip={skip!r} is not accepted; {accepted}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"skip={skip!r} is not accepted; {accepted}")
+    places = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        places.setdefault(id(module), set()).add(name)
+    unknown = names - set().union(*places.values())
     if unknown:
         raise ValueError(f"skip={sorted(unknown)!r}: no such modules in the model")
-    return (lambda name, module: name in names), names
+    return (lambda name, module: bool(places.get(id(module), {name}) & names)), names
 
 
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:

@@ -1,0 +1,120 @@
+"""lpsim.torch.simulate in the situations training code puts it in: activation checkpointing,
+skipped layers with keep_first_last, nested and odd-token inputs, ``skip`` as users write it.
+"""
+
+import copy
+
+import pytest
+
+import lpsim
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+from lpsim.torch import Gemm, Operand, Recipe, SimulatedLinear, report, simulate  # noqa: E402
+
+#: a forward operand rounded stochastically, so a recompute that drew new bits would differ
+SR_FORWARD = Recipe(Gemm(Operand("mxfp8", "stochastic"), Operand("mxfp8")),
+                    Gemm(Operand("mxfp8"), Operand("mxfp8")),
+                    Gemm(Operand("mxfp8"), Operand("mxfp8")), name="sr-forward")
+
+
+def mlp(width=32):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width),
+                         nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+
+
+def _steps(recipe, checkpointed, reentrant=False, steps=2):
+    """Two SGD steps of a simulated MLP whose first blocks are checkpointed or not: the
+    parameters, the telemetry and the generator's state at the end."""
+    model = simulate(mlp(), recipe, generator=lpsim.Generator(5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # an input that takes a gradient: the reentrant checkpoint needs one to run backward
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    for _ in range(steps):
+        inner = model[:4]
+        h = checkpoint(inner, x, use_reentrant=reentrant) if checkpointed else inner(x)
+        model[4:](h).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    gen = model[0].generator.get_state()
+    return [p.detach().clone() for p in model.parameters()], report(model).rows, gen
+
+
+@pytest.mark.parametrize("recipe, reentrant", [("fp8_delayed", False), ("nvfp4", False),
+                                               (SR_FORWARD, False), (SR_FORWARD, True)])
+def test_activation_checkpointing_replays_the_forward(recipe, reentrant):
+    # the recompute draws the forward's counters, uses its delayed scales and counts
+    # nothing: every step equals the step without checkpointing, telemetry included
+    plain, checked = _steps(recipe, False), _steps(recipe, True, reentrant)
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], checked[0]))
+    assert plain[1] == checked[1]
+    assert plain[2] == checked[2]
+
+
+def test_a_forward_inside_a_backward_pass_of_other_shapes_runs_afresh():
+    # nothing remembered matches: it is a forward of its own, counted and drawing anew
+    layer = SimulatedLinear.from_linear(nn.Linear(32, 32), SR_FORWARD,
+                                        generator=lpsim.Generator(1))
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(layer(torch.ones(32, 32)).sum().item())
+            return g
+
+    before = layer.telemetry["fprop", "x"].elements
+    Probe.apply(torch.ones(4, 32, requires_grad=True)).sum().backward()
+    assert layer.telemetry["fprop", "x"].elements == before + 32 * 32 and len(seen) == 1
+
+
+def test_keep_first_last_counts_skipped_layers():
+    # the first and last linear layers of the model, whatever skip leaves plain
+    def recipes(model):
+        return [m.recipe.name if isinstance(m, SimulatedLinear) else "plain"
+                for m in model if isinstance(m, nn.Linear)]
+    assert recipes(simulate(mlp(), "nvfp4")) == ["bf16", "nvfp4", "nvfp4", "bf16"]
+    assert recipes(simulate(mlp(), "nvfp4", skip=["6"])) == ["bf16", "nvfp4", "nvfp4", "plain"]
+    assert recipes(simulate(mlp(), "nvfp4", skip=["0"])) == ["plain", "nvfp4", "nvfp4", "bf16"]
+
+
+def test_skip_as_users_write_it():
+    assert isinstance(simulate(mlp(), "mxfp8", skip=None)[0], SimulatedLinear)
+    shared = nn.Linear(32, 32)
+    model = nn.Sequential(shared, nn.ReLU(), shared)     # one layer in two places
+    simulate(model, "mxfp8", skip=["2"])                  # its second place's name
+    assert model[0] is shared and model[2] is shared
+    for bad in (3, [0], [None]):
+        with pytest.raises(TypeError, match="skip=.*accepted: module names"):
+            simulate(mlp(), "mxfp8", skip=bad)
+
+
+def test_a_nested_input_is_refused_by_name():
+    layer = SimulatedLinear.from_linear(nn.Linear(8, 8), "bf16", name="fc")
+    nested = torch.nested.nested_tensor([torch.ones(2, 8), torch.ones(3, 8)])
+    with pytest.raises(ValueError, match="layer 'fc': input is a nested tensor"):
+        layer(nested)
+
+
+@pytest.mark.parametrize("grad", ["no_grad", "frozen weight"])
+def test_tokens_that_k_by_k_blocks_do_not_divide_are_refused_before_anything(grad):
+    op2d = Operand("nvfp4", blocks_2d=True)
+    recipe = Recipe(Gemm(op2d, Operand("nvfp4")), Gemm(op2d, Operand("nvfp4")),
+                    Gemm(Operand("nvfp4"), Operand("nvfp4")))
+    layer = SimulatedLinear.from_linear(nn.Linear(32, 32), recipe, name="fc")
+    x = torch.randn(20, 32, requires_grad=grad != "no_grad")
+    if grad == "frozen weight":
+        layer.weight.requires_grad_(False)
+    counted = copy.deepcopy(layer.telemetry)
+    with pytest.raises(ValueError, match=r"layer 'fc': fprop\.a\.fmt: 16 x 16 blocks of x"):
+        with torch.no_grad() if grad == "no_grad" else torch.enable_grad():
+            layer(x)
+    assert {k: v.elements for k, v in layer.telemetry.items()} == \
+        {k: v.elements for k, v in counted.items()}
