@@ -96,6 +96,19 @@ def test_small_integers_transform_exactly():
     assert np.array_equal(rht_transposed(torch.from_numpy(x), s).numpy(), want)
 
 
+@pytest.mark.parametrize("n, error", [(3, ValueError), (6, ValueError), (12, ValueError),
+                                      (0, ValueError), (-8, ValueError), (2.5, TypeError),
+                                      (4.0, TypeError), (True, TypeError), ("4", TypeError)])
+def test_hadamard_refuses_a_size_that_is_not_a_power_of_two(n, error):
+    """hadamard(6) was 8 x 8, hadamard(0) 1 x 1 and hadamard(2.5) 4 x 4, without an error."""
+    with pytest.raises(error, match=rf"hadamard: n={n!r} is not accepted; accepted: .*a power "
+                                    "of two >= 1"):
+        hadamard(n)
+    for size in (1, 2, 16, np.int64(32)):
+        h = hadamard(size)
+        assert h.shape == (size, size) and np.array_equal(h @ h.T, size * np.eye(size))
+
+
 @pytest.mark.parametrize("n", [4, 16, 32])
 def test_each_output_is_within_the_trees_error_bound(n):
     """|fl(y) - y| <= gamma(k) * sum_j |c_j x_j|, y the exact H (c x) with the float32 factors

@@ -33,7 +33,13 @@ RHT_STREAM = 1 << 40
 
 
 def hadamard(n: int) -> np.ndarray:
-    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two."""
+    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two (another n is
+    refused: the recursion would give a matrix of the next power of two)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"hadamard: n={n!r} is not accepted; accepted: an integer, a power "
+                        "of two >= 1")
+    if n < 1 or int(n) & (int(n) - 1):
+        raise ValueError(f"hadamard: n={n} is not accepted; accepted: a power of two >= 1")
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
