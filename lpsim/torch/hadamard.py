@@ -30,6 +30,8 @@ from ..pool import deal, pieces, threads
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
 RHT_STREAM = 1 << 40
+#: an RHT's size (the signs :func:`rht_signs` draws for one step) is below it
+RHT_SIZE_LIMIT = 1 << 32
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -55,7 +57,7 @@ def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None
         raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
                          "integer >= 1")
     rows = 1 if steps is None else int(steps)
-    n = _checked_index("n", n, 1, 1 << 32)
+    n = _checked_index("n", n, 1, RHT_SIZE_LIMIT)
     # the stream and the counters are 64-bit: past them two layers (or steps) would share
     # their signs
     layer = _checked_index("layer", layer, 0, (1 << 64) - RHT_STREAM)
