@@ -280,3 +280,21 @@ def test_theta_is_refused_by_name(theta, error):
     """A string or None once failed in a bare comparison that named nothing."""
     with pytest.raises(error, match=f"theta={theta!r}"):
         PrecisionModel(nn.Linear(2, 2), torch.randn(1, 2), theta=theta)
+
+
+@pytest.mark.parametrize("r, same", [(np.float32(0.5), 0.5), (np.float64(0.75), 0.75),
+                                     (np.int64(1), 1.0), (np.int8(0), 0.0)])
+def test_r_takes_numpy_numbers(r, same):
+    """A numpy float or integer in [0, 1] was refused as 'must be a number in [0, 1]'."""
+    x = torch.randn(3, 1, 8, 8)
+    got = PrecisionModel(three_gemm_cnn(), x, r=r).assignment.levels
+    assert got == PrecisionModel(three_gemm_cnn(), x, r=same).assignment.levels
+
+
+@pytest.mark.parametrize("r, error", [(True, TypeError), (np.bool_(False), TypeError),
+                                      ("0.5", TypeError), (None, TypeError),
+                                      (np.float32(1.5), ValueError), (-0.25, ValueError),
+                                      (float("nan"), ValueError)])
+def test_r_is_refused_by_name(r, error):
+    with pytest.raises(error, match="r="):
+        PrecisionModel(three_gemm_cnn(), torch.randn(3, 1, 8, 8), r=r)

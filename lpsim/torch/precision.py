@@ -136,6 +136,16 @@ def group_tensors(tensors, ops) -> list[list]:
     return [g for g in groups if g]
 
 
+def _real(name: str, value, accepted: str) -> float:
+    """``value`` as a float: a real number, numpy's included (bools are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} is not a number; accepted: {accepted}")
+    try:
+        return float(value)
+    except OverflowError:           # an int past float's range
+        return math.inf if value > 0 else -math.inf
+
+
 def assign(kind: str, tensors, ops, *, r: float = 0.5, candidates=None) -> PrecisionAssignment:
     """The assignment ``kind`` ("fp32", "uniform", "operator", "ours") of the paper."""
     candidates = candidates or Candidates()
@@ -155,7 +165,8 @@ def assign(kind: str, tensors, ops, *, r: float = 0.5, candidates=None) -> Preci
                 if name in names:
                     levels[name] = "lo"
         return pi
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+    r = _real("r", r, "a number in [0, 1] (the low-precision ratio bound)")
+    if not 0 <= r <= 1:
         raise ValueError(f"r={r!r} must be a number in [0, 1] (the low-precision ratio bound)")
     groups = sorted(group_tensors(tensors, ops), key=lambda g: -sum(s.size for s in g))
     for group in groups:         # Algorithm 1: demote the largest groups first
