@@ -190,16 +190,22 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000):
-        if not init_scale > 0 or not growth_factor >= 1 or not 0 < backoff_factor < 1:
-            raise ValueError(f"loss scaling needs init_scale > 0, growth_factor >= 1, "
-                             f"0 < backoff_factor < 1; got {init_scale}, {growth_factor}, "
-                             f"{backoff_factor}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) \
-                or growth_interval < 1:
+        # an infinite or NaN scale (or growth) would skip every step from then on
+        checks = (("init_scale", init_scale, "a finite number > 0", lambda v: v > 0),
+                  ("growth_factor", growth_factor, "a finite number >= 1", lambda v: v >= 1),
+                  ("backoff_factor", backoff_factor, "a number in (0, 1)",
+                   lambda v: 0 < v < 1))
+        values = []
+        for name, value, accepted, ok in checks:
+            v = _real(name, value, accepted)
+            if not (math.isfinite(v) and ok(v)):
+                raise ValueError(f"{name}={value!r} is not accepted; accepted: {accepted}")
+            values.append(v)
+        if isinstance(growth_interval, (bool, np.bool_)) \
+                or not isinstance(growth_interval, (int, np.integer)) or growth_interval < 1:
             raise ValueError(f"growth_interval={growth_interval!r} must be an integer >= 1")
-        self.value = float(init_scale)
-        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
-        self.growth_interval = growth_interval
+        self.value, self.growth_factor, self.backoff_factor = values
+        self.growth_interval = int(growth_interval)
         self._good = 0
 
     def scale(self, loss):
