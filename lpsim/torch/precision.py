@@ -287,9 +287,10 @@ class PrecisionModel(nn.Module):
 
     ``example`` is an input batch: one traced forward pass finds the operators and the
     shapes of TS (``example_target`` feeds the loss; default class labels 0).
-    ``loss_fn(output, target)`` is the loss operator f_{n+1}; call :meth:`loss` for it.  After each optimizer step call :meth:`end_step`: it records the
-    per-tensor counters of the step and applies Algorithm 2 when ``promote`` (default: on
-    for "ours").  ``rounding`` and ``generator`` apply to every site.
+    ``loss_fn(output, target)`` is the loss operator f_{n+1}; call :meth:`loss` for it.
+    After each optimizer step call :meth:`end_step`: it records the per-tensor counters of
+    the step and applies Algorithm 2 when ``promote`` (default: on for "ours").
+    ``rounding`` and ``generator`` apply to every site.
     """
 
     def __init__(self, model: nn.Module, example: torch.Tensor, *, assignment: str = "ours",
