@@ -96,6 +96,48 @@ def test_small_integers_transform_exactly():
     assert np.array_equal(rht_transposed(torch.from_numpy(x), s).numpy(), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_tensor_that_requires_grad_keeps_its_graph_and_its_bits(dtype):
+    """The float32 CPU pass detached its input: a tensor that requires grad got a result
+    without grad_fn.  Now both transforms keep the graph, with rht's bits, and backward
+    gives rht's gradient: (H diag(d) / 4)^T g, exact for small integers g at n = 16."""
+    n = 16
+    s = signs_of(n)
+    x = torch.from_numpy(hard_values((64, 40), seed=5)).to(dtype)
+    rng = np.random.default_rng(2)
+    g = torch.from_numpy(rng.integers(-1000, 1000, (64, 40)).astype(np.float32)).to(dtype)
+    want = rht(x.t().contiguous(), s).nan_to_num()
+    for transform, as_rows in ((rht_tokens, lambda y: y.t()), (rht_transposed, lambda y: y)):
+        leaf = x.clone().requires_grad_(True)
+        y = transform(leaf, s)
+        assert y.grad_fn is not None
+        assert same_bits(as_rows(y).detach().nan_to_num().numpy(), want.numpy())
+        as_rows(y).backward(g.t().contiguous())
+        ref = x.clone().requires_grad_(True)
+        rht(ref.t().contiguous(), s).backward(g.t().contiguous())
+        assert same_bits(leaf.grad.numpy(), ref.grad.numpy())
+        runs = g.double().numpy().T.reshape(-1, n)
+        exact = (runs @ (hadamard(n) * s) / 4).reshape(40, 64).T
+        assert np.array_equal(leaf.grad.double().numpy(), exact)
+        with torch.no_grad():           # no graph wanted (float32: the fast pass), same bits
+            y = transform(leaf, s)
+        assert y.grad_fn is None
+        assert same_bits(as_rows(y).nan_to_num().numpy(), want.numpy())
+
+
+@pytest.mark.parametrize("n, error", [(3, ValueError), (6, ValueError), (12, ValueError),
+                                      (0, ValueError), (-8, ValueError), (2.5, TypeError),
+                                      (4.0, TypeError), (True, TypeError), ("4", TypeError)])
+def test_hadamard_refuses_a_size_that_is_not_a_power_of_two(n, error):
+    """hadamard(6) was 8 x 8, hadamard(0) 1 x 1 and hadamard(2.5) 4 x 4, without an error."""
+    with pytest.raises(error, match=rf"hadamard: n={n!r} is not accepted; accepted: .*a power "
+                                    "of two >= 1"):
+        hadamard(n)
+    for size in (1, 2, 16, np.int64(32)):
+        h = hadamard(size)
+        assert h.shape == (size, size) and np.array_equal(h @ h.T, size * np.eye(size))
+
+
 @pytest.mark.parametrize("n", [4, 16, 32])
 def test_each_output_is_within_the_trees_error_bound(n):
     """|fl(y) - y| <= gamma(k) * sum_j |c_j x_j|, y the exact H (c x) with the float32 factors

@@ -280,3 +280,43 @@ def test_theta_is_refused_by_name(theta, error):
     """A string or None once failed in a bare comparison that named nothing."""
     with pytest.raises(error, match=f"theta={theta!r}"):
         PrecisionModel(nn.Linear(2, 2), torch.randn(1, 2), theta=theta)
+
+
+@pytest.mark.parametrize("r, same", [(np.float32(0.5), 0.5), (np.float64(0.75), 0.75),
+                                     (np.int64(1), 1.0), (np.int8(0), 0.0)])
+def test_r_takes_numpy_numbers(r, same):
+    """A numpy float or integer in [0, 1] was refused as 'must be a number in [0, 1]'."""
+    x = torch.randn(3, 1, 8, 8)
+    got = PrecisionModel(three_gemm_cnn(), x, r=r).assignment.levels
+    assert got == PrecisionModel(three_gemm_cnn(), x, r=same).assignment.levels
+
+
+@pytest.mark.parametrize("r, error", [(True, TypeError), (np.bool_(False), TypeError),
+                                      ("0.5", TypeError), (None, TypeError),
+                                      (np.float32(1.5), ValueError), (-0.25, ValueError),
+                                      (float("nan"), ValueError)])
+def test_r_is_refused_by_name(r, error):
+    with pytest.raises(error, match="r="):
+        PrecisionModel(three_gemm_cnn(), torch.randn(3, 1, 8, 8), r=r)
+
+
+@pytest.mark.parametrize("name, value, error", [
+    ("init_scale", float("inf"), ValueError), ("init_scale", float("nan"), ValueError),
+    ("init_scale", 0.0, ValueError), ("init_scale", -1.0, ValueError),
+    ("init_scale", 10 ** 400, ValueError), ("init_scale", "1", TypeError),
+    ("init_scale", True, TypeError), ("growth_factor", float("inf"), ValueError),
+    ("growth_factor", float("nan"), ValueError), ("growth_factor", 0.5, ValueError),
+    ("growth_factor", None, TypeError), ("backoff_factor", 1.0, ValueError),
+    ("backoff_factor", 0.0, ValueError), ("backoff_factor", float("nan"), ValueError),
+    ("backoff_factor", True, TypeError), ("growth_interval", 2.0, ValueError),
+    ("growth_interval", 0, ValueError), ("growth_interval", True, ValueError),
+], ids=lambda v: str(v)[:12])
+def test_loss_scaler_refuses_bad_arguments_by_name(name, value, error):
+    """init_scale=inf was taken, and then every step was skipped (inf * 0.5 = inf); a NaN
+    passed the comparisons too.  numpy numbers are taken as numbers."""
+    with pytest.raises(error, match=f"{name}="):
+        DynamicLossScaler(**{name: value})
+    s = DynamicLossScaler(init_scale=np.float32(8), growth_factor=np.int64(2),
+                          backoff_factor=np.float64(0.25), growth_interval=np.int32(3))
+    assert (s.value, s.growth_factor, s.backoff_factor, s.growth_interval) == (8, 2, 0.25, 3)
+    assert type(s.value) is float and type(s.growth_interval) is int

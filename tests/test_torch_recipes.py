@@ -9,6 +9,7 @@ cuBLAS multiplies without TF32 there).
 
 import copy
 import os
+import re
 import warnings
 
 import numpy as np
@@ -588,6 +589,22 @@ def test_numpy_integers_are_taken_as_ints():
     assert Operand("e4m3fn", scaling="delayed", history=np.int32(4)).history == 4
     assert type(Recipe(rht=np.int64(16)).rht) is int
     assert isinstance(simulate(mlp(), "mxfp8", generator=np.uint64(3))[0], SimulatedLinear)
+
+
+@pytest.mark.parametrize("rht", [2 ** 32, 2 ** 40, np.uint64(2 ** 63), 2 ** 70])
+def test_an_rht_larger_than_its_signs_is_refused_when_made(rht):
+    """rht=2**40 was taken, and failed inside a backward pass naming rht_signs' n: the recipe
+    takes the sizes rht_signs draws signs for, the one limit of lpsim.torch.hadamard."""
+    from lpsim.torch.hadamard import RHT_SIZE_LIMIT, rht_signs
+    match = rf"rht={re.escape(repr(rht))} is not accepted; accepted: None or a power of " \
+            rf"two, 2 <= rht < {RHT_SIZE_LIMIT}"
+    with pytest.raises(ValueError, match=match):
+        Recipe(rht=rht)
+    with pytest.raises(ValueError, match=match):
+        PRESETS["mxfp8"].with_(rht=rht)
+    with pytest.raises(ValueError, match=rf"n={RHT_SIZE_LIMIT} is not accepted"):
+        rht_signs(0, 0, 0, RHT_SIZE_LIMIT)
+    assert Recipe(rht=RHT_SIZE_LIMIT // 2).rht == 2 ** 31
 
 
 def test_first_refusal_leaves_the_model_unswapped():

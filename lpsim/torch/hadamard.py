@@ -30,10 +30,18 @@ from ..pool import deal, pieces, threads
 
 #: the Philox stream of a layer's Hadamard signs is RHT_STREAM + the layer's index
 RHT_STREAM = 1 << 40
+#: an RHT's size (the signs :func:`rht_signs` draws for one step) is below it
+RHT_SIZE_LIMIT = 1 << 32
 
 
 def hadamard(n: int) -> np.ndarray:
-    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two."""
+    """The n x n Sylvester Hadamard matrix (entries +-1), n a power of two (another n is
+    refused: the recursion would give a matrix of the next power of two)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"hadamard: n={n!r} is not accepted; accepted: an integer, a power "
+                        "of two >= 1")
+    if n < 1 or int(n) & (int(n) - 1):
+        raise ValueError(f"hadamard: n={n} is not accepted; accepted: a power of two >= 1")
     h = np.ones((1, 1))
     while h.shape[0] < n:
         h = np.block([[h, h], [h, -h]])
@@ -49,7 +57,7 @@ def rht_signs(seed: int, layer: int, step: int, n: int, steps: int | None = None
         raise ValueError(f"steps={steps!r} is not accepted; accepted: None (one step) or an "
                          "integer >= 1")
     rows = 1 if steps is None else int(steps)
-    n = _checked_index("n", n, 1, 1 << 32)
+    n = _checked_index("n", n, 1, RHT_SIZE_LIMIT)
     # the stream and the counters are 64-bit: past them two layers (or steps) would share
     # their signs
     layer = _checked_index("layer", layer, 0, (1 << 64) - RHT_STREAM)
@@ -128,6 +136,12 @@ def _token_runs(x, c, out, r0, r1):
         hadamard_rows(xf, t0, features, of, t0, features, c, n, features)
 
 
+def _keeps_graph(t: torch.Tensor) -> bool:
+    """Whether autograd records an operation on ``t``: then the transforms take torch's
+    operations, whose graph gives the gradient (the fast passes detach)."""
+    return t.requires_grad and torch.is_grad_enabled()
+
+
 def _checked_2d(t: torch.Tensor) -> None:
     if t.ndim != 2:
         raise ValueError(f"a tensor of shape {tuple(t.shape)} is not accepted; accepted: a "
@@ -148,11 +162,11 @@ def rht_tokens(t: torch.Tensor, signs) -> torch.Tensor:
     layout, a tensor apart from t.  Why: a weight gradient's K is the tokens, and its
     operands are quantized down their columns as they lie (:mod:`lpsim.blocks.columns`), so
     nothing is transposed.  A float32 CPU tensor takes one threaded pass over runs of
-    rows (:func:`_token_runs`: a fifth of the time of a transposing pass); others torch's
-    operations (a transposed view)."""
+    rows (:func:`_token_runs`: a fifth of the time of a transposing pass); others, and a
+    tensor autograd records, torch's operations (a transposed view)."""
     n = len(signs)
     _checked_2d(t)
-    if t.device.type != "cpu" or t.dtype != torch.float32:
+    if t.device.type != "cpu" or t.dtype != torch.float32 or _keeps_graph(t):
         return rht(t.t(), signs).t()
     _checked_run(n, t.shape[0])
     x = t.detach().contiguous().numpy()
@@ -173,8 +187,10 @@ def rht_transposed(t: torch.Tensor, signs) -> torch.Tensor:
     rows).  A float32 CPU tensor takes :func:`rht_tokens` and torch's transposing copy; a
     float32 CUDA tensor one pass of lpsim_cuda's kernel (:mod:`lpsim_cuda.hadamard`: the
     transform in registers, where torch's operations make a pass and a launch or more per
-    butterfly stage)."""
+    butterfly stage).  A tensor autograd records takes torch's operations."""
     _checked_2d(t)
+    if _keeps_graph(t):
+        return rht(t.t().contiguous(), signs)
     if t.device.type == "cuda" and t.dtype == torch.float32:   # pragma: no cover (GPU only)
         from lpsim_cuda.hadamard import SIZES, transposed_rht
         if len(signs) in SIZES and t.shape[0] % len(signs) == 0:

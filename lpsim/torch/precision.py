@@ -136,6 +136,16 @@ def group_tensors(tensors, ops) -> list[list]:
     return [g for g in groups if g]
 
 
+def _real(name: str, value, accepted: str) -> float:
+    """``value`` as a float: a real number, numpy's included (bools are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}={value!r} is not a number; accepted: {accepted}")
+    try:
+        return float(value)
+    except OverflowError:           # an int past float's range
+        return math.inf if value > 0 else -math.inf
+
+
 def assign(kind: str, tensors, ops, *, r: float = 0.5, candidates=None) -> PrecisionAssignment:
     """The assignment ``kind`` ("fp32", "uniform", "operator", "ours") of the paper."""
     candidates = candidates or Candidates()
@@ -155,7 +165,8 @@ def assign(kind: str, tensors, ops, *, r: float = 0.5, candidates=None) -> Preci
                 if name in names:
                     levels[name] = "lo"
         return pi
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+    r = _real("r", r, "a number in [0, 1] (the low-precision ratio bound)")
+    if not 0 <= r <= 1:
         raise ValueError(f"r={r!r} must be a number in [0, 1] (the low-precision ratio bound)")
     groups = sorted(group_tensors(tensors, ops), key=lambda g: -sum(s.size for s in g))
     for group in groups:         # Algorithm 1: demote the largest groups first
@@ -179,16 +190,22 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000):
-        if not init_scale > 0 or not growth_factor >= 1 or not 0 < backoff_factor < 1:
-            raise ValueError(f"loss scaling needs init_scale > 0, growth_factor >= 1, "
-                             f"0 < backoff_factor < 1; got {init_scale}, {growth_factor}, "
-                             f"{backoff_factor}")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) \
-                or growth_interval < 1:
+        # an infinite or NaN scale (or growth) would skip every step from then on
+        checks = (("init_scale", init_scale, "a finite number > 0", lambda v: v > 0),
+                  ("growth_factor", growth_factor, "a finite number >= 1", lambda v: v >= 1),
+                  ("backoff_factor", backoff_factor, "a number in (0, 1)",
+                   lambda v: 0 < v < 1))
+        values = []
+        for name, value, accepted, ok in checks:
+            v = _real(name, value, accepted)
+            if not (math.isfinite(v) and ok(v)):
+                raise ValueError(f"{name}={value!r} is not accepted; accepted: {accepted}")
+            values.append(v)
+        if isinstance(growth_interval, (bool, np.bool_)) \
+                or not isinstance(growth_interval, (int, np.integer)) or growth_interval < 1:
             raise ValueError(f"growth_interval={growth_interval!r} must be an integer >= 1")
-        self.value = float(init_scale)
-        self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
-        self.growth_interval = growth_interval
+        self.value, self.growth_factor, self.backoff_factor = values
+        self.growth_interval = int(growth_interval)
         self._good = 0
 
     def scale(self, loss):
@@ -270,9 +287,10 @@ class PrecisionModel(nn.Module):
 
     ``example`` is an input batch: one traced forward pass finds the operators and the
     shapes of TS (``example_target`` feeds the loss; default class labels 0).
-    ``loss_fn(output, target)`` is the loss operator f_{n+1}; call :meth:`loss` for it.  After each optimizer step call :meth:`end_step`: it records the
-    per-tensor counters of the step and applies Algorithm 2 when ``promote`` (default: on
-    for "ours").  ``rounding`` and ``generator`` apply to every site.
+    ``loss_fn(output, target)`` is the loss operator f_{n+1}; call :meth:`loss` for it.
+    After each optimizer step call :meth:`end_step`: it records the per-tensor counters of
+    the step and applies Algorithm 2 when ``promote`` (default: on for "ours").
+    ``rounding`` and ``generator`` apply to every site.
     """
 
     def __init__(self, model: nn.Module, example: torch.Tensor, *, assignment: str = "ours",

@@ -37,6 +37,7 @@ from ..ops.models import get_model
 from ..philox import WORD_BITS
 from ..request import check_sr_bits
 from ..rounding import NEAREST, STOCHASTIC, mode_code
+from .hadamard import RHT_SIZE_LIMIT
 
 #: per-tensor scaling of an element format: none, from this tensor's amax (``current``), or
 #: from the largest amax of the tensor's last ``history`` steps (``delayed``)
@@ -295,12 +296,14 @@ class Recipe:
         for name in GEMMS:
             if not isinstance(getattr(self, name), Gemm):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be an lpsim.torch.Gemm")
-        if self.rht is not None and (isinstance(self.rht, bool) or not isinstance(
-                self.rht, (int, np.integer)) or self.rht < 2 or self.rht & (self.rht - 1)):
-            raise ValueError(f"rht={self.rht!r} is not accepted; accepted: None or a power "
-                             "of two >= 2 (a Hadamard matrix's size)")
         if self.rht is not None:
-            object.__setattr__(self, "rht", int(self.rht))
+            n = self.rht
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) \
+                    or not 2 <= int(n) < RHT_SIZE_LIMIT or int(n) & (int(n) - 1):
+                raise ValueError(f"rht={n!r} is not accepted; accepted: None or a power of "
+                                 f"two, 2 <= rht < {RHT_SIZE_LIMIT} (a Hadamard matrix's "
+                                 "size, the signs of one step)")
+            object.__setattr__(self, "rht", int(n))
         if not isinstance(self.keep_first_last, bool):
             raise TypeError(f"keep_first_last={self.keep_first_last!r} must be True or False")
 
