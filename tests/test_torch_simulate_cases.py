@@ -118,3 +118,29 @@ def test_tokens_that_k_by_k_blocks_do_not_divide_are_refused_before_anything(gra
             layer(x)
     assert {k: v.elements for k, v in layer.telemetry.items()} == \
         {k: v.elements for k, v in counted.items()}
+
+
+def test_from_linear_leaves_the_layer_it_copies_as_it_was():
+    # a reference layer the user keeps: none of lpsim's hooks, and the simulated layer's
+    # hooks do not fire on it; hooks it had fire on the simulated layer
+    linear = nn.Linear(32, 32)
+    seen = []
+    linear.register_forward_hook(lambda module, args, out: seen.append("theirs"))
+    before = {key: dict(value) for key, value in vars(linear).items()
+              if "hook" in key and isinstance(value, dict)}
+    layer = SimulatedLinear.from_linear(linear, "mxfp8")
+    layer.register_forward_hook(lambda module, args, out: seen.append("simulated"))
+    assert {key: dict(getattr(linear, key)) for key in before} == before
+    with torch.no_grad():
+        linear(torch.ones(4, 32))
+        assert seen == ["theirs"]
+        layer(torch.ones(4, 32))
+    assert seen == ["theirs", "theirs", "simulated"]
+
+
+def test_attributes_set_on_a_replaced_layer_stay():
+    model = mlp()
+    model[2].init_std, model[2]._is_hf_initialized = 0.02, True
+    simulate(model, "mxfp8")
+    assert isinstance(model[2], SimulatedLinear)
+    assert (model[2].init_std, model[2]._is_hf_initialized) == (0.02, True)

@@ -30,15 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..generator import Generator
-from .gemms import LinearGemms, adopt_module_state, check_float_input, gemms_to_run
+from .gemms import (MODULE_STATE, LinearGemms, adopt_module_state, check_float_input,
+                    gemms_to_run)
 from .recipes import recipe as as_recipe
 
 #: the projections of an attention module, in the order their GEMMs run and are indexed
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 #: what nn.Module.__init__ makes: a module of its own for each simulated one, the rest copied
-_MODULE_STATE = frozenset(vars(nn.Module()))
-
-
 def _shape(t) -> tuple:
     return tuple(t.shape)
 
@@ -80,7 +78,7 @@ class SimulatedMultiheadAttention(nn.MultiheadAttention):
         for key, value in vars(attention).items():
             if key in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
                 getattr(self, key).update(value)          # the same Parameters, in order
-            elif key == "training" or key not in _MODULE_STATE:
+            elif key == "training" or key not in MODULE_STATE:
                 self.__dict__[key] = value
         self.layer_name, self.projections = name, projections
         adopt_module_state(self, attention)

@@ -29,6 +29,7 @@ index that keys the RHT's signs, the step count and the telemetry counters
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 from dataclasses import dataclass, replace
 
@@ -638,12 +639,23 @@ def keep_out_of_fast_paths(module, args) -> None:
 _HOOKS = tuple(sorted(key for key in vars(torch.nn.Module()) if "hook" in key))
 
 
-def adopt_module_state(new: torch.nn.Module, old: torch.nn.Module) -> None:
-    """``new`` (a simulated module made to replace ``old``) takes ``old``'s training flag and
-    its hooks: the same registries, so the handles a user holds still remove them; then the
-    fast-path guard (:func:`keep_out_of_fast_paths`), once."""
+#: what nn.Module's own __init__ sets: never taken from the module a simulated one replaces
+MODULE_STATE = frozenset(vars(torch.nn.Module()))
+
+
+def adopt_module_state(new: torch.nn.Module, old: torch.nn.Module, share: bool = False) -> None:
+    """``new`` (a simulated module made to replace ``old``) takes ``old``'s training flag,
+    the attributes a user or a framework set on it (an init scale, ``_is_hf_initialized``:
+    those ``new`` has not set itself) and its hooks: copies of the registries, so ``old``
+    stays as it was (a reference layer the user keeps); with ``share`` (simulate's swap in
+    place, where ``old`` leaves the model) the same registries, so the handles a user holds
+    still remove them.  Then the fast-path guard (:func:`keep_out_of_fast_paths`), once."""
     new.training = old.training
+    for key, value in vars(old).items():
+        if key not in MODULE_STATE and key not in vars(new) and key != "_replays":
+            new.__dict__[key] = value
     for key in _HOOKS:
-        setattr(new, key, getattr(old, key))
+        registry = getattr(old, key)
+        setattr(new, key, registry if share else copy.copy(registry))
     if keep_out_of_fast_paths not in new._forward_pre_hooks.values():
         new.register_forward_pre_hook(keep_out_of_fast_paths)

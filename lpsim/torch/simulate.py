@@ -235,6 +235,9 @@ def simulate(model: nn.Module, recipe, *, skip=(), generator=None,
         places.setdefault(id(module), []).append(name)
     originals = dict(units)
     for name, new in made:
+        # the original leaves the model: its hook registries are shared, so the handles a
+        # user holds still remove the hooks
+        adopt_module_state(new, originals[name], share=True)
         for place in places[id(originals[name])]:
             _replace(model, place, new)
     return model
