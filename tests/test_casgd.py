@@ -309,3 +309,12 @@ def test_normalize_rows_copies_a_view_of_its_input():
             np.recarray)):
         normalize_rows(a)
         assert np.asarray(a).tolist() == [[3.0, 4.0], [1.0, 0.0]]
+
+
+def test_cost_model_crossover_without_flop_or_word_costs():
+    # latency only: CA-SGD is cheaper for every s > 1 (one message instead of s)
+    for s in (2, 4, 16):
+        c = cost_model(b=32, s=s, P=16, n_loc=256, alpha=1e-6, beta=0.0, gamma=0.0)
+        assert c["crossover"] == (1.0, np.inf) and c["speedup"] == s
+    # one rank and no costs but latency: nothing to save
+    assert cost_model(32, 4, 1, 256, 1e-6, 0.0, 0.0)["crossover"] is None
