@@ -311,6 +311,45 @@ def test_normalize_rows_copies_a_view_of_its_input():
         assert np.asarray(a).tolist() == [[3.0, 4.0], [1.0, 0.0]]
 
 
+@pytest.mark.parametrize("row", ["u_G", "u_r", "u_g", "u_c"])
+def test_fp64_slot_runs_and_tracks_fp64(data, row):
+    A, y = data["logistic"]
+    kw = dict(eta=0.5, b=4, s=4, H=3, seed=2)
+    ref = casgd(A, y, recipe="fp64", **kw).x
+    x = casgd(A, y, recipe=RECIPES["C"].replace(**{row: "d"}), **kw).x
+    assert np.all(np.isfinite(x)) and np.max(np.abs(x - ref)) < 0.05
+
+
+@pytest.mark.parametrize("spec,row", [
+    (dict(u_r="fp(11,30)"), "u_r"), (dict(u_G="fp(8,30)"), "u_G"),
+    (dict(u_c=Slot("fp(11,30)")), "u_c"), (dict(u_g=Slot("fp64", acc="fp32")), "u_g"),
+    (dict(u_x=Slot("fp64", rounding="up")), "u_x"),
+    (dict(u_AR_r=Slot("fp64", rounding="stochastic")), "u_AR_r")])
+def test_slots_that_cannot_be_simulated_are_refused_by_row(spec, row):
+    with pytest.raises(ValueError, match=f"^{row}=Slot"):
+        RECIPES["A"].replace(**spec)
+
+
+@pytest.mark.parametrize("fmt", ["fp(11,40)", "fp(8,30)"])
+def test_wide_uniform_recipe_is_refused_when_made(fmt):
+    with pytest.raises(ValueError, match=re.escape(f"recipe={fmt!r}: u_G=")):
+        lpsim.casgd.as_recipe(fmt)
+    with pytest.raises(ValueError, match="u_G="):
+        lpsim.casgd.CASGDClassifier(recipe=fmt, n_iter=1).fit(np.eye(8), [0, 1] * 4)
+
+
+def test_a_bad_slot_value_is_refused_naming_the_slot():
+    with pytest.raises(ValueError, match=r"^u_AR_G='bf61': unknown format; accepted") as err:
+        RECIPES["C"].replace(u_AR_G="bf61")
+    assert len(str(err.value)) < 200
+    with pytest.raises(ValueError, match=r"^u_sigma=None is not a slot; accepted"):
+        RECIPES["C"].replace(u_sigma=None)
+    with pytest.raises(ValueError, match=r"^u_x='zz': unknown format"):
+        Recipe(*"f f f f f f f f zz".split())
+    with pytest.raises(ValueError, match=r"^u_A='e8m0fnu': fmt=e8m0fnu holds no negative"):
+        RECIPES["C"].replace(u_A="e8m0fnu")
+
+
 def test_cost_model_crossover_without_flop_or_word_costs():
     # latency only: CA-SGD is cheaper for every s > 1 (one message instead of s)
     for s in (2, 4, 16):
