@@ -311,6 +311,36 @@ def test_normalize_rows_copies_a_view_of_its_input():
         assert np.asarray(a).tolist() == [[3.0, 4.0], [1.0, 0.0]]
 
 
+@pytest.mark.parametrize("fmt,up", [("fp32", 1 + 2.0 ** -23), ("bf16", 1 + 2.0 ** -7)])
+def test_directed_u_x_rounds_the_exact_update(fmt, up):
+    # x0 = 1 and a positive update far below half an ulp: up gives the next number above 1,
+    # down and nearest give 1 (the update is not first rounded to nearest in float32)
+    Y, x0, y = np.full((1, 16), 0.25), np.ones(16), np.array([1.0])
+    got = {mode: lpsim.casgd.casgd_step(Y, y, x0, 1e-6, 1, 1, RECIPES["A"].replace(
+        u_x=Slot(fmt, rounding=mode))) for mode in ("up", "down", "toward_zero", "nearest")}
+    assert (got["up"] == up).all()
+    assert all((got[mode] == 1.0).all() for mode in ("down", "toward_zero", "nearest"))
+
+
+@pytest.mark.parametrize("fmt,up", [("fp32", 1 + 2.0 ** -23), ("bf16", 1 + 2.0 ** -7)])
+def test_directed_allreduce_rounds_the_exact_sum(fmt, up):
+    from lpsim.casgd.solvers import simulated_allreduce
+    parts = [np.ones(3, np.float32), np.full(3, 2.0 ** -30, np.float32)]
+    for mode, want in (("up", up), ("down", 1.0), ("toward_zero", 1.0), ("nearest", 1.0)):
+        got = simulated_allreduce(parts, Slot(fmt, rounding=mode), Rounder())
+        assert (got == want).all(), mode
+
+
+def test_stochastic_fp32_u_x_rounds_the_exact_update():
+    # an update of half an fp32 ulp at 1: each seed rounds it to 1 or 1 + 2**-23
+    Y, x0, y = np.array([[1.0]]), np.ones(1), np.array([1.0])
+    eta = 2.0 ** -24 / float(1 / (1 + np.exp(np.float32(1.0))))
+    recipe = RECIPES["A"].replace(u_x=Slot("fp32", rounding="stochastic"))
+    seen = {float(lpsim.casgd.casgd_step(Y, y, x0, eta, 1, 1, recipe, seed=k)[0])
+            for k in range(20)}
+    assert seen == {1.0, 1 + 2.0 ** -23}
+
+
 @pytest.mark.parametrize("row", ["u_G", "u_r", "u_g", "u_c"])
 def test_fp64_slot_runs_and_tracks_fp64(data, row):
     A, y = data["logistic"]

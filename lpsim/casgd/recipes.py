@@ -277,6 +277,16 @@ class Rounder:
         """``x`` rounded to the slot's stored (output) format."""
         return self(x, slot.out_fmt, slot.rounding, dtype)
 
+    def exact(self, op, operands, slot: Slot, dtype=None) -> np.ndarray:
+        """``op(*operands)`` (:func:`lpsim.ops.add`, ``mul`` or ``fma``): the exact result
+        rounded once to the slot's format in its mode, never a float32/float64 result
+        rounded again."""
+        key = {}
+        if slot.rounding in STOCHASTIC_MODES:
+            key = {"seed": self.seed, "stream": self.next_stream()}
+        y = op(*operands, slot.out_fmt, slot.rounding, **key)
+        return np.asarray(y).astype(dtype or slot.dtype, copy=False)
+
 
 def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
     """GEMM/GEMV at a slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
