@@ -314,7 +314,9 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     with probability w_i / W (W = sum w), so the updates are unbiased for the weighted loss
     W^-1 sum_i w_i L_i, the objective recorded, and the recurrence itself is unchanged.
     Integer weights draw an integer uniform in [0, W) from the sampler, which makes weight k
-    the same run as k consecutive copies of the row (all-ones weights: the unweighted run).
+    the same run as k consecutive copies of the row when u_A rounds deterministically (a
+    stochastic u_A rounds each stored row with bits of its own index, so copies differ);
+    all-ones weights give the unweighted run.
     verbose: print F(x) at every recorded iteration (``record``) on stdout.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
