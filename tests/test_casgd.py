@@ -309,3 +309,81 @@ def test_normalize_rows_copies_a_view_of_its_input():
             np.recarray)):
         normalize_rows(a)
         assert np.asarray(a).tolist() == [[3.0, 4.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("fmt,up", [("fp32", 1 + 2.0 ** -23), ("bf16", 1 + 2.0 ** -7)])
+def test_directed_u_x_rounds_the_exact_update(fmt, up):
+    # x0 = 1 and a positive update far below half an ulp: up gives the next number above 1,
+    # down and nearest give 1 (the update is not first rounded to nearest in float32)
+    Y, x0, y = np.full((1, 16), 0.25), np.ones(16), np.array([1.0])
+    got = {mode: lpsim.casgd.casgd_step(Y, y, x0, 1e-6, 1, 1, RECIPES["A"].replace(
+        u_x=Slot(fmt, rounding=mode))) for mode in ("up", "down", "toward_zero", "nearest")}
+    assert (got["up"] == up).all()
+    assert all((got[mode] == 1.0).all() for mode in ("down", "toward_zero", "nearest"))
+
+
+@pytest.mark.parametrize("fmt,up", [("fp32", 1 + 2.0 ** -23), ("bf16", 1 + 2.0 ** -7)])
+def test_directed_allreduce_rounds_the_exact_sum(fmt, up):
+    from lpsim.casgd.solvers import simulated_allreduce
+    parts = [np.ones(3, np.float32), np.full(3, 2.0 ** -30, np.float32)]
+    for mode, want in (("up", up), ("down", 1.0), ("toward_zero", 1.0), ("nearest", 1.0)):
+        got = simulated_allreduce(parts, Slot(fmt, rounding=mode), Rounder())
+        assert (got == want).all(), mode
+
+
+def test_stochastic_fp32_u_x_rounds_the_exact_update():
+    # an update of half an fp32 ulp at 1: each seed rounds it to 1 or 1 + 2**-23
+    Y, x0, y = np.array([[1.0]]), np.ones(1), np.array([1.0])
+    eta = 2.0 ** -24 / float(1 / (1 + np.exp(np.float32(1.0))))
+    recipe = RECIPES["A"].replace(u_x=Slot("fp32", rounding="stochastic"))
+    seen = {float(lpsim.casgd.casgd_step(Y, y, x0, eta, 1, 1, recipe, seed=k)[0])
+            for k in range(20)}
+    assert seen == {1.0, 1 + 2.0 ** -23}
+
+
+@pytest.mark.parametrize("row", ["u_G", "u_r", "u_g", "u_c"])
+def test_fp64_slot_runs_and_tracks_fp64(data, row):
+    A, y = data["logistic"]
+    kw = dict(eta=0.5, b=4, s=4, H=3, seed=2)
+    ref = casgd(A, y, recipe="fp64", **kw).x
+    x = casgd(A, y, recipe=RECIPES["C"].replace(**{row: "d"}), **kw).x
+    assert np.all(np.isfinite(x)) and np.max(np.abs(x - ref)) < 0.05
+
+
+@pytest.mark.parametrize("spec,row", [
+    (dict(u_r="fp(11,30)"), "u_r"), (dict(u_G="fp(8,30)"), "u_G"),
+    (dict(u_c=Slot("fp(11,30)")), "u_c"), (dict(u_g=Slot("fp64", acc="fp32")), "u_g"),
+    (dict(u_x=Slot("fp64", rounding="up")), "u_x"),
+    (dict(u_AR_r=Slot("fp64", rounding="stochastic")), "u_AR_r")])
+def test_slots_that_cannot_be_simulated_are_refused_by_row(spec, row):
+    with pytest.raises(ValueError, match=f"^{row}=Slot"):
+        RECIPES["A"].replace(**spec)
+
+
+@pytest.mark.parametrize("fmt", ["fp(11,40)", "fp(8,30)"])
+def test_wide_uniform_recipe_is_refused_when_made(fmt):
+    with pytest.raises(ValueError, match=re.escape(f"recipe={fmt!r}: u_G=")):
+        lpsim.casgd.as_recipe(fmt)
+    with pytest.raises(ValueError, match="u_G="):
+        lpsim.casgd.CASGDClassifier(recipe=fmt, n_iter=1).fit(np.eye(8), [0, 1] * 4)
+
+
+def test_a_bad_slot_value_is_refused_naming_the_slot():
+    with pytest.raises(ValueError, match=r"^u_AR_G='bf61': unknown format; accepted") as err:
+        RECIPES["C"].replace(u_AR_G="bf61")
+    assert len(str(err.value)) < 200
+    with pytest.raises(ValueError, match=r"^u_sigma=None is not a slot; accepted"):
+        RECIPES["C"].replace(u_sigma=None)
+    with pytest.raises(ValueError, match=r"^u_x='zz': unknown format"):
+        Recipe(*"f f f f f f f f zz".split())
+    with pytest.raises(ValueError, match=r"^u_A='e8m0fnu': fmt=e8m0fnu holds no negative"):
+        RECIPES["C"].replace(u_A="e8m0fnu")
+
+
+def test_cost_model_crossover_without_flop_or_word_costs():
+    # latency only: CA-SGD is cheaper for every s > 1 (one message instead of s)
+    for s in (2, 4, 16):
+        c = cost_model(b=32, s=s, P=16, n_loc=256, alpha=1e-6, beta=0.0, gamma=0.0)
+        assert c["crossover"] == (1.0, np.inf) and c["speedup"] == s
+    # one rank and no costs but latency: nothing to save
+    assert cost_model(32, 4, 1, 256, 1e-6, 0.0, 0.0)["crossover"] is None

@@ -104,3 +104,41 @@ def test_bound_input_errors(block):
     with pytest.raises(ValueError, match="eta=0"):
         local_error_bound(Y, x, y, 0, 32, 4, 1, "C")
     assert FP32.unit_roundoff == 2.0 ** -24
+
+
+@pytest.mark.parametrize("rounding,frac,seeds", [("nearest", 0.3, [0]), ("up", 0.3, [0]),
+                                                 ("toward_zero", 0.7, [0]),
+                                                 ("stochastic", 0.7, range(20))])
+def test_bound_charges_each_slot_its_modes_unit_roundoff(rounding, frac, seeds):
+    # one row, b = s = 1, exact x^(s) = 1 + frac ulp of bf16: directed and stochastic u_x err
+    # by up to one ulp (2u), which the bound must cover
+    from scipy.special import expit
+    from lpsim.casgd import Slot
+    Y, x0, y = np.array([[1.0]]), np.array([1.0]), np.array([1.0])
+    eta = frac * 2.0 ** -7 / expit(-1.0)
+    rec = RECIPES["A"].replace(u_x=Slot("bf16", rounding=rounding))
+    exact = casgd_step(Y, y, x0, eta, 1, 1, "fp64")
+    bd = local_error_bound(Y, x0, y, eta, 1, 1, 1, rec)
+    assert bd.valid
+    for seed in seeds:
+        got = np.asarray(casgd_step(Y, y, x0, eta, 1, 1, rec, seed=seed), np.float64)
+        assert np.linalg.norm(got - exact) <= bd.total
+
+
+def test_bound_holds_for_a_directed_fp32_u_x():
+    from lpsim.casgd import Slot
+    Y, x0, y = np.full((1, 16), 0.25), np.ones(16), np.array([1.0])
+    rec = RECIPES["A"].replace(u_x=Slot("fp32", rounding="up"))
+    exact = casgd_step(Y, y, x0, 1e-6, 1, 1, "fp64")
+    err = np.linalg.norm(np.asarray(casgd_step(Y, y, x0, 1e-6, 1, 1, rec), np.float64) - exact)
+    bd = local_error_bound(Y, x0, y, 1e-6, 1, 1, 1, rec)
+    assert bd.valid and 0 < err <= bd.total
+
+
+def test_poisson_bound_overflow_is_not_valid():
+    # margins near 360: the bound's estimate exp(|Y||x| + R) overflows; the step is finite
+    Y, x, y = np.array([[1.0], [1.0]]), np.array([360.0]), np.array([0.0, 0.0])
+    assert np.isfinite(casgd_step(Y, y, x, 1e-160, 1, 2, "fp64", loss="poisson")).all()
+    bd = local_error_bound(Y, x, y, 1e-160, 1, 2, 1, "A", loss="poisson")
+    assert not bd.valid and bd.total == np.inf
+    assert all(v == np.inf or v == 0 for v in bd.terms.values())

@@ -352,3 +352,29 @@ def test_a_cuda_device_torch_cannot_see_is_refused_by_name(monkeypatch):
     A, y, _ = make_synth(64, 4, loss="linear", seed=0)
     with pytest.raises(ValueError, match=r"device='cuda': torch sees no CUDA device here"):
         casgd(A, y, loss="linear", b=4, s=2, H=1, backend="cuda", device="cuda")
+
+
+def test_numpy_inner_equals_jitted_steps_on_bf16_margins():
+    # recipe I, linear loss, one correction term: alpha and r are stored at u_c on both paths
+    from lpsim.casgd.solvers import _jitted_inner
+    loss, G, y = lpsim.casgd.get_loss("linear"), np.ones((2, 2), np.float32), np.zeros(2)
+    vals = np.unique(lpsim.quantize(np.linspace(0.5, 2.0, 40), "bf16")).astype(np.float32)
+    for r0 in vals:
+        for r1 in vals:
+            r = np.array([r0, r1], np.float32)
+            want = _jitted_inner(r, G, y, RECIPES["I"], 0.3, 1, 2, loss)
+            got = _numpy_inner(r, G, y, RECIPES["I"], 0.3, 1, 2, loss, Rounder(0))
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), r
+
+
+@pytest.mark.parametrize("key", ["A", "C", "G", "I"])
+@pytest.mark.parametrize("loss", ["logistic", "linear", "poisson"])
+def test_numpy_inner_equals_jitted_steps_bit_for_bit(key, loss):
+    # the correction dot in the same lane order, the residual with the same exp: same bits
+    from lpsim.casgd.solvers import _jitted_inner
+    b, s = 5, 9                  # 40 columns in the last step: two lane passes and the tree
+    r, G, y = _inputs(b, s, seed=3, loss=loss)
+    want = _jitted_inner(r, G, y, RECIPES[key], 0.05, b, s, lpsim.casgd.get_loss(loss))
+    got = _numpy_inner(r, G, y, RECIPES[key], 0.05, b, s, lpsim.casgd.get_loss(loss),
+                       Rounder())
+    assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -18,11 +18,27 @@ def higham_gamma(q: int, u: float) -> float:
     return q * u / (1 - q * u) if q * u < 1 else math.inf
 
 
+#: modes whose error is at most u = 2^-p (half an ulp); the others err by less than 2u
+_NEAREST_MODES = ("nearest", "nearest_away")
+
+
+def slot_u(slot: Slot, fmt=None) -> float:
+    """The unit roundoff a slot's rounding is charged: u of ``fmt`` (default the slot's) to
+    nearest, 2u for directed, odd and stochastic rounding (an error below one ulp)."""
+    u = (fmt or slot.fmt).unit_roundoff
+    return u if slot.rounding in _NEAREST_MODES else 2 * u
+
+
 def kernel_gamma(slot: Slot, q: int) -> float:
     """Higham factor of a length-q GEMM/GEMV at a slot: gamma_q(u) for one format, else
     2 u_in + gamma_q(u_acc) (Eq. (8)), plus u_out when the result is rounded narrower (the
-    BF16 margin output of Table 1; the paper folds that cast into C(P) u_AR_r)."""
-    u_in, u_acc, u_out = (f.unit_roundoff for f in (slot.fmt, slot.acc_fmt, slot.out_fmt))
+    BF16 margin output of Table 1; the paper folds that cast into C(P) u_AR_r).  Input casts
+    round to nearest; the accumulator (when it is the input format) and the output are
+    charged the slot's mode (:func:`slot_u`)."""
+    u_in = slot.fmt.unit_roundoff
+    u_acc = (slot_u(slot, slot.acc_fmt) if slot.acc_fmt == slot.fmt
+             else slot.acc_fmt.unit_roundoff)
+    u_out = slot_u(slot, slot.out_fmt)
     gamma = higham_gamma(q, u_acc)
     if slot.fmt != slot.acc_fmt:
         gamma += 2 * u_in
@@ -74,9 +90,10 @@ def local_error_bound(Y, x, y, eta: float, b: int, s: int, P: int, recipe="C", *
     the residual kernel constant of Assumption 5.2.  The total adds the remainder bound
     C_loc * Omega * sum(E); ``valid`` is False outside the theorem's hypotheses (a Higham
     factor with qu >= 1, or Omega > 1/2).  u_c is the unit roundoff of every operation of
-    the correction (gamma_{(s-1)b}(u_c) in omega), as :func:`casgd` simulates it.  For
-    Poisson (outside the theorem) L_sigma and D_delta are the local values max exp(z) on the
-    exact margins.
+    the correction (gamma_{(s-1)b}(u_c) in omega), as :func:`casgd` simulates it.  Each slot
+    is charged the unit roundoff of its mode: u to nearest, 2u otherwise (:func:`slot_u`).
+    For Poisson (outside the theorem) L_sigma and D_delta are the local values max exp(z) on
+    the exact margins; when that estimate overflows the terms are inf and ``valid`` False.
     """
     return local_error_bounds(Y, x, y, eta, b, s, P, [recipe], loss=loss, C=C,
                               C_delta=C_delta, C_loc=C_loc)[0]
@@ -106,7 +123,8 @@ def local_error_bounds(Y, x, y, eta: float, b: int, s: int, P: int, recipes, *,
     elif loss.name == "linear":
         L_sigma, D_delta = loss.lipschitz, float(np.max(np.abs(y)) + R)
     else:
-        L_sigma = float(np.exp(margins.max()))
+        with np.errstate(over="ignore"):
+            L_sigma = float(np.exp(margins.max()))
         D_delta = float(np.max(np.abs(y)) + L_sigma)
 
     block = np.arange(sb) // b
@@ -115,19 +133,22 @@ def local_error_bounds(Y, x, y, eta: float, b: int, s: int, P: int, recipes, *,
     G_L = np.where(lower, G, 0.0)
     H_L = np.where(lower, np.abs(Y) @ np.abs(Y).T, 0.0)
     H_L_norm = float(np.linalg.norm(H_L, 2))
-    M = np.eye(sb) - L_sigma * alpha * np.abs(G_L)
-    K_s = float(np.linalg.norm(solve_triangular(M, np.eye(sb), lower=True), 2))
+    with np.errstate(over="ignore", invalid="ignore"):
+        M = np.eye(sb) - L_sigma * alpha * np.abs(G_L)
+    K_s = (float(np.linalg.norm(solve_triangular(M, np.eye(sb), lower=True), 2))
+           if np.isfinite(M).all() else math.inf)    # an overflowed L_sigma: no bound
     Y_norm = float(np.linalg.norm(Y, 2))
     ad = np.abs(d)
-    T_g = float(np.linalg.norm(np.abs(Y).T @ ad))
-    T_r = float(np.linalg.norm(np.abs(Y) @ np.abs(x)))
-    T_G = float(np.linalg.norm(H_L @ ad))
-    T_c = math.sqrt(sum((j * b * np.linalg.norm(G[j * b:(j + 1) * b, :j * b])
-                         * np.linalg.norm(d[:j * b])) ** 2 for j in range(1, s)))
-    step = float(np.linalg.norm(x_s) + alpha * np.linalg.norm(Y.T @ d))
+    with np.errstate(over="ignore"):       # huge Poisson residuals: inf terms, not valid
+        T_g = float(np.linalg.norm(np.abs(Y).T @ ad))
+        T_r = float(np.linalg.norm(np.abs(Y) @ np.abs(x)))
+        T_G = float(np.linalg.norm(H_L @ ad))
+        T_c = math.sqrt(sum((j * b * np.linalg.norm(G[j * b:(j + 1) * b, :j * b])
+                             * np.linalg.norm(d[:j * b])) ** 2 for j in range(1, s)))
+        step = float(np.linalg.norm(x_s) + alpha * np.linalg.norm(Y.T @ d))
 
     def bound(recipe: Recipe) -> LocalErrorBound:
-        u = {name: getattr(recipe, name).u for name in SLOTS}
+        u = {name: slot_u(getattr(recipe, name)) for name in SLOTS}
         g_r, g_G = kernel_gamma(recipe.u_r, n_loc), kernel_gamma(recipe.u_G, n_loc)
         g_g = kernel_gamma(recipe.u_g, sb)
         g_c = higham_gamma(max(s - 1, 0) * b, u["u_c"])
@@ -144,7 +165,7 @@ def local_error_bounds(Y, x, y, eta: float, b: int, s: int, P: int, recipes, *,
             "u_AR_G": alpha * k * C * u["u_AR_G"] * T_G,
             "u_x": u["u_x"] * step,
         }
-        terms = {key: float(v) for key, v in terms.items()}
+        terms = {key: float(v) if v == v else math.inf for key, v in terms.items()}  # inf*0
         omega = max(u["u_A"], g_r, g_G, g_c, g_g, C * u["u_AR_r"], C * u["u_AR_G"],
                     u["u_sigma"], u["u_x"])
         tau_G = K_s * L_sigma * alpha * (2 * u["u_A"] + g_G + C * u["u_AR_G"]) * H_L_norm

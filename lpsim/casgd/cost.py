@@ -37,7 +37,9 @@ def cost_model(b: int, s: int, P: int, n_loc: int, alpha: float, beta: float,
     c1 = -(gamma * b * b + lat)
     disc = c1 * c1 - 4 * c2 * lat
     crossover = None
-    if c2 > 0 and disc > 0:
+    if c2 == 0:           # gamma = beta(P-1) = 0: SGD - CA = lat (s - 1), for all s > 1
+        crossover = (1.0, math.inf) if lat > 0 else None
+    elif disc > 0:
         lo, hi = (-c1 - math.sqrt(disc)) / (2 * c2), (-c1 + math.sqrt(disc)) / (2 * c2)
         if hi > 1:
             crossover = (max(lo, 1.0), hi)

@@ -294,8 +294,10 @@ class _CASGD(BaseEstimator):
     the (normalised) rows.  Default True, as scikit-learn's SGD estimators have it.
 
     sample_weight: rows are sampled with probability w_i / sum(w) (see :func:`casgd`), which
-    minimises the weighted loss sum_i w_i L_i / sum(w); integer weights give exactly the run
-    on repeated rows laid out consecutively, all-ones weights the unweighted run.
+    minimises the weighted loss sum_i w_i L_i / sum(w); with a u_A that rounds
+    deterministically, integer weights give exactly the run on repeated rows laid out
+    consecutively (a stochastic u_A rounds each copy with its own bits); all-ones weights
+    give the unweighted run.
 
     X may be a scipy.sparse matrix (CSR, CSC, COO, or any format scikit-learn converts):
     only each sampled block of s*b rows is densified, and coef_ is bit-identical to the

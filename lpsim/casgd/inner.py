@@ -166,6 +166,15 @@ def residual(loss, z, y):
     return y - exp_fma(z)
 
 
+@njit(cache=True)
+def residuals(loss, z, y):
+    """:func:`residual` of each (z, y) pair: the jitted steps' float64 values for numpy."""
+    out = np.empty(z.size)
+    for i in range(z.size):
+        out[i] = residual(loss, z[i], y[i])
+    return out
+
+
 @register_jitable
 def lane_sum(G, row, delta_c, upto, lane, pc):
     """Lane ``lane``'s part of the correction dot: sum of fl_c(G[row, k]) delta_c[k] over

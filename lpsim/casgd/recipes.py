@@ -3,8 +3,11 @@
 A :class:`Slot` is a format with a rounding mode; the GEMM/GEMV slots (``u_G``, ``u_r``,
 ``u_g``) also name an accumulator and an output format.  Every other slot, the correction
 ``u_c`` included, is a unit roundoff: every operation of that step rounds to its format
-(Table 3 caption).  Slots round through :func:`lpsim.quantize` and :func:`lpsim.ops.matmul`,
-so any fp(e, m, b) works, not only hardware ones.
+(Table 3 caption).  Slots round through :func:`lpsim.quantize`, :func:`lpsim.ops.matmul` and
+lpsim.ops' exactly rounded add and fma, so any fp(e, m, b) that fits float32 works in every slot
+and rounding mode, not only hardware ones.  Wider formats round to nearest, and in the kernel
+rows and u_c only fp64 itself (an fp64 accumulator) is simulated; :func:`as_slot` refuses the
+rest by row.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ def container(fmt: Format) -> np.dtype:
 
 def _native(fmt: Format, dtype) -> bool:
     return (fmt == FP32 and dtype == np.float32) or (fmt == FP64 and dtype == np.float64)
+
+
+def _narrow(fmt: Format) -> bool:
+    return fmt.fits(np.float32)[0]
 
 
 @dataclass(frozen=True)
@@ -99,19 +106,46 @@ def as_slot(spec, row: str = "u_A") -> Slot:
     """The slot of Table 3 row ``row`` from a Slot, a format or a Table 3 symbol.
 
     Only the kernel rows u_G, u_r, u_g read a symbol as input format + accumulator (+ output);
-    in every other row it is a unit roundoff, and a Slot there may not name acc/out.
+    in every other row it is a unit roundoff, and a Slot there may not name acc/out.  A bad
+    value is refused with a ValueError naming the row.
     """
     if isinstance(spec, str) and spec in SYMBOLS:
         fmt, acc, margin_out = SYMBOLS[spec]
         if row not in KERNEL_SLOTS:
             return Slot(fmt)
         return Slot(fmt, acc=acc, out=margin_out if row == "u_r" else acc)
-    slot = spec if isinstance(spec, Slot) else Slot(parse_format(spec))
+    if not isinstance(spec, (Slot, Format, str)):
+        raise ValueError(f"{row}={spec!r} is not a slot; accepted: {_ACCEPTED}")
+    try:
+        slot = spec if isinstance(spec, Slot) else Slot(parse_format(spec))
+    except ValueError as error:
+        if not str(error).startswith("unknown format"):
+            raise ValueError(f"{row}={spec!r}: {error}") from None
+        raise ValueError(f"{row}={spec!r}: unknown format; accepted: {_ACCEPTED}") from None
     if row not in KERNEL_SLOTS and not slot.fmt == slot.acc_fmt == slot.out_fmt:
         raise ValueError(f"{row}={slot!r}: {row} is a unit roundoff (Table 3 caption: only "
                          f"{', '.join(KERNEL_SLOTS)} are kernel accumulations); accepted: a "
                          "Slot without acc/out, a format name or a Table 3 symbol")
+    _check_simulated(row, slot)
     return slot
+
+
+def _check_simulated(row: str, slot: Slot):
+    """Refuse, by row, a slot the simulator cannot round exactly: wider than fp32, a slot
+    rounds to nearest, and in the kernel rows and u_c (GEMM/GEMV) it is fp64 itself."""
+    wide = list(dict.fromkeys(f for f in (slot.fmt, slot.acc_fmt, slot.out_fmt)
+                              if not _narrow(f)))
+    if not wide:
+        return
+    if slot.rounding != "nearest":
+        raise ValueError(f"{row}={slot!r}: rounding={slot.rounding!r} is simulated for formats "
+                         "that fit float32 only; accepted: rounding='nearest' for wider ones")
+    kernel = row in KERNEL_SLOTS + ("u_c",)
+    if kernel and (wide != [FP64] or slot.acc_fmt != FP64):
+        raise ValueError(f"{row}={slot!r}: the products of {row} are simulated for inputs that "
+                         "fit float32 (m <= 23, an exponent range within fp32's) or fp64 "
+                         "inputs with an fp64 accumulator; accepted: one of those, e.g. 'bf16', "
+                         "'fp32' or 'd' (fp64)")
 
 
 # Table 3 symbols: (input format, accumulator, margin output) of the kernel rows.  The margin
@@ -185,6 +219,8 @@ _TABLE3 = {  # columns of Table 3, rows in SLOTS order
     "D": "b b b f f b b b f", "E": "h h h f f h h f f", "F": "h ha ha f f ha h f f",
     "G": "f t t t f t f f f", "H": "h ha ha h h ha h h h", "I": "b b b b b b b b b",
 }
+_ACCEPTED = ("a Slot, a Table 3 symbol (f, t, h, b, ha, d) or a format name such as 'bf16' "
+             "or 'fp(5,10)' (lpsim.formats)")
 RECIPES: dict[str, Recipe] = {
     key: Recipe(*column.split(), name=key) for key, column in _TABLE3.items()}
 RECIPES["fp64"] = Recipe.uniform("fp64", name="fp64")
@@ -241,6 +277,16 @@ class Rounder:
         """``x`` rounded to the slot's stored (output) format."""
         return self(x, slot.out_fmt, slot.rounding, dtype)
 
+    def exact(self, op, operands, slot: Slot, dtype=None) -> np.ndarray:
+        """``op(*operands)`` (:func:`lpsim.ops.add`, ``mul`` or ``fma``): the exact result
+        rounded once to the slot's format in its mode, never a float32/float64 result
+        rounded again."""
+        key = {}
+        if slot.rounding in STOCHASTIC_MODES:
+            key = {"seed": self.seed, "stream": self.next_stream()}
+        y = op(*operands, slot.out_fmt, slot.rounding, **key)
+        return np.asarray(y).astype(dtype or slot.dtype, copy=False)
+
 
 def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
     """GEMM/GEMV at a slot: fl_out(fl_in(A) @ fl_in(B)) accumulated at ``slot.acc``.
@@ -251,6 +297,8 @@ def _slot_matmul(A, B, slot: Slot, rnd: Rounder) -> np.ndarray:
     """
     acc_rounding = slot.rounding if slot.acc_fmt == slot.fmt else "nearest"
     stream = rnd.next_stream() if slot.rounding in STOCHASTIC_MODES else 0
+    if not _narrow(slot.fmt):       # fp64 inputs: float64 operands (BLAS, fp64 accumulator)
+        A, B = np.asarray(A, np.float64), np.asarray(B, np.float64)
     return matmul(np.ascontiguousarray(A), np.ascontiguousarray(B), in_fmt=slot.fmt,
                   acc_fmt=slot.acc_fmt, out_fmt=slot.out_fmt, acc_rounding=acc_rounding,
                   out_rounding=slot.rounding, seed=rnd.seed, stream=stream)

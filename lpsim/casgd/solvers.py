@@ -12,8 +12,10 @@ from .common import (DivergedError, Result, check_block_size, check_data,  # noq
                      check_eta, check_finite, check_flags, check_int, check_sample_weight,
                      check_seed, check_sparse, check_x0, diverged, is_sparse,
                      physical_memory, real_array, record_points, report)
-from .inner import inner_args, inner_recurrence_cpu, jitted_recipe
+from .inner import (DOT_LANES, LOSS_CODES, inner_args, inner_recurrence_cpu, jitted_recipe,
+                    residuals)
 from .losses import LOSSES, Loss, get_loss
+from ..ops import add, fma, mul
 from ..quantize import quantize
 from ..rounding import STOCHASTIC_MODES
 from .recipes import Recipe, Rounder, _slot_matmul, as_recipe, container
@@ -90,11 +92,15 @@ def simulated_allreduce(parts, slot, rnd: Rounder) -> np.ndarray:
     """Sum of rank-local parts at a collective slot: each cast, then added in rank order.
 
     The in-process model of the grouped AllReduce (Assumption 5.4): every partial sum is
-    rounded to the slot's format.
+    rounded to the slot's format; a slot that does not round to nearest rounds the exact
+    sum once in its mode.
     """
     total = rnd.slot(parts[0], slot)
     for part in parts[1:]:
-        total = rnd.slot(total + rnd.slot(part, slot), slot)
+        if slot.rounding == "nearest":
+            total = rnd.slot(total + rnd.slot(part, slot), slot)
+        else:
+            total = rnd.exact(add, (total, rnd.slot(part, slot)), slot)
     return total
 
 
@@ -110,11 +116,14 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
     Algorithm 1, lines 2-12: margin r = Yx and Gram G = YY^T per column block, one grouped
     AllReduce, the s-step correction z_j = r_j + alpha G_{j,<j} delta_{<j} with every
     operation (products, sums, scaling, AXPY) rounded to the unit roundoff u_c, residuals
-    at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x.  ``blocks`` are the
+    at u_sigma, outer gradient g = Y^T delta at u_g, x += alpha g at u_x (alpha in x's
+    container; a u_x that does not round to nearest rounds the exact x + alpha g once in its
+    mode, as the AllReduce slots round their exact sums).  ``blocks`` are the
     column slices held here; ``reduce(r_parts, G_parts, recipe, rnd)`` sums them over ranks.
     Returns the residual history delta.  s = 1 is one mini-batch SGD step (no Gram).
     Lines 5-13 run the jitted steps of :mod:`lpsim.casgd.inner` (shared with the GPU kernels)
-    when u_c and u_sigma round to nearest in formats they model exactly; else numpy.
+    when u_c and u_sigma round to nearest in formats they model exactly; else the same steps
+    in numpy (:func:`_numpy_inner`), each operation rounded in its slot's mode.
     """
     parts = [np.ascontiguousarray(Y[:, c]) for c in blocks]
     r_parts = [_slot_matmul(Yc, x[c], recipe.u_r, rnd) for Yc, c in zip(parts, blocks)]
@@ -125,9 +134,13 @@ def outer_iteration(Y, yI, x, blocks, recipe: Recipe, alpha: float, b: int, s: i
     else:
         delta = _numpy_inner(r, G, yI, recipe, alpha, b, s, loss, rnd)
     ux = recipe.u_x
+    a = ux.dtype.type(alpha)
     for Yc, c in zip(parts, blocks):
         g = _slot_matmul(Yc.T, delta, recipe.u_g, rnd).astype(ux.dtype)
-        x[c] = rnd.slot(x[c] + ux.dtype.type(alpha) * g, ux)
+        if ux.rounding == "nearest":
+            x[c] = rnd.slot(x[c] + a * g, ux)
+        else:        # the exact x + a g (a g is exact in float64) rounded once in ux's mode
+            x[c] = rnd.exact(fma, (np.float64(a), g, x[c]), ux)
     return delta
 
 
@@ -143,20 +156,46 @@ def _jitted_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: 
 
 def _numpy_inner(r, G, yI, recipe: Recipe, alpha: float, b: int, s: int, loss: Loss,
                  rnd: Rounder):
-    """Lines 5-13 with numpy and lpsim.quantize: any slot rounding or format, any loss."""
-    uc, us = recipe.u_c, recipe.u_sigma
-    cdt, sdt = uc.dtype, us.dtype
-    y_sig = yI.astype(sdt)
-    delta = np.empty(s * b, sdt)
+    """Lines 5-13 with numpy and lpsim.ops: any slot rounding or format, any loss.
+
+    The steps of :mod:`.inner` in the same order, each product and sum the exact result
+    rounded once in u_c's mode; alpha, r, G and delta are stored at u_c rounded to nearest,
+    and the residual is evaluated in float64 and rounded once to u_sigma.  Round-to-nearest
+    slots and the built-in losses give the jitted steps' bits.
+    """
+    uc, us, f64 = recipe.u_c, recipe.u_sigma, np.float64
+    alpha_c = f64(quantize(f64(alpha), uc.fmt))
+    r_c = quantize(np.asarray(r, f64), uc.fmt)
+    G_c = None if G is None else quantize(np.asarray(G, f64), uc.fmt)
+    y = np.asarray(yI, f64)
+    code = LOSS_CODES[loss.name] if LOSSES.get(loss.name) is loss else None
+    delta, delta_c = np.empty(s * b, us.dtype), np.empty(s * b)
     for j in range(s):
         rows = slice(j * b, (j + 1) * b)
-        if j == 0:
-            z = rnd.slot(r[rows], uc)
-        else:
-            corr = _slot_matmul(G[rows, :j * b], delta[:j * b], uc, rnd).astype(cdt)
-            z = rnd.slot(r[rows].astype(cdt) + rnd.slot(cdt.type(alpha) * corr, uc), uc)
-        delta[rows] = rnd.slot(loss.residual(z.astype(sdt), y_sig[rows]), us)
+        z = r_c[rows]
+        if j:
+            corr = _lane_dot(G_c[rows, :j * b], delta_c[:j * b], uc, rnd)
+            z = rnd.exact(add, (z, rnd.exact(mul, (alpha_c, corr), uc, f64)), uc, f64)
+        d = residuals(code, z, y[rows]) if code is not None else loss.residual(z, y[rows])
+        delta[rows] = rnd.slot(np.asarray(d, f64), us)
+        delta_c[rows] = quantize(delta[rows].astype(f64), uc.fmt)
     return delta
+
+
+def _lane_dot(G, d, uc, rnd: Rounder) -> np.ndarray:
+    """G @ d in the jitted steps' order (:mod:`.inner`): DOT_LANES lane sums, then a
+    pairwise tree; every product and sum rounded once at u_c."""
+    lanes = np.zeros((G.shape[0], DOT_LANES))
+    for t in range(0, G.shape[1], DOT_LANES):
+        w = min(DOT_LANES, G.shape[1] - t)
+        prod = rnd.exact(mul, (G[:, t:t + w], d[t:t + w]), uc, np.float64)
+        lanes[:, :w] = rnd.exact(add, (lanes[:, :w], prod), uc, np.float64)
+    width = DOT_LANES // 2
+    while width:
+        lanes[:, :width] = rnd.exact(add, (lanes[:, :width], lanes[:, width:2 * width]), uc,
+                                     np.float64)
+        width //= 2
+    return lanes[:, 0]
 
 
 def casgd_step(Y, yI, x, eta: float, b: int, s: int, recipe="A", *, P: int = 1,
@@ -275,7 +314,9 @@ def casgd(A, y, *, loss="logistic", eta: float = 0.5, b: int = 32, s: int = 16, 
     with probability w_i / W (W = sum w), so the updates are unbiased for the weighted loss
     W^-1 sum_i w_i L_i, the objective recorded, and the recurrence itself is unchanged.
     Integer weights draw an integer uniform in [0, W) from the sampler, which makes weight k
-    the same run as k consecutive copies of the row (all-ones weights: the unweighted run).
+    the same run as k consecutive copies of the row when u_A rounds deterministically (a
+    stochastic u_A rounds each stored row with bits of its own index, so copies differ);
+    all-ones weights give the unweighted run.
     verbose: print F(x) at every recorded iteration (``record``) on stdout.
 
     recipe: a :class:`Recipe`, "A".."I" (Table 3) or "fp64"; P ranks are simulated in
