@@ -230,24 +230,41 @@ def _nudge(value, ulps: int, dtype: np.dtype):
 
 
 def near_overflow(fmt, *, dtype=np.float64) -> st.SearchStrategy:
-    """Finite ``dtype`` values within a few quanta of +-max_finite, on both sides of it.
+    """Finite ``dtype`` values within a few quanta of +-max_finite, on both sides of it
+    (+max_finite only where the format has no negatives).
 
     Offsets are whole, half and quarter quanta (the tie to the next would-be value among
-    them), each nudged by up to two container ulps.
+    them) above max_finite, and quarters of the gap down to its predecessor below it (with
+    m = 0 a quantum is max_finite itself), each nudged by up to two container ulps.
     """
     fmt, dtype = _fitting(fmt, dtype)
     top = reference.max_finite(fmt)
     quarter = Fraction(2) ** (fmt.emax - fmt.m - 2)
+    below = (top - _predecessor(fmt)) / 4
+    lowest = -4 if _predecessor(fmt) else -3        # not down to zero
     largest = np.finfo(dtype).max
 
     @st.composite
     def draw_value(draw):
-        target = top + draw(st.integers(-4, 8)) * quarter
+        j = draw(st.integers(lowest, 8))
+        target = top + j * (quarter if j > 0 else below)
         value = largest if target > Fraction(float(largest)) else dtype.type(float(target))
         value = _nudge(value, draw(st.integers(-2, 2)), dtype)
-        return _signed(draw, float(min(value, largest)), dtype)
+        return _signed(draw, float(min(value, largest)), dtype, fmt)
 
     return draw_value()
+
+
+def _predecessor(fmt: Format) -> Fraction:
+    """The largest value of ``fmt`` below max_finite (0 where it is the only positive one)."""
+    mant, code = fmt.max_mantissa, fmt.top_finite_code
+    if mant:
+        return (2 ** fmt.m + mant - 1) * Fraction(2) ** (code - fmt.bias - fmt.m)
+    if code > 1:                    # the top of the binade below
+        return (2 ** (fmt.m + 1) - 1) * Fraction(2) ** (code - 1 - fmt.bias - fmt.m)
+    if fmt.subnormals and fmt.m:
+        return (2 ** fmt.m - 1) * Fraction(2) ** (fmt.emin - fmt.m)
+    return Fraction(0)
 
 
 def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:

@@ -139,6 +139,28 @@ def test_near_overflow_stays_within_a_few_quanta_of_max_finite(case):
     assert (np.abs(np.abs(x.astype(np.float64)) - fmt.max_finite) <= 2.001 * quantum).all()
 
 
+NEAR_OVERFLOW = ["e8m0fnu", "e4m3", "e4m3fn", "e2m1fn", "e5m2fnuz", "bf16", lpsim.fp(3, 0, 0),
+                 lpsim.fp(2, 0, specials="fn"), lpsim.fp(3, 1, 0, specials="fnu")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("fmt", NEAR_OVERFLOW, ids=str)
+@given(data=st.data())
+def test_near_overflow_draws_only_near_max_finite_with_the_signs_of_the_format(fmt, dtype, data):
+    """Between the predecessor of max_finite and two quanta above it (each widened by two
+    container ulps), never zero, and positive only in an unsigned format (e8m0fnu)."""
+    fmt = lpsim.parse_format(fmt)
+    x = data.draw(testing.near_overflow(fmt, dtype=dtype))
+    values = reference.enumerate_values(fmt)
+    low = np.nextafter(np.nextafter(dtype(values[-2]), dtype(0)), dtype(0))
+    with np.errstate(over="ignore"):
+        high = min(np.nextafter(np.nextafter(dtype(fmt.max_finite + 2.0 ** (fmt.emax - fmt.m + 1)),
+                                             dtype(np.inf)), dtype(np.inf)), np.finfo(dtype).max)
+    assert type(x) is dtype and np.isfinite(x) and x != 0
+    assert fmt.signed or x > 0, x
+    assert low <= abs(x) <= high, (x, low, high)
+
+
 def test_near_overflow_reaches_the_tie_above_max_finite_and_beyond():
     fmt = lpsim.parse_format("e4m3")                # max 240, would-be next 256
     strategy = testing.near_overflow(fmt, dtype=np.float32)
