@@ -242,6 +242,59 @@ def test_assert_rounded_takes_the_uniforms_of_stochastic_rounding():
         testing.assert_rounded(got, x, "e4m3", "stochastic")
 
 
+def test_assert_rounded_reads_big_ints_exactly_and_shows_them():
+    """2**60 + 1 is not a float64: the check rounds the int itself, as lpsim.quantize does."""
+    x = [0.1, 2 ** 60 + 1]
+    y = lpsim.quantize(x, "fp32", "up")
+    testing.assert_rounded(y, x, "fp32", "up")
+    testing.assert_rounded(lpsim.quantize([[2 ** 70 + 1]], "fp32", "up"), [[2 ** 70 + 1]],
+                           "fp32", "up")
+    testing.assert_rounded(lpsim.quantize(2 ** 70 + 1, "fp32", "up"), 2 ** 70 + 1, "fp32", "up")
+    wrong = y.copy()
+    wrong[1] = 2.0 ** 60                            # the rounding of float64(x[1])
+    with pytest.raises(AssertionError, match=r"at \(1,\): x=1152921504606846977 expected="):
+        testing.assert_rounded(wrong, x, "fp32", "up")
+
+
+@pytest.mark.parametrize("actual", [np.array([0.10009765625 + 1j]), np.array(["0.10009765625"]),
+                                    np.array([0.10009765625], dtype=object), [0.1 + 0j]],
+                         ids=["complex", "str", "object", "complex list"])
+def test_assert_rounded_refuses_results_that_are_not_real_numbers(actual):
+    with pytest.raises(TypeError, match=r"actual has dtype \S+; accepted: real floating-point"):
+        testing.assert_rounded(actual, np.array([0.1]), "bf16")
+
+
+def _inputs_of_every_dtype():
+    import ml_dtypes
+    values = [0.1, -3.3, 250.0, 1e-3, 0.0]
+    yield "float16", np.array(values, np.float16)
+    yield "bfloat16", np.array(values, ml_dtypes.bfloat16)
+    yield "big-endian", np.array(values, ">f4")
+    yield "big-endian f8", np.array(values, ">f8")
+    yield "int32", np.array([1, -17, 300, 0], np.int32)
+    yield "long double", np.longdouble(1) + np.longdouble(2) ** -60
+
+
+@pytest.mark.parametrize("x", [pytest.param(x, id=name) for name, x in _inputs_of_every_dtype()])
+def test_assert_rounded_reads_the_input_dtypes_lpsim_quantize_takes(x):
+    y = lpsim.quantize(x, "e4m3fn", "up")
+    testing.assert_rounded(y, x, "e4m3fn", "up")
+    with pytest.raises(AssertionError, match="differ"):
+        testing.assert_rounded(lpsim.quantize(x, "e4m3fn", "down"), x, "e4m3fn", "up")
+
+
+def test_assert_rounded_reads_torch_bfloat16_and_numpy_uniforms():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([0.1, -3.3, 250.0], dtype=torch.bfloat16)
+    testing.assert_rounded(lpsim.quantize(x, "e4m3fn"), x, "e4m3fn")
+    x = np.array([0.1, -0.3])
+    away = np.array([lpsim.quantize(0.1, "bf16", "up"), lpsim.quantize(-0.3, "bf16", "down")])
+    testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=np.float32([0.0, 0.0]))
+    testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=[np.float16(0), np.float32(0)])
+    with pytest.raises(AssertionError, match="differ"):     # u above both fracs: toward zero
+        testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=np.float32([.875, .875]))
+
+
 # --- values of every kind of format: unsigned, no zero, unsigned zero, saturating ---------
 
 KINDS = ["e8m0fnu", "e4m3fnuz", "e5m2fnuz", "e2m1fn", "e4m3fn", "bf16", lpsim.fp(3, 0, 0),
