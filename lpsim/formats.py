@@ -302,6 +302,7 @@ ALIASES = {
     "float6_e3m2fn": "e3m2fn", "float6_e2m3fn": "e2m3fn", "float4_e2m1fn": "e2m1fn",
     "fp6_e3m2": "e3m2fn", "fp6_e2m3": "e2m3fn", "fp4_e2m1": "e2m1fn", "fp4": "e2m1fn",
     "float8_e8m0fnu": "e8m0fnu", "e8m0": "e8m0fnu", "ue8m0": "e8m0fnu",
+    "float8_e3m4": "fp(3,4,0)", "float8_e4m3b11fnuz": "fp(4,3,4,fnuz)",
     # block scales are positive: NVFP4's UE4M3 takes e4m3fn's values (sign bit clear), and
     # UE5M3 those of an fn-style fp(5,3)
     "ue4m3": "e4m3fn", "ue5m3": "fp(5,3,0,fn)",
