@@ -311,6 +311,7 @@ ALIASES = {
 _FP_CALL = re.compile(r"fp\((.*)\)")
 _EM_PATTERN = re.compile(r"e(\d+)m(\d+)(fnuz|fn)?")
 _INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(inf|nan)")
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
@@ -323,6 +324,9 @@ def _parse_call(spec: str, body: str) -> Format:
     """fp(e, m[, b][, policy][, key=value ...]) -> Format; errors name the bad part."""
     positional, keywords = [], {}
     for part in [p for p in body.split(",")] if body else []:
+        if not part:
+            raise ValueError(f"format {spec!r} has an empty argument (a trailing or doubled "
+                             "comma); accepted: fp(e, m[, b][, policy][, option=value])")
         if "=" in part:
             name, _, value = part.partition("=")
             value = value.strip("'\"")
@@ -344,7 +348,14 @@ def _parse_call(spec: str, body: str) -> Format:
     if positional and not _INT.fullmatch(positional[-1]):
         if "specials" in keywords:
             raise ValueError(f"format {spec!r} names the policy twice")
+        if positional[-1] in _BOOLS or _NUMBER.fullmatch(positional[-1]):
+            raise ValueError(f"format {spec!r}: {positional[-1]!r} is not an integer; "
+                             "accepted: fp(e, m[, b][, policy]) with integers e, m, b and a "
+                             f"policy in {', '.join(POLICIES)}")
         keywords["specials"] = positional.pop()
+    if keywords.get("specials") == "saturate" and keywords.get("saturate") is False:
+        raise ValueError(f"format {spec!r} contradicts itself: the 'saturate' policy always "
+                         "saturates; drop saturate=False or choose another policy")
     if not 2 <= len(positional) <= 3 or not all(_INT.fullmatch(p) for p in positional):
         raise ValueError(f"format {spec!r} is not understood; accepted: fp(e, m[, b][, "
                          f"policy][, option=value]) with integers e, m, b")

@@ -163,6 +163,12 @@ def test_option_syntax(spec, fmt):
     ("fp(4,3,0,wild)", "specials='wild' is unknown"),
     ("fp(4,3,fn,0)", "not understood; accepted"),
     ("fp(4,3,0,saturate=True,fn)", "positional 'fn' after an option"),
+    ("fp(4,3,)", "empty argument"),
+    ("fp(4,3,0,)", "empty argument"),
+    ("fp(4,3,True)", "'true' is not an integer"),
+    ("fp(4,3,1e0)", "'1e0' is not an integer"),
+    ("fp(4,3,0, saturate, saturate=False)", "contradicts itself.*'saturate' policy"),
+    ("fp(4,3,0, specials=saturate, saturate=False)", "contradicts itself"),
 ])
 def test_option_syntax_errors_name_the_part(spec, words):
     with pytest.raises(ValueError, match=words):
