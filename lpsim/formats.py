@@ -302,6 +302,7 @@ ALIASES = {
     "float6_e3m2fn": "e3m2fn", "float6_e2m3fn": "e2m3fn", "float4_e2m1fn": "e2m1fn",
     "fp6_e3m2": "e3m2fn", "fp6_e2m3": "e2m3fn", "fp4_e2m1": "e2m1fn", "fp4": "e2m1fn",
     "float8_e8m0fnu": "e8m0fnu", "e8m0": "e8m0fnu", "ue8m0": "e8m0fnu",
+    "float8_e3m4": "fp(3,4,0)", "float8_e4m3b11fnuz": "fp(4,3,4,fnuz)",
     # block scales are positive: NVFP4's UE4M3 takes e4m3fn's values (sign bit clear), and
     # UE5M3 those of an fn-style fp(5,3)
     "ue4m3": "e4m3fn", "ue5m3": "fp(5,3,0,fn)",
@@ -310,6 +311,7 @@ ALIASES = {
 _FP_CALL = re.compile(r"fp\((.*)\)")
 _EM_PATTERN = re.compile(r"e(\d+)m(\d+)(fnuz|fn)?")
 _INT = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(inf|nan)")
 _BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
@@ -322,6 +324,9 @@ def _parse_call(spec: str, body: str) -> Format:
     """fp(e, m[, b][, policy][, key=value ...]) -> Format; errors name the bad part."""
     positional, keywords = [], {}
     for part in [p for p in body.split(",")] if body else []:
+        if not part:
+            raise ValueError(f"format {spec!r} has an empty argument (a trailing or doubled "
+                             "comma); accepted: fp(e, m[, b][, policy][, option=value])")
         if "=" in part:
             name, _, value = part.partition("=")
             value = value.strip("'\"")
@@ -343,7 +348,14 @@ def _parse_call(spec: str, body: str) -> Format:
     if positional and not _INT.fullmatch(positional[-1]):
         if "specials" in keywords:
             raise ValueError(f"format {spec!r} names the policy twice")
+        if positional[-1] in _BOOLS or _NUMBER.fullmatch(positional[-1]):
+            raise ValueError(f"format {spec!r}: {positional[-1]!r} is not an integer; "
+                             "accepted: fp(e, m[, b][, policy]) with integers e, m, b and a "
+                             f"policy in {', '.join(POLICIES)}")
         keywords["specials"] = positional.pop()
+    if keywords.get("specials") == "saturate" and keywords.get("saturate") is False:
+        raise ValueError(f"format {spec!r} contradicts itself: the 'saturate' policy always "
+                         "saturates; drop saturate=False or choose another policy")
     if not 2 <= len(positional) <= 3 or not all(_INT.fullmatch(p) for p in positional):
         raise ValueError(f"format {spec!r} is not understood; accepted: fp(e, m[, b][, "
                          f"policy][, option=value]) with integers e, m, b")

@@ -17,7 +17,7 @@ import numpy as np
 
 from .formats import Format, parse_format
 from .philox import WORD_BITS, random_words
-from .request import plan
+from .request import as_container_array, exact_in_float64, is_torch, plan
 from .rounding import MODES, STOCHASTIC_MODES
 from .stats import COUNTERS, RoundingStats
 
@@ -88,6 +88,65 @@ def _as_fraction(x) -> Fraction | float:
                     "or float")
 
 
+def as_uniform(u, name: str = "uniform") -> Fraction:
+    """A stochastic rounding's uniform u in [0, 1) as an exact Fraction: a Fraction, int, or
+    Python or numpy float of any width (its own exact value); anything else is refused."""
+    if isinstance(u, (bool, np.bool_)) or not isinstance(
+            u, (Rational, float, np.floating, np.integer)):
+        raise TypeError(f"{name}={u!r} is a {type(u).__name__}; accepted: a Fraction, int or "
+                        "float (Python or numpy) with 0 <= u < 1")
+    if isinstance(u, (float, np.floating)):
+        if not np.isfinite(u):
+            raise ValueError(f"{name}={u!r} is not finite; accepted: 0 <= u < 1")
+        value = Fraction(*u.as_integer_ratio())
+    else:
+        value = Fraction(int(u)) if isinstance(u, np.integer) else Fraction(u)
+    if not 0 <= value < 1:
+        raise ValueError(f"{name}={u!r} is out of range; accepted: 0 <= u < 1")
+    return value
+
+
+def exact_input(x) -> tuple[np.ndarray, dict]:
+    """``x`` as lpsim.quantize reads it: (its container array, {flat index: exact value} for
+    the elements that array does not hold exactly).
+
+    float16, bfloat16 (ml_dtypes or torch), integer and big-endian arrays convert exactly
+    (:func:`lpsim.request.as_container_array`); a Python or numpy int beyond float64 and a
+    long double scalar keep their exact value, as do such ints in a list or tuple (float64
+    container).  Other input is refused with lpsim.quantize's errors.
+    """
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"cannot round a bool ({x!r}); accepted: numbers and float arrays")
+    if isinstance(x, (int, np.integer)):
+        exact = {} if exact_in_float64(int(x)) else {0: Fraction(int(x))}
+        return np.array(float(x) if not exact else 0.0), exact
+    if isinstance(x, np.floating) and x.dtype.itemsize > 8:
+        wide = np.float64(x)
+        if not np.isfinite(x) or np.longdouble(wide) == x:
+            return np.array(wide), {}
+        return np.array(0.0), {0: Fraction(*x.as_integer_ratio())}
+    if is_torch(x):
+        tensor = x.detach().cpu()
+        if tensor.dtype.is_floating_point and tensor.element_size() < 4:
+            tensor = tensor.float()             # bfloat16, float16: exact in float32
+        x = tensor.numpy()
+    if isinstance(x, (list, tuple)):
+        try:
+            objects = np.array(x, dtype=object)
+        except (ValueError, TypeError):
+            objects = None
+        flat = [] if objects is None else list(objects.reshape(-1))
+        ints = [i for i, v in enumerate(flat) if isinstance(v, (int, np.integer))
+                and not isinstance(v, (bool, np.bool_)) and not -2 ** 53 <= v <= 2 ** 53]
+        if ints:        # the ints numpy may round or refuse
+            big = {i: Fraction(int(flat[i])) for i in ints if not exact_in_float64(int(flat[i]))}
+            for i in ints:
+                flat[i] = 0.0 if i in big else float(flat[i])
+            array = as_container_array(flat).astype(np.float64)
+            return array.reshape(objects.shape), big
+    return as_container_array(x), {}
+
+
 def _code_is_odd(fmt: Format, keep: int, ex: int) -> bool:
     """Whether keep quanta is encoded with last bit 1: its mantissa's, with m = 0 its exponent's.
 
@@ -144,10 +203,8 @@ def _check_request(rounding, uniform, sr_bits):
         raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(MODES)}")
     if rounding in STOCHASTIC_MODES:
         if uniform is None:
-            raise ValueError(f"rounding={rounding!r} needs uniform=u, a Fraction or float "
-                             "with 0 <= u < 1")
-        if not 0 <= uniform < 1:
-            raise ValueError(f"uniform={uniform!r} is out of range; accepted: 0 <= u < 1")
+            raise ValueError(f"rounding={rounding!r} needs uniform=u, a Fraction, int or "
+                             "float (Python or numpy) with 0 <= u < 1")
     if sr_bits is not None and (rounding != "stochastic" or isinstance(sr_bits, bool)
                                 or not isinstance(sr_bits, (int, np.integer)) or sr_bits < 1):
         raise ValueError(f"sr_bits={sr_bits!r} with rounding={rounding!r}; accepted: a "
@@ -164,7 +221,8 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
     """
     fmt = parse_format(fmt)
     _check_request(rounding, uniform, sr_bits)
-    uniform = None if uniform is None else Fraction(uniform)
+    if rounding in STOCHASTIC_MODES:
+        uniform = as_uniform(uniform)
     value = _as_fraction(x)
     if isinstance(value, float):
         if math.isnan(value):
@@ -220,16 +278,17 @@ def round_exact(x, fmt, rounding: str = "nearest", *, uniform=None,
 
 def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0,
              offset: int = 0, sr_bits=None, uniforms=None):
-    """Round a float32/float64 array element by element with :func:`round_exact`.
+    """Round ``x`` element by element with :func:`round_exact`, from the exact values
+    lpsim.quantize reads (:func:`exact_input`).
 
-    Returns (array of x's dtype and shape, :class:`RoundingStats`).  Stochastic modes take
+    Returns (array of x's shape and container dtype, :class:`RoundingStats`).  Stochastic modes take
     element i's uniform from ``uniforms[i]`` (C order) or, given ``seed``, from lpsim's
     Philox mapping (u = R / 2**W, counter offset + i), reproducing ``lpsim.quantize`` bit
     for bit.  NaN inputs are returned unchanged, produced NaNs are the positive quiet NaN.
     Bad input gets lpsim.quantize's errors; stochastic modes need exactly one of seed and
     uniforms (ValueError).
     """
-    x = np.asarray(x)
+    x, exact = exact_input(x)
     stochastic = rounding in STOCHASTIC_MODES
     if stochastic and (seed is None) == (uniforms is None):
         raise ValueError(f"rounding={rounding!r} needs exactly one of seed=... (lpsim's random "
@@ -248,18 +307,20 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0,
         if len(uniforms) != flat.size:
             raise ValueError(f"uniforms has {len(uniforms)} elements; accepted: one per element "
                              f"of x ({flat.size})")
+        uniforms = [as_uniform(u, f"uniforms[{i}]") for i, u in enumerate(uniforms)]
     # few-bit SR only below W bits (all W bits is exact SR); stochastic_equal ignores it
     sr_bits = request.k if rounding == "stochastic" and request.k < width else None
     out = np.empty_like(flat)
     stats = RoundingStats()
     counts = dict.fromkeys(COUNTERS, 0)
     for i, xi in enumerate(flat):
-        if np.isnan(xi):
+        if i not in exact and np.isnan(xi):
             out[i] = xi
             counts["nan"] += 1
             continue
         u = uniforms[i] if stochastic else None
-        value, flags = round_exact(float(xi), fmt, rounding, uniform=u, sr_bits=sr_bits)
+        value, flags = round_exact(exact.get(i, float(xi)), fmt, rounding, uniform=u,
+                                   sr_bits=sr_bits)
         out[i] = float(value)      # exact: the format fits the container
         for name in flags:
             counts[name] += 1

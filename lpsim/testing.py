@@ -29,6 +29,7 @@ require("hypothesis", extra="test", feature="lpsim.testing")
 from hypothesis import strategies as st  # noqa: E402
 
 from . import reference
+from .request import as_container_array, is_torch
 from .formats import CONTAINERS, POLICIES, SPECIALS, Format, fp, parse_format
 
 #: mismatches that assert_rounded lists
@@ -230,24 +231,41 @@ def _nudge(value, ulps: int, dtype: np.dtype):
 
 
 def near_overflow(fmt, *, dtype=np.float64) -> st.SearchStrategy:
-    """Finite ``dtype`` values within a few quanta of +-max_finite, on both sides of it.
+    """Finite ``dtype`` values within a few quanta of +-max_finite, on both sides of it
+    (+max_finite only where the format has no negatives).
 
     Offsets are whole, half and quarter quanta (the tie to the next would-be value among
-    them), each nudged by up to two container ulps.
+    them) above max_finite, and quarters of the gap down to its predecessor below it (with
+    m = 0 a quantum is max_finite itself), each nudged by up to two container ulps.
     """
     fmt, dtype = _fitting(fmt, dtype)
     top = reference.max_finite(fmt)
     quarter = Fraction(2) ** (fmt.emax - fmt.m - 2)
+    below = (top - _predecessor(fmt)) / 4
+    lowest = -4 if _predecessor(fmt) else -3        # not down to zero
     largest = np.finfo(dtype).max
 
     @st.composite
     def draw_value(draw):
-        target = top + draw(st.integers(-4, 8)) * quarter
+        j = draw(st.integers(lowest, 8))
+        target = top + j * (quarter if j > 0 else below)
         value = largest if target > Fraction(float(largest)) else dtype.type(float(target))
         value = _nudge(value, draw(st.integers(-2, 2)), dtype)
-        return _signed(draw, float(min(value, largest)), dtype)
+        return _signed(draw, float(min(value, largest)), dtype, fmt)
 
     return draw_value()
+
+
+def _predecessor(fmt: Format) -> Fraction:
+    """The largest value of ``fmt`` below max_finite (0 where it is the only positive one)."""
+    mant, code = fmt.max_mantissa, fmt.top_finite_code
+    if mant:
+        return (2 ** fmt.m + mant - 1) * Fraction(2) ** (code - fmt.bias - fmt.m)
+    if code > 1:                    # the top of the binade below
+        return (2 ** (fmt.m + 1) - 1) * Fraction(2) ** (code - 1 - fmt.bias - fmt.m)
+    if fmt.subnormals and fmt.m:
+        return (2 ** fmt.m - 1) * Fraction(2) ** (fmt.emin - fmt.m)
+    return Fraction(0)
 
 
 def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:
@@ -276,37 +294,62 @@ def subnormals(fmt, *, dtype=np.float64) -> st.SearchStrategy:
 
 
 def _show(value) -> str:
-    """A container scalar in its own shortest decimal form and in exact hex."""
+    """A container scalar in its own shortest decimal form and in exact hex; an exact
+    value (an int beyond float64) as itself."""
+    if isinstance(value, Fraction):
+        return str(value)
     return f"{value!s} ({float(value).hex()})"
+
+
+def _result_array(actual) -> np.ndarray:
+    """``actual`` as a float32/float64 array, converted exactly; TypeError for results that
+    are not real floating-point numbers or integers (complex, strings, objects)."""
+    if is_torch(actual):
+        actual = actual.detach().cpu()
+        actual = (actual.float() if actual.dtype.is_floating_point
+                  and actual.element_size() < 4 else actual).numpy()
+    array = np.asarray(actual)
+    kind = array.dtype.kind
+    if kind not in "fiu" and not (kind == "V" and array.dtype.itemsize <= 4
+                                  and np.can_cast(array.dtype, np.float32)):
+        raise TypeError(f"assert_rounded: actual has dtype {array.dtype}; accepted: real "
+                        "floating-point numbers or integers (float16, bfloat16, float32, "
+                        "float64 or integer arrays and scalars, any byte order)")
+    return as_container_array(array, "actual")
 
 
 def assert_rounded(actual, x, fmt, rounding: str = "nearest", *, uniforms=None, seed=None,
                    stream: int = 0, offset: int = 0, sr_bits=None) -> None:
     """Assert that ``actual`` is ``x`` rounded to ``fmt`` exactly, per :mod:`lpsim.rounding`.
 
-    NaN matches NaN and the sign of zero must match.  Stochastic modes need either
-    ``uniforms`` (one u in [0, 1) per element, see :func:`lpsim.reference.round_exact`) or
-    ``seed`` (with ``stream``, ``offset``: lpsim's own Philox bits, to check a kernel that
-    draws them).  The AssertionError lists the first mismatches with x, expected and actual
-    in float and hex.
+    ``x`` is read as lpsim.quantize reads it, exactly (:func:`lpsim.reference.exact_input`:
+    float16, bfloat16, integers, any byte order, Python ints beyond float64); ``actual``
+    must be real floats or integers (TypeError otherwise).  NaN matches NaN and the sign of
+    zero must match.  Stochastic modes need either ``uniforms`` (one u in [0, 1) per
+    element, see :func:`lpsim.reference.round_exact`) or ``seed`` (with ``stream``,
+    ``offset``: lpsim's own Philox bits, to check a kernel that draws them).  The
+    AssertionError lists the first mismatches with x, expected and actual in float and hex.
     """
-    x = np.asarray(x)
-    actual = np.asarray(actual)
-    if actual.shape != x.shape:
-        raise AssertionError(f"assert_rounded: actual has shape {actual.shape}, x has {x.shape}")
+    array, exact = reference.exact_input(x)
+    actual = _result_array(actual)
+    if actual.shape != array.shape:
+        raise AssertionError(f"assert_rounded: actual has shape {actual.shape}, x has "
+                             f"{array.shape}")
     expected, _ = reference.quantize(x, fmt, rounding, uniforms=uniforms, seed=seed,
                                      stream=stream, offset=offset, sr_bits=sr_bits)
     got = actual.astype(np.float64)
     want = expected.astype(np.float64)
     same = (np.isnan(got) & np.isnan(want)) | ((got == want)
                                                & (np.signbit(got) == np.signbit(want)))
-    wrong = np.argwhere(~same) if x.ndim else np.argwhere(~same[None])
+    wrong = np.argwhere(~same) if array.ndim else np.argwhere(~same[None])
     if wrong.size:
-        lines = [f"assert_rounded: {len(wrong)} of {x.size} elements differ from the exact "
+        lines = [f"assert_rounded: {len(wrong)} of {array.size} elements differ from the exact "
                  f"{rounding!r} rounding to {parse_format(fmt)!r}:"]
         for row in wrong[:MAX_REPORTED]:
-            index = tuple(int(i) for i in row) if x.ndim else ()
-            lines.append(f"  at {index}: x={_show(x[index])} expected={_show(expected[index])} "
+            index = tuple(int(i) for i in row) if array.ndim else ()
+            flat = int(np.ravel_multi_index(index, array.shape)) if array.ndim else 0
+            shown = _show(exact[flat] if flat in exact else array[index])
+            lines.append(f"  at {index}: x={shown} expected={_show(expected[index])} "
                          f"actual={_show(actual[index])}")
         raise AssertionError("\n".join(lines))
 

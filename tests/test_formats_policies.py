@@ -63,6 +63,34 @@ def test_nearest_equals_the_ml_dtypes_cast(name):
     assert bad.size == 0, list(zip(x[bad[:5]], got[bad[:5]], expected[bad[:5]]))
 
 
+# ml_dtypes' two further float names: fp(3,4,0) (IEEE-like) and fp(4,3,4) fnuz (bias 11)
+MORE_PEERS = {"float8_e3m4": ml_dtypes.float8_e3m4,
+              "float8_e4m3b11fnuz": ml_dtypes.float8_e4m3b11fnuz}
+
+
+@pytest.mark.parametrize("name", list(MORE_PEERS))
+def test_the_other_ml_dtypes_names_are_their_types(name):
+    """Every code point, and the cast of every positive float32 from a quarter of the
+    smallest subnormal to four times the largest binade (both signs of random and edge
+    values), equal ml_dtypes' bit for bit."""
+    dtype, fmt = MORE_PEERS[name], parse_format(name)
+    values = {float(v) for v in reference.enumerate_values(fmt)}
+    assert np.array_equal(np.array(sorted(values | {-v for v in values})), peer_values(dtype))
+    assert fmt.bits == ml_dtypes.finfo(dtype).bits and fmt.has_inf == (name == "float8_e3m4")
+    lo = np.float32(fmt.min_subnormal / 4).view(np.uint32)
+    hi = np.float32(2.0 ** (fmt.emax + 2)).view(np.uint32)
+    chunks = [np.arange(start, min(start + (1 << 24), hi), dtype=np.uint32).view(np.float32)
+              for start in range(int(lo), int(hi), 1 << 24)]
+    for x in chunks + [np.concatenate([random_finite(1 << 16), edge_values(dtype)])]:
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = x.astype(dtype).astype(np.float32)
+        got = lpsim.quantize(x, fmt)
+        same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got)
+                                                                   & np.isnan(expected))
+        bad = np.flatnonzero(~same)
+        assert bad.size == 0, list(zip(x[bad[:5]], got[bad[:5]], expected[bad[:5]]))
+
+
 def test_the_issue_examples():
     assert lpsim.quantize(6.0, "e2m1fn") == 6.0
     assert lpsim.quantize(1e9, "e2m1fn") == 6.0 and lpsim.quantize(-np.inf, "e2m1fn") == -6.0
@@ -135,6 +163,12 @@ def test_option_syntax(spec, fmt):
     ("fp(4,3,0,wild)", "specials='wild' is unknown"),
     ("fp(4,3,fn,0)", "not understood; accepted"),
     ("fp(4,3,0,saturate=True,fn)", "positional 'fn' after an option"),
+    ("fp(4,3,)", "empty argument"),
+    ("fp(4,3,0,)", "empty argument"),
+    ("fp(4,3,True)", "'true' is not an integer"),
+    ("fp(4,3,1e0)", "'1e0' is not an integer"),
+    ("fp(4,3,0, saturate, saturate=False)", "contradicts itself.*'saturate' policy"),
+    ("fp(4,3,0, specials=saturate, saturate=False)", "contradicts itself"),
 ])
 def test_option_syntax_errors_name_the_part(spec, words):
     with pytest.raises(ValueError, match=words):

@@ -211,14 +211,49 @@ def test_reference_rejects_bad_input_naming_it():
         reference.round_exact(1.0, "e4m3", "nearest", sr_bits=3)
     with pytest.raises(TypeError, match="cannot round a str"):
         reference.round_exact("1.0", "e4m3")
-    with pytest.raises(TypeError, match="dtype int64"):
-        reference.quantize(np.arange(3), "e4m3")
+    with pytest.raises(TypeError, match="dtype complex128"):
+        reference.quantize(np.arange(3) * 1j, "e4m3")
     with pytest.raises(ValueError, match="does not fit a float32"):
         reference.quantize(np.ones(3, np.float32), "fp64")
     with pytest.raises(ValueError, match="exactly one of seed"):
         reference.quantize(np.ones(3), "e4m3", "stochastic", seed=1, uniforms=[0, 0, 0])
     with pytest.raises(ValueError, match="uniforms has 2 elements"):
         reference.quantize(np.ones(3), "e4m3", "stochastic", uniforms=[0, 0])
+
+
+def test_reference_quantize_reads_the_inputs_lpsim_quantize_takes():
+    """Converted exactly as lpsim.quantize converts them: the same values, dtype and stats."""
+    import ml_dtypes
+    values = [0.1, -3.3, 250.0, 1e-3, 0.0, 1e9]
+    for x in [np.array(values, np.float16), np.array(values, ml_dtypes.bfloat16),
+              np.array(values, ">f4"), np.array([1, -17, 300, 2 ** 40], np.int64),
+              [0.1, 2 ** 60 + 1, -(2 ** 80) - 1], 2 ** 70 + 1]:
+        stats = lpsim.RoundingStats()
+        want = lpsim.quantize(x, "e5m2", "up", stats=stats)
+        got, got_stats = reference.quantize(x, "e5m2", "up")
+        assert np.asarray(want).dtype == got.dtype and np.array_equal(want, got), (x, got)
+        assert got_stats == stats, x
+
+
+def test_round_exact_takes_numpy_uniforms_exactly_and_names_bad_ones():
+    expected = reference.round_exact(0.1, "bf16", "stochastic", uniform=Fraction(1, 4))
+    for u in [np.float16(0.25), np.float32(0.25), np.float64(0.25), np.longdouble(0.25),
+              0.25, Fraction(1, 4)]:
+        assert reference.round_exact(0.1, "bf16", "stochastic", uniform=u) == expected, u
+    assert reference.round_exact(0.1, "bf16", "stochastic", uniform=np.int64(0)).value > 0.1
+    for u, error, words in [(np.float32(np.nan), ValueError, "uniform=.*nan.* not finite"),
+                            (np.inf, ValueError, "uniform=inf is not finite"),
+                            (np.float32(1.0), ValueError, "uniform=.*1.0.* out of range"),
+                            (-0.5, ValueError, "uniform=-0.5 is out of range"),
+                            ("0.25", TypeError, "uniform='0.25' is a str; accepted"),
+                            (True, TypeError, "uniform=True is a bool")]:
+        with pytest.raises(error, match=words):
+            reference.round_exact(0.1, "bf16", "stochastic", uniform=u)
+    x = np.array([0.1, 0.1])
+    got, _ = reference.quantize(x, "bf16", "stochastic", uniforms=np.float32([0.25, 0.25]))
+    assert got[0] == got[1] == float(expected.value)
+    with pytest.raises(ValueError, match=r"uniforms\[1\]=.*2.0.* out of range"):
+        reference.quantize(x, "bf16", "stochastic", uniforms=[np.float32(0), np.float32(2)])
 
 
 def test_round_exact_on_exact_rationals_and_signed_zero():

@@ -139,6 +139,28 @@ def test_near_overflow_stays_within_a_few_quanta_of_max_finite(case):
     assert (np.abs(np.abs(x.astype(np.float64)) - fmt.max_finite) <= 2.001 * quantum).all()
 
 
+NEAR_OVERFLOW = ["e8m0fnu", "e4m3", "e4m3fn", "e2m1fn", "e5m2fnuz", "bf16", lpsim.fp(3, 0, 0),
+                 lpsim.fp(2, 0, specials="fn"), lpsim.fp(3, 1, 0, specials="fnu")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("fmt", NEAR_OVERFLOW, ids=str)
+@given(data=st.data())
+def test_near_overflow_draws_only_near_max_finite_with_the_signs_of_the_format(fmt, dtype, data):
+    """Between the predecessor of max_finite and two quanta above it (each widened by two
+    container ulps), never zero, and positive only in an unsigned format (e8m0fnu)."""
+    fmt = lpsim.parse_format(fmt)
+    x = data.draw(testing.near_overflow(fmt, dtype=dtype))
+    values = reference.enumerate_values(fmt)
+    low = np.nextafter(np.nextafter(dtype(values[-2]), dtype(0)), dtype(0))
+    with np.errstate(over="ignore"):
+        high = min(np.nextafter(np.nextafter(dtype(fmt.max_finite + 2.0 ** (fmt.emax - fmt.m + 1)),
+                                             dtype(np.inf)), dtype(np.inf)), np.finfo(dtype).max)
+    assert type(x) is dtype and np.isfinite(x) and x != 0
+    assert fmt.signed or x > 0, x
+    assert low <= abs(x) <= high, (x, low, high)
+
+
 def test_near_overflow_reaches_the_tie_above_max_finite_and_beyond():
     fmt = lpsim.parse_format("e4m3")                # max 240, would-be next 256
     strategy = testing.near_overflow(fmt, dtype=np.float32)
@@ -218,6 +240,59 @@ def test_assert_rounded_takes_the_uniforms_of_stochastic_rounding():
         testing.assert_rounded(got, x, "e4m3", "stochastic", uniforms=flipped, sr_bits=4)
     with pytest.raises(ValueError, match="needs exactly one of seed"):
         testing.assert_rounded(got, x, "e4m3", "stochastic")
+
+
+def test_assert_rounded_reads_big_ints_exactly_and_shows_them():
+    """2**60 + 1 is not a float64: the check rounds the int itself, as lpsim.quantize does."""
+    x = [0.1, 2 ** 60 + 1]
+    y = lpsim.quantize(x, "fp32", "up")
+    testing.assert_rounded(y, x, "fp32", "up")
+    testing.assert_rounded(lpsim.quantize([[2 ** 70 + 1]], "fp32", "up"), [[2 ** 70 + 1]],
+                           "fp32", "up")
+    testing.assert_rounded(lpsim.quantize(2 ** 70 + 1, "fp32", "up"), 2 ** 70 + 1, "fp32", "up")
+    wrong = y.copy()
+    wrong[1] = 2.0 ** 60                            # the rounding of float64(x[1])
+    with pytest.raises(AssertionError, match=r"at \(1,\): x=1152921504606846977 expected="):
+        testing.assert_rounded(wrong, x, "fp32", "up")
+
+
+@pytest.mark.parametrize("actual", [np.array([0.10009765625 + 1j]), np.array(["0.10009765625"]),
+                                    np.array([0.10009765625], dtype=object), [0.1 + 0j]],
+                         ids=["complex", "str", "object", "complex list"])
+def test_assert_rounded_refuses_results_that_are_not_real_numbers(actual):
+    with pytest.raises(TypeError, match=r"actual has dtype \S+; accepted: real floating-point"):
+        testing.assert_rounded(actual, np.array([0.1]), "bf16")
+
+
+def _inputs_of_every_dtype():
+    import ml_dtypes
+    values = [0.1, -3.3, 250.0, 1e-3, 0.0]
+    yield "float16", np.array(values, np.float16)
+    yield "bfloat16", np.array(values, ml_dtypes.bfloat16)
+    yield "big-endian", np.array(values, ">f4")
+    yield "big-endian f8", np.array(values, ">f8")
+    yield "int32", np.array([1, -17, 300, 0], np.int32)
+    yield "long double", np.longdouble(1) + np.longdouble(2) ** -60
+
+
+@pytest.mark.parametrize("x", [pytest.param(x, id=name) for name, x in _inputs_of_every_dtype()])
+def test_assert_rounded_reads_the_input_dtypes_lpsim_quantize_takes(x):
+    y = lpsim.quantize(x, "e4m3fn", "up")
+    testing.assert_rounded(y, x, "e4m3fn", "up")
+    with pytest.raises(AssertionError, match="differ"):
+        testing.assert_rounded(lpsim.quantize(x, "e4m3fn", "down"), x, "e4m3fn", "up")
+
+
+def test_assert_rounded_reads_torch_bfloat16_and_numpy_uniforms():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([0.1, -3.3, 250.0], dtype=torch.bfloat16)
+    testing.assert_rounded(lpsim.quantize(x, "e4m3fn"), x, "e4m3fn")
+    x = np.array([0.1, -0.3])
+    away = np.array([lpsim.quantize(0.1, "bf16", "up"), lpsim.quantize(-0.3, "bf16", "down")])
+    testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=np.float32([0.0, 0.0]))
+    testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=[np.float16(0), np.float32(0)])
+    with pytest.raises(AssertionError, match="differ"):     # u above both fracs: toward zero
+        testing.assert_rounded(away, x, "bf16", "stochastic", uniforms=np.float32([.875, .875]))
 
 
 # --- values of every kind of format: unsigned, no zero, unsigned zero, saturating ---------
