@@ -144,3 +144,49 @@ def test_attributes_set_on_a_replaced_layer_stay():
     simulate(model, "mxfp8")
     assert isinstance(model[2], SimulatedLinear)
     assert (model[2].init_std, model[2]._is_hf_initialized) == (0.02, True)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_delayed", "nvfp4", SR_FORWARD])
+def test_a_run_resumed_with_its_simulation_state_equals_the_uninterrupted_run(recipe):
+    from lpsim.torch import load_simulation_state, simulation_state
+
+    def step(model, opt, i):
+        x = torch.randn(32, 32, generator=torch.Generator().manual_seed(i))
+        (model(x).square().mean() * 1e-4).backward()    # small gradients: scaling matters
+        opt.step()
+        opt.zero_grad()
+
+    run = simulate(mlp(), recipe, generator=lpsim.Generator(3))
+    opt = torch.optim.SGD(run.parameters(), lr=0.1)
+    for i in range(3):
+        step(run, opt, i)
+    saved = copy.deepcopy((run.state_dict(), simulation_state(run)))
+    resumed = simulate(mlp(), recipe, generator=lpsim.Generator(3))
+    resumed.load_state_dict(saved[0])
+    load_simulation_state(resumed, saved[1])
+    opt2 = torch.optim.SGD(resumed.parameters(), lr=0.1)
+    for i in range(3, 5):
+        step(run, opt, i)
+        step(resumed, opt2, i)
+    assert all(torch.equal(a, b) for a, b in zip(run.parameters(), resumed.parameters()))
+
+
+def test_a_simulation_state_of_another_model_is_refused_and_changes_nothing():
+    from lpsim.torch import load_simulation_state, simulation_state
+    model = simulate(mlp(), "fp8_delayed")
+    model(torch.randn(32, 32)).sum().backward()
+    before = simulation_state(model)
+    other = simulation_state(simulate(nn.Sequential(nn.Linear(32, 32)), "fp8_delayed"))
+    with pytest.raises(ValueError, match="do not match the model's simulated layers"):
+        load_simulation_state(model, other)
+    wrong = copy.deepcopy(before)
+    wrong["layers"]["6"]["recipe"] = "mxfp8"
+    with pytest.raises(ValueError, match="layer '6' is of recipe 'mxfp8'"):
+        load_simulation_state(model, wrong)
+    with pytest.raises(ValueError, match="accepted: the dictionary"):
+        load_simulation_state(model, {"layers": {}})
+    after = simulation_state(model)
+    assert after["layers"].keys() == before["layers"].keys()
+    for name, entry in before["layers"].items():
+        assert after["layers"][name]["steps"] == entry["steps"]
+        assert after["layers"][name]["generator"] == entry["generator"]

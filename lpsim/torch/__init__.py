@@ -16,8 +16,9 @@ from .tensors import quantize
 from .recipes import PRESETS, Gemm, Operand, Recipe, recipe
 from .simulate import (Report, SimulatedLinear, SimulatedMultiheadAttention, report,
                        simulate)
+from .resume import load_simulation_state, simulation_state
 
 __all__ = ["quantize", "quantizer", "Quantizer", "Rounding", "PrecisionModel",
            "PrecisionAssignment", "Candidates", "DynamicLossScaler", "assign", "simulate",
            "SimulatedLinear", "SimulatedMultiheadAttention", "report", "Report", "Recipe",
-           "Gemm", "Operand", "recipe", "PRESETS"]
+           "Gemm", "Operand", "recipe", "PRESETS", "simulation_state", "load_simulation_state"]
