@@ -141,7 +141,10 @@ def check_out(out, x):
                         f"{x.shape} and dtype {x.dtype} (or x itself, to round in place)")
     if out.shape != x.shape or out.dtype != x.dtype or not out.dtype.isnative:
         raise ValueError(f"out must be a numpy array of shape {x.shape} and dtype {x.dtype} "
-                         f"(native byte order), got {out.shape} {out.dtype}")
+                         f"(native byte order), got {out.shape} {out.dtype}: the result's "
+                         "dtype is the input's container (float32 and float64 inputs their "
+                         "own; float16, bfloat16, integer and big-endian inputs float32), so "
+                         "only those round in place")
     if not out.flags.writeable:
         raise ValueError("out is read-only; accepted: a writable array (for in-place rounding "
                          "of a read-only array, round into a copy)")
