@@ -415,7 +415,6 @@ def test_adding_stats_past_int64_is_refused_and_adds_nothing():
 def test_in_place_on_an_input_rounded_into_float32_says_why_it_is_refused():
     # a float16, bfloat16 or big-endian x rounds into float32, its container: out=x cannot
     # hold the result, and the error says so instead of naming a dtype the caller never used
-    import ml_dtypes
     for dtype in (np.float16, ml_dtypes.bfloat16, np.dtype(">f4")):
         x = np.array([0.1, 3.3], dtype)
         before = x.copy()
