@@ -195,3 +195,23 @@ def test_fresh_inputs_on_this_gpu_equal_the_model(seed):
                                                                          & want.isnan())
             assert bool(same.all()), \
                 f"seed {seed}, {name}, fast={fast}: {int((~same).sum())} of {want.numel()} differ"
+
+
+@pytest.mark.parametrize("in_fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_a_batched_block_matmul_blocks_b_along_k(in_fmt):
+    # b's K is its second to last axis when batched (numpy.matmul's layout); its rows span
+    # binades, so blocks down the batch axis would differ from blocks along K
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 3, 32)).astype(np.float32)
+    b = (rng.standard_normal((2, 32, 4)) * np.exp2(np.arange(32))[None, :, None] / 2 ** 16
+         ).astype(np.float32)
+    got = lpsim.ops.matmul(a, b, in_fmt=in_fmt, model="fp32")
+    by_hand = lpsim.ops.matmul(lpsim.quantize(a, in_fmt, axis=-1),
+                               lpsim.quantize(b, in_fmt, axis=-2), model="fp32")
+    assert np.array_equal(got.view(np.uint32), by_hand.view(np.uint32))
+    if in_fmt == "mxfp8_e4m3":      # no tensor scale: each slice's own product too
+        each = np.stack([lpsim.ops.matmul(a[i], b[i], in_fmt=in_fmt, model="fp32")
+                         for i in range(2)])
+        assert np.array_equal(got.view(np.uint32), each.view(np.uint32))
+        vector = lpsim.ops.matmul(a[0], b[0, :, 1], in_fmt=in_fmt, model="fp32")
+        assert np.array_equal(vector.view(np.uint32), each[0, :, 1].view(np.uint32))

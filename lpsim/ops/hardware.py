@@ -147,11 +147,12 @@ def hardware_model(model) -> TensorCoreModel | InstructionModel | None:
 
 
 def block_inputs(a, b, bfmt, rounding="nearest", *, seed=None, stream=0, stats=None):
-    """a and b block-quantized along K (a's last axis, b's first): the exact values q * s."""
+    """a and b block-quantized along K (a's last axis; b's second to last, as numpy.matmul
+    takes a batched b, or its only one): the exact values q * s."""
     from ..blocks.fake_quantize import quantize as quantize_blocks
     a = quantize_blocks(a, bfmt, rounding, axis=-1, seed=seed, stream=stream, stats=stats)
-    b = quantize_blocks(b, bfmt, rounding, axis=0, seed=seed, stream=stream_after(stream, 1),
-                        stats=stats)
+    b = quantize_blocks(b, bfmt, rounding, axis=0 if np.ndim(b) == 1 else -2, seed=seed,
+                        stream=stream_after(stream, 1), stats=stats)
     return np.ascontiguousarray(a), np.ascontiguousarray(b)
 
 
