@@ -395,3 +395,15 @@ def test_scaled_matmul_takes_the_decomposed_operands_and_refuses_by_name():
     for args, words in refusals:
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
             scaled_matmul(*args)
+
+
+@pytest.mark.parametrize("out_fmt", ["fp64", "fp(8,30)"])
+def test_an_out_fmt_wider_than_float32_rounds_the_chain_result_in_float64(out_fmt):
+    # the chain's D is float32; rounded to a wider format in float64, it comes back float64
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 64)), rng.standard_normal((64, 5))
+    for x, y in ((a.astype(np.float32), b.astype(np.float32)), (a, b)):
+        got = matmul(x, y, model="hopper-wgmma-e4m3", out_fmt=out_fmt)
+        d = matmul(x, y, model="hopper-wgmma-e4m3")      # D, exact in float32
+        assert got.dtype == np.float64
+        assert np.array_equal(got, quantize(d.astype(np.float64), out_fmt))

@@ -186,8 +186,12 @@ def instruction_matmul(a, b, model: InstructionModel, *, rounding="nearest", see
         b = quantize(b, FORMATS[ins.b_type], rounding, seed=seed, stream=stream_after(stream, 1),
                      stats=stats)
         result = _chain(a, b, model)
-    out = quantize(result, model.out_fmt, model.out_rounding, seed=seed,
-                   stream=stream_after(stream, 2), stats=stats).astype(dtype, copy=False)
+    # rounded in float32, or in float64 (where the float32 chain result is exact) for an
+    # out_fmt float32 cannot hold
+    wide = not model.out_fmt.fits(np.float32)[0]
+    out = quantize(result.astype(np.float64) if wide else result, model.out_fmt,
+                   model.out_rounding, seed=seed, stream=stream_after(stream, 2),
+                   stats=stats).astype(dtype, copy=False)
     return shaped(out)
 
 
