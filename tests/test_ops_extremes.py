@@ -188,3 +188,15 @@ def test_tensor_core_chunk_sums_are_exact_at_the_widest_alignment_accepted():
         with pytest.raises(ValueError, match=f"align_bits={top + 1} is not accepted with "
                                              f"chunk={chunk}; accepted: 1..{top}"):
             TensorCoreModel(in_fmt="fp32", chunk=chunk, align_bits=top + 1)
+
+
+@pytest.mark.parametrize("rounding, sign", [("down", -1.0), ("nearest", 1.0), ("up", 1.0)])
+def test_an_exact_zero_fma_on_the_rational_path_takes_ieees_sign(rounding, sign):
+    # a*b = 2**-1027 is below float64's safe range (the rational path): the exact zero sum
+    # is -0 under rounding down and +0 otherwise, as on the float64 path (IEEE 754 6.3)
+    a, b = 2.0 ** -5, 2.0 ** -1022
+    for fmt in ("fp32", "bf16"):
+        got = float(ops.fma(a, b, -(a * b), fmt, rounding))
+        assert got == 0 and math.copysign(1.0, got) == sign, (fmt, rounding, got)
+        safe = float(ops.fma(a, 2.0 ** -900, -(a * 2.0 ** -900), fmt, rounding))
+        assert math.copysign(1.0, safe) == sign

@@ -527,7 +527,23 @@ def _round_exactly(op, flat, where, values, fmt, rounding, k, dtype, key, counts
         few = k if rounding == "stochastic" and k < width else None
         result = round_exact(exact, fmt, rounding, uniform=uniform, sr_bits=few)
         values[i] = float(result.value)
+        if exact == 0 and op in (ADD, SUB, FMA):    # a Fraction has no signed zero
+            values[i] = _zero_sum(op, *(float(v[i]) for v in flat), rounding)
         counts[1:] += [int(c in result.flags) for c in COUNTERS]
+
+
+def _zero_sum(op, x, y, z, rounding) -> float:
+    """The exact zero sum of add, sub or fma with IEEE 754's sign (section 6.3), as
+    :func:`lpsim.exact.zero_sum_bits` gives it on the float64 path: two zero terms of one
+    sign keep it; otherwise +0, or -0 under rounding down."""
+    if op == FMA:
+        first = math.copysign(0.0, x) * math.copysign(1.0, y) if x == 0 or y == 0 else 1.0
+        second = z
+    else:
+        first, second = x, (-y if op == SUB else y)
+    if first == 0 and second == 0 and math.copysign(1, first) == math.copysign(1, second):
+        return first
+    return -0.0 if rounding == "down" else 0.0
 
 
 def add(a, b, fmt, rounding="nearest", *, in_fmt=None, seed=None, stream=0, sr_bits=None,
