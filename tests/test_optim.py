@@ -552,6 +552,33 @@ def test_a_torch_optim_state_dict_loads():
     assert torch.allclose(q, p, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=["foreach", "per-tensor", "reference"])
+def test_a_torch_sgd_state_dict_keeps_its_momentum_buffer(route):
+    """torch.optim.SGD keeps a momentum buffer and no step count: the resumed step is not a
+    first step (torch's rule: buf = g only where there is no buffer), so FP32 nearest goes on
+    as torch.optim.SGD does (the buffer was replaced by the gradient before: 0.15 off)."""
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(100, generator=gen)
+    grads = [torch.randn(100, generator=gen) for _ in range(5)]
+    kw = dict(lr=0.1, momentum=0.9, dampening=0.25, weight_decay=0.01)
+    q = torch.nn.Parameter(w0.clone())
+    ref = torch.optim.SGD([q], **kw)
+    for g in grads[:2]:
+        q.grad = g.clone()
+        ref.step()
+    p = torch.nn.Parameter(q.detach().clone())
+    opt = SGD([p], lr=5.0, momentum=0.5, seed=1, **route)
+    opt.load_state_dict(ref.state_dict())
+    assert "step" not in opt.state[p]
+    for g in grads[2:]:
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"],
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_copies_and_pickles_step_on():
     """copy.deepcopy and pickle keep the counters and the copy steps (an AttributeError on
     _stats before), with the original's bits."""
