@@ -579,6 +579,44 @@ def test_a_torch_sgd_state_dict_keeps_its_momentum_buffer(route):
                                rtol=1e-5, atol=1e-6)
 
 
+INF_CASES = [(SGD, torch.optim.SGD, dict(lr=0.1)), (SGD, torch.optim.SGD, dict(lr=0.0)),
+             (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
+             (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.1)),
+             (SGD, torch.optim.SGD, dict(lr=0.0, momentum=0.9, weight_decay=0.1)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.1, weight_decay=0.0)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.1, weight_decay=0.01)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.0, weight_decay=0.01)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.5, weight_decay=2.0))]
+
+
+@pytest.mark.parametrize("ours, theirs, kw", INF_CASES)
+def test_an_infinite_weight_steps_as_in_torch(ours, theirs, kw):
+    """FP32 nearest: an infinite weight is infinite or NaN where torch.optim's is (weight
+    decay 0 adds no 0 inf; AdamW's decoupled decay keeps inf while lr wd < 1, is NaN at
+    lr wd = 1), on every route, which agree bit for bit."""
+    w = torch.tensor([math.inf, -math.inf, 1.0, -2.0, math.inf, -math.inf])
+    grads = [torch.tensor([1.0, 1.0, -1.0, 0.5, -3.0, 0.0]), torch.tensor([2.0, -1.0, 0.25,
+                                                                           1.0, 1.0, -1.0])]
+    q = torch.nn.Parameter(w.clone())
+    ref = theirs([q], **kw)
+    runs = []
+    for route in ROUTES:
+        p = torch.nn.Parameter(w.clone())
+        opt = ours([p], seed=1, **route, **kw)
+        runs.append((p, opt))
+    for g in grads:
+        q.grad = g.clone()
+        ref.step()
+        for p, opt in runs:
+            p.grad = g.clone()
+            opt.step()
+        p = runs[0][0].detach()
+        assert torch.equal(p.isnan(), q.isnan()) and torch.equal(p.isinf(), q.isinf())
+        torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6, equal_nan=True)
+    for other in runs[1:]:
+        assert_same(runs[0], other)
+
+
 def test_copies_and_pickles_step_on():
     """copy.deepcopy and pickle keep the counters and the copy steps (an AttributeError on
     _stats before), with the original's bits."""
