@@ -440,6 +440,42 @@ def test_a_refused_step_changes_nothing(route, bad):
     assert_snapshots_equal(before, snapshot(opt, [params[0], params[2]]))
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=IDS)
+@pytest.mark.parametrize("cls, bad, match", [
+    (SGD, {"lr": 1e39}, "param group 1: lr=1e[+]39 overflows float32"),
+    (SGD, {"momentum": 1e39}, "param group 1: momentum=1e[+]39 overflows float32"),
+    (AdamW, {"lr": torch.tensor(1e39, dtype=torch.float64)}, "param group 1: lr="),
+    (AdamW, {"lr": 1e30, "weight_decay": 1e10}, "param group 1: lr[*]weight_decay=1e[+]40"),
+    (AdamW, {"eps": float("inf")}, "param group 1: eps=inf overflows")])
+@pytest.mark.parametrize("warnings_as_errors", [False, True])
+def test_a_hyperparameter_float32_cannot_hold_is_refused_before_any_group_steps(
+        route, cls, bad, match, warnings_as_errors):
+    """A group's lr = 1e39 (a finite float64) overflowed float32 only once groups before it
+    had stepped (and raised there under warnings-as-errors, its step count advanced): every
+    group's hyperparameters are checked in float32 first, and the refused step leaves
+    parameters, states, step counts and counters as they were."""
+    import warnings
+    gen = torch.Generator().manual_seed(5)
+    params = [Parameter(torch.randn(n, generator=gen)) for n in (7, 5)]
+    opt = cls([{"params": params[:1]}, {"params": params[1:]}], lr=0.1, seed=1,
+              **({"momentum": 0.9} if cls is SGD else {}), **route)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()
+    opt.param_groups[1].update(bad)
+    before = snapshot(opt, params)
+    with warnings.catch_warnings():
+        if warnings_as_errors:
+            warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=match):
+            opt.step()
+    assert_snapshots_equal(before, snapshot(opt, params))
+    assert all(opt.state[p]["step"] == 1 for p in params)
+    with pytest.raises(ValueError, match=match.replace("param group 1", "param group 2")):
+        opt.add_param_group({"params": [Parameter(torch.zeros(2))], **bad})
+    assert len(opt.param_groups) == 2
+
+
 @pytest.mark.parametrize("cls, bad, error, match", [
     (AdamW, {"betas": (0.9,)}, ValueError, "must be a pair"),
     (AdamW, {"lr": -1.0}, ValueError, "lr=-1.0 is out of range"),

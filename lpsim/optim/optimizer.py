@@ -21,7 +21,7 @@ from lpsim.philox import split_key
 from lpsim.stats import RoundingStats
 
 from . import cpu, keys, multi, reference
-from .options import OPTIONS, check_number, check_options
+from .options import OPTIONS, check_float32, check_number, check_options, naming_group
 from .setup import STORAGE, Setup, master_weight, resolve
 from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD
 
@@ -121,7 +121,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
         try:
             check_options(self.param_groups[-1])
-            self._check_hyper(self.param_groups[-1])
+            with naming_group(len(self.param_groups) - 1):
+                self._check_hyper(self.param_groups[-1])
         except Exception:               # refused: the optimizer as it was
             self.param_groups.pop()
             raise
@@ -373,10 +374,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             check_options(group)
             self._check_present(group)
-            self._check_hyper(group)        # a scheduler or a user may have set them
+            with naming_group(index):       # a scheduler or a user may have set them
+                self._check_hyper(group)
         plans, base = [], 0
         for group in self.param_groups:
             params = group["params"]
@@ -497,14 +499,14 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         setup, t, positions, params, grads, states, table, first = planned
         if table is None:
             table, states = self._table(group, base, setup, positions, params)
+        hp = hyper.get(t)
+        if hp is None:
+            hp = hyper[t] = self._hyper(group, t)
         for st in states:
             st["step"] = t
         if group.get("maximize"):
             grads = [torch.neg(g) for g in grads]      # torch.optim's maximize; exact
         table.refresh(grads)
-        hp = hyper.get(t)
-        if hp is None:
-            hp = hyper[t] = self._hyper(group, t)
         ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
                 int(bool(group.get("nesterov", False))), int(first))
         seed = split_key(group["seed"], "seed")
@@ -719,6 +721,9 @@ class AdamW(LowPrecisionOptimizer):
     def _check_hyper(group) -> None:
         for name in ("lr", "eps", "weight_decay"):
             check_number(name, group[name])
+            check_float32(name, group[name])
+        lr, wd = (group[name] for name in ("lr", "weight_decay"))
+        check_float32("lr*weight_decay", float(lr) * float(wd))
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas={betas!r} must be a pair (beta1, beta2)")
@@ -759,6 +764,7 @@ class SGD(LowPrecisionOptimizer):
     def _check_hyper(group) -> None:
         for name in ("lr", "momentum", "weight_decay"):
             check_number(name, group[name])
+            check_float32(name, group[name])
         momentum, dampening = group["momentum"], group["dampening"]
         check_number("dampening", dampening, 0.0, 1.0)
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
