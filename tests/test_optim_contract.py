@@ -223,6 +223,34 @@ def test_torch_flags_lpsim_cannot_honour_are_refused_by_name(kw, error, match):
         AdamW([Parameter(torch.zeros(2))], **kw)
 
 
+def test_torch_adam_s_coupled_weight_decay_is_refused_by_name():
+    """torch.optim.Adam's groups carry decoupled_weight_decay=False (L2 decay in the
+    gradient); lpsim's AdamW decays decoupled, so such a state dict or group is refused by
+    name (it loaded and stepped with the other decay before), and torch's AdamW one loads."""
+    p = Parameter(torch.randn(4))
+    ref = torch.optim.Adam([p], lr=0.1, weight_decay=0.5)
+    p.grad = torch.randn(4)
+    ref.step()
+    q = Parameter(p.detach().clone())
+    opt = AdamW([q], lr=0.2, weight_decay=0.5)
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False: .* accepted: True"):
+        opt.load_state_dict(ref.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.2 and opt.state[q] == {}
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        opt.add_param_group({"params": [Parameter(torch.zeros(2))],
+                             "decoupled_weight_decay": False})
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        AdamW([{"params": [Parameter(torch.zeros(2))], "decoupled_weight_decay": False}])
+    opt.param_groups[0]["decoupled_weight_decay"] = False
+    q.grad = torch.ones(4)
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        opt.step()
+    assert opt.state[q] == {}
+    opt.param_groups[0]["decoupled_weight_decay"] = True
+    opt.load_state_dict(torch.optim.AdamW([p], lr=0.1).state_dict())
+    opt.step()
+
+
 def test_sgd_has_torch_sgd_s_signature():
     with pytest.raises(TypeError):
         SGD([Parameter(torch.zeros(2))], amsgrad=False)     # as torch.optim.SGD

@@ -74,10 +74,13 @@ def naming_group(index: int):
 #: torch.optim's flags lpsim takes (at these values; ``maximize`` either way): a config
 #: written for torch.optim keeps them, and its state dict's groups carry them
 TORCH_FLAGS = {"maximize": (False, True), "amsgrad": (False,), "capturable": (False,),
-               "differentiable": (False,), "fused": (None, False, True)}
+               "differentiable": (False,), "fused": (None, False, True),
+               "decoupled_weight_decay": (True,)}
 _WHY = {"amsgrad": "lpsim's AdamW keeps no running maximum of the second moment",
         "capturable": "lpsim's steps keep their step counts on the host (no CUDA graphs)",
-        "differentiable": "lpsim's kernels do not record autograd through the step"}
+        "differentiable": "lpsim's kernels do not record autograd through the step",
+        "decoupled_weight_decay": "lpsim's AdamW decays the weight decoupled (torch.optim."
+                                  "AdamW), not as torch.optim.Adam's L2 term in the gradient"}
 
 
 def check_flags(group: dict) -> None:
