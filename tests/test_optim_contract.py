@@ -527,6 +527,30 @@ def test_add_param_group_refuses_what_the_constructor_refuses(cls, bad, error, m
         cls([{"params": [Parameter(torch.zeros(3))], **bad}])
 
 
+@pytest.mark.parametrize("cls", [SGD, AdamW])
+@pytest.mark.parametrize("dtype, kw, match", [
+    (torch.float32, dict(update_rounding="remainder"), "update_rounding='remainder' .* needs "
+     "torch.bfloat16"),
+    (torch.float32, dict(state_format="fp(8,3,127)"), "fp"),
+    (torch.bfloat16, dict(weight_format="fp16"), "fp16")])
+def test_options_the_parameters_cannot_take_are_refused_when_the_group_is_given(cls, dtype,
+                                                                                 kw, match):
+    """A format too wide for its storage, or remainder without bfloat16 parameters, was
+    accepted and refused only at the first step: now by the constructor and add_param_group
+    (the group not added), with the step's error; the optimizer steps on."""
+    p = Parameter(torch.ones(3, dtype=dtype))
+    with pytest.raises(ValueError, match=match):
+        cls([p], lr=0.1, **kw)
+    opt = cls([Parameter(torch.ones(2, dtype=dtype))], lr=0.1)
+    with pytest.raises(ValueError, match=match):
+        opt.add_param_group({"params": [p], **kw})
+    assert len(opt.param_groups) == 1
+    q = opt.param_groups[0]["params"][0]
+    q.grad = torch.ones_like(q)
+    opt.step()
+    assert torch.all(q < 1)
+
+
 # -- 13. float64 parameters -----------------------------------------------------------------
 
 def test_float64_parameters_are_refused_in_init_and_add_param_group():

@@ -115,9 +115,10 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group) -> None:
         """torch's add_param_group, refusing a parameter listed twice in one group (torch
-        only warns; lpsim would step it twice per step, with two keys) and a parameter of a
+        only warns; lpsim would step it twice per step, with two keys), a parameter of a
         dtype the kernels do not store (float64: torch steps it in float64, lpsim's steps
-        work in float32), by name, before the group is added."""
+        work in float32) and options its parameters cannot take (a format too wide for its
+        storage, remainder without bfloat16), by name, before the group is added."""
         super().add_param_group(param_group)
         try:
             check_options(self.param_groups[-1])
@@ -141,6 +142,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                                 f"{tuple(p.shape)}) has dtype {p.dtype}; lpsim.optim steps "
                                 "torch.float32, torch.bfloat16 and torch.float16 parameters "
                                 "(convert the model, e.g. model.float())")
+        try:        # each format fits its storage, remainder has bfloat16 parameters
+            for p in params:
+                resolve(self.param_groups[-1], p, p.dtype)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
 
     def __getstate__(self):
         state = super().__getstate__()
