@@ -61,9 +61,9 @@ BLOCKS_PER_SM = 5
 LOAD_AHEAD = False
 #: the functions of lpsim.optim.step that call fmul or fma32, directly or through one
 #: another
-_USERS = ("divide_by", "adamw_moments", "adamw_scaled", "adamw_update", "adamw_direction",
-          "sgd_gradient", "sgd_buffer", "sgd_update", "sgd_direction", "step_codes",
-          "step_element", "step_quad")
+_USERS = ("divide_by", "adamw_moments", "decoupled_decay", "adamw_scaled", "adamw_update",
+          "adamw_direction", "sgd_gradient", "sgd_buffer", "sgd_update", "sgd_direction",
+          "step_codes", "step_element", "step_quad")
 
 
 def rebind(module, overrides: dict, names=_USERS) -> dict:

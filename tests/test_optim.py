@@ -427,10 +427,6 @@ def test_bad_options(kw, error, match):
 
 def test_bad_parameters():
     p = torch.nn.Parameter(torch.zeros(2))
-    opt = AdamW([p], update_rounding="remainder")
-    p.grad = torch.zeros(2)
-    with pytest.raises(ValueError, match="remainder"):
-        opt.step()
     r = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     r.grad = torch.zeros(2, dtype=torch.float64)
     with pytest.raises(TypeError, match="float64"):
@@ -550,6 +546,71 @@ def test_a_torch_optim_state_dict_loads():
     opt.step()
     ref.step()
     assert torch.allclose(q, p, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=["foreach", "per-tensor", "reference"])
+def test_a_torch_sgd_state_dict_keeps_its_momentum_buffer(route):
+    """torch.optim.SGD keeps a momentum buffer and no step count: the resumed step is not a
+    first step (torch's rule: buf = g only where there is no buffer), so FP32 nearest goes on
+    as torch.optim.SGD does (the buffer was replaced by the gradient before: 0.15 off)."""
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(100, generator=gen)
+    grads = [torch.randn(100, generator=gen) for _ in range(5)]
+    kw = dict(lr=0.1, momentum=0.9, dampening=0.25, weight_decay=0.01)
+    q = torch.nn.Parameter(w0.clone())
+    ref = torch.optim.SGD([q], **kw)
+    for g in grads[:2]:
+        q.grad = g.clone()
+        ref.step()
+    p = torch.nn.Parameter(q.detach().clone())
+    opt = SGD([p], lr=5.0, momentum=0.5, seed=1, **route)
+    opt.load_state_dict(ref.state_dict())
+    assert "step" not in opt.state[p]
+    for g in grads[2:]:
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"],
+                               rtol=1e-5, atol=1e-6)
+
+
+INF_CASES = [(SGD, torch.optim.SGD, dict(lr=0.1)), (SGD, torch.optim.SGD, dict(lr=0.0)),
+             (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.5)),
+             (SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.1)),
+             (SGD, torch.optim.SGD, dict(lr=0.0, momentum=0.9, weight_decay=0.1)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.1, weight_decay=0.0)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.1, weight_decay=0.01)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.0, weight_decay=0.01)),
+             (AdamW, torch.optim.AdamW, dict(lr=0.5, weight_decay=2.0))]
+
+
+@pytest.mark.parametrize("ours, theirs, kw", INF_CASES)
+def test_an_infinite_weight_steps_as_in_torch(ours, theirs, kw):
+    """FP32 nearest: an infinite weight is infinite or NaN where torch.optim's is (weight
+    decay 0 adds no 0 inf; AdamW's decoupled decay keeps inf while lr wd < 1, is NaN at
+    lr wd = 1), on every route, which agree bit for bit."""
+    w = torch.tensor([math.inf, -math.inf, 1.0, -2.0, math.inf, -math.inf])
+    grads = [torch.tensor([1.0, 1.0, -1.0, 0.5, -3.0, 0.0]), torch.tensor([2.0, -1.0, 0.25,
+                                                                           1.0, 1.0, -1.0])]
+    q = torch.nn.Parameter(w.clone())
+    ref = theirs([q], **kw)
+    runs = []
+    for route in ROUTES:
+        p = torch.nn.Parameter(w.clone())
+        opt = ours([p], seed=1, **route, **kw)
+        runs.append((p, opt))
+    for g in grads:
+        q.grad = g.clone()
+        ref.step()
+        for p, opt in runs:
+            p.grad = g.clone()
+            opt.step()
+        p = runs[0][0].detach()
+        assert torch.equal(p.isnan(), q.isnan()) and torch.equal(p.isinf(), q.isinf())
+        torch.testing.assert_close(p, q.detach(), rtol=1e-5, atol=1e-6, equal_nan=True)
+    for other in runs[1:]:
+        assert_same(runs[0], other)
 
 
 def test_copies_and_pickles_step_on():

@@ -223,6 +223,34 @@ def test_torch_flags_lpsim_cannot_honour_are_refused_by_name(kw, error, match):
         AdamW([Parameter(torch.zeros(2))], **kw)
 
 
+def test_torch_adam_s_coupled_weight_decay_is_refused_by_name():
+    """torch.optim.Adam's groups carry decoupled_weight_decay=False (L2 decay in the
+    gradient); lpsim's AdamW decays decoupled, so such a state dict or group is refused by
+    name (it loaded and stepped with the other decay before), and torch's AdamW one loads."""
+    p = Parameter(torch.randn(4))
+    ref = torch.optim.Adam([p], lr=0.1, weight_decay=0.5)
+    p.grad = torch.randn(4)
+    ref.step()
+    q = Parameter(p.detach().clone())
+    opt = AdamW([q], lr=0.2, weight_decay=0.5)
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False: .* accepted: True"):
+        opt.load_state_dict(ref.state_dict())
+    assert opt.param_groups[0]["lr"] == 0.2 and opt.state[q] == {}
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        opt.add_param_group({"params": [Parameter(torch.zeros(2))],
+                             "decoupled_weight_decay": False})
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        AdamW([{"params": [Parameter(torch.zeros(2))], "decoupled_weight_decay": False}])
+    opt.param_groups[0]["decoupled_weight_decay"] = False
+    q.grad = torch.ones(4)
+    with pytest.raises(ValueError, match="decoupled_weight_decay=False"):
+        opt.step()
+    assert opt.state[q] == {}
+    opt.param_groups[0]["decoupled_weight_decay"] = True
+    opt.load_state_dict(torch.optim.AdamW([p], lr=0.1).state_dict())
+    opt.step()
+
+
 def test_sgd_has_torch_sgd_s_signature():
     with pytest.raises(TypeError):
         SGD([Parameter(torch.zeros(2))], amsgrad=False)     # as torch.optim.SGD
@@ -440,6 +468,42 @@ def test_a_refused_step_changes_nothing(route, bad):
     assert_snapshots_equal(before, snapshot(opt, [params[0], params[2]]))
 
 
+@pytest.mark.parametrize("route", ROUTES, ids=IDS)
+@pytest.mark.parametrize("cls, bad, match", [
+    (SGD, {"lr": 1e39}, "param group 1: lr=1e[+]39 overflows float32"),
+    (SGD, {"momentum": 1e39}, "param group 1: momentum=1e[+]39 overflows float32"),
+    (AdamW, {"lr": torch.tensor(1e39, dtype=torch.float64)}, "param group 1: lr="),
+    (AdamW, {"lr": 1e30, "weight_decay": 1e10}, "param group 1: lr[*]weight_decay=1e[+]40"),
+    (AdamW, {"eps": float("inf")}, "param group 1: eps=inf overflows")])
+@pytest.mark.parametrize("warnings_as_errors", [False, True])
+def test_a_hyperparameter_float32_cannot_hold_is_refused_before_any_group_steps(
+        route, cls, bad, match, warnings_as_errors):
+    """A group's lr = 1e39 (a finite float64) overflowed float32 only once groups before it
+    had stepped (and raised there under warnings-as-errors, its step count advanced): every
+    group's hyperparameters are checked in float32 first, and the refused step leaves
+    parameters, states, step counts and counters as they were."""
+    import warnings
+    gen = torch.Generator().manual_seed(5)
+    params = [Parameter(torch.randn(n, generator=gen)) for n in (7, 5)]
+    opt = cls([{"params": params[:1]}, {"params": params[1:]}], lr=0.1, seed=1,
+              **({"momentum": 0.9} if cls is SGD else {}), **route)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt.step()
+    opt.param_groups[1].update(bad)
+    before = snapshot(opt, params)
+    with warnings.catch_warnings():
+        if warnings_as_errors:
+            warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=match):
+            opt.step()
+    assert_snapshots_equal(before, snapshot(opt, params))
+    assert all(opt.state[p]["step"] == 1 for p in params)
+    with pytest.raises(ValueError, match=match.replace("param group 1", "param group 2")):
+        opt.add_param_group({"params": [Parameter(torch.zeros(2))], **bad})
+    assert len(opt.param_groups) == 2
+
+
 @pytest.mark.parametrize("cls, bad, error, match", [
     (AdamW, {"betas": (0.9,)}, ValueError, "must be a pair"),
     (AdamW, {"lr": -1.0}, ValueError, "lr=-1.0 is out of range"),
@@ -461,6 +525,30 @@ def test_add_param_group_refuses_what_the_constructor_refuses(cls, bad, error, m
     assert len(opt.param_groups) == 1
     with pytest.raises(error, match=match):
         cls([{"params": [Parameter(torch.zeros(3))], **bad}])
+
+
+@pytest.mark.parametrize("cls", [SGD, AdamW])
+@pytest.mark.parametrize("dtype, kw, match", [
+    (torch.float32, dict(update_rounding="remainder"), "update_rounding='remainder' .* needs "
+     "torch.bfloat16"),
+    (torch.float32, dict(state_format="fp(8,3,127)"), "fp"),
+    (torch.bfloat16, dict(weight_format="fp16"), "fp16")])
+def test_options_the_parameters_cannot_take_are_refused_when_the_group_is_given(cls, dtype,
+                                                                                 kw, match):
+    """A format too wide for its storage, or remainder without bfloat16 parameters, was
+    accepted and refused only at the first step: now by the constructor and add_param_group
+    (the group not added), with the step's error; the optimizer steps on."""
+    p = Parameter(torch.ones(3, dtype=dtype))
+    with pytest.raises(ValueError, match=match):
+        cls([p], lr=0.1, **kw)
+    opt = cls([Parameter(torch.ones(2, dtype=dtype))], lr=0.1)
+    with pytest.raises(ValueError, match=match):
+        opt.add_param_group({"params": [p], **kw})
+    assert len(opt.param_groups) == 1
+    q = opt.param_groups[0]["params"][0]
+    q.grad = torch.ones_like(q)
+    opt.step()
+    assert torch.all(q < 1)
 
 
 # -- 13. float64 parameters -----------------------------------------------------------------

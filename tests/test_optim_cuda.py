@@ -123,6 +123,22 @@ def test_cuda_kernel_stores_the_cpu_kernels_nans(cls, dtype, kw):
     assert np.isnan(w[[3, 6]]).all() and not np.isnan(w[7:]).any()
 
 
+@pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
+def test_cuda_kernel_steps_infinite_weights_as_the_cpu_kernel(cls, dtype, kw):
+    """Infinite weights (on the wide kernel's straight path their NaN update is declined,
+    the general path decides): the CPU kernel's codes; infinite where torch.optim keeps
+    them (AdamW with lr wd < 1, SGD without weight decay)."""
+    arrays, kargs, setup = inputs(cls, dtype, kw, 37, 0)
+    inf = {core.STORE_F32: (0x7F800000, -0x800000), core.STORE_BF16: (0x7F80, -0x80),
+           core.STORE_F16: (0x7C00, -0x400)}[setup.kinds[0]]
+    arrays[0][[4, 9, 10, 11]] = inf * 2
+    if setup.update == core.REMAINDER:          # the float32 master's low half: inf's
+        arrays[5][[4, 9, 10, 11]] = 0
+    host, _ = stepped_as_cpu(arrays, kargs, setup)
+    if cls is AdamW or kw.get("weight_decay", 0) == 0:
+        assert np.array_equal(host[0][[4, 9, 10, 11]], arrays[0][[4, 9, 10, 11]])
+
+
 def test_rebind_compiles_the_same_source_with_another_product():
     """The GPU build's mechanism, checked on the CPU: step_quad rebound to a product that is
     a*b again gives the original's bits."""

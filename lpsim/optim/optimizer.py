@@ -21,8 +21,8 @@ from lpsim.philox import split_key
 from lpsim.stats import RoundingStats
 
 from . import cpu, keys, multi, reference
-from .options import OPTIONS, check_number, check_options
-from .setup import STORAGE, Setup, resolve
+from .options import OPTIONS, check_float32, check_number, check_options, naming_group
+from .setup import STORAGE, Setup, master_weight, resolve
 from .step import ADAMW, KAHAN, NCOUNTS, REMAINDER, SGD as _SGD
 
 #: tensor types the multi-tensor route takes (others, e.g. DTensor, are stepped one by one)
@@ -69,7 +69,8 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
     Options and states are checked at every step: a param group's lpsim options as at
     construction (param_groups are plain dicts), and each state tensor against its parameter
     (size, dtype, device) before a kernel takes it.  A state that the options need but the
-    parameter lacks (momentum, Kahan or remainder turned on mid-run) starts at zero.
+    parameter lacks (Kahan or remainder turned on mid-run) starts at zero; a momentum buffer
+    starts as the gradient (torch.optim.SGD's first step), whenever the parameter has none.
 
     torch.optim's flags: ``maximize`` (the gradient negated, exactly), ``foreach`` None
     (True), ``fused`` None/False/True, ``differentiable`` False, and AdamW's ``amsgrad`` and
@@ -114,13 +115,15 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group) -> None:
         """torch's add_param_group, refusing a parameter listed twice in one group (torch
-        only warns; lpsim would step it twice per step, with two keys) and a parameter of a
+        only warns; lpsim would step it twice per step, with two keys), a parameter of a
         dtype the kernels do not store (float64: torch steps it in float64, lpsim's steps
-        work in float32), by name, before the group is added."""
+        work in float32) and options its parameters cannot take (a format too wide for its
+        storage, remainder without bfloat16), by name, before the group is added."""
         super().add_param_group(param_group)
         try:
             check_options(self.param_groups[-1])
-            self._check_hyper(self.param_groups[-1])
+            with naming_group(len(self.param_groups) - 1):
+                self._check_hyper(self.param_groups[-1])
         except Exception:               # refused: the optimizer as it was
             self.param_groups.pop()
             raise
@@ -139,6 +142,12 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                                 f"{tuple(p.shape)}) has dtype {p.dtype}; lpsim.optim steps "
                                 "torch.float32, torch.bfloat16 and torch.float16 parameters "
                                 "(convert the model, e.g. model.float())")
+        try:        # each format fits its storage, remainder has bfloat16 parameters
+            for p in params:
+                resolve(self.param_groups[-1], p, p.dtype)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -179,6 +188,10 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def _hyper(self, group, step: int) -> tuple:
         raise NotImplementedError
+
+    def _first(self, state, group, t: int) -> bool:
+        """Whether the step takes the first-step rule (``state``: as before the step)."""
+        return t == 1
 
     @staticmethod
     def _check_hyper(group) -> None:
@@ -340,7 +353,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         loads, position = [], 0         # every weight checked before any parameter is set
         for group in self.param_groups:
             for p in group["params"]:
-                w32 = _master_weight(weights[position], position, p)
+                w32 = master_weight(weights[position], position, p)
                 position += 1
                 local = p.to_local() if hasattr(p, "to_local") else p
                 loads.append((p, w32, group, local, resolve(group, local, local.dtype)))
@@ -368,10 +381,11 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
             check_options(group)
             self._check_present(group)
-            self._check_hyper(group)        # a scheduler or a user may have set them
+            with naming_group(index):       # a scheduler or a user may have set them
+                self._check_hyper(group)
         plans, base = [], 0
         for group in self.param_groups:
             params = group["params"]
@@ -410,7 +424,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         #                 grads, states]
         state = self.state
         resolved = {}
-        last = (None, 0, -1)
+        last = None
         entry = None
         for j, p in enumerate(group["params"]):
             g = p.grad
@@ -436,20 +450,22 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
                 t = step + 1
             else:                       # no state yet, or a step count that is not an int
                 t = self._check_states(st or {}, p, group, setup, base + j) + 1
-            if last[0] is not setup or last[1] != t or last[2] != device:   # another set
-                last = (setup, t, device)
-                entry = sets.get((id(setup), t, device))
+            first = self._first(st, group, t)
+            if last is None or last[0] is not setup or last[1:] != (t, device, first):
+                last = (setup, t, device, first)                    # another set
+                key = (id(setup), t, device, first)
+                entry = sets.get(key)
                 if entry is None:
-                    entry = sets[id(setup), t, device] = [setup, t, [], [], [], []]
+                    entry = sets[key] = [setup, t, [], [], [], [], first]
             entry[2].append(j)
             entry[3].append(p)
             entry[4].append(g)
             entry[5].append(st)
         planned = []
-        for setup, t, positions, params, grads, states in sets.values():
+        for setup, t, positions, params, grads, states, first in sets.values():
             keys.stream(t, base + positions[-1], 2)             # the keys' range checks
             table = self._cached_table(group, base, setup, positions, params, states)
-            planned.append((setup, t, positions, params, grads, states, table))
+            planned.append((setup, t, positions, params, grads, states, table, first))
         return planned
 
     def _table_names(self, group, setup) -> tuple:
@@ -487,19 +503,19 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
     def _step_set(self, group, base, planned, hyper) -> None:
         """Step a checked set with one multi-tensor kernel call (lpsim.optim.multi)."""
-        setup, t, positions, params, grads, states, table = planned
+        setup, t, positions, params, grads, states, table, first = planned
         if table is None:
             table, states = self._table(group, base, setup, positions, params)
+        hp = hyper.get(t)
+        if hp is None:
+            hp = hyper[t] = self._hyper(group, t)
         for st in states:
             st["step"] = t
         if group.get("maximize"):
             grads = [torch.neg(g) for g in grads]      # torch.optim's maximize; exact
         table.refresh(grads)
-        hp = hyper.get(t)
-        if hp is None:
-            hp = hyper[t] = self._hyper(group, t)
         ints = (self._algo, setup.update, setup.wmode, setup.wk, setup.smode, setup.sk,
-                int(bool(group.get("nesterov", False))), int(t == 1))
+                int(bool(group.get("nesterov", False))), int(first))
         seed = split_key(group["seed"], "seed")
         if params[0].is_cuda:                                 # pragma: no cover (GPU only)
             table.step(hp, ints, seed, t, self._device_counts(params[0]))
@@ -605,6 +621,7 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         logical order and copied back, so each element gets the bits (and random words, keyed
         by its logical index) it would get in a contiguous parameter."""
         p, local, grad, setup, offset, index, t, streams = prepared
+        first = self._first(self.state.get(p), group, t)      # before any state is made
         state = self._init_state(p, local, group, setup)
         state["step"] = t       # every check of the step has passed
         if local.device.type == "meta":
@@ -618,7 +635,6 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
         if hp is None:
             hp = hyper[t] = self._hyper(group, t)
         nesterov = bool(group.get("nesterov", False))
-        first = t == 1
         seed = group["seed"]
         names = self._state_names(group)
         if group["implementation"] == "reference":
@@ -664,27 +680,6 @@ class LowPrecisionOptimizer(torch.optim.Optimizer):
 
 _PTR, _SHAPE = torch.Tensor.data_ptr, operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
-
-
-def _master_weight(weight, position: int, p: torch.Tensor) -> torch.Tensor:
-    """Master weight ``position`` as float32 on ``p``'s device: a real floating tensor of
-    p's shape whose values float32 holds (float64 ones rounded would be lost), else an
-    error naming it."""
-    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
-        kind = type(weight).__name__ if not isinstance(weight, torch.Tensor) else weight.dtype
-        raise TypeError(f"master weight {position} is {kind}; accepted: a floating-point "
-                        "torch tensor (float32)")
-    if weight.shape != p.shape:
-        raise ValueError(f"master weight {position} has shape {tuple(weight.shape)}, its "
-                         f"parameter {tuple(p.shape)}")
-    w32 = weight.detach().to(device=p.device, dtype=torch.float32)
-    if weight.dtype == torch.float64:
-        w = weight.detach().to(p.device)
-        if not ((w32.double() == w) | w.isnan()).all():
-            raise ValueError(f"master weight {position} is float64 with values float32 does "
-                             "not hold (they would be rounded, not kept); accepted: float32 "
-                             "weights")
-    return w32
 
 
 def _signature(tensors) -> tuple:
@@ -733,6 +728,9 @@ class AdamW(LowPrecisionOptimizer):
     def _check_hyper(group) -> None:
         for name in ("lr", "eps", "weight_decay"):
             check_number(name, group[name])
+            check_float32(name, group[name])
+        lr, wd = (group[name] for name in ("lr", "weight_decay"))
+        check_float32("lr*weight_decay", float(lr) * float(wd))
         betas = group["betas"]
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(f"betas={betas!r} must be a pair (beta1, beta2)")
@@ -773,6 +771,7 @@ class SGD(LowPrecisionOptimizer):
     def _check_hyper(group) -> None:
         for name in ("lr", "momentum", "weight_decay"):
             check_number(name, group[name])
+            check_float32(name, group[name])
         momentum, dampening = group["momentum"], group["dampening"]
         check_number("dampening", dampening, 0.0, 1.0)
         if group["nesterov"] and (momentum <= 0 or dampening != 0):
@@ -781,6 +780,13 @@ class SGD(LowPrecisionOptimizer):
 
     def _state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _first(self, state, group, t):
+        """torch.optim.SGD's rule: the buffer is the gradient where there is none yet (a
+        torch state dict has a buffer and no step count)."""
+        if group["momentum"] == 0:
+            return t == 1
+        return not state or "momentum_buffer" not in state
 
     def _hyper(self, group, step):
         f = np.float32

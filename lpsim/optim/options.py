@@ -7,6 +7,7 @@ each check names the value and what is accepted.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -45,13 +46,41 @@ def check_number(name, value, low=0.0, high=None, open_high=False):
                          + (f" {bound}" if high is not None else ""))
 
 
+#: the largest float32, the precision a step's hyperparameters are computed in
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_float32(name, value) -> None:
+    """A ValueError unless a hyperparameter (checked by :func:`check_number`) or a product
+    of them is finite in float32, the step's precision (lr = 1e39 became inf there, and its
+    cast's overflow warning raised mid-step under warnings-as-errors)."""
+    x = float(value.item() if torch.is_tensor(value) else value)
+    with np.errstate(over="ignore"):
+        finite = bool(np.isfinite(np.float32(x)))
+    if not finite:
+        raise ValueError(f"{name}={value!r} overflows float32, the precision of the step; "
+                         f"accepted: {name} <= {FLOAT32_MAX:.8g}")
+
+
+@contextlib.contextmanager
+def naming_group(index: int):
+    """A param group's refused hyperparameter, its error prefixed with the group's index."""
+    try:
+        yield
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"param group {index}: {error}") from None
+
+
 #: torch.optim's flags lpsim takes (at these values; ``maximize`` either way): a config
 #: written for torch.optim keeps them, and its state dict's groups carry them
 TORCH_FLAGS = {"maximize": (False, True), "amsgrad": (False,), "capturable": (False,),
-               "differentiable": (False,), "fused": (None, False, True)}
+               "differentiable": (False,), "fused": (None, False, True),
+               "decoupled_weight_decay": (True,)}
 _WHY = {"amsgrad": "lpsim's AdamW keeps no running maximum of the second moment",
         "capturable": "lpsim's steps keep their step counts on the host (no CUDA graphs)",
-        "differentiable": "lpsim's kernels do not record autograd through the step"}
+        "differentiable": "lpsim's kernels do not record autograd through the step",
+        "decoupled_weight_decay": "lpsim's AdamW decays the weight decoupled (torch.optim."
+                                  "AdamW), not as torch.optim.Adam's L2 term in the gradient"}
 
 
 def check_flags(group: dict) -> None:

@@ -136,9 +136,13 @@ def step(algo: int, param, grad, state: dict, s: Setup, hp, nesterov: bool, firs
         v = _q(v, stream=streams[2], **qs)
         _store(state["exp_avg"], m)
         _store(state["exp_avg_sq"], v)
-        u = _f(lr) * ((m / _f(c1)) / (_sqrt(v / _f(c2)) + _f(eps))) + _f(decay) * w
+        dw = _f(decay) * w
+        if decay < 1:       # an infinite weight keeps torch's w (1 - lr wd): infinite
+            dw = torch.where(torch.isinf(w), torch.zeros_like(dw), dw)
+        u = _f(lr) * ((m / _f(c1)) / (_sqrt(v / _f(c2)) + _f(eps))) + dw
     else:
-        g = g + _f(wd) * w
+        if wd != 0:         # torch.optim.SGD adds no 0 w (an infinite weight stays so)
+            g = g + _f(wd) * w
         d = g
         if mu != 0:
             buf = g if first else _f(mu) * _load(state["momentum_buffer"]) + _f(omd) * g

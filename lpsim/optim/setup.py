@@ -107,5 +107,26 @@ def _resolve(weight_format, state_format, update_rounding, state_rounding, sr_bi
                  (wkind, gkind, STORAGE[sdtype][0]) else NO_PACKING)
 
 
+def master_weight(weight, position: int, p: torch.Tensor) -> torch.Tensor:
+    """Master weight ``position`` as float32 on ``p``'s device: a real floating tensor of
+    p's shape whose values float32 holds (float64 ones rounded would be lost), else an
+    error naming it."""
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+        kind = type(weight).__name__ if not isinstance(weight, torch.Tensor) else weight.dtype
+        raise TypeError(f"master weight {position} is {kind}; accepted: a floating-point "
+                        "torch tensor (float32)")
+    if weight.shape != p.shape:
+        raise ValueError(f"master weight {position} has shape {tuple(weight.shape)}, its "
+                         f"parameter {tuple(p.shape)}")
+    w32 = weight.detach().to(device=p.device, dtype=torch.float32)
+    if weight.dtype == torch.float64:
+        w = weight.detach().to(p.device)
+        if not ((w32.double() == w) | w.isnan()).all():
+            raise ValueError(f"master weight {position} is float64 with values float32 does "
+                             "not hold (they would be rounded, not kept); accepted: float32 "
+                             "weights")
+    return w32
+
+
 _resolve_cached = functools.lru_cache(maxsize=256)(_resolve)
 

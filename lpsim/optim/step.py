@@ -198,14 +198,26 @@ def divide_by(a, c, y, zeros=True):
     return q1, ok
 
 
+@register_jitable
+def decoupled_decay(d, w):
+    """(lr wd) w, the decay term of AdamW's u; 0 for an infinite weight while lr wd < 1:
+    torch.optim.AdamW scales the weight by 1 - lr wd (none at wd 0), which keeps it
+    infinite, where 0 inf or inf - inf would make it NaN.  A select, not a branch."""
+    return np.float32(0) if (abs(w) == np.inf) & (d < 1) else fmul(d, w)
+
+
 @register_jitable(error_model="numpy")
-def adamw_scaled(mh, vh, w, hp):
+def adamw_scaled(mh, vh, w, hp, general=True):
     """u = lr mh / (sqrt(vh) + eps) + (lr wd) w from the bias-corrected moments.
 
     IEEE division (x / 0 is inf or nan, as in torch, not an exception) and math.sqrt (on
-    float32, correctly rounded like np.sqrt, and a loop over it vectorises).
+    float32, correctly rounded like np.sqrt, and a loop over it vectorises).  ``general``
+    False (a constant; the straight path): the plain product (lr wd) w, whose infinite
+    weight makes w - u NaN, which the straight path declines, so :func:`decoupled_decay`
+    decides on the general path.
     """
-    return fmul(hp[0], mh / (np.float32(math.sqrt(vh)) + hp[8])) + fmul(hp[1], w)
+    decay = decoupled_decay(hp[1], w) if general else fmul(hp[1], w)
+    return fmul(hp[0], mh / (np.float32(math.sqrt(vh)) + hp[8])) + decay
 
 
 @register_jitable(error_model="numpy")
@@ -235,14 +247,15 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
     if fast:        # moments rounded (smode >= 0): round_fast has declined a zero one
         mh, ok1 = divide_by(m, hp[6], hp[12], smode < 0)
         vh, ok2 = divide_by(v, hp[7], hp[13], smode < 0)
-        return adamw_scaled(mh, vh, w, hp), m, v, okm & okv & np.int64(ok1 & ok2)
+        return adamw_scaled(mh, vh, w, hp, False), m, v, okm & okv & np.int64(ok1 & ok2)
     return adamw_update(m, v, w, hp), m, v, okm & okv
 
 
 @register_jitable
 def sgd_gradient(g, w, hp):
-    """g + wd w (coupled weight decay)."""
-    return g + fmul(hp[9], w)
+    """g + wd w (coupled weight decay); g itself at wd 0, as torch.optim.SGD (0 inf would
+    make an infinite weight NaN).  wd is the same for every element: a uniform select."""
+    return g + fmul(hp[9], w) if hp[9] != 0 else g
 
 
 @register_jitable
