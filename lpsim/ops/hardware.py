@@ -131,7 +131,9 @@ HARDWARE_MODELS: dict[str, TensorCoreModel] = {
     "nvfp4-fp32": TensorCoreModel(
         "nvfp4", 16, 25, None,
         description="NVFP4 inputs (E2M1, E4M3 scale per 16, FP32 tensor scale), chunks of "
-                    "16 aligned to 25 bits"),
+                    "16 aligned to 25 bits; the inputs are the block values rounded to float32 "
+                    "(e2m1 x scale x tensor scale needs up to 30 bits), as lpsim.quantize "
+                    "gives them"),
 }
 
 
