@@ -190,3 +190,22 @@ def test_a_simulation_state_of_another_model_is_refused_and_changes_nothing():
     for name, entry in before["layers"].items():
         assert after["layers"][name]["steps"] == entry["steps"]
         assert after["layers"][name]["generator"] == entry["generator"]
+
+
+def test_a_simulation_state_with_values_a_layer_cannot_take_is_refused_by_name():
+    from lpsim.torch import load_simulation_state, simulation_state
+    model = simulate(mlp(), "fp8_delayed")
+    model(torch.randn(32, 32)).sum().backward()
+    good = simulation_state(model)
+    changes = [("steps", 2 ** 70), ("generator", 5)]
+    for field, value in changes:
+        bad = copy.deepcopy(good)
+        bad["layers"]["2"][field] = value
+        with pytest.raises(ValueError, match="layer '2' is not accepted"):
+            load_simulation_state(model, bad)
+    bad = copy.deepcopy(good)
+    bad["layers"]["2"]["sites"]["fprop.x"]["history"] = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="1-D float32 amax history"):
+        load_simulation_state(model, bad)
+    assert [e["steps"] for e in simulation_state(model)["layers"].values()] == \
+        [e["steps"] for e in good["layers"].values()]

@@ -21,6 +21,8 @@ from .simulate import SimulatedLinear, SimulatedMultiheadAttention
 
 #: the version of the dictionary :func:`simulation_state` makes
 FORMAT = "lpsim.torch.simulation_state/1"
+#: steps a layer may have taken (as the generator's counters, far past any training run)
+MAX_STEPS = 1 << 62
 
 
 def _layers(model: nn.Module) -> dict[str, LinearGemms]:
@@ -70,18 +72,19 @@ def load_simulation_state(model: nn.Module, state: dict) -> None:
             got = entry.get("recipe") if isinstance(entry, dict) else entry
             raise ValueError(f"state of layer {name!r} is of recipe {got!r}; the layer runs "
                              f"{layer.recipe.name!r}")
-        steps, sites = entry.get("steps"), entry.get("sites")
-        if type(steps) is not int or steps < 0 or not isinstance(sites, dict) \
-                or set(sites) != {f"{g}.{r}" for g, r in layer.sites}:
-            raise ValueError(f"state of layer {name!r} is not accepted: its steps or operands "
-                             "are not simulation_state's")
+        steps, sites, generator = entry.get("steps"), entry.get("sites"), entry.get("generator")
+        if type(steps) is not int or not 0 <= steps < MAX_STEPS or not isinstance(sites, dict) \
+                or set(sites) != {f"{g}.{r}" for g, r in layer.sites} \
+                or not isinstance(generator, (tuple, list)):
+            raise ValueError(f"state of layer {name!r} is not accepted: its steps (0 <= steps < "
+                             "2**62), operands or generator state are not simulation_state's")
         for key, site in sites.items():
             history, seen = site.get("history"), site.get("seen")
-            if (history is not None and not isinstance(history, torch.Tensor)) \
-                    or type(seen) is not int or seen < 0:
-                raise ValueError(f"state of layer {name!r}, operand {key!r}: accepted: a "
-                                 "history tensor or None and a count >= 0")
-        Generator(0).set_state(tuple(entry.get("generator", ())))   # checked, not set
+            if not (history is None or isinstance(history, torch.Tensor) and history.ndim == 1
+                    and history.dtype == torch.float32) or type(seen) is not int or seen < 0:
+                raise ValueError(f"state of layer {name!r}, operand {key!r}: accepted: a 1-D "
+                                 "float32 amax history or None, and a count >= 0")
+        Generator(0).set_state(tuple(generator))            # checked, not set
         plans.append((layer, entry))
     for layer, entry in plans:
         layer.steps = entry["steps"]
