@@ -106,6 +106,13 @@ def as_uniform(u, name: str = "uniform") -> Fraction:
     return value
 
 
+def torch_values(t) -> np.ndarray:
+    """A torch tensor's values as a numpy array on the host: bfloat16 and float16 widened
+    to float32 (exact; numpy has no bfloat16), other dtypes as they are."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype.is_floating_point and t.element_size() < 4 else t).numpy()
+
+
 def exact_input(x) -> tuple[np.ndarray, dict]:
     """``x`` as lpsim.quantize reads it: (its container array, {flat index: exact value} for
     the elements that array does not hold exactly).
@@ -126,10 +133,7 @@ def exact_input(x) -> tuple[np.ndarray, dict]:
             return np.array(wide), {}
         return np.array(0.0), {0: Fraction(*x.as_integer_ratio())}
     if is_torch(x):
-        tensor = x.detach().cpu()
-        if tensor.dtype.is_floating_point and tensor.element_size() < 4:
-            tensor = tensor.float()             # bfloat16, float16: exact in float32
-        x = tensor.numpy()
+        x = torch_values(x)
     if isinstance(x, (list, tuple)):
         try:
             objects = np.array(x, dtype=object)

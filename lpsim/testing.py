@@ -304,11 +304,7 @@ def _show(value) -> str:
 def _result_array(actual) -> np.ndarray:
     """``actual`` as a float32/float64 array, converted exactly; TypeError for results that
     are not real floating-point numbers or integers (complex, strings, objects)."""
-    if is_torch(actual):
-        actual = actual.detach().cpu()
-        actual = (actual.float() if actual.dtype.is_floating_point
-                  and actual.element_size() < 4 else actual).numpy()
-    array = np.asarray(actual)
+    array = reference.torch_values(actual) if is_torch(actual) else np.asarray(actual)
     kind = array.dtype.kind
     if kind not in "fiu" and not (kind == "V" and array.dtype.itemsize <= 4
                                   and np.can_cast(array.dtype, np.float32)):
