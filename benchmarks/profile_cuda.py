@@ -151,12 +151,10 @@ def main():
         print(f"numba copy grid {grid:6d}x256          {gb / t * 1e3:8.1f} GB/s")
     for mode in ("nearest", "stochastic"):
         for limit in (None, sms * 16, sms * 32, sms * 64):
-            launch.GRID_LIMIT = limit
-            q._cached_launcher.cache_clear()
+            launch.GRID_LIMIT = limit          # read at each launch (launch.grid_size)
             t = 1e3 * cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y))
             print(f"lpsim_cuda {mode:10s} grid cap {str(limit):6s}   {gb / t * 1e3:8.1f} GB/s")
         launch.GRID_LIMIT = None
-        q._cached_launcher.cache_clear()
         t = 1e3 * cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y,
                                                    stats=stats))
         print(f"lpsim_cuda {mode:10s} counting          {gb / t * 1e3:8.1f} GB/s")

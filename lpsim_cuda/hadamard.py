@@ -109,6 +109,11 @@ class Route(specialised.Route):
         return specialised._same(mine, specialised._numba_arguments(self.compiled,
                                                                     (xa, ca, oa), stream))
 
+    def __call__(self, x_ptr, tokens, features, c_ptr, n, out_ptr, blocks, stream):
+        """Launch on ``blocks`` blocks (the base class's call takes another kernel's
+        arguments)."""
+        self.launch(stream, blocks, self.arguments(x_ptr, tokens, features, c_ptr, n, out_ptr))
+
 
 #: (run length, device) -> Route, or None where numba's flat arguments differed
 _ROUTES: dict = {}

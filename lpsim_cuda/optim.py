@@ -499,6 +499,11 @@ class Table:
         return self._held
 
 
+#: the set kernel's arguments after its placeholders: hp, keys, round keys, counts, tiles
+#: and passes (the placeholders' number follows the set's storage kinds)
+_AFTER_PROTOS = 6
+
+
 class TableRoute(specialised.Route):
     """A set kernel's launch without numba's dispatcher, whose typing and flattening of 90
     flat arguments ran each step (its flattening of the hyperparameters, keys and round
@@ -514,8 +519,9 @@ class TableRoute(specialised.Route):
         self.fix(args)
 
     def fix(self, args) -> None:
-        """The flat arguments of ``args`` (a launch's) that stay from step to step."""
-        table, protos, counts = args[0], args[1:6], args[9]
+        """The flat arguments of ``args`` (a launch's: the table, the placeholders, then
+        :data:`_AFTER_PROTOS`) that stay from step to step."""
+        table, protos, counts = args[0], args[1:-_AFTER_PROTOS], args[-3]
         array = specialised._array_arguments
         rows, columns = table.shape
         # the table's flat arguments around its address: meminfo, parent, size, itemsize |
@@ -525,7 +531,7 @@ class TableRoute(specialised.Route):
         self.protos = [v for a in protos for v in array(launch.address(a), a.size,
                                                        a.dtype.itemsize)]
         self.tail = (array(launch.address(counts), counts.size, 8)
-                     + specialised._scalars(*args[10:]))
+                     + specialised._scalars(*args[-2:]))
         self._ks = self._ks_flat = None
 
     def arguments(self, table_ptr: int, hp, keys, ks) -> list:
@@ -545,7 +551,7 @@ class TableRoute(specialised.Route):
         numba's or it cannot be built (that table keeps numba's launch)."""
         try:
             route = cls(kern, args)
-            mine = route.arguments(launch.address(args[0]), *args[6:9])
+            mine = route.arguments(launch.address(args[0]), *args[-_AFTER_PROTOS:-3])
             same = specialised._same(mine, specialised._numba_arguments(route.compiled, args,
                                                                        stream))
         except Exception as error:      # noqa: BLE001 (a numba-cuda without these internals)

@@ -54,7 +54,10 @@ def by_hand(t, op, axis, g, amax=None):
         return lpsim.quantize(t, fmt, op.rounding, generator=g)
     amax = float(t.abs().max()) if amax is None else amax
     s = np.float32(np.float32(fmt.max_finite) / np.float32(amax)) if amax else 1.0
-    return lpsim.quantize(t * float(s), fmt, op.rounding, generator=g) / float(s)
+    # divided by s on t's device: torch divides a GPU tensor by a host number as a product
+    # with its reciprocal, which rounds twice
+    s = torch.tensor(float(s), device=t.device)
+    return lpsim.quantize(t * s, fmt, op.rounding, generator=g) / s
 
 
 def hand_rht(t, step, n, layer=0):

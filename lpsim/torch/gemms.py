@@ -206,6 +206,10 @@ def _quantized(t, op, axis, generator, stats, amax, keep):
     # the elements are q before the division; an instruction multiplies D by 1/s (float32)
     kept = keep and Parts(_float64(q), None, (1, 1),
                           float(np.float32(1.0) / np.float32(s))) or None
+    if not isinstance(s, torch.Tensor) and q.device.type != "cpu":
+        # torch divides a GPU tensor by a host number as a product with its reciprocal (a
+        # rounding more: other bits than the CPU's division); by a device scalar it divides
+        s = torch.full((), s, dtype=torch.float32, device=q.device)
     return q.div_(s), kept
 
 
