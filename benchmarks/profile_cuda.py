@@ -150,7 +150,8 @@ def main():
         t = 1e3 * cuda_time(lambda: _copy[grid, 256](cx, cy))
         print(f"numba copy grid {grid:6d}x256          {gb / t * 1e3:8.1f} GB/s")
     for mode in ("nearest", "stochastic"):
-        for limit in (None, sms * 16, sms * 32, sms * 64):
+        # None: the kernels' own grid (lpsim_cuda.specialised.STREAM_BLOCKS_PER_SM an SM)
+        for limit in (None, sms * 8, sms * 16, sms * 128):
             launch.GRID_LIMIT = limit          # read at each launch (launch.grid_size)
             t = 1e3 * cuda_time(lambda: lpsim_cuda.quantize(x, "bf16", mode, seed=1, out=y))
             print(f"lpsim_cuda {mode:10s} grid cap {str(limit):6s}   {gb / t * 1e3:8.1f} GB/s")

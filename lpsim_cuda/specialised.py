@@ -249,9 +249,18 @@ def eligible(n: int, x_ptr: int, out_ptr: int, mode: int, offset: int,
     return mode < STOCHASTIC or offset % GROUP == 0
 
 
+#: blocks an SM the rounding kernels' grid may take: several waves of blocks, not one.
+#: These kernels stream (one 16-byte load and store a group) with 25-35 registers, and a
+#: wider grid moved more bytes: 2**26 float32 to bf16 on an H200, 3185 GB/s at 8 blocks an
+#: SM against 3529 at 64 (stochastic 3158 against 3468); on an H100 2517 against 2609
+#: (benchmarks/results/profile-gpu.txt, its grid-cap rows; copy 4008 and 2881 GB/s)
+STREAM_BLOCKS_PER_SM = 64
+
+
 def grid(n: int, device: int) -> int:
-    """Blocks for n elements: one group of four per thread, at most the resident grid."""
-    return launch.grid_size(-(-n // GROUP), device)
+    """Blocks for n elements: one group of four per thread, at most
+    :data:`STREAM_BLOCKS_PER_SM` blocks an SM (the loop strides over the rest)."""
+    return launch.grid_size(-(-n // GROUP), device, STREAM_BLOCKS_PER_SM)
 
 
 def launch_arrays(kern, grid_blocks: int, stream, xb, outb, n, seed_lo, seed_hi, key_stream,
