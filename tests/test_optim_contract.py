@@ -4,6 +4,7 @@ parameters, and a refused step that changes nothing, on every route."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import Parameter
@@ -502,6 +503,25 @@ def test_a_hyperparameter_float32_cannot_hold_is_refused_before_any_group_steps(
     with pytest.raises(ValueError, match=match.replace("param group 1", "param group 2")):
         opt.add_param_group({"params": [Parameter(torch.zeros(2))], **bad})
     assert len(opt.param_groups) == 2
+
+
+def test_the_float32_check_refuses_exactly_the_numbers_float32_rounds_to_inf():
+    """check_float32 compares with 2**128 less half an ulp of float32's largest: at and
+    around that tie, at float32's largest, at inf and NaN it refuses exactly what a float32
+    cast makes infinite (or NaN)."""
+    from lpsim.optim.options import FLOAT32_OVERFLOW, check_float32
+    top = float(np.finfo(np.float32).max)
+    edges = [top, FLOAT32_OVERFLOW, np.nextafter(FLOAT32_OVERFLOW, 0.0),
+             np.nextafter(FLOAT32_OVERFLOW, np.inf), 2.0 ** 128, 1e38, 1e39, float("inf"),
+             float("nan"), 0.0, 5e-324]
+    for x in edges + [-x for x in edges]:
+        with np.errstate(over="ignore"):
+            finite = bool(np.isfinite(np.float32(x)))
+        if finite:
+            check_float32("lr", x)
+        else:
+            with pytest.raises(ValueError, match="overflows float32"):
+                check_float32("lr", x)
 
 
 @pytest.mark.parametrize("cls, bad, error, match", [
