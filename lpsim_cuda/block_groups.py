@@ -55,13 +55,15 @@ def launch_flat(bfmt, request, pts: float, xb, outf, n: int, ts=None, half: int 
 
 # --- the cached route of torch tensors (lpsim_cuda.specialised's, for these kernels) ---------
 
-def _signature(tail: bool = False):
-    """numba's argument types of the float32 block kernels: the bits, the result, n, the
-    per-tensor scale and its reciprocal, the keys, and (``tail``: a kernel that reads a
-    scale on the device or counts) the device scale and the counters.  21 flat launch
-    arguments, 35 with the tail: each costs host time, about 0.45 µs on an H200."""
+def _signature(tail: bool = False, in_bytes: int = 4):
+    """numba's argument types of the block kernels: the bits (float32's, or ``in_bytes`` 2:
+    16-bit codes), the result, n, the per-tensor scale and its reciprocal, the keys, and
+    (``tail``: a kernel that reads a scale on the device or counts) the device scale and the
+    counters.  21 flat launch arguments, 35 with the tail: each costs host time, about
+    0.45 µs on an H200."""
     from numba.core import types
-    head = (types.int32[::1], types.float32[::1], types.int64, types.float64, types.float64,
+    bits = types.int32 if in_bytes == 4 else types.int16
+    head = (bits[::1], types.float32[::1], types.int64, types.float64, types.float64,
             types.int64, types.int64, types.int64, types.int64)
     return head + (types.float64[::1], types.int64[::1]) if tail else head
 
@@ -73,8 +75,8 @@ class BlockRoute(specialised.Route):
     the tail (``ts``: a device scale, counters) takes each counted call's counters array
     (``counts``: the stats object's accumulator on the device) in the stand-in's place."""
 
-    def __init__(self, kern, mode: int, bp, bfmt, ts=None):
-        super().__init__(kern, mode, 4, _signature(ts is not None))
+    def __init__(self, kern, mode: int, bp, bfmt, ts=None, in_bytes: int = 4):
+        super().__init__(kern, mode, 4, _signature(ts is not None, in_bytes), in_bytes)
         self.scale, self.bfmt = (bp.pts, bp.pts_inv), bfmt
         # the tensor scale a device_pts kernel reads (ScaledBlockRoute's) and the counters it
         # takes too (a stand-in, unwritten, where the call is uncounted); a plain kernel
@@ -92,7 +94,7 @@ class BlockRoute(specialised.Route):
         array = specialised._array_arguments
         tail = self.tail_flat if counts is None else \
             self.tail_flat[:7] + array(launch.address(counts), counts.size, 8)
-        return (array(x_ptr, n) + array(out_ptr, n) + specialised._scalars(n)
+        return (array(x_ptr, n, self.in_bytes) + array(out_ptr, n) + specialised._scalars(n)
                 + self.scale_flat + specialised._scalars(*keys) + tail)
 
     def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
@@ -123,7 +125,7 @@ class ScaledBlockRoute:
     def __init__(self, kern, mode: int, bp, bfmt):
         import numba
         from numba.core import types
-        self.bfmt, self.mode = bfmt, mode
+        self.bfmt, self.mode, self.in_bytes = bfmt, mode, 4       # float32 data only
         self.amax_array, self.ts = tensor_amax.scratch()
         self.block = BlockRoute(kern, mode, bp, bfmt, self.ts)
         self.amax = specialised.Route(tensor_amax.amax32_kernel, mode, 4,
@@ -176,8 +178,8 @@ class CountedBlockRoute(BlockRoute):
     its clip bounds the format's.  A counted call took numba's launch and a plan every
     time (telemetry counts every quantization of a simulated training step)."""
 
-    def __init__(self, kern, mode: int, bp, bfmt):
-        super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64))
+    def __init__(self, kern, mode: int, bp, bfmt, in_bytes: int = 4):
+        super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64), in_bytes)
         self.bounds = _bounds(bfmt, 1.0)
 
 
@@ -187,35 +189,42 @@ _COUNTED: dict = {}
 
 
 def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, keys,
-              route_class=BlockRoute, counts=None) -> None:
+              route_class=BlockRoute, counts=None, half: int = 0) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
-    scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), build
-    and check its request's route, keyed on the format as the caller gave it."""
+    scale: BlockRoute, of float32 or, ``half``, of 16-bit codes; NVFP4 whose scale was found
+    on the device: ScaledBlockRoute), build and check its request's route, keyed on the
+    format as the caller gave it and the tensor's kind."""
     def build():
-        route = route_class(kern, mode, bp, parse_block_format(given))
+        bfmt = parse_block_format(given)
+        route = route_class(kern, mode, bp, bfmt, 2) if half else \
+            route_class(kern, mode, bp, bfmt)
         return route, route.check(xb, outf, n, keys, 0, counts)
     specialised.keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
-                           (given, rounding, sr_bits, type(sr_bits), device), build)
+                           (given, rounding, sr_bits, type(sr_bits), device, half), build)
 
 
 def route_of(x, bfmt, rounding, sr_bits, counted: bool = False):
-    """The cached route of a float32 torch tensor's request (its block format as given,
-    rounding, sr_bits, device; ``counted``: a counted call's), or None: a dictionary
-    lookup, nothing checked or launched."""
+    """The cached route of a float32, bfloat16 or float16 torch tensor's request (its block
+    format as given, rounding, sr_bits, device and kind; ``counted``: a counted call's), or
+    None: a dictionary lookup, nothing checked or launched."""
     import torch
     routes = _COUNTED if counted else _ROUTES
-    if not routes or x.dtype is not torch.float32:
+    if not routes:
+        return None
+    half = 0 if x.dtype is torch.float32 else arrays.half_kind(x.dtype)
+    if not half and x.dtype is not torch.float32:
         return None
     try:
-        return routes.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index))
+        return routes.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index, half))
     except TypeError:                   # an unhashable format or sr_bits: the general path
         return None
 
 
 def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None,
                route=None):
-    """A float32 torch CUDA call through its cached route: the result, or None where the
-    call needs the general path (no route yet, or anything a route does not cover).
+    """A float32 (bfloat16, float16) torch CUDA call through its cached route: the result
+    (float32), or None where the call needs the general path (no route yet, or anything a
+    route does not cover).
     ``stats`` (checked by the caller): a counted call's route, which adds the call's
     counters to the stats object's accumulator on the device.  ``route``: the request's,
     where the caller looked it up (:func:`route_of`)."""
@@ -233,13 +242,14 @@ def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stat
             or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
         return None
     if out is None:
-        out = torch.empty_like(x)
+        out = torch.empty_like(x, dtype=torch.float32)
     elif (type(out) is not torch.Tensor or out.dtype is not torch.float32
           or out.device != x.device or out.shape != x.shape or not out.is_contiguous()):
         return None
     length = x.shape[-1] if x.ndim else 1
     x_ptr, out_ptr = x.data_ptr(), out.data_ptr()
-    if not eligible(route.bfmt, length, n, x_ptr, out_ptr, route.mode, offset):
+    if not eligible(route.bfmt, length, n, x_ptr, out_ptr, route.mode, offset,
+                    route.in_bytes):
         return None
     seed_lo, seed_hi, key_stream = keys(seed, stream, route.mode)
     route_keys = (seed_lo, seed_hi, key_stream, offset // 4)
@@ -317,6 +327,13 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
                         if bfmt.tensor_scale else 1.0, xb, outf, n, half=half,
                         counts=counts)
+            if launch.is_torch(x) and not bfmt.tensor_scale:
+                _remember(given, rounding, sr_bits, x.device.index,
+                          kernel(bfmt, request.mode, request.k, request.params.W, False, half,
+                                 counts is not None), request.mode, block_params(bfmt, 1.0),
+                          xb, outf, n, (request.seed_lo, request.seed_hi, request.stream,
+                                        request.offset // 4),
+                          BlockRoute if counts is None else CountedBlockRoute, counts, half)
             return _counted(result, stats, n, bfmt)
         pts = 1.0
         route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)

@@ -418,11 +418,14 @@ def test_16_bit_sources_need_8_byte_alignment():
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
-def test_torch_16_bit_tensors_equal_the_cpu(launches):
+def test_torch_16_bit_tensors_equal_the_cpu(launches, monkeypatch):
     """bfloat16 and float16 tensors through lpsim.quantize: MX formats and NVFP4 read the
     codes (one launch each; NVFP4's scale, given or found from the codes on the device);
-    every result is the CPU's float32 bits."""
+    every result is the CPU's float32 bits.  An MX request's later calls, counted or not,
+    take its route (a raw launch of the codes' kernel), per dtype."""
     import torch
+    monkeypatch.setattr(block_groups, "_ROUTES", {})
+    monkeypatch.setattr(block_groups, "_COUNTED", {})
     for dtype in (torch.bfloat16, torch.float16):
         t = torch.from_numpy(data((16, 256), seed=9)).to(dtype).cuda()
         x = t.float().cpu().numpy()
@@ -439,8 +442,27 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches):
         lpsim.quantize(t, "mxfp8_e4m3", stats=stats)
         lpsim.quantize(x, "mxfp8_e4m3", stats=want)
         assert stats == want
-    # per dtype: the two MX calls, NVFP4 with its scale found and with it given
-    assert len(launches) == 8
+    # per dtype: the two MX calls, NVFP4 with its scale found and with it given, the counted
+    # MX call
+    assert len(launches) == 10
+    for dtype in (torch.bfloat16, torch.float16):
+        t = torch.from_numpy(data((16, 256), seed=10)).to(dtype).cuda()
+        x = t.float().cpu().numpy()
+        for fmt, kw in (("mxfp8_e4m3", {}), ("mxfp4", {"seed": 2})):
+            rounding = "stochastic" if "seed" in kw else "nearest"
+            got = lpsim.quantize(t, fmt, rounding, **kw)
+            expected = lpsim.quantize(x, fmt, rounding, **kw)
+            assert np.array_equal(got.cpu().numpy().view(np.int32), expected.view(np.int32))
+        stats, want = lpsim.RoundingStats(), lpsim.RoundingStats()
+        got = lpsim.quantize(t, "mxfp8_e4m3", stats=stats)
+        expected = lpsim.quantize(x, "mxfp8_e4m3", stats=want)
+        assert np.array_equal(got.cpu().numpy().view(np.int32), expected.view(np.int32))
+        assert stats == want
+    assert len(launches) == 10, block_groups.ROUTE_ERRORS
+    halves = [r for routes in (block_groups._ROUTES, block_groups._COUNTED)
+              for key, r in routes.items() if key[-1]]
+    assert len(halves) == 6 and all(r is not None and r.in_bytes == 2 for r in halves), \
+        block_groups.ROUTE_ERRORS
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
@@ -626,7 +648,7 @@ xb, outf = Device(1024, np.int32, 0x7F0000001000), Device(1024, np.float32, 0x7F
 ts, counts = Device(2, np.float64, 0x7F0000003000), Device(11, np.int64, 0x7F0000004000)
 route = block_groups.CountedBlockRoute.__new__(block_groups.CountedBlockRoute)
 stand_in = Device(9, np.int64, 0x7F0000008000)
-route.scale, route.tail = (0.5, 2.0), (ts, stand_in)
+route.scale, route.tail, route.in_bytes = (0.5, 2.0), (ts, stand_in), 4
 route.fix()
 keys = (11, 22, 33, 44)
 args = (xb, outf, 1024, *route.scale, *keys, ts, counts)
@@ -637,6 +659,12 @@ uncounted = flatten(block_groups._signature(True), args[:-1] + (stand_in,))
 print("uncounted", specialised._same(route.arguments(xb.ptr, outf.ptr, 1024, keys), uncounted))
 print("same", specialised._same(mine, theirs), len(mine),
       "moved", other[-3] == 0x7F0000005000 and specialised._same(other[:-3], mine[:-3]))
+# the route of a bfloat16 or float16 tensor's codes (2 bytes a value in)
+route.in_bytes = 2
+codes = Device(1024, np.int16, 0x7F0000009000)
+args = (codes, outf, 1024, *route.scale, *keys, ts, counts)
+print("codes", specialised._same(route.arguments(codes.ptr, outf.ptr, 1024, keys, counts),
+                                 flatten(block_groups._signature(True, 2), args)))
 # an element format's counted route (specialised.CountedRoute): codes of 2 bytes in, float32
 # bits out, the stats object's accumulator (seven slots)
 route = specialised.CountedRoute.__new__(specialised.CountedRoute)
@@ -658,4 +686,4 @@ def test_the_counted_routes_flatten_as_numba_does():
     the same once against the real launch."""
     out = without_simulator(COUNTED_CHECK)
     assert out.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
-                           "element", "True", "26"], out
+                           "codes", "True", "element", "True", "26"], out

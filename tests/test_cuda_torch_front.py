@@ -90,7 +90,8 @@ def routes(monkeypatch):
         (f, r, b, type(b), None, None, 0): made.setdefault((f, r, b), ElementRoute(f, r, b))
         for f, r, b in elements})
     monkeypatch.setattr(block_groups, "_ROUTES", {
-        (MX, r, None, type(None), None): made.setdefault((MX, r, None), BlockRoute(MX, r, None))
+        (MX, r, None, type(None), None, 0): made.setdefault((MX, r, None),
+                                                             BlockRoute(MX, r, None))
         for r in ("nearest", "stochastic")})
     monkeypatch.setattr(front, "_TORCH_TYPES", front._TORCH_TYPES | {(__name__, "OnDevice")})
     monkeypatch.setattr(front, "_TORCH_FRONT", None)
@@ -227,7 +228,7 @@ def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, mon
     bfmt = as_block_format(fmt)
     route = CountedRoute(bfmt, rounding, None)
     monkeypatch.setattr(block_groups, "_COUNTED",
-                        {(bfmt, rounding, None, type(None), 0): route})
+                        {(bfmt, rounding, None, type(None), 0, 0): route})
     ga, gb = lpsim.Generator(4), lpsim.Generator(4)
     for calls in (1, 3):
         want, got = BlockStats(), BlockStats()
@@ -290,3 +291,40 @@ def test_counted_element_calls_take_their_route_through_the_short_way(routes, mo
     assert cuda_quantize.torch_front(on_device(values()), parsed, rounding, None,
                                      0, sr_bits, None, 0, gb, -1, stats="counts") is None
     assert route.calls == 4 and gb.get_state() == state
+
+
+class CodesBlockRoute(BlockRoute):
+    """block_groups.BlockRoute's call on a bfloat16 tensor's codes (in_bytes 2), by the CPU
+    kernel on their float32 values."""
+
+    in_bytes = 2
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks):
+        codes = np.ctypeslib.as_array((ctypes.c_uint16 * n).from_address(x_ptr))
+        values = (codes.astype(np.uint32) << 16).view(np.float32)
+        self.calls += 1
+        lo, hi, key_stream, block0 = keys
+        lpsim.quantize(values, self.fmt, self.rounding, seed=lo | hi << 32, stream=key_stream,
+                       offset=4 * block0, out=host(out_ptr, n))
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_a_bfloat16_tensors_block_call_takes_its_codes_route(routes, monkeypatch, rounding):
+    """A bfloat16 tensor's MX request has a route of its own (keyed by its kind, 1): the
+    front takes it, and the result is float32, the general path's bits; a float32 tensor's
+    route is not taken for it, nor its route for a float32 tensor."""
+    from lpsim_cuda.arrays import half_kind
+    route = CodesBlockRoute(MX, rounding, None)
+    monkeypatch.setitem(block_groups._ROUTES,
+                        (MX, rounding, None, type(None), None, half_kind(torch.bfloat16)),
+                        route)
+    x = values(seed=3).bfloat16()
+    ga, gb = lpsim.Generator(5), lpsim.Generator(5)
+    for _ in range(2):
+        want = lpsim.quantize(x, MX, rounding, generator=ga)
+        got = lpsim.quantize(on_device(x), MX, rounding, generator=gb)
+        assert got.dtype == torch.float32
+        assert torch.equal(got.as_subclass(torch.Tensor), want)
+    assert route.calls == 2 and routes[MX, rounding, None].calls == 0
+    lpsim.quantize(on_device(x.float()), MX, rounding, generator=gb)
+    assert route.calls == 2 and routes[MX, rounding, None].calls == 1
