@@ -75,7 +75,8 @@ class BlockRoute(specialised.Route):
     the tail (``ts``: a device scale, counters) takes each counted call's counters array
     (``counts``: the stats object's accumulator on the device) in the stand-in's place."""
 
-    def __init__(self, kern, mode: int, bp, bfmt, ts=None, in_bytes: int = 4):
+    def __init__(self, kern, mode: int, bp, bfmt, ts=None, half: int = 0):
+        in_bytes = 2 if half else 4             # float32, or bfloat16 or float16 codes
         super().__init__(kern, mode, 4, _signature(ts is not None, in_bytes), in_bytes)
         self.scale, self.bfmt = (bp.pts, bp.pts_inv), bfmt
         # the tensor scale a device_pts kernel reads (ScaledBlockRoute's) and the counters it
@@ -118,18 +119,21 @@ ROUTE_ERRORS: dict = {}
 
 class ScaledBlockRoute:
     """NVFP4 whose tensor scale is found on the device, as three raw launches enqueued
-    together (:data:`lpsim_cuda.tensor_amax.ENQUEUE`): the amax kernel, the one-thread scale
-    kernel and the block kernel that reads the scale from the device's scratch, each
-    checked once against numba's own flat arguments."""
+    together (:data:`lpsim_cuda.tensor_amax.ENQUEUE`): the amax kernel (of float32 data,
+    or of ``half``'s 16-bit codes), the one-thread scale kernel and the block kernel that
+    reads the scale from the device's scratch, each checked once against numba's own flat
+    arguments."""
 
-    def __init__(self, kern, mode: int, bp, bfmt):
+    def __init__(self, kern, mode: int, bp, bfmt, half: int = 0):
         import numba
         from numba.core import types
-        self.bfmt, self.mode, self.in_bytes = bfmt, mode, 4       # float32 data only
+        self.bfmt, self.mode = bfmt, mode
         self.amax_array, self.ts = tensor_amax.scratch()
-        self.block = BlockRoute(kern, mode, bp, bfmt, self.ts)
-        self.amax = specialised.Route(tensor_amax.amax32_kernel, mode, 4,
-                                      (types.int32[::1], types.int64[::1]))
+        self.block = BlockRoute(kern, mode, bp, bfmt, self.ts, half)
+        self.in_bytes = self.block.in_bytes
+        self.amax = specialised.Route(
+            tensor_amax.amax_codes_kernel(half) if half else tensor_amax.amax32_kernel, mode,
+            4, (types.int16[::1] if half else types.int32[::1], types.int64[::1]))
         # the scale kernel's arguments as device_tensor_scale passes them (the divisor is a
         # float32): the route compiles the specialisation numba's dispatch picks for them
         self.scalars = (bfmt.tensor_scale_divisor, min_tensor_scale(bfmt))
@@ -157,7 +161,8 @@ class ScaledBlockRoute:
                     for route, args in ((self.amax, amax_args), (self.scale, scale_args),
                                         (self.block, block_args)))
         return (typed and self.block.check(xb, outf, n, keys, stream, counts)
-                and specialised._same(array(launch.address(xb), n) + self.amax_flat,
+                and specialised._same(array(launch.address(xb), n, self.in_bytes)
+                                      + self.amax_flat,
                                       specialised._numba_arguments(self.amax.compiled,
                                                                    amax_args, stream))
                 and specialised._same(self.scale_flat, specialised._numba_arguments(
@@ -166,7 +171,8 @@ class ScaledBlockRoute:
     def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
         amax, scale = self.amax, self.scale
         with tensor_amax.ENQUEUE:
-            amax.launch(stream, blocks, specialised._array_arguments(x_ptr, n) + self.amax_flat)
+            amax.launch(stream, blocks, specialised._array_arguments(x_ptr, n, self.in_bytes)
+                        + self.amax_flat)
             scale.launch(stream, 1, self.scale_flat)
             self.block(x_ptr, out_ptr, n, keys, stream, blocks, counts)
 
@@ -178,8 +184,8 @@ class CountedBlockRoute(BlockRoute):
     its clip bounds the format's.  A counted call took numba's launch and a plan every
     time (telemetry counts every quantization of a simulated training step)."""
 
-    def __init__(self, kern, mode: int, bp, bfmt, in_bytes: int = 4):
-        super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64), in_bytes)
+    def __init__(self, kern, mode: int, bp, bfmt, half: int = 0):
+        super().__init__(kern, mode, bp, bfmt, launch.placeholder((2,), np.float64), half)
         self.bounds = _bounds(bfmt, 1.0)
 
 
@@ -191,13 +197,11 @@ _COUNTED: dict = {}
 def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, keys,
               route_class=BlockRoute, counts=None, half: int = 0) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
-    scale: BlockRoute, of float32 or, ``half``, of 16-bit codes; NVFP4 whose scale was found
-    on the device: ScaledBlockRoute), build and check its request's route, keyed on the
-    format as the caller gave it and the tensor's kind."""
+    scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), of
+    float32 data or (``half``) of 16-bit codes, build and check its request's route, keyed
+    on the format as the caller gave it and the tensor's kind."""
     def build():
-        bfmt = parse_block_format(given)
-        route = route_class(kern, mode, bp, bfmt, 2) if half else \
-            route_class(kern, mode, bp, bfmt)
+        route = route_class(kern, mode, bp, parse_block_format(given), half=half)
         return route, route.check(xb, outf, n, keys, 0, counts)
     specialised.keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
                            (given, rounding, sr_bits, type(sr_bits), device, half), build)
@@ -318,10 +322,16 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
             stats, launch.current_device(), 0, lambda: launch.capturing(x), BLOCK_COUNTERS,
             _bounds(bfmt, 1.0 if found or not bfmt.tensor_scale else
                     checked_tensor_scale(tensor_scale, bfmt), found))
+        route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
         if half and found:                  # the scale of the codes' values, on the device
             with ENQUEUE:
                 launch_flat(bfmt, request, 1.0, xb, outf, n,
                             device_tensor_scale(xb, bfmt, half), half=half, counts=counts)
+            if launch.is_torch(x):
+                _remember(given, rounding, sr_bits, x.device.index,
+                          kernel(bfmt, request.mode, request.k, request.params.W, True, half,
+                                 counts is not None), request.mode, block_params(bfmt, 1.0),
+                          xb, outf, n, route_keys, ScaledBlockRoute, counts, half)
             return _counted(result, stats, n, bfmt)
         if half:
             launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
@@ -331,12 +341,10 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                 _remember(given, rounding, sr_bits, x.device.index,
                           kernel(bfmt, request.mode, request.k, request.params.W, False, half,
                                  counts is not None), request.mode, block_params(bfmt, 1.0),
-                          xb, outf, n, (request.seed_lo, request.seed_hi, request.stream,
-                                        request.offset // 4),
+                          xb, outf, n, route_keys,
                           BlockRoute if counts is None else CountedBlockRoute, counts, half)
             return _counted(result, stats, n, bfmt)
         pts = 1.0
-        route_keys = (request.seed_lo, request.seed_hi, request.stream, request.offset // 4)
         xb = xf.view(np.int32)
         if found:
             with ENQUEUE:                                  # nothing comes back to the host

@@ -421,8 +421,9 @@ def test_16_bit_sources_need_8_byte_alignment():
 def test_torch_16_bit_tensors_equal_the_cpu(launches, monkeypatch):
     """bfloat16 and float16 tensors through lpsim.quantize: MX formats and NVFP4 read the
     codes (one launch each; NVFP4's scale, given or found from the codes on the device);
-    every result is the CPU's float32 bits.  An MX request's later calls, counted or not,
-    take its route (a raw launch of the codes' kernel), per dtype."""
+    every result is the CPU's float32 bits.  A request's later calls (MX counted or not,
+    NVFP4 finding its scale) take its route (raw launches of the codes' kernels), per
+    dtype."""
     import torch
     monkeypatch.setattr(block_groups, "_ROUTES", {})
     monkeypatch.setattr(block_groups, "_COUNTED", {})
@@ -448,7 +449,7 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches, monkeypatch):
     for dtype in (torch.bfloat16, torch.float16):
         t = torch.from_numpy(data((16, 256), seed=10)).to(dtype).cuda()
         x = t.float().cpu().numpy()
-        for fmt, kw in (("mxfp8_e4m3", {}), ("mxfp4", {"seed": 2})):
+        for fmt, kw in (("mxfp8_e4m3", {}), ("mxfp4", {"seed": 2}), ("nvfp4", {})):
             rounding = "stochastic" if "seed" in kw else "nearest"
             got = lpsim.quantize(t, fmt, rounding, **kw)
             expected = lpsim.quantize(x, fmt, rounding, **kw)
@@ -461,7 +462,7 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches, monkeypatch):
     assert len(launches) == 10, block_groups.ROUTE_ERRORS
     halves = [r for routes in (block_groups._ROUTES, block_groups._COUNTED)
               for key, r in routes.items() if key[-1]]
-    assert len(halves) == 6 and all(r is not None and r.in_bytes == 2 for r in halves), \
+    assert len(halves) == 8 and all(r is not None and r.in_bytes == 2 for r in halves), \
         block_groups.ROUTE_ERRORS
 
 
@@ -597,11 +598,13 @@ def test_torch_block_calls_follow_the_torch_rules_on_a_gpu():
     assert np.array_equal(out.cpu().numpy().view(np.int32), want.view(np.int32))
 
 
-def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
+@pytest.mark.parametrize("half", [0, 1, 2])
+def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch, half):
     """The raw route of NVFP4 with a found tensor scale compiles each of its three kernels
     for the argument types the numba path launches them with (the scale kernel's divisor is
-    a float32), so it runs the same specialisation; no GPU needed: the compiles are stood in
-    for, the types recorded."""
+    a float32; ``half``: the amax and block kernels of bfloat16 or float16 codes), so it
+    runs the same specialisation; no GPU needed: the compiles are stood in for, the types
+    recorded."""
     import numba
 
     from lpsim.blocks import block_params, parse_block_format
@@ -613,8 +616,9 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
         def __init__(self, kern, mode, out_bytes, signature=None, in_bytes=4):
             compiled[kern] = tuple(signature)
     class BlockRecorder:                   # BlockRoute compiles block_groups._signature
-        def __init__(self, kern, mode, bp, bfmt, ts=None):
-            compiled[kern] = tuple(block_groups._signature(ts is not None))
+        def __init__(self, kern, mode, bp, bfmt, ts=None, half=0):
+            self.in_bytes = 2 if half else 4
+            compiled[kern] = tuple(block_groups._signature(ts is not None, self.in_bytes))
     monkeypatch.setattr(specialised, "Route", Recorder)
     monkeypatch.setattr(block_groups, "BlockRoute", BlockRecorder)
     amax, ts = np.zeros(1, np.int64), np.zeros(2, np.float64)
@@ -622,14 +626,14 @@ def test_nvfp4_route_compiles_the_kernels_numbas_dispatch_picks(monkeypatch):
     bfmt = parse_block_format("nvfp4")
     bp = block_params(bfmt, 1.0)
     kern = object()
-    block_groups.ScaledBlockRoute(kern, 0, bp, bfmt)
-    xb = np.zeros(16, np.int32)
+    block_groups.ScaledBlockRoute(kern, 0, bp, bfmt, half=half)
+    xb = np.zeros(16, np.int16 if half else np.int32)
     # what device_tensor_scale and launch_flat pass
     launched = {
-        tensor_amax.amax32_kernel: (xb, amax),
+        tensor_amax.amax_codes_kernel(half) if half else tensor_amax.amax32_kernel: (xb, amax),
         tensor_amax.tensor_scale_kernel: (amax, bfmt.tensor_scale_divisor,
                                           min_tensor_scale(bfmt), ts),
-        kern: (xb, xb.view(np.float32), 16, bp.pts, bp.pts_inv, 1, 2, 3, 4, ts,
+        kern: (xb, np.zeros(16, np.float32), 16, bp.pts, bp.pts_inv, 1, 2, 3, 4, ts,
                np.zeros(11, np.int64)),
     }
     for k, args in launched.items():
@@ -665,6 +669,19 @@ codes = Device(1024, np.int16, 0x7F0000009000)
 args = (codes, outf, 1024, *route.scale, *keys, ts, counts)
 print("codes", specialised._same(route.arguments(codes.ptr, outf.ptr, 1024, keys, counts),
                                  flatten(block_groups._signature(True, 2), args)))
+# NVFP4 of 16-bit codes whose scale is found: the amax launch reads the codes (2 bytes each)
+import types as pytypes
+from numba.core import types
+scaled, launched = block_groups.ScaledBlockRoute.__new__(block_groups.ScaledBlockRoute), []
+amax = Device(1, np.int64, 0x7F000000A000)
+scaled.in_bytes, scaled.scale_flat = 2, []
+scaled.amax_flat = specialised._array_arguments(amax.ptr, 1, 8)
+scaled.amax = scaled.scale = pytypes.SimpleNamespace(
+    launch=lambda stream, blocks, flat: launched.append(flat))
+scaled.block = lambda *args: None
+scaled(codes.ptr, outf.ptr, 1024, keys, 0, 3)
+print("amax", specialised._same(launched[0], flatten((types.int16[::1], types.int64[::1]),
+                                                     (codes, amax))))
 # an element format's counted route (specialised.CountedRoute): codes of 2 bytes in, float32
 # bits out, the stats object's accumulator (seven slots)
 route = specialised.CountedRoute.__new__(specialised.CountedRoute)
@@ -686,4 +703,4 @@ def test_the_counted_routes_flatten_as_numba_does():
     the same once against the real launch."""
     out = without_simulator(COUNTED_CHECK)
     assert out.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
-                           "codes", "True", "element", "True", "26"], out
+                           "codes", "True", "amax", "True", "element", "True", "26"], out
