@@ -79,10 +79,16 @@ def overlaps_apart(x_ptr: int, x_bytes: int, out_ptr: int, out_bytes: int, n: in
 
 
 def address(array) -> int:
-    """The device address of a numba device array's data (the simulator's: its host data)."""
+    """The device address of a numba device array's data (the simulator's: its host data).
+    Read from the pointer that numba's ``__cuda_array_interface__`` reads it from, without
+    the dictionary that builds (its contiguity test, shape and dtype: microseconds where a
+    route asks each call, as for a counted call's accumulator)."""
     if SIMULATOR:                   # a FakeCUDAArray wraps a numpy array
         return array._ary.ctypes.data
-    return array.__cuda_array_interface__["data"][0]
+    pointer = getattr(array, "device_ctypes_pointer", None)
+    if pointer is None:             # another CUDA-array-interface object
+        return array.__cuda_array_interface__["data"][0]
+    return pointer.value or 0       # None for an array of no memory, as the interface's 0
 
 
 def grid_size(nblocks: int, device: int, per_sm: int = BLOCKS_PER_SM) -> int:

@@ -116,3 +116,27 @@ def test_arguments_it_cannot_pack_go_to_cuda_core(monkeypatch):
     r = route(monkeypatch)
     r.launch(Stream(), 2, [0, 1.5])
     assert r.core == [(0, 1.5)] and r._block is False
+
+
+def test_an_arrays_address_is_its_interfaces_data_pointer(monkeypatch):
+    """lpsim_cuda.launch.address reads a device array's pointer where numba's
+    __cuda_array_interface__ reads it (without building the interface), 0 for an array of no
+    memory as the interface gives; another interface object's own data pointer (stand-ins:
+    the real arrays need a GPU, whose route checks compare these addresses with numba's)."""
+    from lpsim_cuda import launch
+    monkeypatch.setattr(launch, "SIMULATOR", False)
+
+    class Array:
+        def __init__(self, value):
+            self.device_ctypes_pointer = ctypes.c_void_p(value)
+
+        @property
+        def __cuda_array_interface__(self):
+            value = self.device_ctypes_pointer.value
+            return {"data": (value if value is not None else 0, False)}
+
+    class Interface:
+        __cuda_array_interface__ = {"data": (0x7F0000004000, False)}
+
+    for array in (Array(0x7F0000001000), Array(None), Interface()):
+        assert launch.address(array) == array.__cuda_array_interface__["data"][0]
