@@ -286,7 +286,8 @@ def test_the_table_search_finds_each_tiles_tensor():
 @pytest.mark.parametrize("cls,dtype,kw", CONFIGS)
 def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
     """torch CUDA parameters of many sizes (one launch per set, foreach=True) == one launch
-    per tensor (foreach=False) == the CPU, over 3 steps, counters included; one parameter
+    per tensor (foreach=False; from the second step on, raw launches) == the CPU, over 3
+    steps, counters included; one parameter
     is a view that starts off a four-element boundary, and the last step's gradients
     are new tensors (the table's gradient addresses change)."""
     gen = torch.Generator().manual_seed(1)
@@ -307,6 +308,9 @@ def test_gpu_optimizer_sets_match_cpu(cls, dtype, kw):
         if device == "cuda" and foreach:        # steps 2 and 3 took the raw launch
             tables = [entry[6] for entry in opt._table_cache.values()]
             assert tables and all(any(t._routes.values()) for t in tables), \
+                cuda_optim.ROUTE_ERRORS
+        if device == "cuda" and not foreach:    # so did each per-tensor kernel's
+            assert cuda_optim._STEP_ROUTES and all(cuda_optim._STEP_ROUTES.values()), \
                 cuda_optim.ROUTE_ERRORS
         out.append(([p.detach().cpu() for p in params], opt.update_stats.as_dict(),
                      opt.cancelled_updates,
@@ -362,3 +366,48 @@ def test_the_set_launch_route_flattens_as_numba_does():
     out = without_simulator(ROUTE_CHECK)
     assert out.split() == ["same", "True", "True", "moved", "True", "True", "True", "True"], \
         out
+
+
+
+STEP_ROUTE_CHECK = r"""
+import sys
+import numpy as np
+sys.path.insert(0, "tests")
+from flat_stand_ins import Device, flatten, typeof
+import lpsim_cuda.optim as O
+from lpsim.optim.step import NCOUNTS
+from lpsim.philox import round_keys
+from lpsim_cuda import specialised
+
+arrays = [Device((1001,), dt, 0x7F0000001000 + 0x10000 * k)
+          for k, dt in enumerate((np.int16, np.int16, np.int32, np.int32, np.int16, np.int16))]
+hp = tuple(np.float32(0.1 * (k + 1)) for k in range(14))
+keys = (123, 456, 7 << 24)
+counts = Device((NCOUNTS,), np.int64, 0x7F0000009000)
+args = (*arrays, hp, keys, round_keys(123, 456), 5, counts)
+theirs = flatten(typeof(args), args)
+route = O.StepRoute.__new__(O.StepRoute)
+route.tail = specialised._array_arguments(counts.ptr, NCOUNTS, 8)
+route._ks = None
+parts = [(a.ptr, 1001, a.dtype.itemsize) for a in arrays]
+mine = route.arguments(parts, hp, keys, 5)
+print("same", specialised._same(mine, theirs), len(mine) == len(theirs) == 87)
+other = route.arguments(parts, hp, (9, 10, 11), 5)          # another seed: its round keys
+print("reseeded", specialised._same(other, flatten(typeof(args), (*arrays, hp, (9, 10, 11),
+                                                              round_keys(9, 10), 5, counts))))
+# called as lpsim_cuda.optim.step calls it
+launched = []
+route.launch = lambda stream, blocks, flat: launched.append((stream, blocks, flat))
+route(parts, hp, keys, 5, 7, "stream")
+print("called", launched[0][:2] == ("stream", 7) and specialised._same(launched[0][2], theirs))
+"""
+
+
+def test_the_per_tensor_step_route_flattens_as_numba_does():
+    """A per-tensor step's raw launch (lpsim_cuda.optim.StepRoute) builds the flat arguments
+    numba's launch builds for the six arrays, hyperparameters, keys, the seed's round keys,
+    offset and counters (numba's flattening on stand-ins of device arrays, no GPU), makes
+    another seed's round keys, and takes the arguments lpsim_cuda.optim.step passes.  On a
+    GPU the route checks the same once against the real launch."""
+    out = without_simulator(STEP_ROUTE_CHECK)
+    assert out.split() == ["same", "True", "True", "reseeded", "True", "called", "True"], out
