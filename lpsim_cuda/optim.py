@@ -407,8 +407,20 @@ def step(param, grad, m, v, c, r, kargs, setup, counts):                # pragma
                                (c, sdtype), (r, np.int16))]
         args = kernel_arguments(views, hp, keys, offset, counts)
         kernel[grid, THREADS, stream](*args)
-        if route is None and not launch.SIMULATOR:
-            _STEP_ROUTES[kernel, launch.address(counts)] = StepRoute.made(kernel, args, stream)
+
+        def build():
+            made = StepRoute(kernel, args)
+            mine = made.arguments([(launch.address(a), a.size, a.dtype.itemsize)
+                                   for a in args[:6]], hp, keys, offset)
+            return made, _numbas(made, mine, args, stream)
+        specialised.keep_route(_STEP_ROUTES, ROUTE_ERRORS, (kernel, launch.address(counts)),
+                               build)
+
+
+def _numbas(route, mine, args, stream) -> bool:
+    """Whether ``mine``, a route's flat arguments, are numba's own for a launch with
+    ``args``."""
+    return specialised._same(mine, specialised._numba_arguments(route.compiled, args, stream))
 
 
 class StepRoute(specialised.Route):
@@ -416,8 +428,8 @@ class StepRoute(specialised.Route):
     typed and flattened its 87 flat arguments and wrapped the six tensors in numba arrays
     at every call (on an H200, GPT-2's 148 tensors stepped one launch each took 43.3 ms, ~290
     µs a tensor).  The counters' flat arguments are made once; the arrays', hyperparameters'
-    and keys' at each call, the round keys' when the seed changes.  :meth:`made` checks
-    them once against numba's own for the launch it just made."""
+    and keys' at each call, the round keys' when the seed changes.  Checked once against
+    numba's own for the launch that made it (:func:`step`)."""
 
     def __init__(self, kern, args):
         import numba
@@ -439,26 +451,8 @@ class StepRoute(specialised.Route):
     def __call__(self, parts, hp, keys, offset, blocks, stream):
         self.launch(stream, blocks, self.arguments(parts, hp, keys, offset))
 
-    @classmethod
-    def made(cls, kern, args, stream):
-        """The route of a launch numba just made with ``args`` (the six arrays, hp, keys,
-        round keys, offset, counts), or False where its flat arguments are not numba's or it
-        cannot be built (that configuration keeps numba's launch)."""
-        try:
-            route = cls(kern, args)
-            parts = [(launch.address(a), a.size, a.dtype.itemsize) for a in args[:6]]
-            mine = route.arguments(parts, args[6], args[7], args[9])
-            same = specialised._same(mine, specialised._numba_arguments(route.compiled, args,
-                                                                       stream))
-        except Exception as error:      # noqa: BLE001 (a numba-cuda without these internals)
-            ROUTE_ERRORS[kern] = repr(error)
-            return False
-        if not same:
-            ROUTE_ERRORS[kern] = "flat arguments differ from numba's"
-        return route if same else False
 
-
-#: (per-tensor kernel, counters' address) -> StepRoute, or False (numba's launch)
+#: (per-tensor kernel, counters' address) -> StepRoute, or None (numba's launch)
 _STEP_ROUTES: dict = {}
 
 
@@ -546,9 +540,14 @@ class Table:
         args = (self._upload(stream), *self.protos, hp, keys, self._keys[1], counts,
                 self.tiles, TILE_PASSES)
         kernel[grid, THREADS, stream](*args)
-        if found is None and self.device is not None and not launch.SIMULATOR:
-            self._routes[kernel, launch.address(counts)] = TableRoute.made(kernel, args,
-                                                                           stream)
+        if self.device is not None:
+
+            def build():
+                made = TableRoute(kernel, args)
+                mine = made.arguments(launch.address(args[0]), hp, keys, self._keys[1])
+                return made, _numbas(made, mine, args, stream)
+            specialised.keep_route(self._routes, ROUTE_ERRORS,
+                                   (kernel, launch.address(counts)), build)
 
     def _upload(self, stream):
         """The table on the device, copied on the launch's stream."""
@@ -585,8 +584,8 @@ class TableRoute(specialised.Route):
     keys alone takes ~50 µs on a 2-core VM; a kernel at 10**7 parameters takes ~90 µs on an
     H200), and without the numba wrapper of each step's uploaded table.  The arguments of
     the set's table shape, placeholders and counters are made once; those of the table's
-    address, the hyperparameters, keys and round keys each step.  :meth:`made` checks them
-    once against numba's own for the launch it just made."""
+    address, the hyperparameters, keys and round keys each step.  Checked once against
+    numba's own for the launch that made it (:meth:`Table._launch`)."""
 
     def __init__(self, kern, args):
         import numba
@@ -619,23 +618,6 @@ class TableRoute(specialised.Route):
     def __call__(self, table_ptr, hp, keys, ks, blocks, stream):
         self.launch(stream, blocks, self.arguments(table_ptr, hp, keys, ks))
 
-    @classmethod
-    def made(cls, kern, args, stream):
-        """The route of a launch numba just made with ``args`` (table, placeholders, hp,
-        keys, round keys, counts, tiles, passes), or False where its flat arguments are not
-        numba's or it cannot be built (that table keeps numba's launch)."""
-        try:
-            route = cls(kern, args)
-            mine = route.arguments(launch.address(args[0]), *args[-_AFTER_PROTOS:-3])
-            same = specialised._same(mine, specialised._numba_arguments(route.compiled, args,
-                                                                       stream))
-        except Exception as error:      # noqa: BLE001 (a numba-cuda without these internals)
-            ROUTE_ERRORS[kern] = repr(error)
-            return False
-        if not same:
-            ROUTE_ERRORS[kern] = "flat arguments differ from numba's"
-        return route if same else False
 
-
-#: set kernel -> why its tables keep numba's launch
+#: route key (kernel, counters' address) -> why it keeps numba's launch
 ROUTE_ERRORS: dict = {}
