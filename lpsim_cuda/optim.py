@@ -425,7 +425,7 @@ def _numbas(route, mine, args, stream) -> bool:
 
 class StepRoute(specialised.Route):
     """A per-tensor step kernel's launch for torch tensors without numba's dispatcher, which
-    typed and flattened its 87 flat arguments and wrapped the six tensors in numba arrays
+    typed and flattened its 89 flat arguments and wrapped the six tensors in numba arrays
     at every call (on an H200, GPT-2's 148 tensors stepped one launch each took 43.3 ms, ~290
     µs a tensor).  The counters' flat arguments are made once; the arrays', hyperparameters'
     and keys' at each call, the round keys' when the seed changes.  Checked once against

@@ -382,7 +382,7 @@ from lpsim_cuda import specialised
 arrays = [Device((1001,), dt, 0x7F0000001000 + 0x10000 * k)
           for k, dt in enumerate((np.int16, np.int16, np.int32, np.int32, np.int16, np.int16))]
 hp = tuple(np.float32(0.1 * (k + 1)) for k in range(14))
-keys = (123, 456, 7 << 24)
+keys = (123, 456, 7 << 24, 8 << 24, 9 << 24)     # the seed's halves, three streams
 counts = Device((NCOUNTS,), np.int64, 0x7F0000009000)
 args = (*arrays, hp, keys, round_keys(123, 456), 5, counts)
 theirs = flatten(typeof(args), args)
@@ -391,9 +391,10 @@ route.tail = specialised._array_arguments(counts.ptr, NCOUNTS, 8)
 route._ks = None
 parts = [(a.ptr, 1001, a.dtype.itemsize) for a in arrays]
 mine = route.arguments(parts, hp, keys, 5)
-print("same", specialised._same(mine, theirs), len(mine) == len(theirs) == 87)
-other = route.arguments(parts, hp, (9, 10, 11), 5)          # another seed: its round keys
-print("reseeded", specialised._same(other, flatten(typeof(args), (*arrays, hp, (9, 10, 11),
+print("same", specialised._same(mine, theirs), len(mine) == len(theirs) == 89)
+new = (9, 10, 11, 12, 13)                                   # another seed: its round keys
+other = route.arguments(parts, hp, new, 5)
+print("reseeded", specialised._same(other, flatten(typeof(args), (*arrays, hp, new,
                                                               round_keys(9, 10), 5, counts))))
 # called as lpsim_cuda.optim.step calls it
 launched = []
