@@ -98,6 +98,8 @@ tests)
     # machine's NVVM differs (CUDA 13: the optimizer kernel takes 102 registers, not 90)
     files=${TEST_FILES:-$(grep -l -E "lpsim_cuda|cuda" tests/test_*.py | grep -v test_kernel_budget | tr '\n' ' ')}
     # -v: a run stopped at its cap still names its failures in tests.log (gpu_summary reads it)
+    # each test's phases and seconds as they end (tests/conftest.py): what a stopped run spent
+    LPSIM_TEST_DURATIONS="$OUT/durations.tsv" \
     LPSIM_TEST_GPU=1 timeout "${TEST_BUDGET:-540}" python3 -m pytest -p no:cacheprovider \
         -n "${WORKERS:-$([ "$ALL" = 1 ] && echo 15 || echo 6)}" --dist loadfile --timeout 400 -rfE --junitxml="$OUT/tests.xml" \
         -v $files 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|ERROR|[0-9]+ (passed|failed)" | tail -60

@@ -154,3 +154,16 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return xdist_group_of(nodeid)
     return SharedCompileScheduling(config, log)
+
+
+def pytest_runtest_logreport(report):
+    """With LPSIM_TEST_DURATIONS set (benchmarks/gpu_session.sh sets it), each test's
+    phases append "node id, phase, seconds, outcome" to that file as they end: a run
+    stopped at its cap still says which files took its time (pytest's --durations and the
+    junit report are written only at the end)."""
+    path = os.environ.get("LPSIM_TEST_DURATIONS")
+    # under xdist the controller gets each worker's report too: written there, once
+    if path and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.3f}\t"
+                    f"{report.outcome}\n")
