@@ -329,3 +329,66 @@ def test_a_lazily_negated_view_is_rounded_as_its_values(quantize):
     z = torch.complex(torch.ones(64), torch.linspace(-3, 3, 64)).conj().imag
     assert z.is_neg()
     assert np.array_equal(bits(quantize(z)), bits(quantize(z.resolve_neg())))
+
+
+@pytest.mark.parametrize("acc", [False, True])
+def test_optimlp_quantizes_the_gradients_a_closure_makes(acc):
+    """OptimLP.step(closure) evaluates the closure first and quantizes the gradients it
+    made: the step equals one whose gradients were made before it (qtorch's, which never
+    calls a closure), and the closure's loss comes back.  The wrapped step once called the
+    closure after the quantization, whose backward pass put the unquantized gradients back
+    (with acc_quant, at the accumulators' weights)."""
+    q = qc.quantizer(qc.FloatingPoint(3, 1), None, "nearest", "nearest")
+    target = torch.tensor([1.0, -2.0, 0.5])
+
+    def run(use_closure):
+        w = torch.nn.Parameter(torch.tensor([1.0, 3.7, 0.1]))
+        opt = qc.OptimLP(torch.optim.SGD([w], lr=1.0), grad_quant=q,
+                         acc_quant=q if acc else None, weight_quant=q if acc else None)
+        seen = []
+
+        def closure():
+            opt.zero_grad()
+            seen.append(w.detach().clone())
+            loss = ((w - target) ** 2).sum() * 0.9
+            loss.backward()
+            return loss
+        losses = []
+        for _ in range(2):
+            if use_closure:
+                losses.append(float(opt.step(closure)))
+            else:
+                losses.append(float(closure()))
+                assert opt.step() is None
+        return w.detach(), losses, seen
+    got, want = run(True), run(False)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    for a, b in zip(got[2], want[2]):           # the closure saw the model's own weights
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, v: qc.fixed_point_quantize(x, 4, 0, clamp=v, rounding="nearest"),
+    lambda x, v: qc.fixed_point_quantize(x, 4, 0, symmetric=v, rounding="nearest"),
+    lambda x, v: qc.FixedPoint(4, 1, clamp=v),
+    lambda x, v: qc.FixedPoint(4, 1, symmetric=v)])
+def test_a_string_flag_is_refused_by_name(call):
+    """clamp="False" (a config file's or argparse's value) was taken by its truth: clamped;
+    qtorch refuses a string there too."""
+    x = torch.tensor([-9.0, -8.0, 3.3, 9.0])
+    with pytest.raises(TypeError, match=r"(clamp|symmetric)='False' is not a bool"):
+        call(x, "False")
+
+
+def test_flags_qtorch_converts_are_taken_as_it_takes_them():
+    """qtorch's binding converts numbers, None and numpy bools by their truth; its
+    FixedPoint asserts a bool symmetric (numpy's bool taken here too)."""
+    x = torch.tensor([-9.0, -8.0, 3.3, 9.0])
+    for v in (1, 0, 2.5, None, np.bool_(True), np.int64(0)):
+        assert np.array_equal(
+            bits(qc.fixed_point_quantize(x, 4, 0, clamp=v, symmetric=v, rounding="nearest")),
+            bits(quant.fixed_point_quantize(x, 4, 0, clamp=v, symmetric=v, rounding="nearest")))
+    assert qc.FixedPoint(4, 1, clamp=1).clamp is True
+    assert qc.FixedPoint(4, 1, symmetric=np.bool_(True)).symmetric is True
+    with pytest.raises(TypeError, match="symmetric=1 is not a bool; accepted: True or False$"):
+        qc.FixedPoint(4, 1, symmetric=1)

@@ -33,6 +33,7 @@ clips) is repeated in float32 as qtorch does it.  How each differs from ``lpsim.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -50,6 +51,19 @@ class Number:
     """Base class of the number formats (qtorch.Number)."""
 
 
+def _flag(name: str, value, numbers_too: bool = True) -> bool:
+    """A bool option as qtorch takes it: True or False (numpy's too) and, where qtorch's
+    binding converts them (``numbers_too``), None and numbers by their truth; a string
+    ("False" from a config file would be true) or another object is a TypeError naming it,
+    as qtorch refuses it."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if numbers_too and (value is None or isinstance(value, numbers.Real)):
+        return bool(value)
+    raise TypeError(f"{name}={value!r} is not a bool; accepted: True or False"
+                    + (" (or a number, as qtorch's binding converts it)" if numbers_too else ""))
+
+
 class FixedPoint(Number):
     """wl-bit fixed point with fl fraction bits (qtorch.FixedPoint)."""
 
@@ -57,7 +71,9 @@ class FixedPoint(Number):
         wl, fl = _width(wl), _width(fl)
         if not (isinstance(wl, int) and wl > 0 and isinstance(fl, int) and fl > 0):
             raise ValueError(f"FixedPoint(wl={wl!r}, fl={fl!r}): both must be positive integers")
-        self.wl, self.fl, self.clamp, self.symmetric = wl, fl, bool(clamp), bool(symmetric)
+        # qtorch asserts a bool symmetric and keeps clamp as given (its binding converts it)
+        self.wl, self.fl = wl, fl
+        self.clamp, self.symmetric = _flag("clamp", clamp), _flag("symmetric", symmetric, False)
 
     def __repr__(self):
         return f"FixedPoint (wl={self.wl:d}, fl={self.fl:d})"
@@ -202,6 +218,7 @@ def _bounds(wl, fl, symmetric):
 def _fixed_point(x, wl, fl, clamp, symmetric, rounding, generator):
     """(quantized x, mask of the clamped elements), as qtorch's *_mask kernels."""
     _check(x, rounding)
+    clamp, symmetric = _flag("clamp", clamp), _flag("symmetric", symmetric)
     wl, fl = _width(wl), _width(fl)
     if not (isinstance(wl, int) and isinstance(fl, int) and wl >= 1 and -100 <= fl <= 100):
         raise ValueError(f"fixed_point_quantize(wl={wl!r}, fl={fl!r}): wl >= 1, |fl| <= 100")
@@ -360,7 +377,10 @@ class Quantizer(torch.nn.Module):
 # --- qtorch.optim ---------------------------------------------------------------------------
 class OptimLP(Optimizer):
     """qtorch's OptimLP: quantize gradients (after ``grad_scaling``) before, and weights,
-    accumulators and momenta after, the wrapped SGD or Adam step."""
+    accumulators and momenta after, the wrapped SGD or Adam step.  A ``closure`` is
+    evaluated first (grad enabled), as torch.optim evaluates it, so the gradients it makes
+    are the ones quantized, and its loss is returned; qtorch's OptimLP never calls it (it
+    returns None and steps the gradients already there)."""
 
     def __init__(self, optim, weight_quant=None, grad_scaling=1.0, grad_quant=None,
                  momentum_quant=None, acc_quant=None):
@@ -383,6 +403,13 @@ class OptimLP(Optimizer):
         return [p for g in self.param_groups for p in g["params"]]
 
     def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            # before the gradients are quantized: the wrapped step would call it after, and
+            # its backward pass would replace them with unquantized ones (at the
+            # accumulators' weights, with acc_quant)
+            with torch.enable_grad():
+                loss = closure()
         if self.grad_quant is not None:
             for p in self._params():
                 if p.grad is not None:
@@ -390,7 +417,7 @@ class OptimLP(Optimizer):
         if self.acc_quant is not None:
             for p in self._params():
                 p.data = self.weight_acc[p].data
-        loss = self.optim.step(closure)
+        self.optim.step()
         if self.acc_quant is not None:
             for p in self._params():
                 p.data = self.weight_acc[p].data = self.acc_quant(p.data).data
