@@ -162,7 +162,8 @@ def quantize(x, fmt, rounding: str = "nearest", *, seed=None, stream: int = 0, s
     are rounded in their own container; float16 and ml_dtypes' bfloat16 arrays are upcast
     exactly to float32, and integer arrays to float64 when every element is exact there.
     A Python int or float is rounded as float64 and returned as a float (an int beyond
-    float64's 53 bits is rounded exactly, from its integer value); a numpy float scalar
+    float64's 53 bits is rounded exactly, from its integer value, to an element format; a
+    block format refuses it by name); a numpy float scalar
     comes back as a numpy scalar of its container.  torch tensors: CPU tensors round through
     their numpy view (autograd, in-place and dtype rules of :func:`lpsim.torch.quantize`);
     CUDA tensors and other CUDA arrays run in lpsim_cuda.

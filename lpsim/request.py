@@ -198,8 +198,9 @@ def as_container_array(x, name: str = "x") -> np.ndarray:
         if not np.all(exact):
             bad = array.reshape(-1)[np.flatnonzero(~exact.reshape(-1))[0]]
             raise ValueError(f"{name} holds the integer {bad}, which float64 cannot hold "
-                             "exactly; accepted: integers of at most 53 bits in an array "
-                             "(a Python int scalar is rounded exactly)")
+                             "exactly; accepted: integers of at most 53 bits (lpsim.quantize "
+                             "rounds a Python int scalar beyond them exactly to an element "
+                             "format, not to a block format)")
         return wide
     if kind == "O" and array.size and all(
             isinstance(v, int) and not isinstance(v, bool) for v in array.reshape(-1)):

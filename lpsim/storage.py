@@ -175,6 +175,9 @@ def pack(rounded: np.ndarray, storage, fmt) -> np.ndarray:
     """Pack container values already rounded to ``fmt`` into ``storage`` bits (int16/int8 array).
 
     View the result as ``ml_dtypes.bfloat16`` (etc.) or ``torch.from_numpy(...).view(...)``.
+    A value the storage does not hold (not rounded first) is a ValueError naming the first
+    such value: its bits would have been another value's (1e30 into float16 came out
+    -12.6), silently.
     """
     if not isinstance(rounded, np.ndarray) or rounded.dtype not in (np.float32, np.float64):
         raise TypeError(f"pack takes a float32/float64 numpy array, not {type(rounded).__name__}"
@@ -183,6 +186,15 @@ def pack(rounded: np.ndarray, storage, fmt) -> np.ndarray:
     flat = np.ascontiguousarray(rounded).reshape(-1)
     out = np.empty(flat.size, np.int16 if sp.width == 16 else np.int8)
     _pack_array(flat.view(np.int32 if flat.dtype == np.float32 else np.int64), out, sp)
+    # the codes read back: every value, -0, inf and NaN (any payload) as it was given
+    target = STORAGE[storage_name(storage)][0]
+    back = decode_codes(out.view(np.uint16 if sp.width == 16 else np.uint8), target)
+    held = (back == flat) & (np.signbit(back) == np.signbit(flat)) | np.isnan(flat) & np.isnan(back)
+    if not held.all():
+        first = int(np.argmin(held))
+        raise ValueError(f"pack: {flat[first]!r} (element {first} of the flattened array) is not "
+                         f"a value of {storage_name(storage)}; accepted: values rounded to "
+                         f"{parse_format(fmt)!r} first (lpsim.quantize), which it holds")
     return out.reshape(rounded.shape)
 
 

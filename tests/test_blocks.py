@@ -284,9 +284,14 @@ def test_bad_block_formats_name_the_value(kwargs, error, words):
     ("block(e4m3fn,16,e8m0fnu,rceil,bogus=1)", r"option 'bogus' is unknown; accepted: "
                                                r"tensor_scale=, nonfinite="),
     ("block(e4m3fn,x)", r"block size 'x' is not an integer"),
+    ("block(e2m1fn,16,e4m3fn,even,tensor_scale=true,tensor_scale=false)",
+     r"option 'tensor_scale' is given twice; accepted: each option once"),
+    ("block(e4m3fn,32,e8m0fnu,floor,nonfinite=nan,nonfinite=finite)",
+     r"option 'nonfinite' is given twice"),
 ])
 def test_bad_block_format_strings_name_the_part(spec, words):
-    """A negative size was "not an integer"; an unknown option a positional argument."""
+    """A negative size was "not an integer"; an unknown option a positional argument; an
+    option given twice took its last value."""
     with pytest.raises(ValueError, match=words):
         parse_block_format(spec)
 
@@ -325,7 +330,8 @@ def test_tensor_scales_are_float32_with_finite_reciprocals():
         assert not np.isnan(counted.values).any(), given
         assert same(counted.values, want.values) and same(words.values, want.values), given
     below = float(np.nextafter(np.float32(least), np.float32(0)))
-    for bad in (below, 2.0 ** -126, 0.0, -1.0, np.inf, np.nan, 1e39):
+    # 10**400: an integer past float64 (a bare OverflowError once)
+    for bad in (below, 2.0 ** -126, 0.0, -1.0, np.inf, np.nan, 1e39, 10 ** 400):
         with pytest.raises(ValueError, match=re.escape(f"tensor_scale={bad!r} must be a float32")):
             lpsim.blocks.quantize_blocks(x, "nvfp4", tensor_scale=bad)
     for bad in ("a", "0.5", True, None.__class__):
@@ -395,6 +401,17 @@ def test_decode_of_a_block_longer_than_its_rows_makes_no_block_sized_array():
         assert same(lpsim.blocks.decode(lpsim.blocks.encode(x, bfmt)), lpsim.quantize(x, bfmt))
 
 
+@pytest.mark.parametrize("bfmt, part", [(block("fp32", 4), "element format fp32"),
+                                         (block("e4m3fn", 4, "fp32", "floor"), "scale format fp32"),
+                                         (block("bf16", 4, "fp(8,23,127)"), "scale")])
+def test_encode_refuses_a_format_whose_codes_are_wider_than_16_bits(bfmt, part):
+    """Its codes were kept in uint16: fp32 elements and scales came back as their low 16
+    bits, silently (decode refused them later)."""
+    with pytest.raises(ValueError, match=f"encode: .*'s {part}.* has 32-bit codes; accepted: "
+                                         "element and scale formats of at most 16 bits"):
+        blocks.encode(np.array([1.0, -3.0, 0.7, 100.0], np.float32), bfmt)
+
+
 def test_decode_refuses_what_encode_did_not_make_by_name():
     with pytest.raises(TypeError, match=r"decode: encoded=3 is not accepted; accepted: what "
                                         r"lpsim\.blocks\.encode returns"):
@@ -411,6 +428,16 @@ def test_a_tensor_scale_for_a_format_without_one_is_refused(call):
     with pytest.raises(ValueError, match=r"tensor_scale=.* is not accepted for mx.*, which "
                                          r"has no per-tensor scale"):
         call(block_data(2, 64, seed=3))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "nvfp4"])
+def test_an_int_float64_cannot_hold_is_refused_without_a_contradiction(fmt):
+    """A block format takes integers float64 holds; the refusal said a Python int scalar
+    is rounded exactly, of the very scalar it refused (element formats round it exactly)."""
+    with pytest.raises(ValueError, match=r"integer 9007199254740993, which float64 cannot "
+                                         r"hold exactly; .*not to a block format"):
+        lpsim.quantize(2 ** 53 + 1, fmt)
+    assert lpsim.quantize(2 ** 53 + 1, "e5m2") == lpsim.quantize(2.0 ** 53, "e5m2")
 
 
 def test_numpy_integer_scalars_come_back_as_numbers_as_element_formats_give_them():

@@ -87,6 +87,25 @@ def test_storage_must_hold_the_format():
         pack(np.zeros(3, np.float32), "int8", "bf16")
 
 
+@pytest.mark.parametrize("values, storage, fmt", [
+    ([1.0, 1e30], "float16", "fp16"),          # beyond the range: once the code of -12.6
+    ([1e5], "float16", "fp16"),                # once NaN's code
+    ([0.5, 1.1], "bfloat16", "bf16"),          # more bits than bf16: once truncated
+    ([1000.0], "float8_e4m3fn", "e4m3fn"),     # once -0.0137's code
+    ([2.0 ** -10], "float8_e4m3fn", "e4m3fn")])  # below its smallest subnormal
+def test_a_value_the_storage_does_not_hold_is_refused(values, storage, fmt):
+    """pack takes values rounded first; one the storage does not hold got another value's
+    code, silently.  Held values, -0, inf where the storage has it and NaN pass (above)."""
+    x = np.array(values, np.float32)
+    with pytest.raises(ValueError, match=f"pack: .* is not a value of {storage}"):
+        pack(x, storage, fmt)
+    np.testing.assert_array_equal(        # rounded first: taken (e4m3fn's 1000 is NaN)
+        pack(lpsim.quantize(x, fmt, "nearest"), storage, fmt).view(
+            {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+             "float8_e4m3fn": ml_dtypes.float8_e4m3fn}[storage]).astype(np.float32),
+        lpsim.quantize(x, fmt, "nearest"))
+
+
 @pytest.mark.parametrize("spec, name", [
     ("bf16", "bfloat16"), ("half", "float16"), ("float8_e5m2", "float8_e5m2"),
     (ml_dtypes.bfloat16, "bfloat16"), (ml_dtypes.float8_e4m3fn, "float8_e4m3fn"),

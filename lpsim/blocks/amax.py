@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import numpy as np
 from numba import njit
@@ -277,6 +278,8 @@ def checked_tensor_scale(value, bfmt: BlockFormat) -> float:
         pts = float(value)              # numbers, numpy scalars, 0-d tensors
     except (TypeError, ValueError):
         raise TypeError(f"tensor_scale={value!r} must be a number") from None
+    except OverflowError:               # an integer past float64: past float32 too
+        pts = math.inf
     with np.errstate(over="ignore"):
         pts32 = float(np.float32(pts))
     least = min_tensor_scale(bfmt)

@@ -47,6 +47,11 @@ def encode(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, str
     from ..request import as_container_array
     from ..storage import encode_values
     bfmt = parse_block_format(bfmt)
+    for part, fmt in (("element", bfmt.element), ("scale", bfmt.scale)):
+        if fmt.bits > 16:           # its codes would not fit the uint16 they are kept in
+            raise ValueError(f"encode: {bfmt}'s {part} format {fmt} has {fmt.bits}-bit codes; "
+                             "accepted: element and scale formats of at most 16 bits "
+                             "(lpsim.quantize gives any block format's values)")
     if is_torch(x):
         x = _torch_host(x)
     x = as_container_array(x)

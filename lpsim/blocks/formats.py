@@ -160,6 +160,9 @@ def as_block_format(spec) -> BlockFormat | None:
     for part in parts:
         if re.fullmatch(r"(tensor_scale|nonfinite)=.*", part):
             name, _, value = part.partition("=")
+            if name in kwargs:                  # the last would win, as no call of block() can
+                raise ValueError(f"block format {spec!r}: option {name!r} is given twice; "
+                                 "accepted: each option once")
             value = value.strip("'\"")
             kwargs[name] = {"true": True, "false": False}.get(value, value)
         elif re.fullmatch(r"[a-z_]\w*=.*", part):      # an option block() does not take
