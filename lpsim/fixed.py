@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -109,15 +110,52 @@ def _count(x, y, lo, hi, rounded):
 
 def _count_scalar(x, y, lo, hi, rounded):
     """_count of one Python or numpy number, compared exactly (a Python int beyond float64,
-    such as 10**400, is a finite value that saturated)."""
+    such as 10**400, is a finite value that saturated; so is a long double beyond it, and
+    one with more bits than float64's is inexact however close to the grid)."""
     if isinstance(x, (int, np.integer)):
         x, fin, nan, inf = int(x), True, False, False
+    elif isinstance(x, np.floating) and x.dtype.itemsize > 8:
+        fin, nan, inf = bool(np.isfinite(x)), bool(np.isnan(x)), bool(np.isinf(x))
+        x = Fraction(*x.as_integer_ratio()) if fin else float(x)
     else:
         x = float(x)
         fin, nan, inf = math.isfinite(x), math.isnan(x), math.isinf(x)
     y, rounded = float(y), float(rounded)
     return [int(fin and y != x) + inf, int(fin and (rounded > hi or rounded < lo)),
             int(fin and x != 0 and y == 0), 0, int(nan), int(inf)]
+
+
+def _exact_values(x):
+    """A list's or tuple's values as an object array where it holds a Python int float64
+    cannot hold exactly (numpy would round it to float64 first: a double rounding), else
+    None."""
+    try:
+        objects = np.array(x, dtype=object)
+    except (ValueError, TypeError):
+        return None
+    big = any(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+              and not -2 ** 53 <= v <= 2 ** 53 for v in objects.reshape(-1))
+    return objects if big else None
+
+
+def _round_exact_values(quantize, objects, x, fmt, rounding, kwargs, stats, out):
+    """quantize_fixed of a list holding such ints: the carrier rounding of lpsim.quantize,
+    which rounds each from its exact value, then the clamp; each element counted from its
+    exact value."""
+    if out is not None:             # before anything is rounded, written or counted
+        _check_out(out, np.empty(objects.shape, np.float64))
+    rounded = np.asarray(_carrier_round(quantize, x, fmt, rounding, kwargs), np.float64)
+    lo, hi = fmt.min_finite, fmt.max_finite
+    y = np.clip(rounded, lo, hi)
+    if stats is not None:
+        counts = [0] * 6
+        for v, yi, ri in zip(objects.reshape(-1), y.reshape(-1), rounded.reshape(-1)):
+            counts = [a + b for a, b in zip(counts, _count_scalar(v, yi, lo, hi, ri))]
+        stats.add(y.size, counts)
+    if out is not None:
+        np.copyto(out, y)
+        return out
+    return y
 
 
 def _carrier_round(quantize, x, fmt, rounding, kwargs):
@@ -169,6 +207,8 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         if stats is not None:
             stats.add(x.numel(), counts)
         return y
+    if isinstance(x, (list, tuple)) and (objects := _exact_values(x)) is not None:
+        return _round_exact_values(quantize, objects, x, fmt, rounding, kwargs, stats, out)
     if not is_cuda_array(x):
         # array-likes and other dtypes in their container, as lpsim.quantize converts them
         x = as_container_array(x)

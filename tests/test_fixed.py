@@ -176,3 +176,40 @@ def test_scalars_beyond_float64_give_the_same_answer_with_and_without_stats(x, w
     assert lpsim.quantize(x, lpsim.fixed(8, 4)) == want
     assert lpsim.quantize(x, lpsim.fixed(8, 4), stats=stats) == want
     assert stats.counts.tolist() == counts
+
+
+@pytest.mark.parametrize("x, want, counts", [
+    (np.longdouble(1) + np.longdouble(2) ** -60, 1.0, [1, 1, 0, 0, 0, 0, 0]),   # inexact
+    (np.longdouble(2) ** -1100, 0.0, [1, 1, 0, 1, 0, 0, 0]),                    # underflow
+    (np.longdouble("1e400"), 7.9375, [1, 1, 1, 0, 0, 0, 0]),         # finite: saturated
+])
+def test_long_double_scalars_are_counted_from_their_exact_value(x, want, counts):
+    """A long double was compared as float64: 1 + 2**-60 counted exact, 2**-1100 not
+    underflowed, 1e400 counted as an inf input (as a float format counts each)."""
+    if np.finfo(np.longdouble).nmant <= 52:
+        pytest.skip("this platform's long double is float64")
+    stats, carrier = lpsim.RoundingStats(), lpsim.RoundingStats()
+    assert lpsim.quantize(x, lpsim.fixed(8, 4), stats=stats) == want
+    lpsim.quantize(x, lpsim.fp(4, 3, 4, saturate=True), stats=carrier)
+    assert stats.counts.tolist() == counts == carrier.counts.tolist()
+
+
+def test_a_list_holding_ints_beyond_float64_is_rounded_from_their_exact_values():
+    """numpy made such a list float64 first (a double rounding: 2**60 + 2**19 + 1, just
+    above a midpoint, became 2**60, and 2**60 + 1 counted exact); a list of such ints
+    alone was refused as if the format were a block format."""
+    fmt = lpsim.fixed(53, -20)                          # multiples of 2**20, up to ~2**72
+    x = 2 ** 60 + 2 ** 19 + 1
+    for values in ([x, 1.0], (x,), [[x], [3 * 2 ** 19]]):
+        got = lpsim.quantize(values, fmt, "nearest")
+        want = [lpsim.quantize(v, fmt, "nearest") for v in np.array(values, object).ravel()]
+        assert got.ravel().tolist() == want and want[0] == 2.0 ** 60 + 2 ** 20
+    stats = lpsim.RoundingStats()
+    got = lpsim.quantize([2 ** 60 + 1, 512.0], lpsim.fixed(53, -9), stats=stats)
+    assert got.tolist() == [2.0 ** 60, 512.0] and stats.inexact == 1 and stats.elements == 2
+    out = np.zeros(2)
+    assert lpsim.quantize([x, 1.0], fmt, out=out) is out and out[0] == 2.0 ** 60 + 2 ** 20
+    wrong = np.ones(3)
+    with pytest.raises(ValueError):                     # a wrong out: refused, unwritten
+        lpsim.quantize([x, 1.0], fmt, out=wrong)
+    assert wrong.tolist() == [1.0, 1.0, 1.0]
