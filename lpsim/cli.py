@@ -61,6 +61,8 @@ class Number(Fraction):
 #: exponents such as 1e-999999999 from making huge integers
 HUGE, TINY = 2000, 1400
 _HEX = re.compile(r"([+-]?)0x([0-9a-f]*)(?:\.([0-9a-f]*))?(?:p([+-]?[0-9]+))?", re.IGNORECASE)
+#: a finite decimal: its exponent may be past what the decimal module takes (10**18)
+_DECIMAL = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:e([+-]?[0-9]+))?", re.IGNORECASE)
 
 
 def _bounded(sign: int, mantissa: int, exp2: int | None, exp10: int | None) -> Fraction:
@@ -96,6 +98,13 @@ def parse_value(text: str) -> Fraction | float:
         value = _bounded(-1 if sign == "-" else 1, int(whole + frac, 16),
                          int(exp or 0) - 4 * len(frac), None)
         zero = -0.0 if sign == "-" else 0.0
+    elif (match := _DECIMAL.fullmatch(s)) and (match.group(2) or match.group(3)):
+        sign, whole, frac, exp = match.groups()
+        frac = frac or ""
+        digits = [int(d) for d in whole + frac]
+        value = _bounded(-1 if sign == "-" else 1, _digits_int(digits), None,
+                         int(exp or 0) - len(frac))
+        zero = -0.0 if sign == "-" else 0.0
     else:
         try:
             number = decimal.Decimal(s)
@@ -106,7 +115,7 @@ def parse_value(text: str) -> Fraction | float:
                 return float(s)
             except ValueError:                  # sNaN
                 raise bad from None
-        sign, digits, exp = number.as_tuple()
+        sign, digits, exp = number.as_tuple()   # what the pattern does not take: 1_000
         value = _bounded(-1 if sign else 1, _digits_int(digits), None, exp)
         zero = -0.0 if sign else 0.0
     return Number(value, text=s) if value else zero

@@ -359,6 +359,11 @@ def _parse_call(spec: str, body: str) -> Format:
     if not 2 <= len(positional) <= 3 or not all(_INT.fullmatch(p) for p in positional):
         raise ValueError(f"format {spec!r} is not understood; accepted: fp(e, m[, b][, "
                          f"policy][, option=value]) with integers e, m, b")
+    for name, p in zip("emb", positional):
+        if len(p.lstrip("+-")) > 100:   # past any range (and Python's 4300-digit limit)
+            raise ValueError(f"format {spec[:60]!r}...: {name} has {len(p.lstrip('+-'))} "
+                             f"digits; accepted: fp(e, m[, b]) with e, m and b in range "
+                             "(see lpsim.fp)")
     return fp(*(int(p) for p in positional), **keywords)
 
 

@@ -358,3 +358,15 @@ def test_a_decimal_past_pythons_digit_limit_is_read_exactly():
     from lpsim.cli import HUGE
     assert parse_value("1" + "0" * 9000 + "7") == 2 ** HUGE      # past HUGE: its stand-in
     assert parse_value("-" + "1" + "0" * 4301 + "3e-4301") == -(1 + Fraction(3, 10 ** 4302)) * 10
+
+
+def test_a_decimal_exponent_past_the_decimal_modules_is_read():
+    """decimal.Decimal refuses exponents past 10**18 as an invalid operation, so a valid
+    decimal was "not a number"; float() reads it (0 and inf), and so does the hex form."""
+    from lpsim.cli import HUGE, TINY
+    assert parse_value("1e-9999999999999999999") == Fraction(1, 2 ** TINY)   # its stand-in
+    assert parse_value("-2.5e9999999999999999999") == -(2 ** HUGE)
+    assert parse_value("1_000") == 1000 and parse_value(".5") == Fraction(1, 2)
+    for bad in (".", "1e", "e5", "1e5.0"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a number"):
+            parse_value(bad)

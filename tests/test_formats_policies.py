@@ -169,6 +169,9 @@ def test_option_syntax(spec, fmt):
     ("fp(4,3,1e0)", "'1e0' is not an integer"),
     ("fp(4,3,0, saturate, saturate=False)", "contradicts itself.*'saturate' policy"),
     ("fp(4,3,0, specials=saturate, saturate=False)", "contradicts itself"),
+    # past Python's 4300-digit limit: its int() message named neither b nor the range
+    ("fp(4,3," + "9" * 5000 + ")", r"b has 5000 digits; accepted: fp\(e, m\[, b\]\)"),
+    ("fp(" + "1" * 200 + ",3)", "e has 200 digits"),
 ])
 def test_option_syntax_errors_name_the_part(spec, words):
     with pytest.raises(ValueError, match=words):
