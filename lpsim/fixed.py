@@ -164,8 +164,10 @@ def _carrier_round(quantize, x, fmt, rounding, kwargs):
     except ValueError as error:
         if "does not fit" not in str(error):
             raise
-        raise ValueError(f"{fmt} does not fit the container of x (carrier {fmt.carrier}: "
-                         f"{error}); use float64 data (wl <= 53) or wl <= 24") from None
+        raise ValueError(f"{fmt} does not fit the container of x (its rounding runs in the "
+                         f"carrier {fmt.carrier}: {error}); accepted: float64 data, which "
+                         "takes the fixed formats of wl <= 53 (float32 data takes wl <= 24 "
+                         "where the carrier's exponents fit float32's)") from None
 
 
 def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr_bits=None,

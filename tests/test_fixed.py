@@ -213,3 +213,16 @@ def test_a_list_holding_ints_beyond_float64_is_rounded_from_their_exact_values()
     with pytest.raises(ValueError):                     # a wrong out: refused, unwritten
         lpsim.quantize([x, 1.0], fmt, out=wrong)
     assert wrong.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("fmt", [lpsim.fixed(8, -120), lpsim.fixed(24, -103),
+                                 lpsim.fixed(30, 10)])
+def test_a_format_float32_data_cannot_carry_names_what_does(fmt):
+    """The advice was "wl <= 24", which fixed(8, -120) already is: its carrier's exponents
+    are past float32's.  float64 data takes it, with the exact grid's values."""
+    x = np.array([3.0e36, -1.0, 0.0], np.float32)
+    with pytest.raises(ValueError, match=r"does not fit the container of x .*accepted: "
+                                         r"float64 data"):
+        lpsim.quantize(x, fmt)
+    got = lpsim.quantize(x.astype(np.float64), fmt)
+    assert got.tolist() == [_nearest_even_grid(v, fmt) for v in x.astype(np.float64)]
