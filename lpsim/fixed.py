@@ -22,7 +22,7 @@ import numpy as np
 from ._extras import is_torch
 from .formats import Format, fp
 from .request import as_container_array, check_out as _check_out, check_scalar_out
-from .request import is_cuda_array
+from .request import is_cuda_array, wide_ints
 from .stats import check_stats
 
 
@@ -125,19 +125,6 @@ def _count_scalar(x, y, lo, hi, rounded):
             int(fin and x != 0 and y == 0), 0, int(nan), int(inf)]
 
 
-def _exact_values(x):
-    """A list's or tuple's values as an object array where it holds a Python int float64
-    cannot hold exactly (numpy would round it to float64 first: a double rounding), else
-    None."""
-    try:
-        objects = np.array(x, dtype=object)
-    except (ValueError, TypeError):
-        return None
-    big = any(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-              and not -2 ** 53 <= v <= 2 ** 53 for v in objects.reshape(-1))
-    return objects if big else None
-
-
 def _round_exact_values(quantize, objects, x, fmt, rounding, kwargs, stats, out):
     """quantize_fixed of a list holding such ints: the carrier rounding of lpsim.quantize,
     which rounds each from its exact value, then the clamp; each element counted from its
@@ -148,10 +135,8 @@ def _round_exact_values(quantize, objects, x, fmt, rounding, kwargs, stats, out)
     lo, hi = fmt.min_finite, fmt.max_finite
     y = np.clip(rounded, lo, hi)
     if stats is not None:
-        counts = [0] * 6
-        for v, yi, ri in zip(objects.reshape(-1), y.reshape(-1), rounded.reshape(-1)):
-            counts = [a + b for a, b in zip(counts, _count_scalar(v, yi, lo, hi, ri))]
-        stats.add(y.size, counts)
+        stats.add(y.size, np.sum([_count_scalar(v, yi, lo, hi, ri) for v, yi, ri in zip(
+            objects.reshape(-1), y.reshape(-1), rounded.reshape(-1))], axis=0).tolist())
     if out is not None:
         np.copyto(out, y)
         return out
@@ -209,8 +194,9 @@ def quantize_fixed(x, fmt: Fixed, rounding="nearest", *, seed=None, stream=0, sr
         if stats is not None:
             stats.add(x.numel(), counts)
         return y
-    if isinstance(x, (list, tuple)) and (objects := _exact_values(x)) is not None:
-        return _round_exact_values(quantize, objects, x, fmt, rounding, kwargs, stats, out)
+    if isinstance(x, (list, tuple)) and (found := wide_ints(x)) is not None:
+        # such ints: numpy would make them float64 first, a double rounding
+        return _round_exact_values(quantize, found[0], x, fmt, rounding, kwargs, stats, out)
     if not is_cuda_array(x):
         # array-likes and other dtypes in their container, as lpsim.quantize converts them
         x = as_container_array(x)

@@ -35,7 +35,7 @@ from .request import F32 as _F32, F64 as _F64, MAX_COUNTER, Plan, as_container_a
 from .request import check_dtype, check_offset, check_scalar_out, check_sr_bits
 from .request import check_out as _check_out, container as _container, is_torch as _is_torch
 from .request import is_cuda_array as _is_cuda_array
-from .request import exact_in_float64 as _exact_in_float64, signed as _signed
+from .request import exact_in_float64 as _exact_in_float64, signed as _signed, wide_ints
 from .rounding import NEAREST, STOCHASTIC, mode_code, nearest32_exact
 from .stats import COUNTERS, RoundingStats, check_stats
 
@@ -461,16 +461,11 @@ def _round_big_ints(x, fmt, rounding, seed, stream, sr_bits, stats, out, offset)
     int that float64 cannot hold exactly rounded from its exact value (np.asarray would
     round it to float64 first, a double rounding, or make an object array beyond int64);
     None when it holds none."""
-    try:
-        objects = np.array(x, dtype=object)
-    except (ValueError, TypeError):
+    found = wide_ints(x)
+    if found is None:
         return None
+    objects, ints = found
     flat = objects.reshape(-1)
-    ints = [i for i, v in enumerate(flat) if isinstance(v, (int, np.integer))
-            and not isinstance(v, (bool, np.bool_))
-            and not (-2 ** 53 <= v <= 2 ** 53)]    # the ints numpy may round or refuse
-    if not ints:
-        return None
     rest = flat.copy()
     big = [i for i in ints if not _exact_in_float64(int(flat[i]))]
     # a placeholder each such int's result replaces: a value of the format (its smallest

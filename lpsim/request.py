@@ -226,6 +226,19 @@ def _is_float_like(array) -> bool:
         return False
 
 
+def wide_ints(x):
+    """(the values of the list or tuple ``x`` as an object array, the flat indices of its
+    Python or numpy ints beyond 2**53: those numpy would round to float64 or refuse), or
+    None where it holds none (or is not a regular nest of values)."""
+    try:
+        objects = np.array(x, dtype=object)
+    except (ValueError, TypeError):
+        return None
+    ints = [i for i, v in enumerate(objects.reshape(-1)) if isinstance(v, (int, np.integer))
+            and not isinstance(v, (bool, np.bool_)) and not -2 ** 53 <= v <= 2 ** 53]
+    return (objects, ints) if ints else None
+
+
 def exact_in_float64(value: int) -> bool:
     try:
         return float(value) == value
@@ -235,4 +248,4 @@ def exact_in_float64(value: int) -> bool:
 
 __all__ = ["Plan", "plan", "keys", "MAX_COUNTER", "check_offset", "check_sr_bits",
            "check_dtype", "check_out", "check_scalar_out", "as_container_array", "container",
-           "is_torch", "signed", "exact_in_float64"]
+           "is_torch", "signed", "exact_in_float64", "wide_ints"]

@@ -189,7 +189,8 @@ def pack(rounded: np.ndarray, storage, fmt) -> np.ndarray:
     # the codes read back: every value, -0, inf and NaN (any payload) as it was given
     target = STORAGE[storage_name(storage)][0]
     back = decode_codes(out.view(np.uint16 if sp.width == 16 else np.uint8), target)
-    held = (back == flat) & (np.signbit(back) == np.signbit(flat)) | np.isnan(flat) & np.isnan(back)
+    held = ((back == flat) & (np.signbit(back) == np.signbit(flat))
+            | (np.isnan(flat) & np.isnan(back)))
     if not held.all():
         first = int(np.argmin(held))
         raise ValueError(f"pack: {flat[first]!r} (element {first} of the flattened array) is not "
