@@ -45,7 +45,7 @@ def _binade(exponent):
     return np.concatenate([a, -a])
 
 
-@pytest.mark.parametrize("exponent", [-100, -3, 0, 96])
+@pytest.mark.parametrize("exponent", [-96, -3, 0, 96])
 def test_every_significand_of_a_binade(exponent):
     a = _binade(exponent)
     for c, y in (DIVISORS[0], DIVISORS[13], DIVISORS[-1]):     # 0.1, 0.001-ish, 1e-4-ish
@@ -56,7 +56,7 @@ def test_every_significand_of_a_binade(exponent):
 def test_random_dividends_against_every_bias_correction():
     rng = np.random.default_rng(20261128)
     # log-uniform over the accepted range, both signs, plus random bit patterns
-    a = (rng.choice([-1, 1], 200_000) * 2.0 ** rng.uniform(-100, 96, 200_000)).astype(np.float32)
+    a = (rng.choice([-1, 1], 200_000) * 2.0 ** rng.uniform(-96, 96, 200_000)).astype(np.float32)
     a = np.concatenate([a, rng.integers(0, 2 ** 32, 50_000, dtype=np.uint32).view(np.float32)])
     for c, y in DIVISORS:
         bad, _ = _mismatches(a, c, y)
@@ -73,7 +73,7 @@ def test_zeros_keep_their_sign_and_the_edges_decline():
         q, ok = divide_by(zero, c, y)
         assert ok and np.float32(q).view(np.int32) == zero.view(np.int32)
     declined = [np.float32(np.nan), np.float32(np.inf), np.float32(-np.inf),
-                np.float32(2.0 ** -101), np.float32(-(2.0 ** -126)),
+                np.float32(2.0 ** -97), np.float32(-(2.0 ** -126)),
                 np.float32(2.0 ** -149), np.float32(3e38)]
     for a in declined:
         assert not divide_by(a, c, y)[1], a

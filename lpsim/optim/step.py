@@ -138,6 +138,19 @@ def round64(x, mode, r, k, p, fast):
 
 
 @register_jitable
+def round_moments(m, v, mode, rm, rv, k, p):
+    """(m, v rounded to the state format, ok): AdamW's moments on the straight path, which
+    divides each by its bias correction next.  divide_by declines a dividend that is zero,
+    NaN, inf or below 2**-96, or whose quotient passes 2**120 (a bias correction is at most
+    1), so a rounding that is IEEE to nearest for every float32 normal needs no range check
+    of its own: the GPU build rounds bfloat16 moments by one conversion instruction for the
+    two (lpsim_cuda.optim), with ok 1.  Here: :func:`round32`'s straight path."""
+    m, okm, _ = round32(m, mode, rm, k, p, True)
+    v, okv, _ = round32(v, mode, rv, k, p, True)
+    return m, v, okm & okv
+
+
+@register_jitable
 def split_remainder(bits):
     """(bfloat16 code, int16 remainder) holding float32 bits exactly (TransformerEngine's
     ``store_param_remainders``): the code is the top half rounded half away from zero, the
@@ -171,8 +184,9 @@ def fma32(a, b, c):
     return fma32_exact(np.float64(a), np.float64(b), np.float64(c))
 
 
-#: bounds of :func:`divide_by`'s exact route
-_TINY_DIVIDEND, _HUGE_QUOTIENT = np.float32(2.0 ** -100), np.float32(2.0 ** 120)
+#: bounds of :func:`divide_by`'s exact route (the smallest dividend also
+#: :func:`verified_quotient`'s)
+_TINY_DIVIDEND, _HUGE_QUOTIENT = np.float32(2.0 ** -96), np.float32(2.0 ** 120)
 
 
 @register_jitable
@@ -182,7 +196,7 @@ def divide_by(a, c, y, zeros=True):
     remainder r = a - q c is exact (one FMA), and fl(q + r y) is a / c correctly rounded
     (Markstein's theorem: y correctly rounded, q within an ulp); q itself where r is 0, which
     keeps a zero's sign.  ``ok`` is 0 where the remainder could leave float32's normal range
-    or the quotient overflow (a NaN, inf, 0 < |a| < 2**-100, |q| > 2**120): the caller takes
+    or the quotient overflow (a NaN, inf, 0 < |a| < 2**-96, |q| > 2**120): the caller takes
     the IEEE division there.  The wide CUDA step's division by the bias corrections: IEEE
     division there is a reciprocal, a check and a call (a division is ~16 instructions).
     ``zeros`` (a constant): False declines a zero too, and fl(q + r y) is then the quotient
@@ -199,6 +213,37 @@ def divide_by(a, c, y, zeros=True):
 
 
 @register_jitable
+def verified_quotient(a, d, y):
+    """(a / d, ok) for float32 ``a`` with |a| >= 2**-96 (what :func:`divide_by` takes) from
+    ``y``, any approximation of 1 / d: q = a y + (a - a y d) y (one correction), and ok =
+    :func:`is_nearest_quotient`, so the quotient is the IEEE one wherever ok is 1.  From y
+    within an ulp of 1 / d (``rcp.approx``) it declines a few quotients in a million.  The
+    GPU's step divides a moment by its root so (lpsim_cuda.optim): IEEE division's slow path
+    is a call, and around it the compiler saved and restored the step's predicates in
+    integer instructions."""
+    q0 = fmul(a, y)
+    q = fma32(fma32(-q0, d, a), y, q0)
+    return q, np.int64(is_nearest_quotient(a, d, q))
+
+
+@register_jitable
+def is_nearest_quotient(a, d, q):
+    """Whether float32 ``q`` is a / d correctly rounded, proved for |a| >= 2**-96 (False
+    where it cannot prove it).
+
+    With r = fl(a - q d) (one FMA) and h half the gap from |q| to its nearer neighbour (a
+    power of two from q's exponent: the lower gap's at a power of two), |r| < h d implies
+    |a - q d| < h d, as rounding is monotone and h d is a float32 (a normal: where |a - q d|
+    is that small, q d is near a and h d >= 2**-122), so |a / d - q| < h: q is the nearest
+    float32, and not a tie.  False where |q| < 2**-100 (h would leave the normals, or q is
+    zero), where d <= 0 and where anything is NaN."""
+    r = fma32(-q, d, a)
+    # h: half an ulp of the binade of |q|'s last code below (a quarter ulp at a power of 2)
+    h = bits_float32((float32_bits(q) - 1) & 0x7F800000) * np.float32(2.0 ** -24)
+    return (abs(r) < fmul(h, d)) & (abs(q) >= np.float32(2.0 ** -100))
+
+
+@register_jitable
 def decoupled_decay(d, w):
     """(lr wd) w, the decay term of AdamW's u; 0 for an infinite weight while lr wd < 1:
     torch.optim.AdamW scales the weight by 1 - lr wd (none at wd 0), which keeps it
@@ -207,17 +252,23 @@ def decoupled_decay(d, w):
 
 
 @register_jitable(error_model="numpy")
-def adamw_scaled(mh, vh, w, hp, general=True):
+def adamw_scaled(mh, vh, w, hp):
     """u = lr mh / (sqrt(vh) + eps) + (lr wd) w from the bias-corrected moments.
 
     IEEE division (x / 0 is inf or nan, as in torch, not an exception) and math.sqrt (on
-    float32, correctly rounded like np.sqrt, and a loop over it vectorises).  ``general``
-    False (a constant; the straight path): the plain product (lr wd) w, whose infinite
-    weight makes w - u NaN, which the straight path declines, so :func:`decoupled_decay`
-    decides on the general path.
+    float32, correctly rounded like np.sqrt, and a loop over it vectorises).
     """
-    decay = decoupled_decay(hp[1], w) if general else fmul(hp[1], w)
-    return fmul(hp[0], mh / (np.float32(math.sqrt(vh)) + hp[8])) + decay
+    return fmul(hp[0], mh / (np.float32(math.sqrt(vh)) + hp[8])) + decoupled_decay(hp[1], w)
+
+
+@register_jitable(error_model="numpy")
+def adam_ratio(mh, vh, eps):
+    """(mh / (sqrt(vh) + eps), ok) on the straight path: the IEEE operations of
+    :func:`adamw_scaled`, ok 1.  The GPU build computes them without a branch
+    (lpsim_cuda.optim: the square root's fast path and a quotient it proves correctly
+    rounded), with ok 0 where it cannot; the IEEE operations' slow paths are calls, and
+    around them the compiler saved and restored the step's predicates."""
+    return mh / (np.float32(math.sqrt(vh)) + eps), np.int64(1)
 
 
 @register_jitable(error_model="numpy")
@@ -242,12 +293,18 @@ def adamw_direction(g, w, m, v, hp, smode, sk, rm, rv, ps, fast):
     it declines).
     """
     m, v = adamw_moments(g, m, v, hp)
-    m, okm, _ = round32(m, smode, rm, sk, ps, fast)
-    v, okv, _ = round32(v, smode, rv, sk, ps, fast)
-    if fast:        # moments rounded (smode >= 0): round_fast has declined a zero one
+    if fast:
+        m, v, ok = round_moments(m, v, smode, rm, rv, sk, ps)
+        # a rounded moment (smode >= 0) is declined by divide_by where it is zero
         mh, ok1 = divide_by(m, hp[6], hp[12], smode < 0)
         vh, ok2 = divide_by(v, hp[7], hp[13], smode < 0)
-        return adamw_scaled(mh, vh, w, hp, False), m, v, okm & okv & np.int64(ok1 & ok2)
+        ratio, ok3 = adam_ratio(mh, vh, hp[8])
+        # the plain product (lr wd) w: an infinite weight makes w - u NaN, which the
+        # straight path declines (decoupled_decay decides on the general path)
+        u = fmul(hp[0], ratio) + fmul(hp[1], w)
+        return u, m, v, ok & np.int64(ok1 & ok2 & ok3)
+    m, okm, _ = round32(m, smode, rm, sk, ps, False)
+    v, okv, _ = round32(v, smode, rv, sk, ps, False)
     return adamw_update(m, v, w, hp), m, v, okm & okv
 
 
