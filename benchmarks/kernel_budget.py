@@ -33,6 +33,14 @@ The instruction budget (H100 SXM, the card the project's GPU numbers come from):
     blocks      8   (float32 in, float32 out)                      79          39
     quantize64, blocks64: 16 (float64 in and out)                 158          79
 
+The integer pipe: each scheduler of an sm_90 SM has 16 INT32 lanes against 32 float32 ones,
+so the integer instructions (logic, shifts, integer adds and compares, selects, byte
+permutes, predicate logic, float compares, and the packed conversion F2FP: :data:`ALU`)
+issue one warp instruction every other cycle, and a loop bound by them runs at half the
+issue rate.  ``alu/e`` counts them on the straight path, held to half the budget above
+(quantize 19, packed 14, halves 9, optim 34, blocks 19).  IMAD and its kin issue on the
+float32 pipe's heavy half and are not counted.
+
 Registers: an SM has 65536; the launch (lpsim_cuda.launch) runs 128-thread blocks and aims
 at 8 resident per SM, which 64 registers per thread allow (65536 / (64 x 128)); the
 optimizer may take 96 (5 blocks).  Spills and local memory: none.
@@ -84,6 +92,24 @@ REGISTER_LIMIT = 64
 def budget(kind: str) -> int:
     """Instructions per element that the SMs can issue at copy speed, times SAFETY."""
     return int(ISSUE / (BANDWIDTH / KINDS[kind]) * SAFETY)
+
+
+def alu_budget(kind: str) -> int:
+    """Integer-pipe instructions per element at copy speed, times SAFETY: half of
+    :func:`budget` (the INT32 lanes issue a warp instruction every other cycle)."""
+    return budget(kind) // 2
+
+
+#: SASS opcodes the integer pipe (ALU) issues on sm_90
+ALU = frozenset({"LOP3", "LOP", "IADD3", "IADD", "VIADD", "SHF", "SHL", "SHR", "ISETP", "SEL",
+                 "PRMT", "LEA", "MOV", "FSETP", "FSEL", "FMNMX", "IMNMX", "VIMNMX", "PLOP3",
+                 "P2R", "R2P", "BFI", "BFE", "FLO", "POPC", "IABS", "FCHK", "SGXT", "BMSK",
+                 "F2FP", "I2IP"})
+
+
+def is_alu(op: str) -> bool:
+    """Whether a SASS opcode issues on the integer pipe (:data:`ALU`)."""
+    return op.split(".")[0] in ALU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,14 +333,23 @@ CASES = [
     Case("quantize specialised bf16-in e4m3fn->bf16 nearest", "halves", False,
          _specialised("e4m3fn", "nearest", "bfloat16", half=1), elements=4),
     # aligned parameters (the hot path): a pass of the grid-stride loop steps one quad,
-    # every array read by one wide load, the lanes straight-line (lpsim_cuda.optim)
-    Case("optim AdamW bf16 stochastic", "optim", True,
-         _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
-                state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
+    # every array read by one wide load, the lanes straight-line (lpsim_cuda.optim); the
+    # configuration benchmarks/bench_optim.py times against torch: bf16 weights, gradients
+    # and moments, the update rounded stochastically, the moments to nearest
+    Case("optim AdamW bf16 SR update", "optim", True,
+         _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic"), elements=4,
+         loads="wide", cold_loops=True),
     # a set's one launch (lpsim_cuda.optim.Table): a pass steps one quad of the tensor its
     # tile found in the table; the tile's own work (the search, a loop of log2(tensors)
     # passes counted once, and reading the row) is shared by its TILE_PASSES quads
-    Case("optim AdamW bf16 stochastic set", "optim", True,
+    Case("optim AdamW bf16 SR update set", "optim", True,
+         _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic"), elements=4,
+         loads="stores", cold_loops=True, outer=16),
+    # the moments rounded stochastically too: two more Philox blocks a quad
+    Case("optim AdamW bf16 stochastic", "optim", False,
+         _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
+                state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),
+    Case("optim AdamW bf16 stochastic set", "optim", False,
          _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="stores", cold_loops=True,
          outer=16),
@@ -521,6 +556,7 @@ def measure(sass: str, case: Case) -> dict:
     elements = case.elements or sum(op.startswith("LDG") for op, _ in body)
     count = len(body) / elements
     wide = sum(map(is_int64, (op for op, _ in body))) / elements
+    alu = sum(map(is_alu, (op for op, _ in body))) / elements
     span = body
     if case.outer:
         around = [lp for lp in found if lp != inner and lp[0] <= inner[0] and inner[1] <= lp[1]]
@@ -531,9 +567,11 @@ def measure(sass: str, case: Case) -> dict:
         own = span[:inner[0] - outer[0]] + span[inner[1] + 1 - outer[0]:]
         count += len(own) / case.outer
         wide += sum(map(is_int64, (op for op, _ in own))) / case.outer
+        alu += sum(map(is_alu, (op for op, _ in own))) / case.outer
     return dict(row, loop_instructions=len(body), elements_per_iteration=elements,
                 loop_instructions_per_element=round(count, 1),
                 loop_int64_per_element=round(wide, 1),
+                loop_alu_per_element=round(alu, 1),
                 loop_calls=sum(op.startswith("CALL") for op, _ in span),
                 load_bits=max((width(op) for op, _ in span if op.startswith("LDG")), default=0),
                 store_bits=max((width(op) for op, _ in span if op.startswith("STG")),
@@ -549,10 +587,12 @@ def row_of(case: Case, report: str, sass: str) -> dict:
     row["local_bytes"] = row["stack_bytes"] + row["local_op_bytes"]
     row["register_limit"] = REGISTERS.get(case.kind, REGISTER_LIMIT)
     row["budget"] = budget(case.kind)
+    row["alu_budget"] = alu_budget(case.kind)
     row["fails"] = [rule for rule, broken in (
         ("registers", row["registers"] > row["register_limit"]),
         ("spills", row["spill_bytes"] > 0), ("local", row["local_bytes"] > 0),
-        ("instructions", row["loop_instructions_per_element"] > row["budget"])) if broken]
+        ("instructions", row["loop_instructions_per_element"] > row["budget"]),
+        ("alu", row["loop_alu_per_element"] > row["alu_budget"])) if broken]
     return row
 
 
@@ -572,7 +612,8 @@ def header(ptxas: str, nvdisasm: str, command: str) -> list[str]:
         f"{kind} {nbytes} B -> {budget(kind)}" for kind, nbytes in KINDS.items()))
     lines.append(f"# registers <= {REGISTER_LIMIT} (optim {REGISTERS['optim']}); no spills, no "
                  "local memory; instr/e = static SASS count of the measured loop, per element; "
-                 "straight = the same with the fallbacks stubbed (held to the budget)")
+                 "straight = the same with the fallbacks stubbed (held to the budget); alu/e = "
+                 "its integer-pipe instructions (held to half the budget)")
     return lines
 
 
@@ -582,6 +623,7 @@ COLUMNS = (("kernel", 38, "kernel"), ("hot", 3, "hot"), ("registers", 4, "regs")
            ("outer_elements", 5, "outer"),
            ("loop_instructions_per_element", 7, "instr/e"),
            ("straight_instructions_per_element", 8, "straight"), ("budget", 6, "budget"),
+           ("straight_alu_per_element", 5, "alu/e"), ("alu_budget", 3, "alu"),
            ("loop_int64_per_element", 6, "int64/e"), ("loop_calls", 5, "calls"),
            ("load_bits", 4, "ld"), ("store_bits", 4, "st"), ("fails", 0, "fails"))
 
@@ -706,23 +748,27 @@ def _straight_rows(argv: list[str]):
 
 
 def _merge_straight(rows: list[dict], process, path: pathlib.Path) -> None:
-    """Add each row's straight-path count (and the instruction rule on it) from the
+    """Add each row's straight-path counts (and the instruction and ALU rules on them) from the
     --straight process; a row it could not measure keeps the static count's verdict."""
     _, err = process.communicate()
     if getattr(process, "cache", None):
         shutil.rmtree(process.cache, ignore_errors=True)
     if process.returncode:
         raise RuntimeError(f"the --straight run failed: {err[-2000:]}")
-    straight = {r["kernel"]: r["loop_instructions_per_element"]
-                for r in json.loads(path.read_text())["rows"]}
+    straight = {r["kernel"]: r for r in json.loads(path.read_text())["rows"]}
     path.unlink()
     for row in rows:
-        count = row["straight_instructions_per_element"] = straight[row["kernel"]]
-        if count is None:                   # not measured: the static count's verdict stays
+        found = straight[row["kernel"]]
+        count = row["straight_instructions_per_element"] = \
+            found["loop_instructions_per_element"]
+        alu = row["straight_alu_per_element"] = found.get("loop_alu_per_element")
+        if count is None:                   # not measured: the static verdicts stay
             continue
-        row["fails"] = [rule for rule in row["fails"] if rule != "instructions"]
+        row["fails"] = [rule for rule in row["fails"] if rule not in ("instructions", "alu")]
         if count > row["budget"]:
             row["fails"].append("instructions")
+        if alu is not None and alu > row["alu_budget"]:
+            row["fails"].append("alu")
 
 
 def main(argv=None) -> None:
@@ -769,7 +815,8 @@ def main(argv=None) -> None:
                 raise
             # the stubs can merge the loops a case tells apart (the general kernel's
             # deterministic and stochastic loops): no straight count for it
-            rows.append({"kernel": case.name, "loop_instructions_per_element": None})
+            rows.append({"kernel": case.name, "loop_instructions_per_element": None,
+                         "loop_alu_per_element": None})
         print(table(rows)[-1], flush=True)
     if not args.straight:
         _merge_straight(rows, *straight)

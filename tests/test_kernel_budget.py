@@ -5,7 +5,8 @@ ptxas, nvdisasm; the ``ptx`` extra, which CI installs) in one subprocess; each k
 keep to 64 registers (the optimizer 96), spill nothing, use no local memory and issue no
 more instructions per element on the straight path of its main loop than its kind's budget
 (the module's docstring derives it; the straight path is the loop compiled with its
-fallbacks stubbed).  Static counts only, no timings.  Rules the current kernels break
+fallbacks stubbed), nor more integer-pipe instructions than half of it (that pipe issues at
+half the rate).  Static counts only, no timings.  Rules the current kernels break
 are marked xfail(strict=True), so the mark must go when a kernel is brought within budget.
 The SASS reading itself is checked on a written sample, which needs none of the tools.
 """
@@ -28,17 +29,20 @@ _spec.loader.exec_module(kb)
 
 #: registers per thread each hot kind may use (8 resident 128-thread blocks; 5 for optim)
 REGISTERS = {"quantize": 64, "packed": 64, "blocks": 64, "optim": 96}
-RULES = ("registers", "spills", "local", "instructions")
+RULES = ("registers", "spills", "local", "instructions", "alu")
 ISSUE_31 = "issue 31: over budget today"
 #: (case, rule) the current kernels break, with what they measure (ptxas 13.0, 2026-11-29)
 KNOWN = {
     # the straight path (benchmarks/kernel_budget.py's ``straight``): one wide load per array
-    # and quad, three Philox blocks, the bias corrections' two divisions by reciprocals
-    # (lpsim.optim.step.divide_by), one IEEE division and a square root per parameter
-    ("optim AdamW bf16 stochastic", "instructions"): "~163 straight per parameter",
+    # and quad, a Philox block, the bias corrections' two divisions by reciprocals
+    # (lpsim.optim.step.divide_by), a square root and a verified quotient per parameter,
+    # the update's stochastic rounding from float64
+    ("optim AdamW bf16 SR update", "instructions"): "~105 straight per parameter",
+    ("optim AdamW bf16 SR update", "alu"): "~53 integer-pipe per parameter",
     # a set's one launch (the default for CUDA parameters): the same step, and the tile's
     # search of the table and reading of its row shared by its quads
-    ("optim AdamW bf16 stochastic set", "instructions"): "~172 straight per parameter",
+    ("optim AdamW bf16 SR update set", "instructions"): "~113 straight per parameter",
+    ("optim AdamW bf16 SR update set", "alu"): "~58 integer-pipe per parameter",
 }
 HOT = [case for case in kb.CASES if case.hot]
 
@@ -104,8 +108,10 @@ def test_hot_kernel_within_budget(rows, name, rule):
         assert row["spill_bytes"] == 0, row
     elif rule == "local":
         assert row["local_bytes"] == 0 and row["local_ops"] == 0, row
-    else:
+    elif rule == "instructions":
         assert row["straight_instructions_per_element"] <= kb.budget(row["kind"]), row
+    else:
+        assert row["straight_alu_per_element"] <= kb.alu_budget(row["kind"]), row
 
 
 SAMPLE = """
@@ -138,6 +144,7 @@ def test_the_measured_loop_and_its_enclosing_pass():
     # inner loop: 3 instructions per element; the enclosing pass's own 3 shared by 4
     assert row["loop_instructions"] == 3 and row["loop_instructions_per_element"] == 3.8
     assert row["loop_int64_per_element"] == 1.2       # IADD3.X, then IMAD.WIDE / 4
+    assert row["loop_alu_per_element"] == 1.0         # IADD3.X (IMAD issues elsewhere)
     assert (row["load_bits"], row["store_bits"]) == (128, 16)
     assert (row["local_ops"], row["local_op_bytes"]) == (1, 8)
     with pytest.raises(ValueError, match="no loop holds"):
@@ -184,6 +191,16 @@ def test_the_straight_count_decides_the_instruction_rule(tmp_path):
     assert rows[2]["fails"] == ["instructions"]          # unmeasured: the static verdict
     assert [r["straight_instructions_per_element"] for r in rows] == [30, 50, None]
     assert not path.exists()
+
+
+def test_the_integer_pipe_opcodes():
+    assert [kb.is_alu(op) for op in ("LOP3.LUT", "IADD3.X", "ISETP.GE.U32.AND", "FSETP.GT.AND",
+                                     "F2FP.BF16.F32.PACK_AB", "PRMT", "SEL")] == [True] * 7
+    assert [kb.is_alu(op) for op in ("IMAD.WIDE.U32", "FFMA", "FMUL", "MUFU.RSQ",
+                                     "F2F.F64.F32", "LDG.E.64", "BRA", "DADD")] == [False] * 8
+    assert {kind: kb.alu_budget(kind) for kind in ("quantize", "packed", "halves", "optim",
+                                                   "blocks")} == {
+        "quantize": 19, "packed": 14, "halves": 9, "optim": 34, "blocks": 19}
 
 
 def test_widths_and_64_bit_heuristic():
