@@ -59,7 +59,6 @@ from numba.extending import register_jitable
 from lpsim.optim import step as core
 from lpsim.optim.step import ADAMW, KAHAN, NCOUNTS, REMAINDER, STOCHASTIC
 from lpsim.philox import block_words_keyed, round_keys
-from lpsim.word32 import float32_bits
 
 from . import arrays, launch, ptx, specialised, vector
 from .counters import add_warp_count
@@ -120,15 +119,14 @@ else:                                                      # pragma: no cover (G
 
     @register_jitable
     def _root(x):
-        """(sqrt(x), ok) by the fast path of the compiler's own correctly rounded square
-        root (sqrt.rn: MUFU.RSQ, two products, two FMAs), which it takes for x from 2**-101
-        (float32 bits 0x0D000000) to the largest float32 and leaves to a call elsewhere: ok is
-        that range, and outside it the straight path declines."""
+        """sqrt(x) by the fast path of the compiler's own correctly rounded square root
+        (sqrt.rn: MUFU.RSQ, two products, two FMAs), which it takes for x from 2**-101 to
+        the largest float32 (and leaves to a call elsewhere).  adam_ratio's ``vh`` lies
+        there wherever the straight path keeps the step: a quotient divide_by took, so from
+        2**-96 to 2**120 (lpsim.optim.step.adam_ratio)."""
         y = ptx.rsqrt_approx(x)
         s = _fmul_rn(x, y)
-        r = _fmaf(-s, s, x)
-        ok = float32_bits(x) - 0x0D000000 <= 0x727FFFFF         # unsigned: a word
-        return _fmaf(r, _fmul_rn(y, np.float32(0.5)), s), np.int64(ok)
+        return _fmaf(_fmaf(-s, s, x), _fmul_rn(y, np.float32(0.5)), s)
 
     @register_jitable
     def _round_moments(m, v, mode, rm, rv, k, p):
@@ -148,10 +146,8 @@ else:                                                      # pragma: no cover (G
         """(mh / (sqrt(vh) + eps), ok) without a branch or a call: lpsim.optim.step.adam_ratio
         on the GPU, by :func:`_root` and lpsim.optim.step.verified_quotient from
         ``rcp.approx``."""
-        root, ok_root = _root(vh)
-        d = _fadd_rn(root, eps)
-        q, ok_q = _quotient(mh, d, ptx.rcp_approx(d))
-        return q, ok_root & ok_q
+        d = _fadd_rn(_root(vh), eps)
+        return _quotient(mh, d, ptx.rcp_approx(d))
 
     _rebound = rebind(core, {"fmul": _fmul_rn, "fma32": _fmaf,
                              "round_moments": _round_moments, "adam_ratio": _adam_ratio})

@@ -71,8 +71,8 @@ with mock.patch.object(dispatcher, "get_current_device",
             # the counters summed over the warp before one atomic a warp (one a thread put
             # as many on one address as the grid has threads)
             assert "shfl.sync.down" in ptx, "the counters are added thread by thread"
-            # products are fmul_rn on the GPU: any fused multiply-add is one the CPU lacks
-            print(cls.__name__, dtype, wide, "ok", len(ptx), "fma", ptx.count("fma.rn"))
+            # products are fmul_rn on the GPU: any fused float32 multiply-add is one the CPU lacks
+            print(cls.__name__, dtype, wide, "ok", len(ptx), "fma", ptx.count("fma.rn.f32"))
             report(f"optim {cls.__name__} {dtype} {kw['update_rounding']} wide={wide}", ptx)
 """
 
@@ -248,7 +248,8 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
     # the explicit FMAs alone, nine in each of the aligned AdamW kernel's four lanes: two a
     # division by a bias correction (lpsim.optim.step.divide_by: m / c1, v / c2), two of
     # the square root's fast path and three of the quotient by it (lpsim_cuda.optim._root,
-    # lpsim.optim.step.verified_quotient); any other is a contraction
+    # lpsim.optim.step.verified_quotient); any other float32 one is a contraction (float64
+    # ones may be: lpsim.optim.step.sr_by_float64's products are exact)
     for x in (x for x in lines if " ok " in x):
         wide_adamw = x.startswith("AdamW") and x.split()[2] == "True"
         assert x.endswith("fma 36" if wide_adamw else "fma 0"), x

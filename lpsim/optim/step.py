@@ -130,11 +130,41 @@ def round32(x, mode, r, k, p, fast):
 @register_jitable
 def round64(x, mode, r, k, p, fast):
     """As :func:`round32` for a float64 x and float64-container params."""
+    if fast and mode == STOCHASTIC and k == 32 and p.W == 32 and p.M == 52 and p.m < 20:
+        return sr_by_float64(x, r, p)
     if fast:
         bits, ok, inexact = round_fast(bits_f64(x), mode, r, k, p)
         return as_f64(bits), ok, inexact
     bits, flags = round_one(bits_f64(x), mode, r, k, p)
     return as_f64(bits), np.int64(1), np.int64(flags)
+
+
+@register_jitable
+def sr_by_float64(x, r, p):
+    """round_fast(x, STOCHASTIC, r, 32, p) of a float64 x for a format with m < 20 (the
+    weight update's rounding), by float64 arithmetic: (x rounded, ok, inexact).
+
+    With q the format's quantum at x and ``rem`` = |x| mod q in units of x's last bit (q is
+    2**s of them, s = 52 - m), full-width SR rounds up iff R < ceil(rem / 2**(s - 32)),
+    that is iff rem > R 2**(s - 32).  Adding q - R q / 2**32 - (x's last bit) to |x| (two
+    float64 sums of exact products, x's sign on each) and truncating to the quantum carries
+    exactly then, and every sum is exact: a multiple of x's last bit below the next binade,
+    or past its start, where the exact sum truncates to that start too.  A GPU issues these
+    on its float64 pipe, where the integer form took ~14 instructions of the integer pipe,
+    which bounds the optimizer's step.  ok: round_fast's (x normal in the format, below its
+    top binade)."""
+    s = 52 - p.m
+    bits = bits_f64(x)
+    # q / 2**32 with x's sign: its exponent field 32 + m below x's
+    unit = as_f64((bits & -(np.int64(1) << 52)) - (np.int64(32 + p.m) << 52))
+    # 2**32 - 1 - R as a float64: the float64 2**52 + (~R), less 2**52
+    rest = as_f64((np.int64(0x43300000) << 32) | (~r & 0xFFFFFFFF)) - 2.0 ** 52
+    t = x + unit * (1 - 2.0 ** (32 - s))
+    t = t + rest * unit
+    out = bits_f64(t) & -(np.int64(1) << s)
+    a = abs(x)
+    ok = (a >= as_f64(np.int64(p.fast_lo) << 52)) & (a < as_f64(np.int64(p.fast_hi + 1) << 52))
+    return as_f64(out), np.int64(ok), np.int64(ok & ((bits & ((1 << s) - 1)) != 0))
 
 
 @register_jitable
@@ -264,10 +294,12 @@ def adamw_scaled(mh, vh, w, hp):
 @register_jitable(error_model="numpy")
 def adam_ratio(mh, vh, eps):
     """(mh / (sqrt(vh) + eps), ok) on the straight path: the IEEE operations of
-    :func:`adamw_scaled`, ok 1.  The GPU build computes them without a branch
-    (lpsim_cuda.optim: the square root's fast path and a quotient it proves correctly
-    rounded), with ok 0 where it cannot; the IEEE operations' slow paths are calls, and
-    around them the compiler saved and restored the step's predicates."""
+    :func:`adamw_scaled`, ok 1.  mh and vh are quotients :func:`divide_by` took wherever
+    the step stays on the straight path (2**-96 <= |mh|, 2**-96 <= vh <= 2**120), and the
+    GPU build relies on it: it computes them without a branch (lpsim_cuda.optim: the square
+    root's fast path and a quotient it proves correctly rounded), with ok 0 where it cannot
+    prove it; the IEEE operations' slow paths are calls, and around them the compiler saved
+    and restored the step's predicates."""
     return mh / (np.float32(math.sqrt(vh)) + eps), np.int64(1)
 
 

@@ -1,0 +1,71 @@
+"""lpsim.optim.step.sr_by_float64: the GPU step's stochastic rounding of its float64 update.
+
+It must make lpsim.rounding.round_fast's decisions (value, ok and the inexact flag) for
+every float64 and every 32-bit random word: checked bit for bit on weights minus updates
+of many magnitudes, on rests that sit exactly at a random word's threshold (R equal to the
+top 32 discarded bits, with and without bits below them), on R = 0 and R = 2**32 - 1, and
+on values whose rounding up carries into the next binade; compiled and as plain Python
+(the CUDA simulator runs the source).
+"""
+
+import numpy as np
+import pytest
+from numba import njit
+
+from lpsim.formats import parse_format
+from lpsim.optim.step import bits_f64, sr_by_float64
+from lpsim.rounding import STOCHASTIC, kernel_params, round_fast
+
+
+@njit(cache=True)
+def _differences(x, r, p):
+    """(elements where sr_by_float64 and round_fast differ, elements round_fast takes)."""
+    bad = taken = 0
+    for i in range(x.size):
+        b1, ok1, in1 = round_fast(bits_f64(x[i]), STOCHASTIC, r[i], 32, p)
+        v2, ok2, in2 = sr_by_float64(x[i], r[i], p)
+        taken += ok1
+        if ok1 != ok2 or (ok1 and (b1 != bits_f64(v2) or in1 != in2)):
+            bad += 1
+    return bad, taken
+
+
+def _cases(p, n, seed):
+    """(x, r): weights minus updates, the threshold cases and carries described above."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(n).astype(np.float32).astype(np.float64)
+    u = (rng.standard_normal(n) * 10.0 ** rng.integers(-12, 2, n)).astype(np.float32)
+    bits = (w - u).view(np.int64).copy()
+    s = 52 - p.m
+    eighth = n // 8
+    # rests with few bits set, and rests of every size below the quantum
+    bits[:eighth] &= ~np.int64((1 << 32) - 1) | rng.integers(0, 4, eighth)
+    bits[eighth:2 * eighth] = ((bits[eighth:2 * eighth] & ~np.int64((1 << s) - 1))
+                               | rng.integers(0, 1 << s, eighth))
+    # all ones below the top bits: a round up carries into the next binade
+    bits[2 * eighth:3 * eighth] |= ((np.int64(1) << 52) - 1) ^ rng.integers(0, 1 << 20, eighth)
+    r = rng.integers(0, 2 ** 32, n)
+    # R at the threshold: the top 32 discarded bits (the rest's lower bits decide)
+    r[:eighth] = (bits[:eighth] >> (s - 32)) & 0xFFFFFFFF
+    r[3 * eighth:3 * eighth + 1000] = 0
+    r[3 * eighth + 1000:3 * eighth + 2000] = 2 ** 32 - 1
+    return bits.view(np.float64), r.astype(np.int64)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3fn", "e5m2"])
+def test_the_same_decisions_as_round_fast(name):
+    p = kernel_params(parse_format(name), np.float64)._replace(W=32)
+    x, r = _cases(p, 400_000, 20261129)
+    bad, taken = _differences(x, r, p)
+    assert bad == 0 and taken > x.size // 2, (bad, taken)
+
+
+def test_the_same_decisions_as_plain_python():
+    p = kernel_params(parse_format("bf16"), np.float64)._replace(W=32)
+    x, r = _cases(p, 16_000, 20261130)
+    for i in range(0, x.size, 8):
+        want = round_fast(np.int64(bits_f64(x[i])), STOCHASTIC, np.int64(r[i]), 32, p)
+        value, ok, inexact = sr_by_float64(np.float64(x[i]), np.int64(r[i]), p)
+        assert ok == want[1], i
+        if ok:
+            assert (np.float64(value).view(np.int64), inexact) == (want[0], want[2]), i
