@@ -169,6 +169,70 @@ def _codes4(a, j, present):
     return zero, zero, zero, zero
 
 
+def _load4(a, j, present, halves):
+    """:func:`_codes4`, or where ``halves`` (a constant: ``a`` holds bfloat16 codes) the four
+    as float32 bits (lpsim_cuda.vector.load4_halves), which the step then takes as float32
+    storage (:func:`_vector_kinds`)."""
+    if present and halves:
+        return tuple(np.int64(b) for b in vector.load4_halves(a, j))
+    return _codes4(a, j, present)
+
+
+def _store4(a, j, halves, w0, w1, w2, w3):
+    """vector.store4, or where ``halves`` (a constant) the codes of four float32 bit
+    patterns (vector.store4_halves)."""
+    if halves:
+        vector.store4_halves(a, j, w0, w1, w2, w3)
+    else:
+        vector.store4(a, j, w0, w1, w2, w3)
+
+
+if not launch.SIMULATOR:                                   # pragma: no cover (NVVM only)
+    from numba.core import types as _types
+    from numba.core.extending import overload
+
+    def _holds_codes(a) -> bool:
+        """Whether the array (or pointer) type ``a`` holds 16-bit codes."""
+        return getattr(a, "dtype", None) == _types.int16
+
+    @overload(_load4, target="cuda")
+    def _load4_cuda(a, j, present, halves):
+        # numba types both branches: the halves load only for arrays of 16-bit codes
+        if _holds_codes(a):
+            def impl(a, j, present, halves):
+                if present and halves:
+                    b0, b1, b2, b3 = vector.load4_halves(a, j)
+                    return np.int64(b0), np.int64(b1), np.int64(b2), np.int64(b3)
+                return _codes4(a, j, present)
+        else:
+            def impl(a, j, present, halves):
+                return _codes4(a, j, present)
+        return impl
+
+    @overload(_store4, target="cuda")
+    def _store4_cuda(a, j, halves, w0, w1, w2, w3):
+        if _holds_codes(a):
+            def impl(a, j, halves, w0, w1, w2, w3):
+                if halves:
+                    vector.store4_halves(a, j, w0, w1, w2, w3)
+                else:
+                    vector.store4(a, j, w0, w1, w2, w3)
+        else:
+            def impl(a, j, halves, w0, w1, w2, w3):
+                vector.store4(a, j, w0, w1, w2, w3)
+        return impl
+
+
+@register_jitable
+def _vector_kinds(kinds):
+    """The storage kinds the wide step runs its lanes with: bfloat16 arrays are read and
+    written as float32 bits at the quad (:func:`_load4`, :func:`_store4`), so the lanes see
+    float32 storage there; the same values, without a shift each way an element."""
+    bf16, f32 = core.STORE_BF16, core.STORE_F32
+    return (f32 if kinds[0] == bf16 else kinds[0], f32 if kinds[1] == bf16 else kinds[1],
+            f32 if kinds[2] == bf16 else kinds[2])
+
+
 @register_jitable
 def _words4(q, stream, ks, drawn):
     """Philox block q of ``stream`` under the seed's round keys ``ks`` where a rounding is
@@ -180,13 +244,16 @@ def _words4(q, stream, ks, drawn):
 
 
 @register_jitable
-def _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints):
+def _quad_codes(j, wb, gb, mb, vb, cb, rb, kinds, hp, ints):
     """The codes of local elements 4j .. 4j+3 of each array the configuration has (zeros
-    for the others), each array's four by one wide load."""
+    for the others; a bfloat16 array's as float32 bits, :func:`_load4`), each array's four
+    by one wide load."""
     algo, update = ints[0], ints[1]
     hasm = algo == ADAMW or hp[10] != 0
-    return (_codes4(wb, j, True), _codes4(gb, j, True), _codes4(mb, j, hasm),
-            _codes4(vb, j, algo == ADAMW), _codes4(cb, j, update == KAHAN),
+    bf16 = core.STORE_BF16
+    wh, gh, sh = kinds[0] == bf16, kinds[1] == bf16, kinds[2] == bf16
+    return (_load4(wb, j, True, wh), _load4(gb, j, True, gh), _load4(mb, j, hasm, sh),
+            _load4(vb, j, algo == ADAMW, sh), _load4(cb, j, update == KAHAN, sh),
             _codes4(rb, j, update == REMAINDER))
 
 
@@ -206,22 +273,20 @@ def _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds, hp, in
     rv0, rv1, rv2, rv3 = _words4(q, stream_v, ks, smode == STOCHASTIC and algo == ADAMW)
     (w0, w1, w2, w3), (g0, g1, g2, g3), (m0, m1, m2, m3), (v0, v1, v2, v3), \
         (c0, c1, c2, c3), (e0, e1, e2, e3) = codes
-    a0 = _step_codes(w0, g0, m0, v0, c0, e0, rw0, rm0, rv0, kinds, hp, ints, pw, pc, ps, sp16,
-                     True)
-    a1 = _step_codes(w1, g1, m1, v1, c1, e1, rw1, rm1, rv1, kinds, hp, ints, pw, pc, ps, sp16,
-                     True)
-    a2 = _step_codes(w2, g2, m2, v2, c2, e2, rw2, rm2, rv2, kinds, hp, ints, pw, pc, ps, sp16,
-                     True)
-    a3 = _step_codes(w3, g3, m3, v3, c3, e3, rw3, rm3, rv3, kinds, hp, ints, pw, pc, ps, sp16,
-                     True)
+    vk = _vector_kinds(kinds)
+    a0 = _step_codes(w0, g0, m0, v0, c0, e0, rw0, rm0, rv0, vk, hp, ints, pw, pc, ps, sp16, True)
+    a1 = _step_codes(w1, g1, m1, v1, c1, e1, rw1, rm1, rv1, vk, hp, ints, pw, pc, ps, sp16, True)
+    a2 = _step_codes(w2, g2, m2, v2, c2, e2, rw2, rm2, rv2, vk, hp, ints, pw, pc, ps, sp16, True)
+    a3 = _step_codes(w3, g3, m3, v3, c3, e3, rw3, rm3, rv3, vk, hp, ints, pw, pc, ps, sp16, True)
     if a0[7] & a1[7] & a2[7] & a3[7]:
-        vector.store4(wb, j, a0[0], a1[0], a2[0], a3[0])
+        wh, sh = kinds[0] == core.STORE_BF16, kinds[2] == core.STORE_BF16
+        _store4(wb, j, wh, a0[0], a1[0], a2[0], a3[0])
         if hasm:
-            vector.store4(mb, j, a0[1], a1[1], a2[1], a3[1])
+            _store4(mb, j, sh, a0[1], a1[1], a2[1], a3[1])
         if algo == ADAMW:
-            vector.store4(vb, j, a0[2], a1[2], a2[2], a3[2])
+            _store4(vb, j, sh, a0[2], a1[2], a2[2], a3[2])
         if update == KAHAN:
-            vector.store4(cb, j, a0[3], a1[3], a2[3], a3[3])
+            _store4(cb, j, sh, a0[3], a1[3], a2[3], a3[3])
         elif update == REMAINDER:
             vector.store4(rb, j, a0[4], a1[4], a2[4], a3[4])
         counts[0] += (a0[5] & 1) + (a1[5] & 1) + (a2[5] & 1) + (a3[5] & 1)
@@ -275,14 +340,14 @@ def _step_vectors(wb, gb, mb, vb, cb, rb, kinds, hp, ints, keys, ks, offset, pw,
     none = (zero, zero, zero, zero)
     codes = (none, none, none, none, none, none)
     if ahead and j < full:
-        codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
+        codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, kinds, hp, ints)
     while j < full:
         if ahead:
             now = codes
             if j + stride < full:
-                codes = _quad_codes(j + stride, wb, gb, mb, vb, cb, rb, hp, ints)
+                codes = _quad_codes(j + stride, wb, gb, mb, vb, cb, rb, kinds, hp, ints)
         else:
-            now = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
+            now = _quad_codes(j, wb, gb, mb, vb, cb, rb, kinds, hp, ints)
         if not _step_quad_vector(j, n, offset, now, wb, gb, mb, vb, cb, rb, kinds, hp, ints,
                                  keys, ks, pw, pc, ps, sp16, local):
             _general_quad((offset >> 2) + j, n, offset, wb, gb, mb, vb, cb, rb, kinds, hp,
@@ -348,7 +413,7 @@ def _step_rows(table, pw_, pg_, ps_, pr_, kinds, hp, ints, seed, ks, pw, pc, ps,
                 break
             done = False
             if j < full:
-                codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, hp, ints)
+                codes = _quad_codes(j, wb, gb, mb, vb, cb, rb, kinds, hp, ints)
                 done = _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds,
                                          hp, ints, keys, ks, pw, pc, ps, sp16, local)
             if not done:

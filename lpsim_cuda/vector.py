@@ -11,7 +11,13 @@ bfloat16 or float8 codes out); both assume the data is aligned to the access's w
 the caller checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they are plain
 Python over the four elements (same values, no alignment rule to break).
 
-Both also take a pointer made by ``pointer(address, proto)``: the int64 device ``address`` seen
+``load4_halves(a, j)`` and ``store4_halves(a, j, b0, b1, b2, b3)`` read and write a bfloat16
+array (int16 codes) as float32 bit patterns, a code in the high half of each: made two at a
+time from the 8-byte load's words (a shift and a mask) and stored from the high halves of
+two words at a time (one ``prmt``), where a code numba loads is sign-extended, shifted and
+later shifted back one at a time (the optimizer's bfloat16 weights, gradients and moments).
+
+All of them also take a pointer made by ``pointer(address, proto)``: the int64 device ``address`` seen
 as elements of ``proto``'s type (indexed as an array: ``p[i]``), which is how one launch reaches
 many tensors through a table of their addresses (:class:`lpsim_cuda.optim.Table`).  The
 simulator has no addresses: :func:`address_of` records each array whose address it hands out,
@@ -21,6 +27,8 @@ and ``pointer`` gives that array back.
 from __future__ import annotations
 
 import weakref
+
+import numpy as np
 
 from .launch import SIMULATOR, address
 
@@ -49,6 +57,15 @@ if SIMULATOR:
     def store4(a, j, w0, w1, w2, w3):
         i = 4 * j
         a[i], a[i + 1], a[i + 2], a[i + 3] = w0, w1, w2, w3
+
+    def load4_halves(a, j):
+        i = 4 * j
+        return tuple(int(a[i + k]) << 16 for k in range(4))
+
+    def store4_halves(a, j, b0, b1, b2, b3):
+        i = 4 * j
+        for k, b in enumerate((b0, b1, b2, b3)):
+            a[i + k] = np.int16(((int(b) >> 16) + 0x8000) % 0x10000 - 0x8000)
 
 else:
     from llvmlite import ir
@@ -125,3 +142,41 @@ else:
                                            args[1], signature.args[1], vty), align=align)
             return context.get_dummy_value()
         return types.void(a, j, w0, w1, w2, w3), codegen
+
+    @intrinsic
+    def load4_halves(typingctx, a, j):
+        if not (_flat(a, (types.int16,)) and isinstance(j, types.Integer)):
+            return None
+        pair = ir.VectorType(_I32, 2)
+
+        def codegen(context, builder, signature, args):
+            vector = builder.load(_address(context, builder, signature.args[0], args[0],
+                                           args[1], signature.args[1], pair), align=8)
+            high = ir.Constant(_I32, 0xFFFF0000)
+            out = []
+            for k in range(2):
+                word = builder.extract_element(vector, ir.Constant(_I32, k))
+                out += [builder.shl(word, ir.Constant(_I32, 16)), builder.and_(word, high)]
+            return context.make_tuple(builder, signature.return_type, out)
+        return types.UniTuple(types.int32, 4)(a, j), codegen
+
+    @intrinsic
+    def store4_halves(typingctx, a, j, b0, b1, b2, b3):
+        if not (_flat(a, (types.int16,)) and isinstance(j, types.Integer)):
+            return None
+        pair = ir.VectorType(_I32, 2)
+
+        def codegen(context, builder, signature, args):
+            words = [context.cast(builder, v, t, types.int32)
+                     for v, t in zip(args[2:], signature.args[2:])]
+            vector = ir.Constant(pair, ir.Undefined)
+            for k in range(2):
+                # the high halves of two words in one (bytes 2, 3 of each)
+                both = builder.asm(ir.FunctionType(_I32, [_I32, _I32]),
+                                   "prmt.b32 $0, $1, $2, 0x7632;", "=r,r,r",
+                                   words[2 * k:2 * k + 2], side_effect=False)
+                vector = builder.insert_element(vector, both, ir.Constant(_I32, k))
+            builder.store(vector, _address(context, builder, signature.args[0], args[0],
+                                           args[1], signature.args[1], pair), align=8)
+            return context.get_dummy_value()
+        return types.void(a, j, b0, b1, b2, b3), codegen
