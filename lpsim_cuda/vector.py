@@ -8,8 +8,8 @@ int16 array as one 16- or 8-byte load (``ld.global.v4``) and ``store4(a, j, w0, 
 writes elements 4j .. 4j+3 of a 1-D int32, float32, int16 or int8 array (values cast to its
 type, as an array store casts them) as one 16-, 8- or 4-byte store (packed storage: float32 in,
 bfloat16 or float8 codes out); both assume the data is aligned to the access's width, which
-the caller checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they are plain
-Python over the four elements (same values, no alignment rule to break).
+the caller checks (:func:`lpsim_cuda.specialised.eligible`).  Under the CUDA simulator they
+are plain Python over the four elements (same values, no alignment rule to break).
 
 ``load4_halves(a, j)`` and ``store4_halves(a, j, b0, b1, b2, b3)`` read and write a bfloat16
 array (int16 codes) as float32 bit patterns, a code in the high half of each: made two at a
@@ -17,11 +17,11 @@ time from the 8-byte load's words (a shift and a mask) and stored from the high 
 two words at a time (one ``prmt``), where a code numba loads is sign-extended, shifted and
 later shifted back one at a time (the optimizer's bfloat16 weights, gradients and moments).
 
-All of them also take a pointer made by ``pointer(address, proto)``: the int64 device ``address`` seen
-as elements of ``proto``'s type (indexed as an array: ``p[i]``), which is how one launch reaches
-many tensors through a table of their addresses (:class:`lpsim_cuda.optim.Table`).  The
-simulator has no addresses: :func:`address_of` records each array whose address it hands out,
-and ``pointer`` gives that array back.
+All of them also take a pointer made by ``pointer(address, proto)``: the int64 device
+``address`` seen as elements of ``proto``'s type (indexed as an array: ``p[i]``), which is how
+one launch reaches many tensors through a table of their addresses
+(:class:`lpsim_cuda.optim.Table`).  The simulator has no addresses: :func:`address_of`
+records each array whose address it hands out, and ``pointer`` gives that array back.
 """
 
 from __future__ import annotations
