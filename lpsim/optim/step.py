@@ -155,16 +155,17 @@ def sr_by_float64(x, r, p):
     top binade)."""
     s = 52 - p.m
     bits = bits_f64(x)
-    # q / 2**32 with x's sign: its exponent field 32 + m below x's
-    unit = as_f64((bits & -(np.int64(1) << 52)) - (np.int64(32 + p.m) << 52))
+    # q / 2**32 with x's sign: x's binade (its sign and exponent bits) scaled, exactly
+    unit = as_f64(bits & -(np.int64(1) << 52)) * 2.0 ** -(32 + p.m)
     # 2**32 - 1 - R as a float64: the float64 2**52 + (~R), less 2**52
     rest = as_f64((np.int64(0x43300000) << 32) | (~r & 0xFFFFFFFF)) - 2.0 ** 52
     t = x + unit * (1 - 2.0 ** (32 - s))
     t = t + rest * unit
-    out = bits_f64(t) & -(np.int64(1) << s)
     a = abs(x)
     ok = (a >= as_f64(np.int64(p.fast_lo) << 52)) & (a < as_f64(np.int64(p.fast_hi + 1) << 52))
-    return as_f64(out), np.int64(ok), np.int64(ok & ((bits & ((1 << s) - 1)) != 0))
+    # inexact: x is not on the quantum's grid (compared as float64s)
+    inexact = as_f64(bits & -(np.int64(1) << s)) != x
+    return as_f64(bits_f64(t) & -(np.int64(1) << s)), np.int64(ok), np.int64(ok & inexact)
 
 
 @register_jitable
