@@ -249,7 +249,7 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
     # division by a bias correction (lpsim.optim.step.divide_by: m / c1, v / c2), two of
     # the square root's fast path and three of the quotient by it (lpsim_cuda.optim._root,
     # lpsim.optim.step.verified_quotient); any other float32 one is a contraction (float64
-    # ones may be: lpsim.optim.step.sr_by_float64's products are exact)
+    # ones may be: lpsim.optim.step.by_float64's products are exact)
     for x in (x for x in lines if " ok " in x):
         wide_adamw = x.startswith("AdamW") and x.split()[2] == "True"
         assert x.endswith("fma 36" if wide_adamw else "fma 0"), x

@@ -130,8 +130,8 @@ def round32(x, mode, r, k, p, fast):
 @register_jitable
 def round64(x, mode, r, k, p, fast):
     """As :func:`round32` for a float64 x and float64-container params."""
-    if fast and mode == STOCHASTIC and k == 32 and p.W == 32 and p.M == 52 and p.m < 20:
-        return sr_by_float64(x, r, p)
+    if fast and float64_applies(mode, k, p):
+        return by_float64(x, mode, r, p)
     if fast:
         bits, ok, inexact = round_fast(bits_f64(x), mode, r, k, p)
         return as_f64(bits), ok, inexact
@@ -140,32 +140,48 @@ def round64(x, mode, r, k, p, fast):
 
 
 @register_jitable
-def sr_by_float64(x, r, p):
-    """round_fast(x, STOCHASTIC, r, 32, p) of a float64 x for a format with m < 20 (the
-    weight update's rounding), by float64 arithmetic: (x rounded, ok, inexact).
+def by_float64(x, mode, r, p):
+    """round_fast(x, mode, r, 32, p) of a float64 x, to nearest or stochastically with a full
+    32-bit word, for a format with m < 20 (the optimizers' weight update, Kahan's sum and
+    compensation), by float64 arithmetic: (x rounded, ok, inexact).  A GPU issues it on its
+    float64 pipe, where the integer form took ~14 instructions of the integer pipe, which
+    bounds the optimizer's step.
 
-    With q the format's quantum at x and ``rem`` = |x| mod q in units of x's last bit (q is
-    2**s of them, s = 52 - m), full-width SR rounds up iff R < ceil(rem / 2**(s - 32)),
-    that is iff rem > R 2**(s - 32).  Adding q - R q / 2**32 - (x's last bit) to |x| (two
-    float64 sums of exact products, x's sign on each) and truncating to the quantum carries
-    exactly then, and every sum is exact: a multiple of x's last bit below the next binade,
-    or past its start, where the exact sum truncates to that start too.  A GPU issues these
-    on its float64 pipe, where the integer form took ~14 instructions of the integer pipe,
-    which bounds the optimizer's step.  ok: round_fast's (x normal in the format, below its
-    top binade)."""
+    q is the format's quantum at x, 2**s of x's last bits (s = 52 - m).  To nearest: x + c
+    with c = 2**52 q (x's sign) lies in c's binade, whose spacing is q, so the sum rounds x
+    to the quantum, ties to the even multiple (c / q is even), and subtracting c is exact.
+    Stochastic: with ``rem`` = |x| mod q in last bits, full-width SR rounds up iff R <
+    ceil(rem / 2**(s - 32)), that is iff rem > R 2**(s - 32); adding q - R q / 2**32 - (x's
+    last bit) to |x| (two float64 sums of exact products, x's sign on each) and truncating
+    to the quantum carries exactly then, and every sum is exact: a multiple of x's last bit
+    below the next binade, or past its start, where the exact sum truncates to that start
+    too.  ok: round_fast's (x normal in the format, below its top binade)."""
     s = 52 - p.m
     bits = bits_f64(x)
-    # q / 2**32 with x's sign: x's binade (its sign and exponent bits) scaled, exactly
-    unit = as_f64(bits & -(np.int64(1) << 52)) * 2.0 ** -(32 + p.m)
-    # 2**32 - 1 - R as a float64: the float64 2**52 + (~R), less 2**52
-    rest = as_f64((np.int64(0x43300000) << 32) | (~r & 0xFFFFFFFF)) - 2.0 ** 52
-    t = x + unit * (1 - 2.0 ** (32 - s))
-    t = t + rest * unit
+    binade = as_f64(bits & -(np.int64(1) << 52))       # x's sign and power of two, exactly
+    if mode == NEAREST:
+        c = binade * 2.0 ** (52 - p.m)
+        out = (x + c) - c
+    else:
+        unit = binade * 2.0 ** -(32 + p.m)             # q / 2**32
+        # 2**32 - 1 - R as a float64: the float64 2**52 + (~R), less 2**52
+        rest = as_f64((np.int64(0x43300000) << 32) | (~r & 0xFFFFFFFF)) - 2.0 ** 52
+        t = x + unit * (1 - 2.0 ** (32 - s))
+        t = t + rest * unit
+        out = as_f64(bits_f64(t) & -(np.int64(1) << s))
     a = abs(x)
     ok = (a >= as_f64(np.int64(p.fast_lo) << 52)) & (a < as_f64(np.int64(p.fast_hi + 1) << 52))
     # inexact: x is not on the quantum's grid (compared as float64s)
     inexact = as_f64(bits & -(np.int64(1) << s)) != x
-    return as_f64(bits_f64(t) & -(np.int64(1) << s)), np.int64(ok), np.int64(ok & inexact)
+    return out, np.int64(ok), np.int64(ok & inexact)
+
+
+@register_jitable
+def float64_applies(mode, k, p) -> bool:
+    """Whether :func:`by_float64` makes round_fast's decisions (a constant in compiled
+    code)."""
+    return ((mode == NEAREST or (mode == STOCHASTIC and k == 32 and p.W == 32))
+            and p.M == 52 and p.m < 20)
 
 
 @register_jitable

@@ -1,11 +1,12 @@
-"""lpsim.optim.step.sr_by_float64: the GPU step's stochastic rounding of its float64 update.
+"""lpsim.optim.step.by_float64: the GPU step's rounding of its float64 update, to nearest and
+stochastic.
 
 It must make lpsim.rounding.round_fast's decisions (value, ok and the inexact flag) for
 every float64 and every 32-bit random word: checked bit for bit on weights minus updates
 of many magnitudes, on rests that sit exactly at a random word's threshold (R equal to the
-top 32 discarded bits, with and without bits below them), on R = 0 and R = 2**32 - 1, and
-on values whose rounding up carries into the next binade; compiled and as plain Python
-(the CUDA simulator runs the source).
+top 32 discarded bits, with and without bits below them) or at a tie, on R = 0 and R =
+2**32 - 1, and on values whose rounding up carries into the next binade; compiled and as
+plain Python (the CUDA simulator runs the source).
 """
 
 import numpy as np
@@ -13,17 +14,17 @@ import pytest
 from numba import njit
 
 from lpsim.formats import parse_format
-from lpsim.optim.step import bits_f64, sr_by_float64
-from lpsim.rounding import STOCHASTIC, kernel_params, round_fast
+from lpsim.optim.step import bits_f64, by_float64, float64_applies
+from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, round_fast
 
 
 @njit(cache=True)
-def _differences(x, r, p):
-    """(elements where sr_by_float64 and round_fast differ, elements round_fast takes)."""
+def _differences(x, mode, r, p):
+    """(elements where by_float64 and round_fast differ, elements round_fast takes)."""
     bad = taken = 0
     for i in range(x.size):
-        b1, ok1, in1 = round_fast(bits_f64(x[i]), STOCHASTIC, r[i], 32, p)
-        v2, ok2, in2 = sr_by_float64(x[i], r[i], p)
+        b1, ok1, in1 = round_fast(bits_f64(x[i]), mode, r[i], 32, p)
+        v2, ok2, in2 = by_float64(x[i], mode, r[i], p)
         taken += ok1
         if ok1 != ok2 or (ok1 and (b1 != bits_f64(v2) or in1 != in2)):
             bad += 1
@@ -42,6 +43,9 @@ def _cases(p, n, seed):
     bits[:eighth] &= ~np.int64((1 << 32) - 1) | rng.integers(0, 4, eighth)
     bits[eighth:2 * eighth] = ((bits[eighth:2 * eighth] & ~np.int64((1 << s) - 1))
                                | rng.integers(0, 1 << s, eighth))
+    # ties: exactly half a quantum, the quantum's last bit odd or even
+    bits[7 * eighth:] = ((bits[7 * eighth:] & ~np.int64((1 << s) - 1)) | (np.int64(1) << (s - 1))
+                         ^ (rng.integers(0, 2, n - 7 * eighth) << s))
     # all ones below the top bits: a round up carries into the next binade
     bits[2 * eighth:3 * eighth] |= ((np.int64(1) << 52) - 1) ^ rng.integers(0, 1 << 20, eighth)
     r = rng.integers(0, 2 ** 32, n)
@@ -52,20 +56,30 @@ def _cases(p, n, seed):
     return bits.view(np.float64), r.astype(np.int64)
 
 
+@pytest.mark.parametrize("mode", [NEAREST, STOCHASTIC])
 @pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3fn", "e5m2"])
-def test_the_same_decisions_as_round_fast(name):
+def test_the_same_decisions_as_round_fast(name, mode):
     p = kernel_params(parse_format(name), np.float64)._replace(W=32)
+    assert float64_applies(mode, 32, p)
     x, r = _cases(p, 400_000, 20261129)
-    bad, taken = _differences(x, r, p)
+    bad, taken = _differences(x, mode, r, p)
     assert bad == 0 and taken > x.size // 2, (bad, taken)
+
+
+def test_where_it_does_not_apply():
+    bf16 = kernel_params(parse_format("bf16"), np.float64)._replace(W=32)
+    fp32 = kernel_params(parse_format("fp32"), np.float64)._replace(W=32)
+    assert not float64_applies(STOCHASTIC, 16, bf16)        # few-bit SR
+    assert not float64_applies(NEAREST, 32, fp32)           # kept bits past the high word
 
 
 def test_the_same_decisions_as_plain_python():
     p = kernel_params(parse_format("bf16"), np.float64)._replace(W=32)
     x, r = _cases(p, 16_000, 20261130)
     for i in range(0, x.size, 8):
-        want = round_fast(np.int64(bits_f64(x[i])), STOCHASTIC, np.int64(r[i]), 32, p)
-        value, ok, inexact = sr_by_float64(np.float64(x[i]), np.int64(r[i]), p)
-        assert ok == want[1], i
-        if ok:
-            assert (np.float64(value).view(np.int64), inexact) == (want[0], want[2]), i
+        for mode in (NEAREST, STOCHASTIC):
+            want = round_fast(np.int64(bits_f64(x[i])), mode, np.int64(r[i]), 32, p)
+            value, ok, inexact = by_float64(np.float64(x[i]), mode, np.int64(r[i]), p)
+            assert ok == want[1], i
+            if ok:
+                assert (np.float64(value).view(np.int64), inexact) == (want[0], want[2]), i
