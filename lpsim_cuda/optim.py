@@ -27,16 +27,17 @@ A launch through numba costs tens of microseconds of host time, so a model of a 
 tensors spent milliseconds a step launching before.
 
 The straight path is bound by the integer pipe, which issues at half the float32 rate
-(benchmarks/kernel_budget.py's ``alu/e``), so the GPU build replaces three of the shared
-source's operations where the hardware does them for fewer: bfloat16 moments rounded to
-nearest by one ``cvt.rn.bf16x2.f32`` for the two (:mod:`lpsim_cuda.ptx`) instead of ~9
-integer instructions each, and the quotient m / (sqrt(v) + eps) without IEEE division's and
+(benchmarks/kernel_budget.py's ``alu/e``), so it keeps work off it: bfloat16 moments rounded
+to nearest by one ``cvt.rn.bf16x2.f32`` for the two (:mod:`lpsim_cuda.ptx`) instead of ~9
+integer instructions each; the quotient m / (sqrt(v) + eps) without IEEE division's and
 square root's branches to slow-path calls, around which the compiler kept the step's
-predicates in integer registers: the square root by its own fast path, the quotient from
-``rcp.approx`` with a proof that it is the correctly rounded one
-(:func:`lpsim.optim.step.verified_quotient`).  Where either cannot answer, the quad takes the
-general path, as it does for a NaN.  AdamW's bf16 step went from 142.5 to 104.8 straight
-instructions a parameter and from 82 to 53 integer ones.
+predicates in integer registers (the square root by its own fast path, the quotient from
+``rcp.approx`` with a proof that it is the correctly rounded one,
+:func:`lpsim.optim.step.verified_quotient`); the weight's rounding from float64 in float64
+arithmetic (:func:`lpsim.optim.step.by_float64`); bfloat16 arrays read and written as
+float32 bits a pair of codes at a time (:func:`_load4`, :func:`_store4`).  Where a check
+cannot answer, the quad takes the general path, as it does for a NaN.  AdamW's bf16 SR step
+went from 142.5 to 92.5 straight instructions a parameter and from 82 to 36 integer ones.
 
 numba.cuda contracts ``a*b + c`` into an FMA (NVVM's default), which rounds once where the
 CPU rounds twice; so on a real GPU the step's products (:func:`lpsim.optim.step.fmul`) are
