@@ -341,10 +341,10 @@ CASES = [
          loads="wide", cold_loops=True),
     # a set's one launch (lpsim_cuda.optim.Table): a pass steps one quad of the tensor its
     # tile found in the table; the tile's own work (the search, a loop of log2(tensors)
-    # passes counted once, and reading the row) is shared by its TILE_PASSES quads
+    # passes counted once, and reading the row) is shared by its TILE_PASSES (8) quads
     Case("optim AdamW bf16 SR update set", "optim", True,
          _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic"), elements=4,
-         loads="stores", cold_loops=True, outer=16),
+         loads="stores", cold_loops=True, outer=32),
     # the moments rounded stochastically too: two more Philox blocks a quad
     Case("optim AdamW bf16 stochastic", "optim", False,
          _optim("AdamW", "bfloat16", wide=True, update_rounding="stochastic",
@@ -352,7 +352,7 @@ CASES = [
     Case("optim AdamW bf16 stochastic set", "optim", False,
          _optim("AdamW", "bfloat16", wide="set", update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="stores", cold_loops=True,
-         outer=16),
+         outer=32),
     Case("optim AdamW bf16 stochastic ahead", "optim", False,
          _optim("AdamW", "bfloat16", wide=True, ahead=True, update_rounding="stochastic",
                 state_rounding="stochastic"), elements=4, loads="wide", cold_loops=True),

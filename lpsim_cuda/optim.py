@@ -131,16 +131,21 @@ else:                                                      # pragma: no cover (G
 
     @register_jitable
     def _round_moments(m, v, mode, rm, rv, k, p):
-        """Moments to bfloat16 nearest by one ``cvt.rn.bf16x2.f32`` for the two
-        (lpsim.optim.step.round_moments says why ok is 1); every other state format and
-        mode as the shared source."""
+        """Moments to bfloat16 nearest by one ``cvt.rn.bf16x2.f32`` for the two, or
+        stochastically by float32 arithmetic (lpsim.optim.step.sr_by_float32; the shared
+        source's lpsim.optim.step.round_moments says why ok is 1); every other state format
+        and mode as the shared source."""
         if mode == core.NEAREST and _bfloat16_grid(p):
             m, v = ptx.bf16_nearest2(m, v)
             return m, v, np.int64(1)
+        if mode == STOCHASTIC and k == 32 and _bfloat16_grid(p):
+            # in float32 arithmetic (its ok, too, is the divisions' to decide)
+            return _sr_by_float32(m, rm, p)[0], _sr_by_float32(v, rv, p)[0], np.int64(1)
         return core.round_moments(m, v, mode, rm, rv, k, p)
 
-    _quotient = rebind(core, {"fmul": _fmul_rn, "fma32": _fmaf},
-                       ("verified_quotient", "is_nearest_quotient"))["verified_quotient"]
+    _floats = rebind(core, {"fmul": _fmul_rn, "fma32": _fmaf},
+                     ("verified_quotient", "is_nearest_quotient", "sr_by_float32"))
+    _quotient, _sr_by_float32 = _floats["verified_quotient"], _floats["sr_by_float32"]
 
     @register_jitable
     def _adam_ratio(mh, vh, eps):
@@ -367,7 +372,9 @@ W, G, M, V, C, R, N, OFFSET, SW, SM, SV, QUADS, FIRST, WIDE = range(14)
 COLUMNS = 14
 #: passes a thread makes over a tile of a set (a tile: TILE_PASSES x THREADS quads of one
 #: tensor), so that the search of the table and the reading of a row serve several quads
-TILE_PASSES = 4
+#: (8: 98 straight instructions a parameter against 4's 102; a tile is then 4096 elements,
+#: and a tensor smaller than that leaves the rest of its tile's threads idle for a pass)
+TILE_PASSES = 8
 
 
 @register_jitable

@@ -71,6 +71,14 @@ def rows(tmp_path_factory):
     return {row["kernel"]: row for row in json.loads(out.read_text())["rows"]}
 
 
+def test_a_set_pass_shares_its_tile_as_the_kernel_does():
+    # the set cases' ``outer``: the elements of a tile's passes (lpsim_cuda.optim)
+    optim = pytest.importorskip("lpsim_cuda.optim")
+    for case in kb.CASES:
+        if case.name.endswith(" set"):
+            assert case.outer == 4 * optim.TILE_PASSES, case.name
+
+
 def test_the_hot_path_has_each_kernel_family():
     assert {case.name.split()[0] for case in HOT} == {"quantize", "optim", "blocks"}
     assert all(case.kind in REGISTERS for case in HOT)

@@ -1,8 +1,9 @@
-"""lpsim.optim.step.by_float64: the GPU step's rounding of its float64 update, to nearest and
-stochastic.
+"""lpsim.optim.step.by_float64 and sr_by_float32: the GPU step's roundings in floating-point
+arithmetic (its update to nearest and stochastic from float64, its moments stochastic from
+float32).
 
-It must make lpsim.rounding.round_fast's decisions (value, ok and the inexact flag) for
-every float64 and every 32-bit random word: checked bit for bit on weights minus updates
+They must make lpsim.rounding.round_fast's decisions (value, ok and the inexact flag) for
+every input and every 32-bit random word: checked bit for bit on weights minus updates
 of many magnitudes, on rests that sit exactly at a random word's threshold (R equal to the
 top 32 discarded bits, with and without bits below them) or at a tie, on R = 0 and R =
 2**32 - 1, and on values whose rounding up carries into the next binade; compiled and as
@@ -14,7 +15,7 @@ import pytest
 from numba import njit
 
 from lpsim.formats import parse_format
-from lpsim.optim.step import bits_f64, by_float64, float64_applies
+from lpsim.optim.step import bits_f64, by_float64, float64_applies, sr_by_float32
 from lpsim.rounding import NEAREST, STOCHASTIC, kernel_params, round_fast
 
 
@@ -83,3 +84,48 @@ def test_the_same_decisions_as_plain_python():
             assert ok == want[1], i
             if ok:
                 assert (np.float64(value).view(np.int64), inexact) == (want[0], want[2]), i
+
+
+@njit(cache=True)
+def _differences32(x, bits, r, p):
+    """(elements where sr_by_float32 and round_fast differ, elements round_fast takes)."""
+    bad = taken = 0
+    for i in range(x.size):
+        b1, ok1, _ = round_fast(np.int64(bits[i]), STOCHASTIC, r[i], 32, p)
+        v2, ok2 = sr_by_float32(x[i], r[i], p)
+        taken += ok1
+        if ok1 != ok2 or (ok1 and np.int32(b1) != np.int32(np.float32(v2).view(np.int32))):
+            bad += 1
+    return bad, taken
+
+
+def _cases32(p, n, seed):
+    """(x, its bits, r): float32 values of many magnitudes, every discarded bit set (a
+    round up carries into the next binade), R at the threshold, R = 0 and 2**32 - 1."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n)).astype(np.float32)
+    bits = x.view(np.int32).copy()
+    s = 23 - p.m
+    quarter = n // 4
+    bits[:quarter] |= np.int32((1 << s) - 1)
+    r = rng.integers(0, 2 ** 32, n)
+    # R's top s bits equal to the rest: the decision's edge
+    r[quarter:2 * quarter] = (bits[quarter:2 * quarter].astype(np.int64) & ((1 << s) - 1)) \
+        << (32 - s)
+    r[2 * quarter:2 * quarter + 1000] = 0
+    r[2 * quarter + 1000:2 * quarter + 2000] = 2 ** 32 - 1
+    return bits.view(np.float32), bits, r.astype(np.int64)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3fn", "e5m2"])
+def test_moments_in_float32_make_round_fasts_decisions(name):
+    p = kernel_params(parse_format(name), np.float32)
+    x, bits, r = _cases32(p, 400_000, 20261131)
+    bad, taken = _differences32(x, bits, r, p)
+    assert bad == 0 and taken > x.size // 4, (bad, taken)
+    for i in range(0, 4000, 4):                          # the source as plain Python
+        want = round_fast(np.int64(bits[i]), STOCHASTIC, np.int64(r[i]), 32, p)
+        value, ok = sr_by_float32(np.float32(x[i]), np.int64(r[i]), p)
+        assert ok == want[1], i
+        if ok:
+            assert np.int32(np.float32(value).view(np.int32)) == np.int32(want[0]), i

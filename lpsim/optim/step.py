@@ -177,6 +177,29 @@ def by_float64(x, mode, r, p):
 
 
 @register_jitable
+def sr_by_float32(x, r, p):
+    """round_fast(x, STOCHASTIC, r, 32, p) of a float32 x for a format with m <= 15 (AdamW's
+    stochastically rounded moments on the GPU), by float32 arithmetic: (x rounded, ok).
+
+    With s = 23 - m discarded bits and ``rem`` their value, full-width SR rounds up iff R <
+    rem 2**(32 - s), that is iff rem > R's top s bits; adding (2**s - 1 - those bits) last
+    bits of x to |x| (one FMA of an exact product, x's sign on it) and truncating to the
+    quantum carries exactly then, every sum exact as in :func:`by_float64`.  The count is
+    made a float32 as 2**23 + it, less 2**23.  ok: round_fast's."""
+    s = 23 - p.m
+    bits = float32_bits(x)
+    # x's last bit with its sign: its sign and exponent bits, scaled
+    last = bits_float32(bits & 0xFF800000) * np.float32(2.0 ** -23)
+    count = bits_float32(word(0x4B000000) | (word(~r & 0xFFFFFFFF) >> (32 - s))) \
+        - np.float32(2.0 ** 23)
+    t = fma32(count, last, x)           # the product is exact: fused or not, one rounding
+    a = abs(x)
+    ok = ((a >= bits_float32(word(p.fast_lo << 23)))
+          & (a < bits_float32(word((p.fast_hi + 1) << 23))))
+    return bits_float32(float32_bits(t) & (0xFFFFFFFF ^ ((1 << s) - 1))), np.int64(ok)
+
+
+@register_jitable
 def float64_applies(mode, k, p) -> bool:
     """Whether :func:`by_float64` makes round_fast's decisions (a constant in compiled
     code)."""
