@@ -171,9 +171,9 @@ def by_float64(x, mode, r, p):
         out = as_f64(bits_f64(t) & -(np.int64(1) << s))
     a = abs(x)
     ok = (a >= as_f64(np.int64(p.fast_lo) << 52)) & (a < as_f64(np.int64(p.fast_hi + 1) << 52))
-    # inexact: x is not on the quantum's grid (compared as float64s)
-    inexact = as_f64(bits & -(np.int64(1) << s)) != x
-    return out, np.int64(ok), np.int64(ok & inexact)
+    # inexact: the rounding moved x (a value on the grid stays, both ways; compared as
+    # float64s, off the integer pipe)
+    return out, np.int64(ok), np.int64(ok & (out != x))
 
 
 @register_jitable
@@ -459,8 +459,11 @@ def apply_update(wb, u, c, rem, update, wmode, wk, rw, pw, pc, fast):
     else:
         w2, ok, flags = round64(np.float64(w) - np.float64(u), wmode, rw, wk, pw, fast)
     new = bits_f32(np.float32(w2))
-    new = new if fast else quiet_nan(new)                   # fast: not stored unless ok
+    if fast:        # not stored unless ok, and then w2 is a normal: its bits are w's iff
+        # its value is (compared as float64s, off a GPU's integer pipe)
+        return new, c, rem, flags, (u != 0) & (w2 == np.float64(w)), ok
     # both are float32 bits sign-extended: their low words decide (a 32-bit compare)
+    new = quiet_nan(new)
     return new, c, rem, flags, (u != 0) & (np.int32(new) == np.int32(wb)), ok
 
 
