@@ -37,7 +37,7 @@ predicates in integer registers (the square root by its own fast path, the quoti
 arithmetic (:func:`lpsim.optim.step.by_float64`); bfloat16 arrays read and written as
 float32 bits a pair of codes at a time (:func:`_load4`, :func:`_store4`).  Where a check
 cannot answer, the quad takes the general path, as it does for a NaN.  AdamW's bf16 SR step
-went from 142.5 to 92.5 straight instructions a parameter and from 82 to 36 integer ones.
+went from 142.5 to 90.8 straight instructions a parameter and from 82 to 33.8 integer ones.
 
 numba.cuda contracts ``a*b + c`` into an FMA (NVVM's default), which rounds once where the
 CPU rounds twice; so on a real GPU the step's products (:func:`lpsim.optim.step.fmul`) are

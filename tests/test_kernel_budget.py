@@ -36,13 +36,13 @@ KNOWN = {
     # the straight path (benchmarks/kernel_budget.py's ``straight``): one wide load per array
     # and quad, a Philox block, the bias corrections' two divisions by reciprocals
     # (lpsim.optim.step.divide_by), a square root and a verified quotient per parameter,
-    # the update's stochastic rounding in float64 (lpsim.optim.step.by_float64)
-    ("optim AdamW bf16 SR update", "instructions"): "~93 straight per parameter",
-    ("optim AdamW bf16 SR update", "alu"): "~36 integer-pipe per parameter",
+    # the update's stochastic rounding in float64 (lpsim.optim.step.by_float64); its
+    # integer-pipe instructions are within their budget (~33.8 per parameter)
+    ("optim AdamW bf16 SR update", "instructions"): "~91 straight per parameter",
     # a set's one launch (the default for CUDA parameters): the same step, and the tile's
     # search of the table and reading of its row shared by its quads
-    ("optim AdamW bf16 SR update set", "instructions"): "~98 straight per parameter",
-    ("optim AdamW bf16 SR update set", "alu"): "~39 integer-pipe per parameter",
+    ("optim AdamW bf16 SR update set", "instructions"): "~96 straight per parameter",
+    ("optim AdamW bf16 SR update set", "alu"): "~37 integer-pipe per parameter",
 }
 HOT = [case for case in kb.CASES if case.hot]
 
