@@ -178,7 +178,7 @@ def by_float64(x, mode, r, p):
 
 @register_jitable
 def sr_by_float32(x, r, p):
-    """round_fast(x, STOCHASTIC, r, 32, p) of a float32 x for a format with m <= 15 (AdamW's
+    """round_fast(x, STOCHASTIC, r, 32, p) of a float32 x for a format with m < 23 (AdamW's
     stochastically rounded moments on the GPU), by float32 arithmetic: (x rounded, ok).
 
     With s = 23 - m discarded bits and ``rem`` their value, full-width SR rounds up iff R <
@@ -212,9 +212,10 @@ def round_moments(m, v, mode, rm, rv, k, p):
     """(m, v rounded to the state format, ok): AdamW's moments on the straight path, which
     divides each by its bias correction next.  divide_by declines a dividend that is zero,
     NaN, inf or below 2**-96, or whose quotient passes 2**120 (a bias correction is at most
-    1), so a rounding that is IEEE to nearest for every float32 normal needs no range check
-    of its own: the GPU build rounds bfloat16 moments by one conversion instruction for the
-    two (lpsim_cuda.optim), with ok 1.  Here: :func:`round32`'s straight path."""
+    1), so a rounding that is right for every float32 normal needs no range check of its
+    own: the GPU build rounds bfloat16 moments to nearest by one conversion instruction for
+    the two, stochastically by :func:`sr_by_float32` (lpsim_cuda.optim), with ok 1.  Here:
+    :func:`round32`'s straight path."""
     m, okm, _ = round32(m, mode, rm, k, p, True)
     v, okv, _ = round32(v, mode, rv, k, p, True)
     return m, v, okm & okv
