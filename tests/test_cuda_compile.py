@@ -72,6 +72,11 @@ with mock.patch.object(dispatcher, "get_current_device",
             # as many on one address as the grid has threads)
             assert "shfl.sync.down" in ptx, "the counters are added thread by thread"
             # products are fmul_rn on the GPU: any fused float32 multiply-add is one the CPU lacks
+            # the GPU build's own instructions (lpsim_cuda.optim: the moments' conversion,
+            # the quotient and square root without slow-path calls, bfloat16 stores)
+            print("own", cls.__name__, dtype, wide, kw.get("state_rounding", "nearest"),
+                  *(ptx.count(op) for op in ("cvt.rn.bf16x2.f32", "rcp.approx.ftz.f32",
+                                             "rsqrt.approx.ftz.f32", "0x7632")))
             print(cls.__name__, dtype, wide, "ok", len(ptx), kw, "fma",
                   ptx.count("fma.rn.f32"))
             report(f"optim {cls.__name__} {dtype} {kw['update_rounding']} wide={wide}", ptx)
@@ -256,6 +261,15 @@ def test_optimizer_kernel_compiles_for_sm90_without_contractions():
         wide_adamw = x.startswith("AdamW") and x.split()[2] == "True"
         want = (44 if "'state_rounding': 'stochastic'" in x else 36) if wide_adamw else 0
         assert x.endswith(f"fma {want}"), x
+    # the aligned bf16 AdamW kernels take the GPU build's instructions: a reciprocal and a
+    # root approximation a lane, one paired conversion a lane where the moments are rounded
+    # to nearest, and one prmt per two codes stored (weights, m, v: six a quad)
+    wide_bf16 = [x.split() for x in lines if x.startswith("own AdamW torch.bfloat16 True")]
+    assert len(wide_bf16) == 2, lines
+    for _, _, _, _, states, cvt, rcp, rsqrt, prmt in wide_bf16:
+        assert (int(rcp), int(rsqrt)) == (4, 4), wide_bf16
+        assert int(cvt) == (4 if states == "nearest" else 0), wide_bf16
+        assert int(prmt) >= 6, wide_bf16
 
 
 def test_block_kernel_compiles_for_sm90():
