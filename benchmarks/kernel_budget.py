@@ -32,6 +32,7 @@ The instruction budget (H100 SXM, the card the project's GPU numbers come from):
     optim       14  (per parameter, bf16 SR AdamW)                138          69
     blocks      8   (float32 in, float32 out)                      79          39
     quantize64, blocks64: 16 (float64 in and out)                 158          79
+    reads       4   (float32 in: NVFP4's tensor amax pass)          39          19
 
 The integer pipe: each scheduler of an sm_90 SM has 16 INT32 lanes against 32 float32 ones,
 so the integer instructions (logic, shifts, integer adds and compares, selects, byte
@@ -83,7 +84,7 @@ BANDWIDTH = 3.0e12                                         # bytes read + writte
 SAFETY = 0.5
 #: bytes read + written per element (per parameter for the optimizer)
 KINDS = {"quantize": 8, "packed": 6, "halves": 4, "optim": 14, "blocks": 8, "quantize64": 16,
-         "blocks64": 16}
+         "blocks64": 16, "reads": 4}
 #: registers per thread: 8 resident 128-thread blocks per SM, 5 for the optimizer
 REGISTERS = {"optim": 96}
 REGISTER_LIMIT = 64
@@ -262,6 +263,17 @@ def _hadamard(n: int):
     return build
 
 
+def _amax():
+    """lpsim_cuda.tensor_amax's kernel of float32 bits: NVFP4's first pass over a tensor
+    whose scale is found on the device."""
+    def build():
+        import importlib
+        from numba import types
+        kernel = importlib.import_module("lpsim_cuda.tensor_amax").amax32_kernel
+        return kernel.py_func, (types.int32[::1], types.int64[::1])
+    return build
+
+
 def _blocks(name: str, dtype: str):
     """lpsim_cuda.blocks's kernel for block format ``name`` on ``dtype`` values."""
     def build():
@@ -400,6 +412,10 @@ CASES = [
          loads="most"),
     Case("blocks wgrad rht 32 transposed", "blocks", False, _hadamard(32), elements=0,
          loads="most"),
+    # NVFP4's tensor amax (lpsim_cuda.tensor_amax): four elements a pass by one 16-byte
+    # load, read only, before the blocks' pass reads the tensor again (ptxas unrolls its
+    # loop four times: 16 elements a pass of the measured loop)
+    Case("blocks tensor amax f32", "reads", False, _amax(), elements=16, loads="most"),
 ]
 
 
