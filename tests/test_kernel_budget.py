@@ -8,7 +8,8 @@ more instructions per element on the straight path of its main loop than its kin
 fallbacks stubbed), nor more integer-pipe instructions than half of it (that pipe issues at
 half the rate).  Static counts only, no timings.  Rules the current kernels break
 are marked xfail(strict=True), so the mark must go when a kernel is brought within budget.
-The SASS reading itself is checked on a written sample, which needs none of the tools.
+The SASS reading itself (benchmarks/sass_reading.py) is checked on a written sample, which
+needs none of the tools.
 """
 
 import importlib.util
@@ -26,6 +27,7 @@ _spec = importlib.util.spec_from_file_location("kernel_budget",
 kb = importlib.util.module_from_spec(_spec)
 sys.modules["kernel_budget"] = kb                   # dataclasses look the module up
 _spec.loader.exec_module(kb)
+sr = sys.modules["sass_reading"]                    # its SASS reading, which it imported
 
 #: registers per thread each hot kind may use (8 resident 128-thread blocks; 5 for optim)
 REGISTERS = {"quantize": 64, "packed": 64, "blocks": 64, "optim": 96}
@@ -140,15 +142,15 @@ SAMPLE = """
 
 
 def test_loops_come_from_backward_branches():
-    code, labels = kb.parse_sass(SAMPLE)
+    code, labels = sr.parse_sass(SAMPLE)
     assert len(code) == 10 and code[2] == ("LDG.E.128.CONSTANT", " R4, desc[UR4][R2.64] ")
-    assert kb.loops(code, labels) == [(1, 6), (2, 4), (9, 9)]
+    assert sr.loops(code, labels) == [(1, 6), (2, 4), (9, 9)]
 
 
 def test_the_measured_loop_and_its_enclosing_pass():
     case = kb.Case("sample", "quantize", False, lambda: None, elements=1, loads="philox",
                    outer=4)
-    row = kb.measure(SAMPLE, case)
+    row = sr.measure(SAMPLE, case)
     # inner loop: 3 instructions per element; the enclosing pass's own 3 shared by 4
     assert row["loop_instructions"] == 3 and row["loop_instructions_per_element"] == 3.8
     assert row["loop_int64_per_element"] == 1.2       # IADD3.X, then IMAD.WIDE / 4
@@ -156,7 +158,7 @@ def test_the_measured_loop_and_its_enclosing_pass():
     assert (row["load_bits"], row["store_bits"]) == (128, 16)
     assert (row["local_ops"], row["local_op_bytes"]) == (1, 8)
     with pytest.raises(ValueError, match="no loop holds"):
-        kb.measure(SAMPLE, kb.Case("sample", "quantize", False, lambda: None, loads="plain"))
+        sr.measure(SAMPLE, kb.Case("sample", "quantize", False, lambda: None, loads="plain"))
 
 
 NESTED = """
@@ -174,11 +176,11 @@ NESTED = """
 
 def test_wide_loads_choose_the_loop_and_cold_loops_are_left_out():
     wide = kb.Case("nested", "optim", False, lambda: None, elements=4, loads="wide")
-    row = kb.measure(NESTED, wide)
+    row = sr.measure(NESTED, wide)
     assert row["loop_instructions"] == 6 and row["loop_instructions_per_element"] == 1.5
     cold = kb.Case("nested", "optim", False, lambda: None, elements=4, loads="wide",
                    cold_loops=True)
-    assert kb.measure(NESTED, cold)["loop_instructions_per_element"] == 1.0
+    assert sr.measure(NESTED, cold)["loop_instructions_per_element"] == 1.0
 
 
 def test_the_straight_count_decides_the_instruction_rule(tmp_path):
@@ -202,9 +204,9 @@ def test_the_straight_count_decides_the_instruction_rule(tmp_path):
 
 
 def test_the_integer_pipe_opcodes():
-    assert [kb.is_alu(op) for op in ("LOP3.LUT", "IADD3.X", "ISETP.GE.U32.AND", "FSETP.GT.AND",
+    assert [sr.is_alu(op) for op in ("LOP3.LUT", "IADD3.X", "ISETP.GE.U32.AND", "FSETP.GT.AND",
                                      "F2FP.BF16.F32.PACK_AB", "PRMT", "SEL")] == [True] * 7
-    assert [kb.is_alu(op) for op in ("IMAD.WIDE.U32", "FFMA", "FMUL", "MUFU.RSQ",
+    assert [sr.is_alu(op) for op in ("IMAD.WIDE.U32", "FFMA", "FMUL", "MUFU.RSQ",
                                      "F2F.F64.F32", "LDG.E.64", "BRA", "DADD")] == [False] * 8
     assert {kind: kb.alu_budget(kind) for kind in ("quantize", "packed", "halves", "optim",
                                                    "blocks")} == {
@@ -212,9 +214,9 @@ def test_the_integer_pipe_opcodes():
 
 
 def test_widths_and_64_bit_heuristic():
-    assert [kb.width(op) for op in ("LDG.E.128", "LDG.E.64", "LDG.E", "LDG.E.U16", "STG.E.U8",
+    assert [sr.width(op) for op in ("LDG.E.128", "LDG.E.64", "LDG.E", "LDG.E.U16", "STG.E.U8",
                                     "LDG.E.S16")] == [128, 64, 32, 16, 8, 16]
-    assert [kb.is_int64(op) for op in ("IMAD.WIDE.U32", "SHF.R.U64", "IADD3.X",
+    assert [sr.is_int64(op) for op in ("IMAD.WIDE.U32", "SHF.R.U64", "IADD3.X",
                                        "ISETP.GE.AND.EX", "IADD3", "LDG.E.64", "DMUL",
                                        "MUFU.RCP64H")] == [True] * 4 + [False] * 4
 
@@ -223,5 +225,5 @@ def test_the_entry_function_is_read_from_ptxas():
     report = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
               "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
               "ptxas info    : Used 56 registers, used 1 barriers, 6144 bytes smem\n")
-    assert kb.resources(report) == {"registers": 56, "spill_bytes": 8, "stack_bytes": 8,
+    assert sr.resources(report) == {"registers": 56, "spill_bytes": 8, "stack_bytes": 8,
                                     "shared_bytes": 6144}
