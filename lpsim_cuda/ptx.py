@@ -3,8 +3,8 @@
 Why: a rounding that lpsim writes in integer operations (``lpsim.rounding.round_fast``:
 magnitude, bias, mask, sign, range check, ~9 integer instructions) is one conversion
 instruction where the hardware has it.  On an H100 or H200 integer instructions issue at half
-the rate of float32 ones (64 lanes a clock an SM against 128), and the optimizer's step is
-bound by them (``benchmarks/kernel_budget.py``'s pipe columns), so each one counts.
+the rate of float32 ones (64 lanes a clock an SM against 128), and the optimizer's step was
+bound by them (``benchmarks/kernel_budget.py``'s ``alu/e``), so each one counts.
 
 ``bf16_nearest2(a, b)``: float32 ``a`` and ``b`` rounded to bfloat16 to nearest, ties to
 even, as float32s, by one ``cvt.rn.bf16x2.f32`` (IEEE for every non-NaN input, subnormals
@@ -12,6 +12,12 @@ included; ``F2FP.BF16.F32.PACK_AB`` on sm_90, where the one-value ``cvt.rn.bf16.
 ``F2F`` of the quarter-rate conversion unit).  Only the NVVM build defines it: the
 simulator runs the shared source's integer rounding, and the tests compare the two on a GPU
 (tests/test_optim_cuda.py).
+
+``rcp_approx(x)`` and ``rsqrt_approx(x)``: ``rcp.approx.ftz.f32`` and
+``rsqrt.approx.ftz.f32`` (MUFU.RCP, MUFU.RSQ), for operands the caller keeps normal: the
+optimizer's quotient, which it then proves correctly rounded
+(:func:`lpsim.optim.step.verified_quotient`), and its square root, by the fast path of the
+compiler's own ``sqrt.rn`` (``lpsim_cuda.optim``).
 """
 
 from __future__ import annotations
