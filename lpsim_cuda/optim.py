@@ -230,13 +230,21 @@ if not launch.SIMULATOR:                                   # pragma: no cover (N
 
 
 @register_jitable
+def _halves(kinds):
+    """Which of the weight, gradient and state arrays hold bfloat16 codes, which the wide
+    step reads and writes as float32 bits at the quad (:func:`_load4`, :func:`_store4`)."""
+    bf16 = core.STORE_BF16
+    return kinds[0] == bf16, kinds[1] == bf16, kinds[2] == bf16
+
+
+@register_jitable
 def _vector_kinds(kinds):
-    """The storage kinds the wide step runs its lanes with: bfloat16 arrays are read and
-    written as float32 bits at the quad (:func:`_load4`, :func:`_store4`), so the lanes see
-    float32 storage there; the same values, without a shift each way an element."""
-    bf16, f32 = core.STORE_BF16, core.STORE_F32
-    return (f32 if kinds[0] == bf16 else kinds[0], f32 if kinds[1] == bf16 else kinds[1],
-            f32 if kinds[2] == bf16 else kinds[2])
+    """The storage kinds the wide step runs its lanes with: float32 where :func:`_halves`
+    holds, so the lanes see the bits the quad made; the same values, without a shift each
+    way an element."""
+    wh, gh, sh = _halves(kinds)
+    f32 = core.STORE_F32
+    return f32 if wh else kinds[0], f32 if gh else kinds[1], f32 if sh else kinds[2]
 
 
 @register_jitable
@@ -256,8 +264,7 @@ def _quad_codes(j, wb, gb, mb, vb, cb, rb, kinds, hp, ints):
     by one wide load."""
     algo, update = ints[0], ints[1]
     hasm = algo == ADAMW or hp[10] != 0
-    bf16 = core.STORE_BF16
-    wh, gh, sh = kinds[0] == bf16, kinds[1] == bf16, kinds[2] == bf16
+    wh, gh, sh = _halves(kinds)
     return (_load4(wb, j, True, wh), _load4(gb, j, True, gh), _load4(mb, j, hasm, sh),
             _load4(vb, j, algo == ADAMW, sh), _load4(cb, j, update == KAHAN, sh),
             _codes4(rb, j, update == REMAINDER))
@@ -285,7 +292,7 @@ def _step_quad_vector(j, n, offset, codes, wb, gb, mb, vb, cb, rb, kinds, hp, in
     a2 = _step_codes(w2, g2, m2, v2, c2, e2, rw2, rm2, rv2, vk, hp, ints, pw, pc, ps, sp16, True)
     a3 = _step_codes(w3, g3, m3, v3, c3, e3, rw3, rm3, rv3, vk, hp, ints, pw, pc, ps, sp16, True)
     if a0[7] & a1[7] & a2[7] & a3[7]:
-        wh, sh = kinds[0] == core.STORE_BF16, kinds[2] == core.STORE_BF16
+        wh, _, sh = _halves(kinds)
         _store4(wb, j, wh, a0[0], a1[0], a2[0], a3[0])
         if hasm:
             _store4(mb, j, sh, a0[1], a1[1], a2[1], a3[1])
