@@ -156,6 +156,24 @@ def outer_time(data, recipe, b, s, timer, repeats, graphs):
     return seconds
 
 
+def recurrence_time(b, s, timer, repeats, device):
+    """Seconds of the inner recurrence kernel alone (recipe C, logistic) at (b, s): the part
+    of an outer iteration that grows with s, a chain of s dependent steps."""
+    import torch
+    from lpsim.casgd import RECIPES
+    from lpsim.casgd.inner import inner_args
+    from lpsim_cuda.casgd import inner_recurrence
+    gen = torch.Generator(device=device).manual_seed(0)
+    Y = (torch.randn((s * b, 256), generator=gen, device=device) / 16).to(torch.bfloat16)
+    G = torch.mm(Y.float(), Y.float().T)
+    r = (Y.float() @ torch.randn(256, generator=gen, device=device)).to(torch.bfloat16).float()
+    y = torch.where(torch.rand(s * b, generator=gen, device=device) < 0.5, -1.0, 1.0).double()
+    delta, delta_c = (torch.empty(s * b, dtype=torch.float64, device=device) for _ in "dc")
+    alpha_c, code, pc, ps = inner_args(RECIPES["C"], "logistic", 0.5 / b)
+    return timer(lambda: inner_recurrence(r, G, y, delta, delta_c, b, s, alpha_c, code, pc, ps),
+                 repeats)
+
+
 def gemm_tflops(timer, sb, n, device, repeats):
     """TFLOP/s of the Gram GEMM Y Y^T (bf16 in, fp32 out) for sb x n rows."""
     import torch
@@ -288,6 +306,8 @@ def main():
     for gb in ((8, 32) if not args.simulate else (4,)):
         for s in sorted(set(ss) | {128}):
             gram.append((gb * s, n, gemm_tflops(timer, gb * s, n, device, args.repeats)))
+    alone = {(b, s): recurrence_time(b, s, timer, args.repeats, device)
+             for b, s in ([(8, 64), (1, 256)] if not args.simulate else [(bs[0], ss[-1])])}
     cpu = {}
     for b, s in [(8, 64), (1, 256)] if not args.simulate else [(bs[0], ss[-1])]:
         cpu[(b, s)] = cpu_sim_time(n, b, s, args.cpu_outer, args.cpu_rows)
@@ -308,6 +328,11 @@ def main():
     for sb, _, tflops in gram:
         lines.append(f"Gram GEMM sb={sb:>5} n={n}: {tflops:8.2f} TFLOP/s = "
                      f"{tflops / peak:6.1%} of peak")
+    for (b, s), t in alone.items():
+        native = found.get(("C", b, s))
+        share = f" ({t / native:.0%} of recipe C's outer iteration)" if native else ""
+        lines.append(f"inner recurrence alone, recipe C b={b} s={s}: {t * 1e6:.1f} us, "
+                     f"{t / s * 1e6:.2f} us a step{share}")
     for (b, s), t in cpu.items():
         native = next((r["outer_s"] for r in rows if (r["recipe"], r["b"], r["s"]) == ("C", b, s)),
                       None)
@@ -335,6 +360,7 @@ def main():
                        "peer_fp32_sgd_s": peer, "rows": rows, "bf16_peak_tflops": peak,
                        "copy_gbs": bw, "gram": [dict(sb=sb, n=nn, tflops=t) for sb, nn, t in gram],
                        "cpu_simulator_s": {f"{b},{s}": t for (b, s), t in cpu.items()},
+                       "recurrence_alone_s": {f"{b},{s}": t for (b, s), t in alone.items()},
                        "verdicts": verdicts}, handle, indent=1)
     if args.plot:
         roofline(gram, peak, bw, args.plot)

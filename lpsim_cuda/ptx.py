@@ -1,4 +1,5 @@
-"""Single PTX instructions that numba-cuda does not expose, for the GPU build of shared steps.
+"""Single PTX instructions that numba-cuda does not expose, for the GPU build of shared steps
+and kernels.
 
 Why: a rounding that lpsim writes in integer operations (``lpsim.rounding.round_fast``:
 magnitude, bias, mask, sign, range check, ~9 integer instructions) is one conversion
@@ -18,6 +19,11 @@ simulator runs the shared source's integer rounding, and the tests compare the t
 optimizer's quotient, which it then proves correctly rounded
 (:func:`lpsim.optim.step.verified_quotient`), and its square root, by the fast path of the
 compiler's own ``sqrt.rn`` (``lpsim_cuda.optim``).
+
+``prefetch_l1(a, i, k)``: ``prefetch.global.L1`` of the line holding ``a[i, k]`` (a hint: no
+value, no fault), so a later load of that line hits the SM's L1 instead of waiting for L2:
+the CA-SGD recurrence asks for the next row of its Gram matrix while it works on this one
+(``lpsim_cuda.casgd``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from .launch import SIMULATOR
 
 if not SIMULATOR:                                       # pragma: no cover (NVVM only)
     from llvmlite import ir
-    from numba.cuda import types
+    from numba.cuda import cgutils, types
     from numba.cuda.extending import intrinsic
 
     @intrinsic
@@ -64,3 +70,23 @@ if not SIMULATOR:                                       # pragma: no cover (NVVM
     #: 1 / x within an ulp and 1 / sqrt(x) (MUFU.RCP, MUFU.RSQ)
     rcp_approx = _approx("rcp.approx.ftz.f32")
     rsqrt_approx = _approx("rsqrt.approx.ftz.f32")
+
+    @intrinsic
+    def prefetch_l1(typingctx, a, i, k):
+        """Prefetch the line of element ``a[i, k]`` of a 2-D global array into L1 (the
+        caller keeps (i, k) inside ``a``)."""
+        if not (isinstance(a, types.Array) and a.ndim == 2 and isinstance(i, types.Integer)
+                and isinstance(k, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, value=args[0])
+            index = [context.cast(builder, v, t, types.intp)
+                     for v, t in zip(args[1:], signature.args[1:])]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, index,
+                                           wraparound=False)
+            builder.asm(ir.FunctionType(ir.VoidType(), [ptr.type]), "prefetch.global.L1 [$0];",
+                        "l", [ptr], side_effect=True)
+            return context.get_dummy_value()
+        return types.void(a, i, k), codegen

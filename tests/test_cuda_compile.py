@@ -197,9 +197,18 @@ from numba import cuda, types as T
 from lpsim.rounding import Params
 K = importlib.import_module("lpsim_cuda.casgd")
 pc = T.UniTuple(T.int64, len(Params._fields))
+fp32 = T.Tuple(())                       # lpsim.casgd.inner.FP32_PARAMS (recipes A, C, D)
+
+
+def inner_sig(pc, ps):
+    return (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1], T.float64[::1],
+            T.int64, T.int64, T.float64, T.int64, pc, ps)
+
+
 kernels = {
-    "inner": (K._inner_kernel, (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1],
-                                T.float64[::1], T.int64, T.int64, T.float64, T.int64, pc, pc)),
+    "inner": (K._inner_kernel, inner_sig(pc, pc)),
+    "inner shared": (K._inner_kernel_shared, inner_sig(pc, fp32)),
+    "inner shared fp32": (K._inner_kernel_shared, inner_sig(fp32, fp32)),
     "gather_csr": (K._gather_csr_kernel, (T.int64[::1], T.int64[::1], T.int16[::1],
                                           T.int64[::1], T.int16[:, ::1])),
 }
@@ -209,8 +218,17 @@ with mock.patch.object(dispatcher, "get_current_device",
         ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
         # the residual's exp: 16 explicit FMAs, inlined for the logistic and Poisson losses;
         # any other fma.rn.f64 would be a contraction the CPU does not make
-        if name == "inner":
+        if name.startswith("inner"):
             assert ptx.count("fma.rn.f64") == 32, ptx.count("fma.rn.f64")
+            # a step's latency: one barrier (after its rows), the tree by shuffles, the next
+            # Gram row prefetched into L1, delta_c from shared memory where it fits
+            assert ptx.count("bar.sync") == 1, ptx.count("bar.sync")
+            assert ptx.count("shfl.sync.down") >= 2, ptx.count("shfl.sync.down")
+            assert ptx.count("prefetch.global.L1") >= 1
+            assert ("ld.shared.f64" in ptx) == ("shared" in name)
+            # fp32 slots compile the hardware conversion alone: no 64-bit max of the
+            # rounding core (which the tf32 slot's kernels keep)
+            assert ("max.s64" in ptx) != name.endswith("fp32"), name
         print(name, "ok", len(ptx))
         report(f"casgd {name}", ptx)
 """
@@ -290,7 +308,7 @@ def test_kernels_draw_philox_words_in_32_bit_products():
 
 def test_casgd_kernels_compile_for_sm90_without_contractions():
     out = _compile(_PREAMBLE + CASGD)
-    assert "inner ok" in out and "gather_csr ok" in out
+    assert "inner ok" in out and "inner shared ok" in out and "gather_csr ok" in out
 
 
 #: exits 3 when this machine has no NVVM/NVRTC; report(name, ptx) prints ptxas's registers,

@@ -47,8 +47,10 @@ def supported_format(fmt: Format) -> bool:
 
 
 def slot_params(fmt: Format) -> tuple:
-    """The rounding core's parameters of ``fmt`` in a float64 container, as a plain tuple."""
-    return tuple(kernel_params(fmt, np.float64))
+    """The rounding core's parameters of ``fmt`` in a float64 container, as a plain tuple;
+    for IEEE fp32 the empty tuple :data:`FP32_PARAMS` (:func:`round_nearest`)."""
+    p = tuple(kernel_params(fmt, np.float64))
+    return FP32_PARAMS if (p[7], p[8], p[9], p[11], p[13]) == _FP32_KEY else p
 
 
 # --- bitcasts and FMA: numba intrinsics when compiled, plain Python under the simulator ----
@@ -98,26 +100,42 @@ def _fma(a, b, c):
 #: float32 conversion (IEEE round to nearest even, subnormals kept) is the rounding
 _FP32_KEY = (-126, 23, -149, int(np.float64(np.finfo(np.float32).max).view(np.int64)),
              0x7FF0000000000000)
+#: :func:`slot_params` of IEEE fp32: a type of its own, so compiled steps of an fp32 slot
+#: hold the hardware conversion alone, not the general rounding beside it
+FP32_PARAMS = ()
 #: (2 - 2**-24) 2**127: from here on round to nearest even gives inf
 _FP32_INF_FROM = 3.4028235677973366e+38
 
 
 @register_jitable
-def round_nearest(v, p):
-    """float64 ``v`` rounded to nearest in the format of params ``p`` (float64 container).
+def _nearest_fp32(v):
+    """float64 ``v`` rounded to IEEE fp32 by the hardware conversion; NaN as it is."""
+    if v != v:
+        return v
+    if abs(v) >= _FP32_INF_FROM:     # (no overflow warning from numpy in the simulator)
+        return math.copysign(math.inf, v)
+    return np.float64(np.float32(v))
 
-    IEEE fp32 takes the hardware conversion (the same decision, far fewer instructions);
-    NaN is returned as it is, as the rounding core does.
-    """
-    if (p[7] == _FP32_KEY[0] and p[8] == _FP32_KEY[1] and p[9] == _FP32_KEY[2]
-            and p[11] == _FP32_KEY[3] and p[13] == _FP32_KEY[4]):
-        if v != v:
-            return v
-        if abs(v) >= _FP32_INF_FROM:     # (no overflow warning from numpy in the simulator)
-            return math.copysign(math.inf, v)
-        return np.float64(np.float32(v))
+
+@register_jitable
+def _nearest_params(v, p):
+    """float64 ``v`` rounded to nearest by the rounding core with params ``p``."""
     bits, _ = round_bits(f2i(v), NEAREST, np.int64(0), np.int64(62), p)
     return i2f(bits)
+
+
+def round_nearest(v, p):
+    """float64 ``v`` rounded to nearest in the format of params ``p`` (:func:`slot_params`;
+    float64 container): IEEE fp32 by the hardware conversion (the same decision, far fewer
+    instructions), any other format by the rounding core; NaN is returned as it is."""
+    return _nearest_fp32(v) if len(p) == 0 else _nearest_params(v, p)
+
+
+@overload(round_nearest)
+def _round_nearest(v, p):
+    if len(p) == 0:                  # chosen by p's type: one path compiled, not both
+        return lambda v, p: _nearest_fp32(v)
+    return lambda v, p: _nearest_params(v, p)
 
 
 _INV_LN2 = 1.4426950408889634
@@ -176,14 +194,32 @@ def residuals(loss, z, y):
 
 
 @register_jitable
+def _product(g, d, pc):
+    """fl_c(fl_c(g) d): one product of the correction dot (g from G, d a delta_c)."""
+    return round_nearest(round_nearest(np.float64(g), pc) * np.float64(d), pc)
+
+
+@register_jitable
 def lane_sum(G, row, delta_c, upto, lane, pc):
     """Lane ``lane``'s part of the correction dot: sum of fl_c(G[row, k]) delta_c[k] over
-    k = lane, lane + 32, ... < upto, each product and sum rounded to u_c."""
+    k = lane, lane + 32, ... < upto, each product and sum rounded to u_c.
+
+    Four terms at a time, their eight loads first: none depends on the sum, so a GPU issues
+    them together and waits for memory once, not four times (the sums keep their order)."""
     acc = 0.0
     k = lane
+    while k + 3 * DOT_LANES < upto:
+        g0, g1 = G[row, k], G[row, k + DOT_LANES]
+        g2, g3 = G[row, k + 2 * DOT_LANES], G[row, k + 3 * DOT_LANES]
+        d0, d1 = delta_c[k], delta_c[k + DOT_LANES]
+        d2, d3 = delta_c[k + 2 * DOT_LANES], delta_c[k + 3 * DOT_LANES]
+        acc = round_nearest(acc + _product(g0, d0, pc), pc)
+        acc = round_nearest(acc + _product(g1, d1, pc), pc)
+        acc = round_nearest(acc + _product(g2, d2, pc), pc)
+        acc = round_nearest(acc + _product(g3, d3, pc), pc)
+        k += 4 * DOT_LANES
     while k < upto:
-        g = round_nearest(np.float64(G[row, k]), pc)
-        acc = round_nearest(acc + round_nearest(g * np.float64(delta_c[k]), pc), pc)
+        acc = round_nearest(acc + _product(G[row, k], delta_c[k], pc), pc)
         k += DOT_LANES
     return acc
 
