@@ -91,12 +91,15 @@ class BlockRoute(specialised.Route):
         self.scale_flat = [ctypes.c_double(v) for v in self.scale]
         self.tail_flat = [v for a in self.tail for v in array(launch.address(a), a.size, 8)]
 
-    def arguments(self, x_ptr, out_ptr, n, keys, counts=None) -> list:
+    def arguments(self, x_ptr, out_ptr, n, keys, counts=None, scale=None) -> list:
+        """The flat arguments of one launch; ``scale``: this call's (pts, pts_inv) where the
+        caller gave NVFP4's tensor scale (the route's own otherwise)."""
         array = specialised._array_arguments
         tail = self.tail_flat if counts is None else \
             self.tail_flat[:7] + array(launch.address(counts), counts.size, 8)
+        scale_flat = self.scale_flat if scale is None else [ctypes.c_double(v) for v in scale]
         return (array(x_ptr, n, self.in_bytes) + array(out_ptr, n) + specialised._scalars(n)
-                + self.scale_flat + specialised._scalars(*keys) + tail)
+                + scale_flat + specialised._scalars(*keys) + tail)
 
     def check(self, xb, outf, n, keys, stream, counts=None) -> bool:
         """Whether the route's flat arguments are numba's own for the same launch."""
@@ -106,12 +109,13 @@ class BlockRoute(specialised.Route):
         return specialised._same(mine, specialised._numba_arguments(
             self.compiled, (xb, outf, n, *self.scale, *keys, *tail), stream))
 
-    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None):
-        self.launch(stream, blocks, self.arguments(x_ptr, out_ptr, n, keys, counts))
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts=None, scale=None):
+        self.launch(stream, blocks, self.arguments(x_ptr, out_ptr, n, keys, counts, scale))
 
 
-#: (block format as given, rounding, sr_bits, its type, device) -> BlockRoute, or None where
-#: numba's flat arguments differed (the request keeps numba's launch)
+#: (block format as given, rounding, sr_bits, its type, device, 16-bit kind, tensor scale
+#: given) -> BlockRoute, or None where numba's flat arguments differed (the request keeps
+#: numba's launch).  A route of a given tensor scale takes each call's scale as arguments
 _ROUTES: dict = {}
 #: route key -> why it has no raw route
 ROUTE_ERRORS: dict = {}
@@ -195,22 +199,26 @@ _COUNTED: dict = {}
 
 
 def _remember(given, rounding, sr_bits, device, kern, mode, bp, xb, outf, n, keys,
-              route_class=BlockRoute, counts=None, half: int = 0) -> None:
+              route_class=BlockRoute, counts=None, half: int = 0,
+              given_scale: bool = False) -> None:
     """After a torch tensor's call took these kernels (a format without a per-tensor
-    scale: BlockRoute; NVFP4 whose scale was found on the device: ScaledBlockRoute), of
-    float32 data or (``half``) of 16-bit codes, build and check its request's route, keyed
-    on the format as the caller gave it and the tensor's kind."""
+    scale, or NVFP4 with the caller's (``given_scale``): BlockRoute; NVFP4 whose scale was
+    found on the device: ScaledBlockRoute), of float32 data or (``half``) of 16-bit codes,
+    build and check its request's route, keyed on the format as the caller gave it and the
+    tensor's kind."""
     def build():
         route = route_class(kern, mode, bp, parse_block_format(given), half=half)
         return route, route.check(xb, outf, n, keys, 0, counts)
     specialised.keep_route(_ROUTES if counts is None else _COUNTED, ROUTE_ERRORS,
-                           (given, rounding, sr_bits, type(sr_bits), device, half), build)
+                           (given, rounding, sr_bits, type(sr_bits), device, half,
+                            given_scale), build)
 
 
-def route_of(x, bfmt, rounding, sr_bits, counted: bool = False):
+def route_of(x, bfmt, rounding, sr_bits, counted: bool = False, given_scale: bool = False):
     """The cached route of a float32, bfloat16 or float16 torch tensor's request (its block
-    format as given, rounding, sr_bits, device and kind; ``counted``: a counted call's), or
-    None: a dictionary lookup, nothing checked or launched."""
+    format as given, rounding, sr_bits, device and kind; ``counted``: a counted call's;
+    ``given_scale``: a call with NVFP4's tensor scale given), or None: a dictionary lookup,
+    nothing checked or launched."""
     import torch
     routes = _COUNTED if counted else _ROUTES
     if not routes:
@@ -219,24 +227,28 @@ def route_of(x, bfmt, rounding, sr_bits, counted: bool = False):
     if not half and x.dtype is not torch.float32:
         return None
     try:
-        return routes.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index, half))
+        return routes.get((bfmt, rounding, sr_bits, type(sr_bits), x.device.index, half,
+                           given_scale))
     except TypeError:                   # an unhashable format or sr_bits: the general path
         return None
 
 
 def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stats=None,
-               route=None):
+               route=None, tensor_scale=None):
     """A float32 (bfloat16, float16) torch CUDA call through its cached route: the result
     (float32), or None where the call needs the general path (no route yet, or anything a
     route does not cover).
     ``stats`` (checked by the caller): a counted call's route, which adds the call's
     counters to the stats object's accumulator on the device.  ``route``: the request's,
-    where the caller looked it up (:func:`route_of`)."""
+    where the caller looked it up (:func:`route_of`).  ``tensor_scale``: NVFP4's per-tensor
+    scale as the caller gives it (refused by the caller where the format has none),
+    uncounted calls only: the counters' clip bounds follow the scale."""
     import torch
-    if not x.is_cuda:
+    if not x.is_cuda or (tensor_scale is not None and stats is not None):
         return None
     if route is None:
-        route = route_of(x, bfmt, rounding, sr_bits, stats is not None)
+        route = route_of(x, bfmt, rounding, sr_bits, stats is not None,
+                         tensor_scale is not None)
     device = x.device.index
     n = x.numel()
     if (route is None or n == 0 or not x.is_contiguous()
@@ -258,8 +270,13 @@ def torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, stat
     seed_lo, seed_hi, key_stream = keys(seed, stream, route.mode)
     route_keys = (seed_lo, seed_hi, key_stream, offset // 4)
     blocks = launch.grid_size(-(-n // 4), device)
-    if stats is None:
+    if stats is None and tensor_scale is None:
         route(x_ptr, out_ptr, n, route_keys, specialised._core_stream(0), blocks)
+        return out
+    if stats is None:                        # a BlockRoute: the general path's scale, errors
+        bp = block_params(route.bfmt, checked_tensor_scale(tensor_scale, route.bfmt))
+        route(x_ptr, out_ptr, n, route_keys, specialised._core_stream(0), blocks, None,
+              (bp.pts, bp.pts_inv))
         return out
     counts = counters.launch_block_counts(stats, device, 0, lambda: launch.capturing(x),
                                           BLOCK_COUNTERS, route.bounds)
@@ -334,15 +351,15 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                           xb, outf, n, route_keys, ScaledBlockRoute, counts, half)
             return _counted(result, stats, n, bfmt)
         if half:
-            launch_flat(bfmt, request, checked_tensor_scale(tensor_scale, bfmt)
-                        if bfmt.tensor_scale else 1.0, xb, outf, n, half=half,
-                        counts=counts)
-            if launch.is_torch(x) and not bfmt.tensor_scale:
+            pts = checked_tensor_scale(tensor_scale, bfmt) if bfmt.tensor_scale else 1.0
+            launch_flat(bfmt, request, pts, xb, outf, n, half=half, counts=counts)
+            if launch.is_torch(x) and (not bfmt.tensor_scale or counts is None):
                 _remember(given, rounding, sr_bits, x.device.index,
                           kernel(bfmt, request.mode, request.k, request.params.W, False, half,
-                                 counts is not None), request.mode, block_params(bfmt, 1.0),
+                                 counts is not None), request.mode, block_params(bfmt, pts),
                           xb, outf, n, route_keys,
-                          BlockRoute if counts is None else CountedBlockRoute, counts, half)
+                          BlockRoute if counts is None else CountedBlockRoute, counts, half,
+                          bool(bfmt.tensor_scale))
             return _counted(result, stats, n, bfmt)
         pts = 1.0
         xb = xf.view(np.int32)
@@ -366,10 +383,11 @@ def quantize(x, bfmt, rounding, axis, seed, stream, sr_bits, out, offset, tensor
                                  True), request.mode, block_params(bfmt, pts), xb, outf, n,
                           route_keys, CountedBlockRoute, counts)
             return _counted(result, stats, n, bfmt)
-        if launch.is_torch(x) and not bfmt.tensor_scale:
+        if launch.is_torch(x):
             _remember(given, rounding, sr_bits, x.device.index,
                       kernel(bfmt, request.mode, request.k, request.params.W), request.mode,
-                      block_params(bfmt, pts), xb, outf, n, route_keys)
+                      block_params(bfmt, pts), xb, outf, n, route_keys,
+                      given_scale=bool(bfmt.tensor_scale))
     return result
 
 

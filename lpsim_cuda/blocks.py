@@ -210,9 +210,9 @@ def quantize(x, bfmt, rounding: str = "nearest", *, axis: int = -1, seed=None, s
         check_stats(stats, STATS_ACCEPTED)
     if tensor_scale is not None:
         refuse_tensor_scale(tensor_scale, parse_block_format(bfmt))
-    if tensor_scale is None and launch.is_torch(x):
+    if launch.is_torch(x):
         done = block_groups.torch_call(x, bfmt, rounding, axis, seed, stream, sr_bits, out,
-                                       offset, stats)         # a request seen before
+                                       offset, stats, None, tensor_scale)   # seen before
         if done is not None:
             return done
     # float32 (or 16-bit codes) along a contiguous last axis, counted or not

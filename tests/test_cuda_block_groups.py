@@ -461,8 +461,9 @@ def test_torch_16_bit_tensors_equal_the_cpu(launches, monkeypatch):
         assert stats == want
     assert len(launches) == 10, block_groups.ROUTE_ERRORS
     halves = [r for routes in (block_groups._ROUTES, block_groups._COUNTED)
-              for key, r in routes.items() if key[-1]]
-    assert len(halves) == 8 and all(r is not None and r.in_bytes == 2 for r in halves), \
+              for key, r in routes.items() if key[5]]         # (the key's 16-bit kind)
+    # per dtype: MXFP8, MXFP4, NVFP4 found, NVFP4 given, MXFP8 counted
+    assert len(halves) == 10 and all(r is not None and r.in_bytes == 2 for r in halves), \
         block_groups.ROUTE_ERRORS
 
 
@@ -496,6 +497,33 @@ def test_torch_tensors_equal_the_cpu(launches, monkeypatch):
     assert set(routes) == {"mxfp8_e4m3", "mxfp4", "nvfp4"}, block_groups.ROUTE_ERRORS
     assert isinstance(routes["nvfp4"], block_groups.ScaledBlockRoute)
     assert all(r is not None for r in routes.values()), block_groups.ROUTE_ERRORS
+
+
+@pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
+def test_nvfp4_with_its_tensor_scale_given_takes_a_route(launches, monkeypatch):
+    """NVFP4 with the caller's tensor scale: the first call launches through numba and
+    builds a route, which later calls take with their own scales (no route per scale),
+    each the CPU's bits; a bad scale is still refused by name, a counted call still takes
+    numba's launch."""
+    import torch
+    monkeypatch.setattr(block_groups, "_ROUTES", {})
+    x = data((32, 256), seed=11)
+    t = torch.from_numpy(x).cuda()
+    for scale in (0.25, 0.25, 3.0, 1e-3):
+        for rounding, kw in (("nearest", {}), ("stochastic", {"seed": 4})):
+            want = quantize_blocks(x, "nvfp4", rounding, tensor_scale=scale,
+                                   want_elements=False, **kw).values
+            got = cuda_blocks.quantize(t, "nvfp4", rounding, tensor_scale=scale, **kw)
+            assert np.array_equal(got.cpu().numpy().view(np.int32), want.view(np.int32))
+    assert len(launches) == 2                  # the first call of each rounding
+    given = [r for key, r in block_groups._ROUTES.items() if key[-1]]
+    assert len(given) == 2 and all(type(r) is block_groups.BlockRoute for r in given), \
+        block_groups.ROUTE_ERRORS
+    with pytest.raises(ValueError, match="tensor_scale=inf"):
+        cuda_blocks.quantize(t, "nvfp4", tensor_scale=float("inf"))
+    stats = BlockStats()
+    cuda_blocks.quantize(t, "nvfp4", tensor_scale=0.25, stats=stats)
+    assert len(launches) == 3
 
 
 @pytest.mark.skipif(not GPU, reason="torch CUDA tensors need a GPU (LPSIM_TEST_GPU=1)")
@@ -692,6 +720,13 @@ theirs = flatten(sigutils.normalize_signature(specialised.kernel_signature(4, 2,
                  args)
 mine = route.counted_arguments(codes.ptr, outf.ptr, 1024, (11, 22, 33, 44), slots)
 print("element", specialised._same(mine, theirs), len(mine))
+# NVFP4 with the caller's tensor scale: a plain route built at one scale, called at another
+route = block_groups.BlockRoute.__new__(block_groups.BlockRoute)
+route.scale, route.tail, route.in_bytes = (0.5, 2.0), (), 4
+route.fix()
+theirs = flatten(block_groups._signature(), (xb, outf, 1024, 0.25, 4.0, *keys))
+mine = route.arguments(xb.ptr, outf.ptr, 1024, keys, None, (0.25, 4.0))
+print("given", specialised._same(mine, theirs), len(mine))
 """
 
 
@@ -703,4 +738,5 @@ def test_the_counted_routes_flatten_as_numba_does():
     the same once against the real launch."""
     out = without_simulator(COUNTED_CHECK)
     assert out.split() == ["uncounted", "True", "same", "True", "35", "moved", "True",
-                           "codes", "True", "amax", "True", "element", "True", "26"], out
+                           "codes", "True", "amax", "True", "element", "True", "26",
+                           "given", "True", "21"], out

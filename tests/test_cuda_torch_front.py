@@ -90,7 +90,7 @@ def routes(monkeypatch):
         (f, r, b, type(b), None, None, 0): made.setdefault((f, r, b), ElementRoute(f, r, b))
         for f, r, b in elements})
     monkeypatch.setattr(block_groups, "_ROUTES", {
-        (MX, r, None, type(None), None, 0): made.setdefault((MX, r, None),
+        (MX, r, None, type(None), None, 0, False): made.setdefault((MX, r, None),
                                                              BlockRoute(MX, r, None))
         for r in ("nearest", "stochastic")})
     monkeypatch.setattr(front, "_TORCH_TYPES", front._TORCH_TYPES | {(__name__, "OnDevice")})
@@ -228,7 +228,7 @@ def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, mon
     bfmt = as_block_format(fmt)
     route = CountedRoute(bfmt, rounding, None)
     monkeypatch.setattr(block_groups, "_COUNTED",
-                        {(bfmt, rounding, None, type(None), 0, 0): route})
+                        {(bfmt, rounding, None, type(None), 0, 0, False): route})
     ga, gb = lpsim.Generator(4), lpsim.Generator(4)
     for calls in (1, 3):
         want, got = BlockStats(), BlockStats()
@@ -240,6 +240,48 @@ def test_counted_block_calls_take_their_route_with_the_cpus_counters(routes, mon
             assert torch.equal(result.as_subclass(torch.Tensor), expected)
         assert got == want and got.blocks == want.blocks > 0
     assert route.calls == 4 and ga.get_state() == gb.get_state()
+
+
+class GivenScaleRoute(BlockRoute):
+    """block_groups.BlockRoute of NVFP4 with the caller's tensor scale, called with each
+    call's (pts, pts_inv), by the CPU kernel at that scale."""
+
+    def __call__(self, x_ptr, out_ptr, n, keys, stream, blocks, counts, scale):
+        assert counts is None and scale[1] == np.float32(1 / np.float32(scale[0]))
+        self.calls += 1
+        lo, hi, key_stream, block0 = keys
+        host(out_ptr, n)[:] = quantize_blocks(
+            host(x_ptr, n).copy(), self.bfmt, self.rounding, seed=lo | hi << 32,
+            stream=key_stream, offset=4 * block0, sr_bits=self.sr_bits,
+            tensor_scale=scale[0], want_elements=False).values
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_with_a_given_tensor_scale_takes_its_route(routes, monkeypatch, rounding):
+    """NVFP4 with the caller's tensor scale (lpsim_cuda.blocks.quantize): a call its route
+    takes (one route for every scale, the scale an argument of each launch) gives the
+    general path's bits; a scale the general path refuses is refused by name, the route not
+    launched."""
+    import lpsim_cuda.blocks
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch, "is_torch", lambda x: isinstance(x, torch.Tensor))
+    bfmt = as_block_format("nvfp4")
+    route = GivenScaleRoute(bfmt, rounding, None)
+    monkeypatch.setattr(block_groups, "_ROUTES",
+                        {(bfmt, rounding, None, type(None), 0, 0, True): route})
+    x = values((8, 64), seed=3)
+    for j, scale in enumerate((0.25, 3.0, np.float32(1e-3), 7)):
+        want = lpsim.blocks.quantize(x, bfmt, rounding, seed=j, offset=8 * j,
+                                     tensor_scale=scale)
+        got = lpsim_cuda.blocks.quantize(x.as_subclass(OnDevice0), bfmt, rounding, seed=j,
+                                         offset=8 * j, tensor_scale=scale)
+        assert torch.equal(got.as_subclass(torch.Tensor), want)
+    assert route.calls == 4
+    for bad in (float("inf"), 0.0, "2"):
+        with pytest.raises((ValueError, TypeError), match="tensor_scale="):
+            lpsim_cuda.blocks.quantize(x.as_subclass(OnDevice0), bfmt, rounding, seed=1,
+                                       tensor_scale=bad)
+    assert route.calls == 4
 
 
 class CountedElementRoute(ElementRoute):
@@ -316,7 +358,7 @@ def test_a_bfloat16_tensors_block_call_takes_its_codes_route(routes, monkeypatch
     from lpsim_cuda.arrays import half_kind
     route = CodesBlockRoute(MX, rounding, None)
     monkeypatch.setitem(block_groups._ROUTES,
-                        (MX, rounding, None, type(None), None, half_kind(torch.bfloat16)),
+                        (MX, rounding, None, type(None), None, half_kind(torch.bfloat16), False),
                         route)
     x = values(seed=3).bfloat16()
     ga, gb = lpsim.Generator(5), lpsim.Generator(5)
