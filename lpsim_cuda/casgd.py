@@ -116,12 +116,17 @@ def _recurrence(r, G, y, delta, delta_c, dc, b, s, alpha_c, loss, pc, ps):
         cuda.syncthreads()                         # this step's delta_c, seen by the next
 
 
-@cuda.jit
+#: a block of up to DOT_LANES x ROWS threads: ptxas then keeps the kernels within the
+#: registers such a block may have (64 a thread for 1024), so no b fails to launch
+_BOUNDS = {} if launch.SIMULATOR else {"launch_bounds": (DOT_LANES * ROWS,)}
+
+
+@cuda.jit(**_BOUNDS)
 def _inner_kernel(r, G, y, delta, delta_c, b, s, alpha_c, loss, pc, ps):
     _recurrence(r, G, y, delta, delta_c, delta_c, b, s, alpha_c, loss, pc, ps)
 
 
-@cuda.jit
+@cuda.jit(**_BOUNDS)
 def _inner_kernel_shared(r, G, y, delta, delta_c, b, s, alpha_c, loss, pc, ps):
     _recurrence(r, G, y, delta, delta_c, cuda.shared.array(0, float64), b, s, alpha_c,
                 loss, pc, ps)

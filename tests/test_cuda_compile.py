@@ -215,7 +215,8 @@ kernels = {
 with mock.patch.object(dispatcher, "get_current_device",
                        lambda: types.SimpleNamespace(compute_capability=(9, 0))):
     for name, (kernel, sig) in kernels.items():
-        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0))
+        ptx, _ = cuda.compile_ptx(kernel.py_func, sig, cc=(9, 0),
+                                  launch_bounds=kernel.targetoptions.get("launch_bounds"))
         # the residual's exp: 16 explicit FMAs, inlined for the logistic and Poisson losses;
         # any other fma.rn.f64 would be a contraction the CPU does not make
         if name.startswith("inner"):
@@ -226,6 +227,7 @@ with mock.patch.object(dispatcher, "get_current_device",
             assert ptx.count("shfl.sync.down") >= 2, ptx.count("shfl.sync.down")
             assert ptx.count("prefetch.global.L1") >= 1
             assert ("ld.shared.f64" in ptx) == ("shared" in name)
+            assert ".maxntid 1024, 1, 1" in ptx          # b >= 32: 1024 threads launch
             # fp32 slots compile the hardware conversion alone: no 64-bit max of the
             # rounding core (which the tf32 slot's kernels keep)
             assert ("max.s64" in ptx) != name.endswith("fp32"), name
