@@ -154,6 +154,13 @@ def headline(tables: dict, tests_counts: dict | None) -> dict:
             out[f"casgd_C_speedup_b{b_}_s{s_}"] = row and row["speedup_vs_fp32_sgd"]
         gram = _row(c["gram"], sb=8 * 128)          # the Gram GEMM at b = 8, s = 128
         out["gram_of_peak"] = gram and _ratio(gram["tflops"], c["bf16_peak_tflops"])
+        for r in c.get("gram_split", []):           # the same GEMM as slices of features
+            if r["sb"] == 8 * 128:
+                out[f"gram_split{r['splits']}_of_peak"] = _ratio(r["tflops"],
+                                                                 c["bf16_peak_tflops"])
+        for key, seconds in c.get("recurrence_alone_s", {}).items():
+            b_, s_ = key.split(",")
+            out[f"casgd_recurrence_us_b{b_}_s{s_}"] = seconds * 1e6
     if tests_counts:
         out["real_gpu_tests"] = {"passed": tests_counts["passed"],
                                  "failed": len(tests_counts["failed"]),

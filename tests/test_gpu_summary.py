@@ -3,6 +3,8 @@
 import importlib.util
 import pathlib
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "gpu_summary", pathlib.Path(__file__).parent.parent / "benchmarks" / "gpu_summary.py")
 gpu_summary = importlib.util.module_from_spec(_spec)
@@ -60,3 +62,26 @@ def test_the_optimizer_figures_come_from_both_tables():
     assert (got["adamw_gpt2_bf16_sr_vs_torch_fused"], got["adamw_gpt2_bf16_sr_of_bound"],
             got["adamw_gpt2_set_vs_per_tensor"]) == (1.2, 0.6, 4.0)
     assert "adamw_gpt2_set_vs_per_tensor" not in gpu_summary.headline({"optim-gpu": one}, None)
+
+
+def test_the_casgd_figures_come_from_its_table():
+    """bench_casgd's table: recipe C's speedups, the Gram GEMM at s*b = 1024 (one GEMM and
+    its split forms) of the measured peak, the recurrence alone in microseconds; a table
+    from before the split forms and the recurrence rows gives the first figures alone."""
+    rows = [{"recipe": "C", "b": 8, "s": 64, "speedup_vs_fp32_sgd": 9.0},
+            {"recipe": "C", "b": 1, "s": 256, "speedup_vs_fp32_sgd": 21.0}]
+    old = {"rows": rows, "bf16_peak_tflops": 800.0,
+           "gram": [{"sb": 1024, "n": 9984, "tflops": 560.0}]}
+    new = dict(old, gram_split=[{"sb": 512, "splits": 2, "tflops": 100.0},
+                                {"sb": 1024, "splits": 2, "tflops": 720.0},
+                                {"sb": 1024, "splits": 4, "tflops": 680.0}],
+               recurrence_alone_s={"8,64": 5e-5, "1,256": 1.5e-4})
+    got = gpu_summary.headline({"casgd-gpu": new}, None)
+    assert (got["casgd_C_speedup_b8_s64"], got["casgd_C_speedup_b1_s256"]) == (9.0, 21.0)
+    assert (got["gram_of_peak"], got["gram_split2_of_peak"], got["gram_split4_of_peak"]) \
+        == (0.7, 0.9, 0.85)
+    assert (got["casgd_recurrence_us_b8_s64"], got["casgd_recurrence_us_b1_s256"]) \
+        == pytest.approx((50.0, 150.0))
+    got = gpu_summary.headline({"casgd-gpu": old}, None)
+    assert got["gram_of_peak"] == 0.7 and not any(k.startswith(("gram_split", "casgd_rec"))
+                                                   for k in got)
