@@ -38,13 +38,18 @@ def test_inner_kernel_reading_delta_c_from_global_memory(monkeypatch, key):
     _check_inner_kernel(key, 8, 64)
 
 
-def _check_inner_kernel(key, b, s):
+def test_inner_kernel_of_a_float64_gram():
+    # recipe fp64: a float64 G, whose L1 lines hold 16 values (the prefetch's stride)
+    _check_inner_kernel("fp64", 8, 64, np.float64)
+
+
+def _check_inner_kernel(key, b, s, gram=np.float32):
     from lpsim_cuda.casgd import inner_recurrence
     import lpsim
     rng = np.random.default_rng(b + s)
     Y = lpsim.quantize(rng.standard_normal((s * b, 64)).astype(np.float32), "bf16") / 8
     r = lpsim.quantize(Y @ rng.standard_normal(64).astype(np.float32), "bf16")
-    G = (Y @ Y.T).astype(np.float32)
+    G = (Y.astype(gram) @ Y.T.astype(gram)).astype(gram)
     y = np.where(rng.random(s * b) < 0.5, -1.0, 1.0)
     alpha_c, code, pc, ps = inner.inner_args(RECIPES[key], "logistic", 0.5 / b)
     want, want_c = np.empty(s * b), np.empty(s * b)

@@ -200,8 +200,8 @@ pc = T.UniTuple(T.int64, len(Params._fields))
 fp32 = T.Tuple(())                       # lpsim.casgd.inner.FP32_PARAMS (recipes A, C, D)
 
 
-def inner_sig(pc, ps):
-    return (T.float32[::1], T.float32[:, ::1], T.float64[::1], T.float64[::1], T.float64[::1],
+def inner_sig(pc, ps, gram=T.float32):
+    return (T.float32[::1], gram[:, ::1], T.float64[::1], T.float64[::1], T.float64[::1],
             T.int64, T.int64, T.float64, T.int64, pc, ps)
 
 
@@ -209,6 +209,7 @@ kernels = {
     "inner": (K._inner_kernel, inner_sig(pc, pc)),
     "inner shared": (K._inner_kernel_shared, inner_sig(pc, fp32)),
     "inner shared fp32": (K._inner_kernel_shared, inner_sig(fp32, fp32)),
+    "inner shared f64 gram": (K._inner_kernel_shared, inner_sig(pc, pc, T.float64)),
     "gather_csr": (K._gather_csr_kernel, (T.int64[::1], T.int64[::1], T.int16[::1],
                                           T.int64[::1], T.int16[:, ::1])),
 }
@@ -310,7 +311,8 @@ def test_kernels_draw_philox_words_in_32_bit_products():
 
 def test_casgd_kernels_compile_for_sm90_without_contractions():
     out = _compile(_PREAMBLE + CASGD)
-    assert "inner ok" in out and "inner shared ok" in out and "gather_csr ok" in out
+    assert all(f"{name} ok" in out for name in ("inner", "inner shared", "inner shared fp32",
+                                                "inner shared f64 gram", "gather_csr")), out
 
 
 #: exits 3 when this machine has no NVVM/NVRTC; report(name, ptx) prints ptxas's registers,
