@@ -17,7 +17,7 @@ import sys
 import numpy as np
 from numba import cuda
 
-from lpsim.blocks.formats import as_block_format
+from lpsim.blocks.formats import BlockFormat, as_block_format
 from lpsim.formats import parse_format
 from lpsim.generator import Generator, resolve as resolve_generator
 from lpsim.request import plan
@@ -210,11 +210,13 @@ def torch_front(x, fmt, rounding, seed, stream, sr_bits, out, offset, generator,
             or (stats is not None and not isinstance(stats, RoundingStats))):
         return None
     counted = stats is not None
-    if (route := specialised.route_of(x, fmt, rounding, sr_bits, None, counted)) is not None:
+    block = type(fmt) is BlockFormat        # (an element format's routes never hold one)
+    if not block and (route := specialised.route_of(x, fmt, rounding, sr_bits, None,
+                                                    counted)) is not None:
         def call(seed, stream, offset):
             return specialised.torch_call(x, fmt, rounding, seed, stream, sr_bits, out,
                                           offset, None, stats, route)
-    elif (type(axis) is int and x.ndim and axis in (-1, x.ndim - 1)
+    elif (block and type(axis) is int and x.ndim and axis in (-1, x.ndim - 1)
           and (block_groups := sys.modules.get("lpsim_cuda.block_groups")) is not None
           and (route := block_groups.route_of(x, fmt, rounding, sr_bits, counted)) is not None):
         # (no block route exists before lpsim_cuda.block_groups is loaded: not loaded here)

@@ -49,6 +49,9 @@ class ParamBlock:
                                 f"({value!r}); accepted: int, {accepted}")
         self.format = "<" + "".join(codes)
         self.size = len(codes)
+        #: the slots whose values come as ctypes scalars (the rest are ints): only these are
+        #: unboxed at each pack
+        self.boxed = [i for i, value in enumerate(flat) if type(value) is not int]
         self.slots = (ctypes.c_uint64 * max(self.size, 1))()
         base = ctypes.addressof(self.slots)
         self.pointers = (ctypes.c_void_p * max(self.size, 1))(
@@ -61,8 +64,10 @@ class ParamBlock:
 
     def pack(self, flat) -> None:
         """Write ``flat`` (the kinds the block was made with) into the slots."""
-        struct.pack_into(self.format, self.slots, 0,
-                         *[v if type(v) is int else v.value for v in flat])
+        values = list(flat)
+        for i in self.boxed:
+            values[i] = values[i].value
+        struct.pack_into(self.format, self.slots, 0, *values)
 
     def unpacked(self) -> list:
         """The slots' values as :meth:`pack` wrote them (ints and floats; for tests)."""

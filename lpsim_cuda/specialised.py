@@ -472,8 +472,8 @@ def torch_call(x, fmt, rounding, seed, stream, sr_bits, out, offset, storage=Non
             or type(offset) is not int or offset < 0 or offset + n > MAX_COUNTER):
         return None
     want = torch.float32 if route.torch_dtype is None else route.torch_dtype
-    if out is None:
-        out = torch.empty(x.shape, dtype=want, device=x.device)
+    if out is None:                     # x is contiguous: so is its like (and cheaper made)
+        out = torch.empty_like(x, dtype=want)
     elif (type(out) is not torch.Tensor or out.dtype is not want
           or out.device != x.device or out.shape != x.shape or not out.is_contiguous()
           or out.is_neg()):

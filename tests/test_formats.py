@@ -1,5 +1,6 @@
 """Formats: derived properties against hand-checked values, parsing, and errors that name the value."""
 
+import os
 import numpy as np
 import pytest
 
@@ -98,3 +99,31 @@ def test_repr_names_the_preset_and_spec_names_every_field():
     assert repr(fp(5, 2)) == "e5m2"                   # = "fp(5,2,0)", listed after e5m2
     assert repr(fp(4, 3, specials="fn", saturate=True)) == "fp(4,3,0, specials='fn', saturate=True)"
     assert fp(8, 7).spec == "fp(8,7,0)" and fp(4, 3, 4).spec == repr(fp(4, 3, 4)) == "fp(4,3,4)"
+
+
+def test_format_hashes_are_cached_and_hold_in_another_process():
+    """Formats and block formats cache their hashes (they key the per-call caches), made of
+    ints only: pickled by a process of another hash seed, after its hash was taken, each
+    still equals and hashes as the same format made here, and finds its dict entry; a
+    changed field gives an unequal format."""
+    import pickle
+    import subprocess
+    import sys
+    from dataclasses import replace
+    from lpsim.blocks import as_block_format
+    code = ("import pickle, sys; from lpsim import parse_format; "
+            "from lpsim.blocks import as_block_format; "
+            "fs = [parse_format('e4m3fn'), as_block_format('nvfp4'), "
+            "as_block_format('mxfp8_e4m3')]; [hash(f) for f in fs]; "
+            "sys.stdout.buffer.write(pickle.dumps(fs))")
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    theirs = pickle.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                         capture_output=True).stdout)
+    mine = [parse_format("e4m3fn"), as_block_format("nvfp4"), as_block_format("mxfp8_e4m3")]
+    table = {f: i for i, f in enumerate(mine)}
+    for i, (a, b) in enumerate(zip(theirs, mine)):
+        assert a == b and hash(a) == hash(b) and table[a] == i
+    nvfp4 = mine[1]
+    for changed in (replace(nvfp4, block=32), replace(nvfp4, rule="floor"),
+                    replace(nvfp4, nonfinite="finite"), replace(nvfp4, tensor_scale=False)):
+        assert changed != nvfp4 and changed not in table

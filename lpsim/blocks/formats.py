@@ -86,6 +86,17 @@ class BlockFormat:
                     f"2**{self.scale.emax}; accepted as a power-of-two scale: values from "
                     f"2**{low} to 2**{high} (float64 normals with normal reciprocals)")
 
+    def __hash__(self) -> int:
+        # cached, as Format's: a block format keys the routes a torch call looks up twice a
+        # call, where the generated hash of its six fields took ~1.2 us a lookup; ints only,
+        # so a pickled format's hash holds in the process that loads it
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((hash(self.element), self.block, hash(self.scale), RULES[self.rule],
+                      bool(self.tensor_scale), NONFINITE.index(self.nonfinite)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def pow2(self) -> bool:
         """Whether every scale is a power of two (scale format without mantissa bits)."""
