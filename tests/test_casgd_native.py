@@ -143,13 +143,14 @@ def test_inner_kernel_bit_identical_to_cpu(key, loss, b, s):
 
 
 @needs_sim
-@pytest.mark.parametrize("shared_rows", [0, 6144])
-def test_inner_kernel_long_rows_shared_or_global(monkeypatch, shared_rows):
-    # 140 columns in the last step: lanes take four products at once, then the rest; delta_c
-    # read from global memory (0) or from its copy in shared memory
+@pytest.mark.parametrize("key,shared_rows,b,s", [("C", 6144, 4, 36), ("G", 0, 3, 5)])
+def test_inner_kernel_long_rows_shared_or_global(monkeypatch, key, shared_rows, b, s):
+    # 140 columns in the last step: lanes take four products at once, then the rest (delta_c
+    # from its copy in shared memory); delta_c read from global memory, where it is written
+    # (recipe G: u_c is tf32, so delta_c is not delta)
     import lpsim_cuda.casgd as kernels
     monkeypatch.setattr(kernels, "SHARED_ROWS", shared_rows)
-    _check_inner_kernel("C", "logistic", 4, 36)
+    _check_inner_kernel(key, "logistic", b, s)
 
 
 def _check_inner_kernel(key, loss, b, s):
