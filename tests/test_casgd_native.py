@@ -143,14 +143,14 @@ def test_inner_kernel_bit_identical_to_cpu(key, loss, b, s):
 
 
 @needs_sim
-@pytest.mark.parametrize("key,shared_rows,b,s", [("C", 6144, 4, 36), ("G", 0, 3, 5)])
-def test_inner_kernel_long_rows_shared_or_global(monkeypatch, key, shared_rows, b, s):
-    # 140 columns in the last step: lanes take four products at once, then the rest (delta_c
-    # from its copy in shared memory); delta_c read from global memory, where it is written
-    # (recipe G: u_c is tf32, so delta_c is not delta)
+def test_inner_kernel_reading_delta_c_from_global_memory(monkeypatch):
+    # past SHARED_ROWS the kernel reads delta_c where it writes it (recipe G: u_c is tf32, so
+    # delta_c is not delta); the lane sums' four-at-a-time path is the CPU's own
+    # (test_numpy_inner_equals_jitted_steps_bit_for_bit at 312 columns) and a GPU's
+    # (test_casgd_native_gpu.py at bench_casgd's sizes)
     import lpsim_cuda.casgd as kernels
-    monkeypatch.setattr(kernels, "SHARED_ROWS", shared_rows)
-    _check_inner_kernel(key, "logistic", b, s)
+    monkeypatch.setattr(kernels, "SHARED_ROWS", 0)
+    _check_inner_kernel("G", "logistic", 3, 5)
 
 
 def _check_inner_kernel(key, loss, b, s):
