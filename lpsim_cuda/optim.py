@@ -180,7 +180,8 @@ def _load4(a, j, present, halves):
     as float32 bits (lpsim_cuda.vector.load4_halves), which the step then takes as float32
     storage (:func:`_vector_kinds`)."""
     if present and halves:
-        return tuple(np.int64(b) for b in vector.load4_halves(a, j))
+        b0, b1, b2, b3 = vector.load4_halves(a, j)
+        return np.int64(b0), np.int64(b1), np.int64(b2), np.int64(b3)
     return _codes4(a, j, present)
 
 
@@ -201,32 +202,19 @@ if not launch.SIMULATOR:                                   # pragma: no cover (N
         """Whether the array (or pointer) type ``a`` holds 16-bit codes."""
         return getattr(a, "dtype", None) == _types.int16
 
+    # numba types both branches of the source: arrays of 16-bit codes take it, others the
+    # branch that holds for them (the halves forms take only 16-bit codes)
     @overload(_load4, target="cuda")
     def _load4_cuda(a, j, present, halves):
-        # numba types both branches: the halves load only for arrays of 16-bit codes
         if _holds_codes(a):
-            def impl(a, j, present, halves):
-                if present and halves:
-                    b0, b1, b2, b3 = vector.load4_halves(a, j)
-                    return np.int64(b0), np.int64(b1), np.int64(b2), np.int64(b3)
-                return _codes4(a, j, present)
-        else:
-            def impl(a, j, present, halves):
-                return _codes4(a, j, present)
-        return impl
+            return _load4
+        return lambda a, j, present, halves: _codes4(a, j, present)
 
     @overload(_store4, target="cuda")
     def _store4_cuda(a, j, halves, w0, w1, w2, w3):
         if _holds_codes(a):
-            def impl(a, j, halves, w0, w1, w2, w3):
-                if halves:
-                    vector.store4_halves(a, j, w0, w1, w2, w3)
-                else:
-                    vector.store4(a, j, w0, w1, w2, w3)
-        else:
-            def impl(a, j, halves, w0, w1, w2, w3):
-                vector.store4(a, j, w0, w1, w2, w3)
-        return impl
+            return _store4
+        return lambda a, j, halves, w0, w1, w2, w3: vector.store4(a, j, w0, w1, w2, w3)
 
 
 @register_jitable
